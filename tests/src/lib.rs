@@ -1,0 +1,1 @@
+//! Helpers for lull's integration tests.

@@ -1,0 +1,1 @@
+//! The lull VMM library: CLI, KVM set-up, boot, vCPU threads.

@@ -1,0 +1,2 @@
+//! The `lull` command.
+fn main() {}

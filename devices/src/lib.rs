@@ -1,2 +1,10 @@
 //! Guest-facing devices of lull: pure register models, no threads, no `unsafe`.
+//!
+//! Each device is a plain struct with register read/write methods. Port I/O devices implement
+//! [`pio::PioDevice`] and sit on a [`pio::PioBus`].
 #![forbid(unsafe_code)]
+
+pub mod i8042;
+pub mod pio;
+pub mod serial;
+pub mod test_exit;

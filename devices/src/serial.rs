@@ -1,0 +1,151 @@
+//! The 16550A UART (COM1) on the port bus, built on vm-superio's `Serial`.
+//!
+//! vm-superio emulates the registers; this file puts it on lull's [`PioBus`](crate::pio::PioBus)
+//! and counts what a guest does with it through [`SerialEvents`].
+
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use vm_superio::serial::SerialEvents;
+use vm_superio::Serial;
+pub use vm_superio::Trigger;
+
+use crate::pio::{MachineRequest, PioDevice};
+
+/// Base port of COM1.
+pub const COM1_PORT: u16 = 0x3f8;
+/// Ports spanned by a 16550A.
+pub const COM_PORT_COUNT: u16 = 8;
+/// ISA IRQ of COM1.
+pub const COM1_IRQ: u32 = 4;
+
+/// Counters a serial port keeps; readable from any thread.
+#[derive(Debug, Default)]
+pub struct SerialCounters {
+    /// Bytes the guest wrote to the console.
+    pub bytes_out: AtomicU64,
+    /// Bytes lost because the console sink failed.
+    pub bytes_lost: AtomicU64,
+    /// Reads of the receive buffer by the guest.
+    pub input_reads: AtomicU64,
+    /// Interrupts that could not be raised.
+    pub trigger_errors: AtomicU64,
+}
+
+impl SerialEvents for SerialCounters {
+    fn buffer_read(&self) {
+        self.input_reads.fetch_add(1, Ordering::Relaxed);
+    }
+    fn out_byte(&self) {
+        self.bytes_out.fetch_add(1, Ordering::Relaxed);
+    }
+    fn tx_lost_byte(&self) {
+        self.bytes_lost.fetch_add(1, Ordering::Relaxed);
+    }
+    fn in_buffer_empty(&self) {}
+}
+
+/// A serial port whose interrupt is `T` and whose output goes to `W`.
+pub struct SerialPort<T: Trigger, W: Write> {
+    uart: Serial<T, std::sync::Arc<SerialCounters>, W>,
+    counters: std::sync::Arc<SerialCounters>,
+}
+
+impl<T: Trigger, W: Write> SerialPort<T, W> {
+    /// A UART raising `interrupt` and writing the guest's output to `out`.
+    pub fn new(interrupt: T, out: W) -> Self {
+        let counters = std::sync::Arc::new(SerialCounters::default());
+        Self {
+            uart: Serial::with_events(interrupt, counters.clone(), out),
+            counters,
+        }
+    }
+
+    /// The counters of this port.
+    pub fn counters(&self) -> std::sync::Arc<SerialCounters> {
+        self.counters.clone()
+    }
+
+    /// Queues host input for the guest; returns how many bytes fit in the receive FIFO.
+    pub fn enqueue_input(&mut self, input: &[u8]) -> usize {
+        let room = self.uart.fifo_capacity().min(input.len());
+        if room == 0 {
+            return 0;
+        }
+        match self.uart.enqueue_raw_bytes(&input[..room]) {
+            Ok(n) => n,
+            Err(_) => {
+                self.counters.trigger_errors.fetch_add(1, Ordering::Relaxed);
+                room
+            }
+        }
+    }
+
+    /// Free room in the receive FIFO.
+    pub fn input_room(&self) -> usize {
+        self.uart.fifo_capacity()
+    }
+
+    /// Flushes the output sink.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.uart.writer_mut().flush()
+    }
+}
+
+impl<T: Trigger + Send, W: Write + Send> PioDevice for SerialPort<T, W> {
+    fn read(&mut self, offset: u16, data: &mut [u8]) {
+        // A wider access reads the register at `offset` in the low byte and zeros above it.
+        data.fill(0);
+        if let (Some(first), Ok(reg)) = (data.first_mut(), u8::try_from(offset)) {
+            *first = self.uart.read(reg);
+        }
+    }
+
+    fn write(&mut self, offset: u16, data: &[u8]) -> Option<MachineRequest> {
+        if let (Some(value), Ok(reg)) = (data.first(), u8::try_from(offset)) {
+            if self.uart.write(reg, *value).is_err() {
+                self.counters.trigger_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    #[derive(Clone, Default)]
+    struct CountingTrigger(Arc<AtomicUsize>);
+    impl Trigger for CountingTrigger {
+        type E = ();
+        fn trigger(&self) -> Result<(), ()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn output_reaches_sink_and_is_counted() {
+        let mut port = SerialPort::new(CountingTrigger::default(), Vec::new());
+        for b in b"hi\n" {
+            port.write(0, &[*b]);
+        }
+        assert_eq!(port.uart.writer(), b"hi\n");
+        assert_eq!(port.counters().bytes_out.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn input_raises_interrupt_when_enabled() {
+        let trigger = CountingTrigger::default();
+        let mut port = SerialPort::new(trigger.clone(), Vec::new());
+        port.write(1, &[0x01]); // IER: received-data interrupt
+        assert_eq!(port.enqueue_input(b"ab"), 2);
+        assert!(trigger.0.load(Ordering::SeqCst) >= 1);
+        let mut b = [0u8; 1];
+        port.read(0, &mut b);
+        assert_eq!(b, [b'a']);
+    }
+}

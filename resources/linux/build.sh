@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Build lull's guest kernel kit: a tiny Linux 6.1 (Debian's linux-source-6.1) and a busybox
+# initramfs.
+#
+# Usage: resources/linux/build.sh OUT_LINK
+#
+# Output (a cache dir, OUT_LINK becomes a symlink to it):
+#   ${LULL_CACHE:-$HOME/.cache/lull}/linux/<sha256 of all inputs>/
+#     vmlinux            uncompressed ELF with a PVH note (load this one: no decompression)
+#     bzImage            LZ4-compressed kernel for the Linux boot protocol path
+#     initramfs.cpio.gz  busybox-static + /init (prints "lull-init: ready", runs a shell)
+#     cmdline            base kernel command line
+#     cmdline.pvm        extra arguments for PVM-based (CPL0-emulating) KVM hosts
+#     config             the final kernel .config
+#     inputs             what the hash covers
+#     build.log.gz       the full build log
+# A cache hit does nothing but update OUT_LINK. See resources/linux/README.md.
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUT_LINK" >&2
+    exit 2
+fi
+OUT_LINK=$1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+start=$SECONDS
+
+phase() { printf 'linux: [%3ds] %s\n' $((SECONDS - start)) "$*"; }
+
+# The command lines. Changing them changes build.sh, hence the hash.
+CMDLINE="console=ttyS0 reboot=k panic=-1 rdinit=/init"
+CMDLINE_PVM="noxsave clearcpuid=cx16,popcnt,rdtscp,smap,xsave mitigations=off"
+
+"$repo/resources/ensure-apt.sh" linux-source-6.1 build-essential bc bison flex libelf-dev \
+    libssl-dev cpio xz-utils lz4 busybox-static
+
+SRC_TAR=/usr/src/linux-source-6.1.tar.xz
+BUSYBOX=/bin/busybox
+INPUT_FILES=(build.sh lull.config skip-int3-selftest.patch init)
+
+inputs() {
+    local f
+    for f in "${INPUT_FILES[@]}"; do
+        printf 'file %s %s\n' "$f" "$(sha256sum <"$here/$f" | cut -d' ' -f1)"
+    done
+    dpkg-query -W -f='package ${Package} ${Version}\n' linux-source-6.1 busybox-static
+    printf 'gcc %s\n' "$(gcc --version | head -n1)"
+    printf 'ld %s\n' "$(ld --version | head -n1)"
+    printf 'arch %s\n' "$(uname -m)"
+}
+hash=$(inputs | sha256sum | cut -d' ' -f1)
+cache=${LULL_CACHE:-$HOME/.cache/lull}/linux
+out=$cache/$hash
+
+link_out() {
+    mkdir -p "$(dirname "$OUT_LINK")"
+    local tmp_link
+    tmp_link="$OUT_LINK.tmp.$$"
+    ln -sfn "$out" "$tmp_link"
+    mv -T "$tmp_link" "$OUT_LINK"
+}
+
+if [ -f "$out/vmlinux" ]; then
+    echo "linux: cached $out"
+    link_out
+    exit 0
+fi
+
+mkdir -p "$cache"
+# One build per hash at a time; a second caller waits and then finds the cache.
+exec 9>"$cache/.lock-$hash"
+if ! flock -n 9; then
+    phase "another build of $hash is running, waiting"
+    flock 9
+fi
+if [ -f "$out/vmlinux" ]; then
+    echo "linux: cached $out"
+    link_out
+    exit 0
+fi
+
+work=$(mktemp -d "$cache/work.$hash.XXXXXX")
+log=$work/build.log
+: >"$log"
+on_exit() {
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        echo "linux: FAILED (exit $rc); work dir kept: $work" >&2
+        [ -s "$log" ] && { echo "linux: last lines of $log:" >&2; tail -n 40 "$log" >&2; }
+    fi
+}
+trap on_exit EXIT
+
+phase "building $hash in $work"
+inputs | sed 's/^/linux:   input: /'
+
+phase "extracting $SRC_TAR"
+tar -xJf "$SRC_TAR" -C "$work"
+src=$work/linux-source-6.1
+cd "$src"
+
+phase "applying skip-int3-selftest.patch"
+patch -p1 -F0 --no-backup-if-mismatch <"$here/skip-int3-selftest.patch" >>"$log"
+
+# Reproducible-ish build metadata.
+export KBUILD_BUILD_USER=lull KBUILD_BUILD_HOST=lull KBUILD_BUILD_VERSION=1
+export KBUILD_BUILD_TIMESTAMP="lull ${hash:0:12}"
+MAKE=(make ARCH=x86_64 -j"$(nproc)")
+
+phase "configuring: tinyconfig + lull.config"
+"${MAKE[@]}" tinyconfig >>"$log" 2>&1
+scripts/kconfig/merge_config.sh -m .config "$here/lull.config" >>"$log" 2>&1
+"${MAKE[@]}" olddefconfig >>"$log" 2>&1
+
+# Every option of the fragment must have survived Kconfig's dependency resolution.
+bad=0
+while IFS= read -r line; do
+    if [[ $line =~ ^(CONFIG_[A-Za-z0-9_]+)=(.*)$ ]]; then
+        if ! grep -qxF "$line" .config; then
+            echo "linux: config: wanted '$line', got '$(grep -E "^(# )?${BASH_REMATCH[1]}[= ]" .config || echo unset)'" >&2
+            bad=1
+        fi
+    elif [[ $line =~ ^#\ (CONFIG_[A-Za-z0-9_]+)\ is\ not\ set$ ]]; then
+        if grep -qE "^${BASH_REMATCH[1]}=" .config; then
+            echo "linux: config: wanted '$line', got '$(grep -E "^${BASH_REMATCH[1]}=" .config)'" >&2
+            bad=1
+        fi
+    fi
+done <"$here/lull.config"
+[ $bad -eq 0 ] || { echo "linux: config fragment not honoured" >&2; exit 1; }
+phase "config ok ($(grep -c '=y$' .config) options =y)"
+
+phase "make -j$(nproc) bzImage (vmlinux + bzImage); progress every 100 lines, full log in $log"
+"${MAKE[@]}" bzImage 2>&1 | tee -a "$log" | awk '
+    /error:|Error [0-9]/ { print "linux:   ! " $0; fflush(); next }
+    { n++ }
+    n % 100 == 0 { printf "linux:   make: %5d lines, %s\n", n, $0; fflush() }
+    END { printf "linux:   make: %d lines\n", n }'
+
+readelf -n vmlinux | grep -Eq 'Xen.*(0x00000012|PHYS32_ENTRY)' \
+    || { echo "linux: vmlinux has no PVH note (XEN_ELFNOTE_PHYS32_ENTRY)" >&2; exit 1; }
+phase "vmlinux $(stat -c %s vmlinux) bytes (PVH note ok), bzImage $(stat -c %s arch/x86/boot/bzImage) bytes"
+
+phase "building initramfs from $BUSYBOX"
+if readelf -l "$BUSYBOX" | grep -q INTERP; then
+    echo "linux: $BUSYBOX is not statically linked" >&2
+    exit 1
+fi
+gcc -O2 -o "$work/gen_init_cpio" usr/gen_init_cpio.c
+{
+    echo "dir /dev 0755 0 0"
+    echo "nod /dev/console 0600 0 0 c 5 1"
+    echo "nod /dev/null 0666 0 0 c 1 3"
+    echo "nod /dev/ttyS0 0660 0 0 c 4 64"
+    for d in /proc /sys /bin /etc /root /tmp /mnt; do echo "dir $d 0755 0 0"; done
+    echo "slink /sbin bin 0777 0 0"
+    echo "file /bin/busybox $BUSYBOX 0755 0 0"
+    "$BUSYBOX" --list | sort | grep -vx busybox | while read -r applet; do
+        echo "slink /bin/$applet busybox 0777 0 0"
+    done
+    echo "file /init $here/init 0755 0 0"
+} >"$work/initramfs.list"
+mkdir "$work/out"
+"$work/gen_init_cpio" -t 0 "$work/initramfs.list" | gzip -9 -n >"$work/out/initramfs.cpio.gz"
+phase "initramfs.cpio.gz $(stat -c %s "$work/out/initramfs.cpio.gz") bytes"
+
+cp vmlinux "$work/out/vmlinux"
+cp arch/x86/boot/bzImage "$work/out/bzImage"
+cp .config "$work/out/config"
+echo "$CMDLINE" >"$work/out/cmdline"
+echo "$CMDLINE_PVM" >"$work/out/cmdline.pvm"
+inputs >"$work/out/inputs"
+gzip -9 -n -c "$log" >"$work/out/build.log.gz"
+
+# Atomic publish: rename(2) of a complete directory.
+mv -T "$work/out" "$out"
+cd /
+rm -rf "$work"
+rm -f "$cache/.lock-$hash"
+link_out
+phase "done: $out"
+ls -l "$out" | sed 's/^/linux:   /'

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Boot lull's guest kernel kit under QEMU+KVM (a reference run, side by side with lull) and
+# time the boot markers.
+#
+# Usage: resources/linux/run-in-qemu.sh [options] [-- extra QEMU args]
+#   --kit DIR        kit directory (default: target/kit/linux of this checkout)
+#   --bzimage        boot bzImage instead of the PVH vmlinux
+#   --irqchip on|off QEMU's -machine kernel-irqchip= (default: QEMU's default, on)
+#   --smp N          vCPUs (default 2)
+#   --mem MIB        memory (default 256)
+#   --no-pvm         leave out cmdline.pvm (hosts with hardware virtualization)
+#   --append ARGS    extra kernel arguments
+#   --timeout S      give up after S seconds (default 600)
+#   --log FILE       serial log with host timestamps (default: a temp file, printed path)
+#
+# Passes (exit 0) when the kernel prints "smp: Brought up 1 node, N CPUs" and
+# "Run /init as init process" and QEMU exits by itself (panic=-1 + -no-reboot, or the shell's
+# reset on hosts where /init runs). Exit 1 otherwise, 2 on usage errors.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+kit=$repo/target/kit/linux
+kernel=vmlinux
+irqchip=""
+smp=2
+mem=256
+pvm=1
+append=""
+timeout_s=600
+log=""
+extra=()
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    --kit) kit=$2; shift 2 ;;
+    --bzimage) kernel=bzImage; shift ;;
+    --irqchip) irqchip=$2; shift 2 ;;
+    --smp) smp=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --no-pvm) pvm=0; shift ;;
+    --append) append=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    --log) log=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run-in-qemu: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+"$repo/resources/ensure-apt.sh" qemu-system-x86
+for f in "$kernel" initramfs.cpio.gz cmdline cmdline.pvm; do
+    [ -f "$kit/$f" ] || { echo "run-in-qemu: $kit/$f missing (run resources/linux/build.sh)" >&2; exit 2; }
+done
+
+cmdline=$(cat "$kit/cmdline")
+[ $pvm -eq 1 ] && cmdline="$cmdline $(cat "$kit/cmdline.pvm")"
+[ -n "$append" ] && cmdline="$cmdline $append"
+machine=()
+[ -n "$irqchip" ] && machine=(-machine "kernel-irqchip=$irqchip")
+[ -n "$log" ] || log=$(mktemp /tmp/lull-qemu.XXXXXX.log)
+
+qemu=(qemu-system-x86_64 -enable-kvm -cpu host -smp "$smp" -m "$mem" -nographic -no-reboot
+    "${machine[@]}" -kernel "$kit/$kernel" -initrd "$kit/initramfs.cpio.gz" -append "$cmdline"
+    "${extra[@]}")
+echo "run-in-qemu: ${qemu[*]}"
+echo "run-in-qemu: timeout ${timeout_s}s, serial log with host timestamps: $log"
+
+t0=$EPOCHREALTIME
+set +e
+# Each serial line is prefixed with the host seconds since QEMU started.
+timeout "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | {
+    while IFS= read -r line; do
+        line=${line//$'\r'/}
+        now=$EPOCHREALTIME
+        printf '[%8.3f] %s\n' "$(bc <<<"$now - $t0")" "$line"
+    done
+} | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+total=$(bc <<<"$EPOCHREALTIME - $t0")
+
+marker_time() { grep -F -m1 "$1" "$log" | sed -E 's/^\[ *([0-9.]+)\].*/\1/'; }
+smp_line="smp: Brought up 1 node, $smp CPU"
+t_smp=$(marker_time "$smp_line" || true)
+t_init=$(marker_time "Run /init as init process" || true)
+t_ready=$(marker_time "lull-init: ready" || true)
+
+echo "run-in-qemu: ---- summary ($kernel, smp $smp, irqchip ${irqchip:-default}) ----"
+echo "run-in-qemu: '$smp_line': ${t_smp:-NOT SEEN}${t_smp:+ s}"
+echo "run-in-qemu: 'Run /init as init process': ${t_init:-NOT SEEN}${t_init:+ s}"
+echo "run-in-qemu: 'lull-init: ready': ${t_ready:-not seen (expected on PVM hosts)}${t_ready:+ s}"
+if [ "$rc" -eq 124 ]; then
+    echo "run-in-qemu: QEMU killed after the ${timeout_s}s timeout"
+else
+    echo "run-in-qemu: QEMU exited with status $rc after $(printf '%.1f' "$total") s"
+fi
+if [ -n "$t_smp" ] && [ -n "$t_init" ] && [ "$rc" -ne 124 ]; then
+    echo "run-in-qemu: PASS"
+    exit 0
+fi
+echo "run-in-qemu: FAIL (log: $log)"
+exit 1

@@ -106,7 +106,28 @@ isr_common:
     addl $4, %esp
     popal
     addl $8, %esp                   /* vector + error code */
-    iret
+    /*
+     * Return without IRET: KVM's instruction emulator implements IRET only in real mode, and
+     * on our hosts every CPL0 instruction is emulated, so a 32-bit IRET is a KVM internal
+     * error (seen under QEMU: "emulation failure" at the 0xcf byte). We never change CPL or
+     * CS (everything runs at CPL0 in selector 0x08), so the frame [EIP, CS, EFLAGS] can be
+     * unwound as POPF + near RET: reorder it to [EFLAGS, EIP], restore EFLAGS with IF clear,
+     * and if IF was set, STI right before RET (STI's one-instruction shadow keeps an
+     * interrupt from arriving before the RET; if one did, it would nest correctly anyway).
+     */
+    pushl %eax                      /* [eax, EIP, CS, EFLAGS] */
+    movl 4(%esp), %eax              /* EIP */
+    xchgl %eax, 12(%esp)            /* EFLAGS slot <- EIP, eax <- EFLAGS */
+    movl %eax, 8(%esp)              /* CS slot <- EFLAGS */
+    popl %eax                       /* [old EIP, EFLAGS, EIP] */
+    leal 4(%esp), %esp              /* [EFLAGS, EIP] (LEA leaves the flags alone) */
+    btrl $9, (%esp)                 /* clear IF in the saved copy; CF = old IF */
+    jnc 1f
+    popfl
+    sti
+    ret
+1:  popfl
+    ret
 
 /* ---- GDT: null, flat 32-bit code (0x08), flat data (0x10) ---- */
     .section .data

@@ -93,6 +93,8 @@ void trap_dispatch(struct trap_frame *f)
         irq_handlers[v](f);
         return;
     }
+    if (v == 0x27 || v == 0x2f)
+        return; /* spurious IRQ 7/15 from the masked 8259s: no EOI */
     printf("%s: FAIL: unexpected interrupt vector %u at eip 0x%x\n", guest_name, v, f->eip);
     guest_exit(RT_EXIT_UNEXPECTED_IRQ);
 }
@@ -215,6 +217,25 @@ static void timing_init(void)
     }
 }
 
+/*
+ * Remap the legacy 8259 PICs to vectors 0x20-0x2f and mask every line. A BIOS (SeaBIOS
+ * under QEMU) leaves them at vector 8 with the PIT unmasked, which would look like a #DF as
+ * soon as a guest enables interrupts. lull has no PIC: these writes are ignored there.
+ */
+static void pic_disable(void)
+{
+    outb(0x20, 0x11); /* ICW1: init, ICW4 follows */
+    outb(0xa0, 0x11);
+    outb(0x21, 0x20); /* ICW2: vector base */
+    outb(0xa1, 0x28);
+    outb(0x21, 0x04); /* ICW3: slave on IRQ2 */
+    outb(0xa1, 0x02);
+    outb(0x21, 0x01); /* ICW4: 8086 mode */
+    outb(0xa1, 0x01);
+    outb(0x21, 0xff); /* mask all */
+    outb(0xa1, 0xff);
+}
+
 /* First C code on CPU 0: bring the runtime up, run main, exit with its result. */
 void rt_start(const struct hvm_start_info *si) __attribute__((noreturn));
 void rt_start(const struct hvm_start_info *si)
@@ -223,6 +244,7 @@ void rt_start(const struct hvm_start_info *si)
     serial_init();
     idt_init();
     idt_load();
+    pic_disable();
     if (!si || si->magic != HVM_START_MAGIC) {
         printf("%s: FAIL: no PVH start info (ebx=0x%x)\n", guest_name, (u32)si);
         guest_exit(RT_EXIT_BAD_BOOT);

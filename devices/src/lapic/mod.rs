@@ -1,0 +1,549 @@
+//! The local APIC of one vCPU, emulated in user space: xAPIC (MMIO) and x2APIC (MSR) views over
+//! one register state, the LAPIC timer, IPIs and INIT/SIPI.
+//!
+//! ```text
+//!   guest MMIO/MSR ──> read_mmio / write_mmio / read_msr / write_msr ──> LapicEffects
+//!                                                                         │ timer: Arm/Cancel
+//!                                                                         │ ipi:   route() + receive()
+//!                                                                         │ eoi:   IoApic::end_of_interrupt
+//!                                                                         │ base_change: move MMIO page
+//!   host timer passed ──> timer_fired(now) ──> next deadline (periodic)
+//!   IoApic / other vCPUs ──> receive(&Ipi) / accept_interrupt ──> IRR
+//!   before KVM_RUN ──> next_interrupt() ──> KVM_INTERRUPT ──> interrupt_injected(v): IRR -> ISR
+//! ```
+//!
+//! The LAPIC owns no clock and no thread: every method that needs time takes `now_ns`
+//! (monotonic nanoseconds) and it tells its caller what to do through return values. How the
+//! VMM drives it:
+//! - **MMIO exit** in `[base, base + 4 KiB)`: [`Lapic::read_mmio`] / [`Lapic::write_mmio`] with
+//!   the offset from [`Lapic::base_address`]; apply the returned [`LapicEffects`].
+//! - **MSR exit** for which [`is_lapic_msr`] holds (0x1B, 0x6E0, 0x800-0x8FF):
+//!   [`Lapic::read_msr`] / [`Lapic::write_msr`]; an `Err` means inject #GP (`error = 1`).
+//! - **Timer**: arm/cancel the vCPU's pinned host timer per [`LapicEffects::timer`]; when it
+//!   passes call [`Lapic::timer_fired`] and re-arm at the deadline it returns, if any.
+//! - **IPI**: [`route`] over every vCPU's [`Lapic::destination_info`], then
+//!   [`Lapic::receive`] on each target and kick it.
+//! - **Injection**: when the guest can take an interrupt, take [`Lapic::next_interrupt`],
+//!   inject it with `KVM_INTERRUPT` and call [`Lapic::interrupt_injected`]. Sync CR8 with
+//!   [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs: [`Lapic::take_nmi`].
+//! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
+//!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) (EOIs are always
+//!   broadcast: no EOI-broadcast suppression is advertised).
+//! - **INIT/SIPI**: a vCPU whose [`Lapic::init_sipi_state`] is not `Running` must not run;
+//!   [`Lapic::take_sipi`] gives the start vector (CS = vector << 8, RIP = 0).
+//!
+//! ```
+//! use devices::lapic::{Lapic, LapicConfig, LapicTimerChange};
+//! let mut lapic = Lapic::new(LapicConfig::default()).unwrap();
+//! let write = |lapic: &mut Lapic, offset: u64, value: u32, now| {
+//!     lapic.write_mmio(offset, &value.to_le_bytes(), now)
+//! };
+//! let _ = write(&mut lapic, 0xF0, 0x1FF, 0); // SVR: software enable
+//! let _ = write(&mut lapic, 0x320, 0x40, 0); // LVT timer: one-shot, vector 0x40
+//! let _ = write(&mut lapic, 0x3E0, 0xB, 0); // divide by 1
+//! let effects = write(&mut lapic, 0x380, 1_000_000, 0); // 1 ms at 1 GHz
+//! assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: 1_000_000 });
+//! assert_eq!(lapic.timer_fired(1_000_000), None);
+//! assert_eq!(lapic.next_interrupt(), Some(0x40));
+//! ```
+
+mod access;
+mod events;
+mod icr;
+pub mod regs;
+mod route;
+mod timer;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use access::is_lapic_msr;
+pub use events::{InvalidAccess, LapicEvents, NoopLapicEvents};
+pub use icr::{DeliveryMode, DestinationMode, Ipi, Shorthand, TriggerMode};
+pub use route::{route, ApicDestinationInfo, DestinationSet, LogicalModel};
+pub use timer::{LapicTimerChange, TimerLimits, TimerMode, TscMap, DEFAULT_BUS_HZ};
+
+use regs::{class, low_byte, VectorBitmap};
+use timer::LapicTimer;
+
+/// Default physical address of the xAPIC MMIO page.
+pub const DEFAULT_APIC_BASE: u64 = 0xFEE0_0000;
+/// IA32_APIC_BASE bit 8: this is the bootstrap processor.
+pub const APIC_BASE_BSP: u64 = 1 << 8;
+/// IA32_APIC_BASE bit 10: x2APIC mode.
+pub const APIC_BASE_X2APIC: u64 = 1 << 10;
+/// IA32_APIC_BASE bit 11: global enable.
+pub const APIC_BASE_ENABLE: u64 = 1 << 11;
+/// IA32_APIC_BASE bits that hold the page address (a 52-bit physical address space).
+pub const APIC_BASE_ADDRESS: u64 = 0x000F_FFFF_FFFF_F000;
+
+/// Errors of the LAPIC model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LapicError {
+    /// The MSR access faults: inject #GP into the guest.
+    #[error("MSR {msr:#x} access faults; inject #GP into the guest")]
+    GeneralProtection {
+        /// The MSR.
+        msr: u32,
+    },
+    /// The MSR is not a local APIC MSR; route it elsewhere.
+    #[error("MSR {0:#x} is not a local APIC MSR; route it elsewhere")]
+    NotLapicMsr(u32),
+    /// The configuration has a zero frequency; give a bus and TSC frequency above zero.
+    #[error("LAPIC bus and TSC frequencies must be above zero")]
+    ZeroFrequency,
+}
+
+/// Construction parameters of a [`Lapic`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LapicConfig {
+    /// Initial APIC ID (the x2APIC ID; its low 8 bits are the xAPIC ID).
+    pub apic_id: u32,
+    /// Whether this is the bootstrap processor (starts running; others wait for SIPI).
+    pub bsp: bool,
+    /// Timer input frequency in Hz (default 1 GHz); advertise the same in CPUID.
+    pub bus_hz: u64,
+    /// Guest TSC to monotonic-time conversion for TSC-deadline mode.
+    pub tsc: TscMap,
+    /// Floors on timer deadlines.
+    pub limits: TimerLimits,
+    /// Whether the guest may switch to x2APIC mode (advertise it in CPUID then).
+    pub x2apic_supported: bool,
+}
+
+impl Default for LapicConfig {
+    fn default() -> Self {
+        LapicConfig {
+            apic_id: 0,
+            bsp: true,
+            bus_hz: DEFAULT_BUS_HZ,
+            tsc: TscMap::default(),
+            limits: TimerLimits::default(),
+            x2apic_supported: true,
+        }
+    }
+}
+
+/// The LAPIC's mode, from IA32_APIC_BASE bits 11:10.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApicMode {
+    /// Globally disabled: no MMIO, no x2APIC MSRs, no interrupts.
+    Disabled,
+    /// xAPIC: registers in the MMIO page.
+    XApic,
+    /// x2APIC: registers in MSRs 0x800-0x8FF.
+    X2Apic,
+}
+
+/// A change of IA32_APIC_BASE the VMM must act on (move or unmap the MMIO page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApicBaseChange {
+    /// Physical address of the register page.
+    pub base_address: u64,
+    /// The new mode; MMIO is live only in [`ApicMode::XApic`].
+    pub mode: ApicMode,
+}
+
+/// An end of interrupt the guest signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eoi {
+    /// The vector whose ISR bit was cleared.
+    pub vector: u8,
+    /// Whether it was level-triggered (TMR set): forward it to the IOAPIC.
+    pub level_triggered: bool,
+}
+
+/// What the VMM must do after a register write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use]
+pub struct LapicEffects {
+    /// What to do with this vCPU's host timer.
+    pub timer: LapicTimerChange,
+    /// An IPI to route and deliver.
+    pub ipi: Option<Ipi>,
+    /// An EOI to forward to the IOAPIC if level-triggered.
+    pub eoi: Option<Eoi>,
+    /// A change of base address or mode.
+    pub base_change: Option<ApicBaseChange>,
+}
+
+/// Where a vCPU is in the INIT / start-up sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitSipiState {
+    /// Executing guest code.
+    Running,
+    /// INIT received (or an AP after reset): waiting for a start-up IPI.
+    WaitForSipi,
+    /// A start-up IPI arrived; the VMM starts the vCPU at `vector << 12`.
+    SipiReceived(u8),
+}
+
+/// The local APIC of one vCPU. See the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
+    initial_id: u32,
+    bsp: bool,
+    x2apic_supported: bool,
+    apic_base: u64,
+    xapic_id: u8,
+    tpr: u8,
+    ldr: u32,
+    dfr: u32,
+    svr: u32,
+    isr: VectorBitmap,
+    tmr: VectorBitmap,
+    irr: VectorBitmap,
+    esr: u32,
+    esr_pending: u32,
+    icr: u64,
+    lvt: [u32; 6],
+    timer: LapicTimer,
+    nmi_pending: bool,
+    init_sipi: InitSipiState,
+    events: E,
+}
+
+impl Lapic<NoopLapicEvents> {
+    /// A LAPIC in its power-up state that reports no events.
+    pub fn new(config: LapicConfig) -> Result<Self, LapicError> {
+        Lapic::with_events(config, NoopLapicEvents)
+    }
+}
+
+impl<E: LapicEvents> Lapic<E> {
+    /// A LAPIC in its power-up state that reports guest misbehaviour to `events`.
+    pub fn with_events(config: LapicConfig, events: E) -> Result<Self, LapicError> {
+        if config.bus_hz == 0 || config.tsc.tsc_khz == 0 {
+            return Err(LapicError::ZeroFrequency);
+        }
+        let mut lapic = Lapic {
+            initial_id: config.apic_id,
+            bsp: config.bsp,
+            x2apic_supported: config.x2apic_supported,
+            apic_base: 0,
+            xapic_id: 0,
+            tpr: 0,
+            ldr: 0,
+            dfr: 0,
+            svr: 0,
+            isr: VectorBitmap::default(),
+            tmr: VectorBitmap::default(),
+            irr: VectorBitmap::default(),
+            esr: 0,
+            esr_pending: 0,
+            icr: 0,
+            lvt: [0; 6],
+            timer: LapicTimer::new(config.bus_hz, config.tsc, config.limits),
+            nmi_pending: false,
+            init_sipi: InitSipiState::Running,
+            events,
+        };
+        lapic.reset();
+        Ok(lapic)
+    }
+
+    /// Power-up (RESET) state: xAPIC mode at the default base, registers cleared, timer
+    /// disarmed (cancel the host timer), an AP waiting for SIPI.
+    pub fn reset(&mut self) {
+        self.apic_base =
+            DEFAULT_APIC_BASE | APIC_BASE_ENABLE | if self.bsp { APIC_BASE_BSP } else { 0 };
+        self.xapic_id = low_byte(self.initial_id);
+        self.reset_registers();
+        self.nmi_pending = false;
+        self.init_sipi = if self.bsp {
+            InitSipiState::Running
+        } else {
+            InitSipiState::WaitForSipi
+        };
+    }
+
+    /// The register reset shared by RESET, INIT and global disable (SDM 11.4.7.1): everything
+    /// but the APIC ID and IA32_APIC_BASE.
+    fn reset_registers(&mut self) {
+        self.tpr = 0;
+        self.ldr = 0;
+        self.dfr = 0xFFFF_FFFF;
+        self.svr = 0xFF;
+        self.isr = VectorBitmap::default();
+        self.tmr = VectorBitmap::default();
+        self.irr = VectorBitmap::default();
+        self.esr = 0;
+        self.esr_pending = 0;
+        self.icr = 0;
+        self.lvt = [regs::LVT_MASKED; 6];
+        self.timer.reset();
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ApicMode {
+        match (
+            self.apic_base & APIC_BASE_ENABLE != 0,
+            self.apic_base & APIC_BASE_X2APIC != 0,
+        ) {
+            (false, _) => ApicMode::Disabled,
+            (true, false) => ApicMode::XApic,
+            (true, true) => ApicMode::X2Apic,
+        }
+    }
+
+    /// Physical address of the xAPIC MMIO page.
+    pub fn base_address(&self) -> u64 {
+        self.apic_base & APIC_BASE_ADDRESS
+    }
+
+    /// The current APIC ID: the x2APIC ID in x2APIC mode, else the 8-bit xAPIC ID.
+    pub fn apic_id(&self) -> u32 {
+        match self.mode() {
+            ApicMode::X2Apic => self.initial_id,
+            _ => u32::from(self.xapic_id),
+        }
+    }
+
+    /// The logical destination register as the guest reads it (derived from the ID in x2APIC
+    /// mode).
+    pub fn ldr(&self) -> u32 {
+        match self.mode() {
+            ApicMode::X2Apic => ((self.initial_id >> 4) << 16) | (1 << (self.initial_id & 0xF)),
+            _ => self.ldr,
+        }
+    }
+
+    fn software_enabled(&self) -> bool {
+        self.svr & regs::SVR_ENABLED != 0
+    }
+
+    /// The processor priority: TPR, or the class of the highest in-service vector if higher.
+    pub fn ppr(&self) -> u8 {
+        let isrv = self.isr.highest().unwrap_or(0);
+        if class(self.tpr) >= class(isrv) {
+            self.tpr
+        } else {
+            isrv & 0xF0
+        }
+    }
+
+    /// The arbitration priority (SDM 11.6.2.4), used for lowest-priority delivery.
+    pub fn arbitration_priority(&self) -> u8 {
+        let isrv = self.isr.highest().unwrap_or(0);
+        let irrv = self.irr.highest().unwrap_or(0);
+        if class(self.tpr) >= class(isrv) && class(self.tpr) >= class(irrv) {
+            self.tpr
+        } else {
+            self.tpr.max(isrv).max(irrv) & 0xF0
+        }
+    }
+
+    /// The task priority register.
+    pub fn tpr(&self) -> u8 {
+        self.tpr
+    }
+
+    /// CR8 as the guest sees it (TPR bits 7:4).
+    pub fn cr8(&self) -> u64 {
+        u64::from(self.tpr >> 4)
+    }
+
+    /// Sets TPR from a guest CR8 value (`kvm_run.cr8` after an exit).
+    pub fn set_cr8(&mut self, cr8: u64) {
+        self.tpr = low_byte(u32::try_from(cr8 & 0xF).unwrap_or(0)) << 4;
+    }
+
+    /// This LAPIC's addressing state for [`route`].
+    pub fn destination_info(&self) -> ApicDestinationInfo {
+        ApicDestinationInfo {
+            apic_id: self.apic_id(),
+            ldr: self.ldr(),
+            logical_model: if self.dfr >> 28 == 0 {
+                LogicalModel::Cluster
+            } else {
+                LogicalModel::Flat
+            },
+            x2apic: self.mode() == ApicMode::X2Apic,
+            hardware_enabled: self.mode() != ApicMode::Disabled,
+            software_enabled: self.software_enabled(),
+            priority: self.arbitration_priority(),
+        }
+    }
+
+    /// Records errors in the ESR and raises the LVT error interrupt for new ones.
+    fn set_error(&mut self, bits: u32) {
+        let new = bits & !self.esr_pending;
+        self.esr_pending |= bits;
+        let lvt = self.lvt[5];
+        if new == 0 || lvt & regs::LVT_MASKED != 0 {
+            return;
+        }
+        let vector = low_byte(lvt);
+        if vector < 16 {
+            self.esr_pending |= regs::ESR_RECEIVE_ILLEGAL_VECTOR;
+        } else {
+            self.irr.set(vector);
+            self.tmr.clear(vector);
+        }
+    }
+
+    /// Accepts a fixed or lowest-priority interrupt: sets IRR (and TMR if level-triggered).
+    ///
+    /// Returns whether it is now pending. A vector below 16 sets ESR "received illegal vector";
+    /// a disabled LAPIC drops the interrupt.
+    pub fn accept_interrupt(&mut self, vector: u8, level_triggered: bool) -> bool {
+        if self.mode() == ApicMode::Disabled {
+            return false;
+        }
+        if vector < 16 {
+            self.events.illegal_vector(vector);
+            self.set_error(regs::ESR_RECEIVE_ILLEGAL_VECTOR);
+            return false;
+        }
+        if !self.software_enabled() {
+            return false;
+        }
+        self.irr.set(vector);
+        if level_triggered {
+            self.tmr.set(vector);
+        } else {
+            self.tmr.clear(vector);
+        }
+        true
+    }
+
+    /// Delivers a routed message to this LAPIC according to its delivery mode. Returns whether
+    /// the vCPU has something new to do (kick it if so).
+    pub fn receive(&mut self, ipi: &Ipi) -> bool {
+        if self.mode() == ApicMode::Disabled {
+            return false;
+        }
+        match ipi.delivery_mode {
+            DeliveryMode::Fixed | DeliveryMode::LowestPriority => {
+                self.accept_interrupt(ipi.vector, ipi.trigger_mode == TriggerMode::Level)
+            }
+            DeliveryMode::Nmi => {
+                self.nmi_pending = true;
+                true
+            }
+            DeliveryMode::Init if ipi.is_init_deassert() => false,
+            DeliveryMode::Init => {
+                self.accept_init();
+                true
+            }
+            DeliveryMode::StartUp => self.accept_sipi(ipi.vector),
+            DeliveryMode::Smi => {
+                self.events.unsupported_delivery_mode(2);
+                false
+            }
+            DeliveryMode::ExtInt => {
+                self.events.unsupported_delivery_mode(7);
+                false
+            }
+        }
+    }
+
+    /// Marks an NMI pending.
+    pub fn accept_nmi(&mut self) {
+        self.nmi_pending = true;
+    }
+
+    /// Whether an NMI is pending.
+    pub fn nmi_pending(&self) -> bool {
+        self.nmi_pending
+    }
+
+    /// Takes the pending NMI, if any (inject it with `KVM_NMI`).
+    pub fn take_nmi(&mut self) -> bool {
+        std::mem::take(&mut self.nmi_pending)
+    }
+
+    /// INIT: resets the registers (ID and IA32_APIC_BASE are kept) and waits for a SIPI. The
+    /// VMM must stop the vCPU and reset its CPU state; cancel the host timer too.
+    pub fn accept_init(&mut self) {
+        self.reset_registers();
+        self.nmi_pending = false;
+        self.init_sipi = InitSipiState::WaitForSipi;
+    }
+
+    /// A start-up IPI: recorded only while waiting for one. Returns whether it was taken.
+    pub fn accept_sipi(&mut self, vector: u8) -> bool {
+        if self.init_sipi != InitSipiState::WaitForSipi {
+            return false;
+        }
+        self.init_sipi = InitSipiState::SipiReceived(vector);
+        true
+    }
+
+    /// Where the vCPU is in the INIT/SIPI sequence.
+    pub fn init_sipi_state(&self) -> InitSipiState {
+        self.init_sipi
+    }
+
+    /// Takes a received start-up vector and marks the vCPU running; start it in real mode
+    /// with CS = vector << 8, RIP = 0.
+    pub fn take_sipi(&mut self) -> Option<u8> {
+        match self.init_sipi {
+            InitSipiState::SipiReceived(vector) => {
+                self.init_sipi = InitSipiState::Running;
+                Some(vector)
+            }
+            _ => None,
+        }
+    }
+
+    /// The highest pending vector whose priority class is above the PPR's: the interrupt to
+    /// inject next when the guest can take one.
+    pub fn next_interrupt(&self) -> Option<u8> {
+        if self.mode() == ApicMode::Disabled {
+            return None;
+        }
+        self.irr.highest().filter(|&v| class(v) > class(self.ppr()))
+    }
+
+    /// Whether an interrupt or NMI is waiting for injection (a halted vCPU wakes for it).
+    pub fn has_pending_interrupt(&self) -> bool {
+        self.nmi_pending || self.next_interrupt().is_some()
+    }
+
+    /// The VMM injected `vector`: moves it from IRR to ISR. Ignored if it was not pending.
+    pub fn interrupt_injected(&mut self, vector: u8) {
+        if self.irr.contains(vector) {
+            self.irr.clear(vector);
+            self.isr.set(vector);
+        }
+    }
+
+    /// The EOI register was written: clears the highest in-service vector.
+    fn end_of_interrupt(&mut self) -> Option<Eoi> {
+        let vector = self.isr.highest()?;
+        self.isr.clear(vector);
+        Some(Eoi {
+            vector,
+            level_triggered: self.tmr.contains(vector),
+        })
+    }
+
+    /// The host timer for this LAPIC passed. Sets the timer vector pending unless masked and
+    /// returns the next deadline to arm (periodic mode, or a call before the deadline).
+    pub fn timer_fired(&mut self, now_ns: u64) -> Option<u64> {
+        let (fired, next) = self.timer.fire(now_ns);
+        let lvt = self.lvt[0];
+        if fired && lvt & regs::LVT_MASKED == 0 {
+            let _ = self.accept_interrupt(low_byte(lvt), false);
+        }
+        next
+    }
+
+    /// The timer mode selected by the LVT timer register.
+    pub fn timer_mode(&self) -> TimerMode {
+        self.timer.mode()
+    }
+
+    /// The armed timer deadline, if any.
+    pub fn timer_deadline(&self) -> Option<u64> {
+        self.timer.deadline()
+    }
+
+    /// The events sink.
+    pub fn events(&self) -> &E {
+        &self.events
+    }
+}

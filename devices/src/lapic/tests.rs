@@ -1,0 +1,703 @@
+//! Behaviour tests of the whole LAPIC through its register views.
+
+use std::cell::Cell;
+
+use super::regs::*;
+use super::*;
+
+fn lapic() -> Lapic {
+    let mut lapic = Lapic::new(LapicConfig::default()).unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    lapic
+}
+
+fn write(lapic: &mut Lapic<impl LapicEvents>, offset: u32, value: u32, now: u64) -> LapicEffects {
+    lapic.write_mmio(u64::from(offset), &value.to_le_bytes(), now)
+}
+
+fn read(lapic: &mut Lapic<impl LapicEvents>, offset: u32, now: u64) -> u32 {
+    let mut data = [0u8; 4];
+    lapic.read_mmio(u64::from(offset), &mut data, now);
+    u32::from_le_bytes(data)
+}
+
+fn x2apic() -> Lapic {
+    let mut lapic = Lapic::new(LapicConfig {
+        apic_id: 0x23,
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let base = DEFAULT_APIC_BASE | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
+    let effects = lapic.write_msr(MSR_APIC_BASE, base, 0).unwrap();
+    assert_eq!(effects.base_change.unwrap().mode, ApicMode::X2Apic);
+    let _ = lapic.write_msr(0x80F, 0x1FF, 0).unwrap();
+    lapic
+}
+
+#[derive(Default)]
+struct Counting {
+    invalid: Cell<u32>,
+    illegal: Cell<u32>,
+    clamped: Cell<u32>,
+    unsupported: Cell<u32>,
+}
+
+impl LapicEvents for Counting {
+    fn invalid_access(&self, _: InvalidAccess) {
+        self.invalid.set(self.invalid.get() + 1);
+    }
+    fn illegal_vector(&self, _: u8) {
+        self.illegal.set(self.illegal.get() + 1);
+    }
+    fn timer_clamped(&self, _: u64, _: u64) {
+        self.clamped.set(self.clamped.get() + 1);
+    }
+    fn unsupported_delivery_mode(&self, _: u8) {
+        self.unsupported.set(self.unsupported.get() + 1);
+    }
+}
+
+#[test]
+fn power_up_state() {
+    let mut lapic = Lapic::new(LapicConfig::default()).unwrap();
+    assert_eq!(read(&mut lapic, VERSION, 0), 0x0005_0014);
+    assert_eq!(read(&mut lapic, SVR, 0), 0xFF);
+    assert_eq!(read(&mut lapic, DFR, 0), 0xFFFF_FFFF);
+    for lvt in (LVT_TIMER..=LVT_ERROR).step_by(0x10) {
+        assert_eq!(read(&mut lapic, lvt, 0), LVT_MASKED);
+    }
+    assert_eq!(lapic.read_msr(MSR_APIC_BASE, 0), Ok(0xFEE0_0900));
+    let ap = Lapic::new(LapicConfig {
+        apic_id: 1,
+        bsp: false,
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    assert_eq!(ap.init_sipi_state(), InitSipiState::WaitForSipi);
+    assert_eq!(
+        Lapic::new(LapicConfig {
+            bus_hz: 0,
+            ..LapicConfig::default()
+        })
+        .err(),
+        Some(LapicError::ZeroFrequency)
+    );
+}
+
+#[test]
+fn one_shot_each_divide_and_current_count() {
+    for (dcr, divisor) in [
+        (0, 2),
+        (1, 4),
+        (2, 8),
+        (3, 16),
+        (8, 32),
+        (9, 64),
+        (10, 128),
+        (11, 1),
+    ] {
+        let mut lapic = lapic();
+        let _ = write(&mut lapic, LVT_TIMER, 0x30, 0);
+        let _ = write(&mut lapic, TIMER_DIVIDE, dcr, 0);
+        assert_eq!(read(&mut lapic, TIMER_DIVIDE, 0), dcr);
+        let start = 1_000;
+        let effects = write(&mut lapic, TIMER_INITIAL, 50_000, start);
+        let deadline_ns = start + 50_000 * divisor;
+        assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns });
+        for step in 0..5u64 {
+            let now = start + step * 10_000 * divisor;
+            let expected = 50_000 - u32::try_from(step * 10_000).unwrap();
+            assert_eq!(read(&mut lapic, TIMER_CURRENT, now), expected);
+        }
+        assert_eq!(lapic.timer_fired(deadline_ns - 1), Some(deadline_ns));
+        assert_eq!(lapic.next_interrupt(), None);
+        assert_eq!(lapic.timer_fired(deadline_ns), None);
+        assert_eq!(read(&mut lapic, TIMER_CURRENT, deadline_ns), 0);
+        assert_eq!(read(&mut lapic, TIMER_INITIAL, deadline_ns), 50_000);
+        assert_eq!(lapic.next_interrupt(), Some(0x30));
+    }
+}
+
+#[test]
+fn initial_count_zero_cancels() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, 0x30, 0);
+    assert!(matches!(
+        write(&mut lapic, TIMER_INITIAL, 10_000, 0).timer,
+        LapicTimerChange::Arm { .. }
+    ));
+    assert_eq!(
+        write(&mut lapic, TIMER_INITIAL, 0, 5).timer,
+        LapicTimerChange::Cancel
+    );
+    assert_eq!(lapic.timer_deadline(), None);
+}
+
+#[test]
+fn periodic_does_not_drift() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let period = 1_000_003u64;
+    let effects = write(&mut lapic, TIMER_INITIAL, 1_000_003, 7);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 7 + period
+        }
+    );
+    let mut deadline = 7 + period;
+    for k in 1..=1_000u64 {
+        // The VMM runs a little late every time; the grid must not move.
+        let late = deadline + (k % 7) * 1_000;
+        let next = lapic.timer_fired(late).unwrap();
+        assert_eq!(next, 7 + (k + 1) * period);
+        assert_eq!(lapic.next_interrupt(), Some(0x40));
+        lapic.interrupt_injected(0x40);
+        let _ = write(&mut lapic, EOI, 0, late);
+        deadline = next;
+    }
+    // Mid-period, the current count follows the grid too.
+    let mid = deadline - period / 2;
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, mid), 500_001);
+    // Missed periods are skipped, staying on the grid.
+    let next = lapic.timer_fired(deadline + 3 * period + 5).unwrap();
+    assert_eq!(next, deadline + 4 * period);
+}
+
+#[test]
+fn periodic_period_is_clamped() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let LapicTimerChange::Arm { deadline_ns } = write(&mut lapic, TIMER_INITIAL, 1, 0).timer else {
+        panic!("not armed");
+    };
+    assert!(deadline_ns >= 1_000);
+    assert_eq!(lapic.events().clamped.get(), 1);
+    let next = lapic.timer_fired(deadline_ns).unwrap();
+    assert_eq!(next - deadline_ns, 100_000);
+}
+
+fn tsc_lapic() -> Lapic {
+    let mut lapic = Lapic::new(LapicConfig {
+        tsc: TscMap {
+            tsc_khz: 2_000_000,
+            tsc_at_ns0: 1_000,
+        },
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let effects = write(&mut lapic, LVT_TIMER, (2 << 17) | 0xEF, 0);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    lapic
+}
+
+#[test]
+fn tsc_deadline_arm_rearm_cancel() {
+    let mut lapic = tsc_lapic();
+    let arm = |lapic: &mut Lapic, tsc, now| lapic.write_msr(MSR_TSC_DEADLINE, tsc, now).unwrap();
+    // TSC 2_001_000 is 1 ms after time 0.
+    assert_eq!(
+        arm(&mut lapic, 2_001_000, 0).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 1_000_000
+        }
+    );
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(2_001_000));
+    assert_eq!(
+        arm(&mut lapic, 4_001_000, 10).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 2_000_000
+        }
+    );
+    // Initial-count writes are ignored in TSC-deadline mode.
+    assert_eq!(
+        write(&mut lapic, TIMER_INITIAL, 5, 10).timer,
+        LapicTimerChange::Unchanged
+    );
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 10), 0);
+    assert_eq!(arm(&mut lapic, 0, 20).timer, LapicTimerChange::Cancel);
+    assert_eq!(lapic.timer_deadline(), None);
+    assert_eq!(lapic.timer_fired(3_000_000), None);
+    assert_eq!(lapic.next_interrupt(), None);
+    // Fire: the MSR clears and the vector is pending.
+    let _ = arm(&mut lapic, 2_001_000, 0);
+    assert_eq!(lapic.timer_fired(1_000_000), None);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(0));
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+}
+
+#[test]
+fn tsc_deadline_in_the_past_fires_at_once() {
+    let mut lapic = tsc_lapic();
+    let now = 5_000_000;
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 2_000, now).unwrap();
+    let floor = now + TimerLimits::default().min_delay_ns;
+    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: floor });
+    assert_eq!(lapic.timer_fired(floor), None);
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+    // With no floor, the deadline is "now".
+    let mut lapic = Lapic::new(LapicConfig {
+        limits: TimerLimits {
+            min_period_ns: 100_000,
+            min_delay_ns: 0,
+        },
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let _ = write(&mut lapic, LVT_TIMER, 2 << 17, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 1, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: now });
+}
+
+#[test]
+fn tsc_deadline_ignored_outside_its_mode() {
+    let mut lapic = lapic();
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 12345, 0).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(0));
+    // Leaving TSC-deadline mode disarms.
+    let mut lapic = tsc_lapic();
+    let _ = lapic.write_msr(MSR_TSC_DEADLINE, 1 << 40, 0).unwrap();
+    assert_eq!(
+        write(&mut lapic, LVT_TIMER, 0xEF, 0).timer,
+        LapicTimerChange::Cancel
+    );
+}
+
+#[test]
+fn masked_timer_sets_no_irr_but_keeps_running() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    assert_eq!(lapic.timer_fired(1_000_000), Some(2_000_000));
+    assert_eq!(lapic.next_interrupt(), None);
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    assert_eq!(lapic.timer_fired(2_000_000), Some(3_000_000));
+    assert_eq!(lapic.next_interrupt(), Some(0x40));
+}
+
+#[test]
+fn svr_disable_masks_lvts() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_LINT0, 0x700, 0);
+    let _ = write(&mut lapic, LVT_ERROR, 0xFE, 0);
+    assert_eq!(read(&mut lapic, LVT_ERROR, 0), 0xFE);
+    let _ = write(&mut lapic, SVR, 0xFF, 0);
+    for lvt in (LVT_TIMER..=LVT_ERROR).step_by(0x10) {
+        assert_ne!(read(&mut lapic, lvt, 0) & LVT_MASKED, 0);
+    }
+    let _ = write(&mut lapic, LVT_ERROR, 0xFE, 0);
+    assert_eq!(read(&mut lapic, LVT_ERROR, 0), LVT_MASKED | 0xFE);
+    assert!(!lapic.accept_interrupt(0x40, false));
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    assert_eq!(read(&mut lapic, LVT_ERROR, 0), LVT_MASKED | 0xFE);
+    let _ = write(&mut lapic, LVT_ERROR, 0xFE, 0);
+    assert_eq!(read(&mut lapic, LVT_ERROR, 0), 0xFE);
+}
+
+#[test]
+fn lvt_reserved_bits_stay_zero() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, u32::MAX, 0);
+    // Reserved timer mode 0b11 becomes one-shot.
+    assert_eq!(read(&mut lapic, LVT_TIMER, 0), 0x0001_00FF);
+    let _ = write(&mut lapic, LVT_THERMAL, u32::MAX, 0);
+    assert_eq!(read(&mut lapic, LVT_THERMAL, 0), 0x0001_07FF);
+    let _ = write(&mut lapic, LVT_LINT1, u32::MAX, 0);
+    assert_eq!(read(&mut lapic, LVT_LINT1, 0), 0x0001_A7FF);
+    let _ = write(&mut lapic, LVT_ERROR, u32::MAX, 0);
+    assert_eq!(read(&mut lapic, LVT_ERROR, 0), 0x0001_00FF);
+    let _ = write(&mut lapic, SVR, u32::MAX, 0);
+    assert_eq!(read(&mut lapic, SVR, 0), 0x1FF);
+}
+
+#[test]
+fn priority_order_and_tpr() {
+    let mut lapic = lapic();
+    for v in [0x31, 0x51, 0x41] {
+        assert!(lapic.accept_interrupt(v, false));
+    }
+    let mut order = vec![];
+    while let Some(v) = lapic.next_interrupt() {
+        lapic.interrupt_injected(v);
+        order.push(v);
+        // A nested lower interrupt must wait for the EOI.
+        assert_eq!(lapic.next_interrupt(), None);
+        assert_eq!(lapic.ppr(), v & 0xF0);
+        assert_eq!(
+            write(&mut lapic, EOI, 0, 0).eoi,
+            Some(Eoi {
+                vector: v,
+                level_triggered: false
+            })
+        );
+    }
+    assert_eq!(order, [0x51, 0x41, 0x31]);
+    assert_eq!(write(&mut lapic, EOI, 0, 0).eoi, None);
+
+    let _ = write(&mut lapic, TPR, 0x45, 0);
+    assert!(lapic.accept_interrupt(0x42, false));
+    assert!(lapic.accept_interrupt(0x3F, false));
+    assert_eq!(lapic.next_interrupt(), None);
+    assert!(!lapic.has_pending_interrupt());
+    assert!(lapic.accept_interrupt(0x50, false));
+    assert_eq!(lapic.next_interrupt(), Some(0x50));
+    lapic.set_cr8(3);
+    assert_eq!(read(&mut lapic, TPR, 0), 0x30);
+    assert_eq!(lapic.cr8(), 3);
+    assert_eq!(lapic.next_interrupt(), Some(0x50));
+}
+
+#[test]
+fn ppr_and_apr_follow_tpr_and_isr() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, TPR, 0x25, 0);
+    assert_eq!(read(&mut lapic, PPR, 0), 0x25);
+    assert!(lapic.accept_interrupt(0x61, true));
+    assert_eq!(read(&mut lapic, APR, 0), 0x60);
+    lapic.interrupt_injected(0x61);
+    assert_eq!(read(&mut lapic, PPR, 0), 0x60);
+    assert_eq!(read(&mut lapic, ISR0 + 0x30, 0), 1 << 1);
+    assert_eq!(read(&mut lapic, TMR0 + 0x30, 0), 1 << 1);
+    let _ = write(&mut lapic, TPR, 0x70, 0);
+    assert_eq!(read(&mut lapic, PPR, 0), 0x70);
+    let eoi = write(&mut lapic, EOI, 0, 0).eoi;
+    assert_eq!(
+        eoi,
+        Some(Eoi {
+            vector: 0x61,
+            level_triggered: true
+        })
+    );
+    assert_eq!(read(&mut lapic, PPR, 0), 0x70);
+}
+
+#[test]
+fn esr_write_then_read() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    assert!(!lapic.accept_interrupt(3, false));
+    assert_eq!(lapic.events().illegal.get(), 1);
+    assert_eq!(
+        read(&mut lapic, ESR, 0),
+        0,
+        "errors appear only after a write"
+    );
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), ESR_RECEIVE_ILLEGAL_VECTOR);
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), 0);
+    // Send illegal vector, and the error LVT raises its interrupt.
+    let _ = write(&mut lapic, LVT_ERROR, 0xFE, 0);
+    assert_eq!(write(&mut lapic, ICR_LOW, 0x4005, 0).ipi, None);
+    assert_eq!(lapic.next_interrupt(), Some(0xFE));
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), ESR_SEND_ILLEGAL_VECTOR);
+    // Illegal register address.
+    let _ = read(&mut lapic, 0x2F0, 0);
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), ESR_ILLEGAL_REGISTER);
+}
+
+#[test]
+fn icr_xapic_each_mode_and_shorthand() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, ID, 5 << 24, 0);
+    let _ = write(&mut lapic, ICR_HIGH, 0x0300_00FF, 0);
+    assert_eq!(read(&mut lapic, ICR_HIGH, 0), 0x0300_0000);
+    let send = |lapic: &mut Lapic, low| write(lapic, ICR_LOW, low, 0).ipi;
+    let fixed = send(&mut lapic, 0x0000_4031).unwrap();
+    assert_eq!(
+        fixed,
+        Ipi {
+            destination: 3,
+            source_apic_id: Some(5),
+            ..Ipi::fixed(0x31, 3)
+        }
+    );
+    assert_eq!(
+        read(&mut lapic, ICR_LOW, 0),
+        0x4031,
+        "delivery status reads idle"
+    );
+    let modes = [
+        (0x4131, DeliveryMode::LowestPriority),
+        (0x4400, DeliveryMode::Nmi),
+        (0xC500, DeliveryMode::Init),
+        (0x8500, DeliveryMode::Init),
+        (0x4609, DeliveryMode::StartUp),
+    ];
+    for (low, mode) in modes {
+        assert_eq!(send(&mut lapic, low).unwrap().delivery_mode, mode);
+    }
+    assert!(send(&mut lapic, 0x8500).unwrap().is_init_deassert());
+    assert_eq!(send(&mut lapic, 0x4200), None, "SMI is ignored");
+    for (bits, shorthand) in [
+        (1, Shorthand::SelfOnly),
+        (2, Shorthand::AllIncludingSelf),
+        (3, Shorthand::AllExcludingSelf),
+    ] {
+        let ipi = send(&mut lapic, (bits << 18) | 0x4840).unwrap();
+        assert_eq!(ipi.shorthand, shorthand);
+        assert_eq!(ipi.destination_mode, DestinationMode::Logical);
+    }
+}
+
+#[test]
+fn icr_x2apic_and_self_ipi() {
+    let mut lapic = x2apic();
+    let effects = lapic.write_msr(0x830, 0x0000_0042_0000_4031, 0).unwrap();
+    let ipi = effects.ipi.unwrap();
+    assert_eq!(ipi.destination, 0x42);
+    assert!(ipi.x2apic_format);
+    assert_eq!(ipi.source_apic_id, Some(0x23));
+    assert_eq!(lapic.read_msr(0x830, 0), Ok(0x0000_0042_0000_4031));
+    let all = lapic.write_msr(0x830, 0xC_4400, 0).unwrap().ipi.unwrap();
+    assert_eq!(
+        (all.shorthand, all.delivery_mode),
+        (Shorthand::AllExcludingSelf, DeliveryMode::Nmi)
+    );
+    let sipi = lapic
+        .write_msr(0x830, 0x0000_0001_0000_4610, 0)
+        .unwrap()
+        .ipi
+        .unwrap();
+    assert_eq!(
+        (sipi.delivery_mode, sipi.vector, sipi.destination),
+        (DeliveryMode::StartUp, 0x10, 1)
+    );
+    let effects = lapic.write_msr(0x83F, 0x55, 0).unwrap();
+    assert_eq!(effects.ipi, None);
+    assert_eq!(lapic.next_interrupt(), Some(0x55));
+}
+
+#[test]
+fn x2apic_general_protection() {
+    let mut lapic = x2apic();
+    fn gp<T>(msr: u32) -> Result<T, LapicError> {
+        Err(LapicError::GeneralProtection { msr })
+    }
+    assert_eq!(lapic.read_msr(0x802, 0), Ok(0x23));
+    assert_eq!(lapic.read_msr(0x80D, 0), Ok((2 << 16) | (1 << 3)));
+    assert_eq!(lapic.read_msr(0x803, 0), Ok(0x0005_0014));
+    for msr in [
+        0x80B, 0x83F, 0x80E, 0x809, 0x80C, 0x831, 0x82F, 0x840, 0x8FF,
+    ] {
+        assert_eq!(lapic.read_msr(msr, 0), gp(msr), "read {msr:#x}");
+    }
+    for msr in [
+        0x802, 0x803, 0x80A, 0x80D, 0x80E, 0x810, 0x818, 0x820, 0x839, 0x831,
+    ] {
+        assert_eq!(
+            lapic.write_msr(msr, 0, 0).map(|_| ()),
+            gp(msr),
+            "write {msr:#x}"
+        );
+    }
+    assert_eq!(lapic.write_msr(0x80B, 1, 0).map(|_| ()), gp(0x80B));
+    assert_eq!(lapic.write_msr(0x828, 1, 0).map(|_| ()), gp(0x828));
+    assert_eq!(lapic.write_msr(0x808, 1 << 32, 0).map(|_| ()), gp(0x808));
+    assert!(lapic.write_msr(0x80B, 0, 0).is_ok());
+    assert!(lapic.write_msr(0x828, 0, 0).is_ok());
+    assert_eq!(lapic.read_msr(0x10, 0), Err(LapicError::NotLapicMsr(0x10)));
+    // xAPIC MMIO is gone in x2APIC mode.
+    assert_eq!(read(&mut lapic, ID, 0), 0);
+    // And x2APIC MSRs fault in xAPIC mode.
+    let mut xapic = self::lapic();
+    assert_eq!(xapic.read_msr(0x802, 0), gp(0x802));
+    assert_eq!(xapic.write_msr(0x808, 0, 0).map(|_| ()), gp(0x808));
+}
+
+#[test]
+fn apic_base_transitions() {
+    let mut lapic = lapic();
+    let gp = Err(LapicError::GeneralProtection { msr: MSR_APIC_BASE });
+    let set = |lapic: &mut Lapic, value| lapic.write_msr(MSR_APIC_BASE, value, 0);
+    let enabled = DEFAULT_APIC_BASE | APIC_BASE_ENABLE;
+    // Invalid state EXTD without EN, and reserved bits.
+    assert_eq!(set(&mut lapic, DEFAULT_APIC_BASE | APIC_BASE_X2APIC), gp);
+    assert_eq!(set(&mut lapic, enabled | 1), gp);
+    assert_eq!(set(&mut lapic, enabled | (1 << 60)), gp);
+    // Relocation in xAPIC mode; the BSP bit is read-only.
+    let moved = set(&mut lapic, 0xFED0_0000 | APIC_BASE_ENABLE).unwrap();
+    assert_eq!(
+        moved.base_change,
+        Some(ApicBaseChange {
+            base_address: 0xFED0_0000,
+            mode: ApicMode::XApic
+        })
+    );
+    assert_eq!(lapic.read_msr(MSR_APIC_BASE, 0), Ok(0xFED0_0900));
+    assert_eq!(set(&mut lapic, 0xFED0_0900).unwrap().base_change, None);
+    // xAPIC -> x2APIC -> xAPIC (#GP) -> disabled -> x2APIC (#GP) -> xAPIC.
+    assert!(set(&mut lapic, enabled | APIC_BASE_X2APIC).is_ok());
+    assert_eq!(lapic.mode(), ApicMode::X2Apic);
+    assert_eq!(set(&mut lapic, enabled), gp);
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let off = set(&mut lapic, DEFAULT_APIC_BASE).unwrap();
+    assert_eq!(off.base_change.unwrap().mode, ApicMode::Disabled);
+    assert_eq!(lapic.mode(), ApicMode::Disabled);
+    assert!(!lapic.accept_interrupt(0x40, false));
+    assert_eq!(
+        lapic.read_msr(0x802, 0),
+        Err(LapicError::GeneralProtection { msr: 0x802 })
+    );
+    assert_eq!(set(&mut lapic, enabled | APIC_BASE_X2APIC), gp);
+    assert!(set(&mut lapic, enabled).is_ok());
+    assert_eq!(
+        read(&mut lapic, SVR, 0),
+        0xFF,
+        "global disable resets the registers"
+    );
+    // Without x2APIC support the switch faults.
+    let mut plain = Lapic::new(LapicConfig {
+        x2apic_supported: false,
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    assert_eq!(set(&mut plain, enabled | APIC_BASE_X2APIC), gp);
+}
+
+#[test]
+fn disabling_cancels_an_armed_timer() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, 0x40, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 100_000, 0);
+    let effects = lapic
+        .write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE, 0)
+        .unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+}
+
+#[test]
+fn ldr_dfr_and_routing() {
+    let mut cpus: Vec<Lapic> = (0..4u32)
+        .map(|id| {
+            let mut l = Lapic::new(LapicConfig {
+                apic_id: id,
+                bsp: id == 0,
+                ..LapicConfig::default()
+            })
+            .unwrap();
+            let _ = write(&mut l, SVR, 0x1FF, 0);
+            let _ = write(&mut l, LDR, (1 << id) << 24 | 0x00FF_FFFF, 0);
+            l
+        })
+        .collect();
+    assert_eq!(read(&mut cpus[2], LDR, 0), 0x0400_0000);
+    let info: Vec<_> = cpus.iter().map(Lapic::destination_info).collect();
+    let ipi = write(&mut cpus[0], ICR_HIGH, 0x0600_0000, 0);
+    assert_eq!(ipi.ipi, None);
+    let ipi = write(&mut cpus[0], ICR_LOW, 0x4840, 0).ipi.unwrap();
+    let targets = route(&ipi, &info);
+    assert_eq!(targets.iter().collect::<Vec<_>>(), [1, 2]);
+    for t in targets.iter() {
+        assert!(cpus[t].receive(&ipi));
+    }
+    assert_eq!(cpus[1].next_interrupt(), Some(0x40));
+    // Cluster model: cluster 0, members 1 and 2 are CPUs with LDR 0x01, 0x02; set DFR.
+    for (i, cpu) in cpus.iter_mut().enumerate() {
+        let _ = write(cpu, DFR, 0, 0);
+        let ldr = (u32::try_from(i / 2).unwrap() << 4) | (1 << (i % 2));
+        let _ = write(cpu, LDR, ldr << 24, 0);
+    }
+    assert_eq!(read(&mut cpus[0], DFR, 0), 0x0FFF_FFFF);
+    let info: Vec<_> = cpus.iter().map(Lapic::destination_info).collect();
+    let _ = write(&mut cpus[0], ICR_HIGH, 0x1200_0000, 0);
+    let ipi = write(&mut cpus[0], ICR_LOW, 0x4840, 0).ipi.unwrap();
+    assert_eq!(route(&ipi, &info).iter().collect::<Vec<_>>(), [3]);
+}
+
+#[test]
+fn init_sipi_state_machine() {
+    let mut ap = Lapic::new(LapicConfig {
+        apic_id: 1,
+        bsp: false,
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let _ = write(&mut ap, SVR, 0x1FF, 0);
+    let init = Ipi {
+        delivery_mode: DeliveryMode::Init,
+        trigger_mode: TriggerMode::Level,
+        ..Ipi::fixed(0, 1)
+    };
+    let deassert = Ipi {
+        assert: false,
+        ..init
+    };
+    let sipi = |v| Ipi {
+        delivery_mode: DeliveryMode::StartUp,
+        ..Ipi::fixed(v, 1)
+    };
+    assert_eq!(ap.take_sipi(), None);
+    assert!(ap.receive(&sipi(0x10)));
+    assert_eq!(ap.init_sipi_state(), InitSipiState::SipiReceived(0x10));
+    assert!(!ap.receive(&sipi(0x20)), "a second SIPI is ignored");
+    assert_eq!(ap.take_sipi(), Some(0x10));
+    assert_eq!(ap.init_sipi_state(), InitSipiState::Running);
+    assert!(!ap.receive(&sipi(0x20)), "running CPUs ignore SIPI");
+    // INIT resets the registers but not the ID.
+    let _ = write(&mut ap, TPR, 0x40, 0);
+    assert!(ap.accept_interrupt(0x80, false));
+    assert!(ap.receive(&init));
+    assert_eq!(ap.init_sipi_state(), InitSipiState::WaitForSipi);
+    assert_eq!(read(&mut ap, TPR, 0), 0);
+    assert_eq!(read(&mut ap, SVR, 0), 0xFF);
+    assert_eq!(read(&mut ap, ID, 0), 1 << 24);
+    assert_eq!(ap.next_interrupt(), None);
+    assert!(!ap.receive(&deassert));
+    assert_eq!(ap.init_sipi_state(), InitSipiState::WaitForSipi);
+    assert!(ap.receive(&sipi(0x9A)));
+    assert_eq!(ap.take_sipi(), Some(0x9A));
+}
+
+#[test]
+fn nmi_and_unsupported_modes() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    assert!(lapic.receive(&Ipi {
+        delivery_mode: DeliveryMode::Nmi,
+        ..Ipi::fixed(0, 0)
+    }));
+    assert!(lapic.has_pending_interrupt());
+    assert!(lapic.take_nmi());
+    assert!(!lapic.nmi_pending());
+    assert!(!lapic.receive(&Ipi {
+        delivery_mode: DeliveryMode::Smi,
+        ..Ipi::fixed(0, 0)
+    }));
+    assert!(!lapic.receive(&Ipi {
+        delivery_mode: DeliveryMode::ExtInt,
+        ..Ipi::fixed(0, 0)
+    }));
+    assert_eq!(lapic.events().unsupported.get(), 2);
+}
+
+#[test]
+fn mmio_widths_and_offsets() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    let _ = write(&mut lapic, TPR, 0x5A, 0);
+    let mut byte = [0u8; 1];
+    lapic.read_mmio(u64::from(VERSION) + 2, &mut byte, 0);
+    assert_eq!(byte, [5]);
+    let mut wide = [0xAAu8; 8];
+    lapic.read_mmio(u64::from(TPR), &mut wide, 0);
+    assert_eq!(wide, [0; 8]);
+    let mut straddle = [0xAAu8; 4];
+    lapic.read_mmio(u64::from(TPR) + 2, &mut straddle, 0);
+    assert_eq!(straddle, [0; 4]);
+    let _ = lapic.write_mmio(u64::from(TPR), &[1, 0], 0);
+    let _ = lapic.write_mmio(u64::from(TPR) + 4, &[1, 0, 0, 0], 0);
+    assert_eq!(read(&mut lapic, TPR, 0), 0x5A);
+    assert_eq!(lapic.events().invalid.get(), 4);
+    let _ = write(&mut lapic, PPR, 0xFF, 0);
+    let _ = write(&mut lapic, 0xFF0, 0xFF, 0);
+    lapic.read_mmio(0x1_0000_0000, &mut [0; 4], 0);
+    assert_eq!(lapic.events().invalid.get(), 7);
+    assert_eq!(read(&mut lapic, PPR, 0), 0x5A);
+}

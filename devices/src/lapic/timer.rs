@@ -1,0 +1,431 @@
+//! The LAPIC timer: one-shot, periodic and TSC-deadline modes over a caller-supplied clock.
+//!
+//! The timer owns no clock. Every operation takes `now_ns` (monotonic nanoseconds) and returns
+//! what the caller must do with its host timer ([`LapicTimerChange`]). The count runs at
+//! `bus_hz / divisor`, so a one-shot deadline is `now + initial * divisor * 1e9 / bus_hz` ns.
+//! Periodic mode re-arms from the previous deadline, so it never drifts. [`TimerLimits`] floors
+//! every deadline so a guest cannot drive the host into a timer storm.
+
+use super::events::LapicEvents;
+
+const NS_PER_SEC: u128 = 1_000_000_000;
+
+/// Default LAPIC timer input (bus) frequency: 1 GHz, like KVM's in-kernel LAPIC.
+pub const DEFAULT_BUS_HZ: u64 = 1_000_000_000;
+
+/// What the caller must do with the host timer that backs this LAPIC timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use]
+pub enum LapicTimerChange {
+    /// Keep whatever is armed (possibly nothing).
+    #[default]
+    Unchanged,
+    /// Arm (or move) the host timer to fire at this monotonic time; call
+    /// [`Lapic::timer_fired`](super::Lapic::timer_fired) once it has passed.
+    Arm {
+        /// Monotonic deadline in nanoseconds.
+        deadline_ns: u64,
+    },
+    /// Disarm the host timer.
+    Cancel,
+}
+
+/// Converts between guest TSC values and the caller's monotonic nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TscMap {
+    /// Guest TSC frequency in kHz.
+    pub tsc_khz: u64,
+    /// Guest TSC value at monotonic time 0 ns.
+    pub tsc_at_ns0: u64,
+}
+
+impl Default for TscMap {
+    fn default() -> Self {
+        TscMap {
+            tsc_khz: 1_000_000,
+            tsc_at_ns0: 0,
+        }
+    }
+}
+
+impl TscMap {
+    /// The guest TSC at monotonic time `ns` (saturates at `u64::MAX`).
+    ///
+    /// ```
+    /// use devices::lapic::TscMap;
+    /// let map = TscMap { tsc_khz: 2_000_000, tsc_at_ns0: 100 };
+    /// assert_eq!(map.tsc_at(1_000), 2_100);
+    /// assert_eq!(map.ns_at(2_100), 1_000);
+    /// ```
+    pub fn tsc_at(&self, ns: u64) -> u64 {
+        let ticks = u128::from(ns) * u128::from(self.tsc_khz) / 1_000_000;
+        saturate(ticks + u128::from(self.tsc_at_ns0))
+    }
+
+    /// The first monotonic time at which the guest TSC reaches `tsc` (0 for values before
+    /// time 0, `u64::MAX` if the TSC never gets there).
+    pub fn ns_at(&self, tsc: u64) -> u64 {
+        let ticks = u128::from(tsc.saturating_sub(self.tsc_at_ns0));
+        match u128::from(self.tsc_khz) {
+            0 => u64::MAX,
+            khz => saturate((ticks * 1_000_000).div_ceil(khz)),
+        }
+    }
+}
+
+/// Floors on timer deadlines that keep a guest from storming the host with timer events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerLimits {
+    /// Shortest period of a periodic timer (default 100 us). Shorter periods run at this one.
+    pub min_period_ns: u64,
+    /// Shortest delay from `now` of any one-shot or TSC-deadline arm (default 1 us). A deadline
+    /// already in the past fires after this delay.
+    pub min_delay_ns: u64,
+}
+
+impl Default for TimerLimits {
+    fn default() -> Self {
+        TimerLimits {
+            min_period_ns: 100_000,
+            min_delay_ns: 1_000,
+        }
+    }
+}
+
+/// Timer mode (LVT timer bits 18:17).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimerMode {
+    /// Counts down once from the initial count.
+    #[default]
+    OneShot,
+    /// Reloads the initial count at every expiry.
+    Periodic,
+    /// Fires when the TSC reaches IA32_TSC_DEADLINE.
+    TscDeadline,
+}
+
+impl TimerMode {
+    /// The mode encoded in an LVT timer value; `None` for the reserved encoding 0b11.
+    pub fn from_lvt(lvt: u32) -> Option<TimerMode> {
+        match (lvt >> 17) & 3 {
+            0 => Some(TimerMode::OneShot),
+            1 => Some(TimerMode::Periodic),
+            2 => Some(TimerMode::TscDeadline),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Armed {
+    deadline_ns: u64,
+    /// 0 unless periodic.
+    period_ns: u64,
+}
+
+/// State of one LAPIC timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LapicTimer {
+    bus_hz: u64,
+    tsc: TscMap,
+    limits: TimerLimits,
+    mode: TimerMode,
+    divide_config: u32,
+    initial_count: u32,
+    tsc_deadline: u64,
+    armed: Option<Armed>,
+}
+
+fn saturate(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+impl LapicTimer {
+    pub(crate) fn new(bus_hz: u64, tsc: TscMap, limits: TimerLimits) -> Self {
+        LapicTimer {
+            bus_hz: bus_hz.max(1),
+            tsc,
+            limits,
+            mode: TimerMode::OneShot,
+            divide_config: 0,
+            initial_count: 0,
+            tsc_deadline: 0,
+            armed: None,
+        }
+    }
+
+    /// Back to the power-up state (mode one-shot, divide by 2, disarmed).
+    pub(crate) fn reset(&mut self) {
+        *self = LapicTimer::new(self.bus_hz, self.tsc, self.limits);
+    }
+
+    pub(crate) fn mode(&self) -> TimerMode {
+        self.mode
+    }
+
+    pub(crate) fn deadline(&self) -> Option<u64> {
+        self.armed.map(|a| a.deadline_ns)
+    }
+
+    pub(crate) fn initial_count(&self) -> u32 {
+        self.initial_count
+    }
+
+    pub(crate) fn divide_config(&self) -> u32 {
+        self.divide_config
+    }
+
+    /// The divisor selected by the divide configuration register (bits 0, 1 and 3).
+    pub(crate) fn divisor(&self) -> u64 {
+        let code = ((self.divide_config & 8) >> 1) | (self.divide_config & 3);
+        1 << ((code + 1) & 7)
+    }
+
+    fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        let ns = u128::from(ticks) * u128::from(self.divisor()) * NS_PER_SEC;
+        saturate(ns / u128::from(self.bus_hz))
+    }
+
+    fn ns_to_ticks(&self, ns: u64) -> u64 {
+        let ticks = u128::from(ns) * u128::from(self.bus_hz);
+        saturate(ticks / (NS_PER_SEC * u128::from(self.divisor())))
+    }
+
+    fn floor(&self, now_ns: u64, deadline_ns: u64, events: &dyn LapicEvents) -> u64 {
+        let floor = now_ns.saturating_add(self.limits.min_delay_ns);
+        if deadline_ns >= floor {
+            return deadline_ns;
+        }
+        if deadline_ns > now_ns {
+            events.timer_clamped(deadline_ns, floor);
+        }
+        floor
+    }
+
+    /// Starts counting `count` ticks from `now_ns` (one-shot or periodic).
+    fn arm_count(&mut self, count: u32, now_ns: u64, events: &dyn LapicEvents) -> LapicTimerChange {
+        let duration = self.ticks_to_ns(u64::from(count));
+        let (deadline_ns, period_ns) = if self.mode == TimerMode::Periodic {
+            let period = self.ticks_to_ns(u64::from(self.initial_count));
+            let clamped = period.max(self.limits.min_period_ns).max(1);
+            if clamped != period {
+                events.timer_clamped(period, clamped);
+            }
+            let first = duration.max(self.limits.min_delay_ns).max(1);
+            (now_ns.saturating_add(first), clamped)
+        } else {
+            (
+                self.floor(now_ns, now_ns.saturating_add(duration), events),
+                0,
+            )
+        };
+        self.armed = Some(Armed {
+            deadline_ns,
+            period_ns,
+        });
+        LapicTimerChange::Arm { deadline_ns }
+    }
+
+    pub(crate) fn write_initial_count(
+        &mut self,
+        count: u32,
+        now_ns: u64,
+        events: &dyn LapicEvents,
+    ) -> LapicTimerChange {
+        if self.mode == TimerMode::TscDeadline {
+            return LapicTimerChange::Unchanged;
+        }
+        self.initial_count = count;
+        if count == 0 {
+            return self.disarm();
+        }
+        self.arm_count(count, now_ns, events)
+    }
+
+    fn disarm(&mut self) -> LapicTimerChange {
+        match self.armed.take() {
+            Some(_) => LapicTimerChange::Cancel,
+            None => LapicTimerChange::Unchanged,
+        }
+    }
+
+    /// The current count register at `now_ns`.
+    pub(crate) fn current_count(&self, now_ns: u64) -> u32 {
+        let Some(armed) = self.armed else { return 0 };
+        if self.mode == TimerMode::TscDeadline {
+            return 0;
+        }
+        let remaining = if now_ns < armed.deadline_ns {
+            armed.deadline_ns - now_ns
+        } else if armed.period_ns > 0 {
+            armed.period_ns - (now_ns - armed.deadline_ns) % armed.period_ns
+        } else {
+            0
+        };
+        let ticks = self.ns_to_ticks(remaining);
+        u32::try_from(ticks)
+            .unwrap_or(u32::MAX)
+            .min(self.initial_count)
+    }
+
+    pub(crate) fn write_divide(
+        &mut self,
+        value: u32,
+        now_ns: u64,
+        events: &dyn LapicEvents,
+    ) -> LapicTimerChange {
+        let remaining = self.current_count(now_ns);
+        self.divide_config = value & 0xB;
+        match self.armed {
+            Some(_) if self.mode != TimerMode::TscDeadline && remaining > 0 => {
+                self.arm_count(remaining, now_ns, events)
+            }
+            _ => LapicTimerChange::Unchanged,
+        }
+    }
+
+    /// Switches mode; any switch disarms the timer and clears the counts.
+    pub(crate) fn set_mode(&mut self, mode: TimerMode) -> LapicTimerChange {
+        if mode == self.mode {
+            return LapicTimerChange::Unchanged;
+        }
+        self.mode = mode;
+        self.initial_count = 0;
+        self.tsc_deadline = 0;
+        self.disarm()
+    }
+
+    pub(crate) fn write_tsc_deadline(
+        &mut self,
+        tsc: u64,
+        now_ns: u64,
+        events: &dyn LapicEvents,
+    ) -> LapicTimerChange {
+        if self.mode != TimerMode::TscDeadline {
+            return LapicTimerChange::Unchanged;
+        }
+        self.tsc_deadline = tsc;
+        if tsc == 0 {
+            return self.disarm();
+        }
+        let deadline_ns = self.floor(now_ns, self.tsc.ns_at(tsc), events);
+        self.armed = Some(Armed {
+            deadline_ns,
+            period_ns: 0,
+        });
+        LapicTimerChange::Arm { deadline_ns }
+    }
+
+    pub(crate) fn tsc_deadline(&self) -> u64 {
+        if self.mode == TimerMode::TscDeadline {
+            self.tsc_deadline
+        } else {
+            0
+        }
+    }
+
+    /// Expires the timer if its deadline has passed. Returns whether it expired and the
+    /// deadline that is armed afterwards.
+    pub(crate) fn fire(&mut self, now_ns: u64) -> (bool, Option<u64>) {
+        let Some(armed) = self.armed else {
+            return (false, None);
+        };
+        if now_ns < armed.deadline_ns {
+            return (false, Some(armed.deadline_ns));
+        }
+        if armed.period_ns == 0 {
+            self.armed = None;
+            self.tsc_deadline = 0;
+            return (true, None);
+        }
+        // Skip the periods the caller missed, but stay on the original grid.
+        let missed = (now_ns - armed.deadline_ns) / armed.period_ns + 1;
+        let next = armed
+            .deadline_ns
+            .saturating_add(missed.saturating_mul(armed.period_ns));
+        self.armed = Some(Armed {
+            deadline_ns: next,
+            period_ns: armed.period_ns,
+        });
+        (true, Some(next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lapic::events::NoopLapicEvents;
+
+    fn timer(mode: TimerMode) -> LapicTimer {
+        let mut t = LapicTimer::new(DEFAULT_BUS_HZ, TscMap::default(), TimerLimits::default());
+        let _ = t.set_mode(mode);
+        t
+    }
+
+    #[test]
+    fn every_divide_value() {
+        let expected = [
+            (0b0000, 2),
+            (0b0001, 4),
+            (0b0010, 8),
+            (0b0011, 16),
+            (0b1000, 32),
+            (0b1001, 64),
+            (0b1010, 128),
+            (0b1011, 1),
+        ];
+        for (dcr, divisor) in expected {
+            let mut t = timer(TimerMode::OneShot);
+            let _ = t.write_divide(dcr, 0, &NoopLapicEvents);
+            assert_eq!(t.divisor(), divisor, "dcr {dcr:#b}");
+            let change = t.write_initial_count(10_000, 5_000, &NoopLapicEvents);
+            let deadline_ns = 5_000 + 10_000 * divisor;
+            assert_eq!(change, LapicTimerChange::Arm { deadline_ns });
+            assert_eq!(t.current_count(5_000), 10_000);
+            assert_eq!(t.current_count(5_000 + 2_500 * divisor), 7_500);
+            assert_eq!(t.current_count(deadline_ns), 0);
+            assert_eq!(t.fire(deadline_ns), (true, None));
+            assert_eq!(t.current_count(deadline_ns + 1), 0);
+        }
+    }
+
+    #[test]
+    fn tsc_map_round_trips_without_overflow() {
+        let map = TscMap {
+            tsc_khz: 2_100_000,
+            tsc_at_ns0: 5,
+        };
+        assert_eq!(map.tsc_at(1_000_000_000), 2_100_000_005);
+        assert_eq!(map.ns_at(2_100_000_005), 1_000_000_000);
+        assert_eq!(map.ns_at(0), 0);
+        assert_eq!(map.tsc_at(u64::MAX), u64::MAX);
+        assert!(map.ns_at(u64::MAX) < u64::MAX);
+        let zero = TscMap {
+            tsc_khz: 0,
+            tsc_at_ns0: 0,
+        };
+        assert_eq!(zero.ns_at(1), u64::MAX);
+    }
+
+    #[test]
+    fn mode_switch_disarms() {
+        let mut t = timer(TimerMode::Periodic);
+        assert!(matches!(
+            t.write_initial_count(1_000_000, 0, &NoopLapicEvents),
+            LapicTimerChange::Arm { .. }
+        ));
+        assert_eq!(t.set_mode(TimerMode::OneShot), LapicTimerChange::Cancel);
+        assert_eq!(t.initial_count(), 0);
+        assert_eq!(t.deadline(), None);
+    }
+
+    #[test]
+    fn divide_change_rescales_remaining_count() {
+        let mut t = timer(TimerMode::OneShot);
+        let _ = t.write_initial_count(1_000, 0, &NoopLapicEvents); // 2000 ns
+        assert_eq!(
+            t.write_divide(0b0001, 1_000, &NoopLapicEvents), // 500 ticks left at /4
+            LapicTimerChange::Arm { deadline_ns: 3_000 }
+        );
+    }
+}

@@ -1,2 +1,12 @@
 //! Timer bases and the hierarchical pull model (see `docs/ARCHITECTURE.md`).
 #![forbid(unsafe_code)]
+
+pub mod base;
+pub mod clock;
+mod queue;
+mod sync;
+
+pub use base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
+pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, NEVER};
+pub mod hierarchy;
+pub use hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry};

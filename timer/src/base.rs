@@ -1,0 +1,371 @@
+//! `TimerBase`: one CPU's timers, split like Linux's BASE_LOCAL / BASE_GLOBAL.
+//!
+//! ```text
+//!   TimerBase<T> (owned by the vCPU thread, &mut self)
+//!   ├── pinned: TimerQueue<T>          only the owner arms/expires: no lock, no atomics
+//!   └── global: Arc<GlobalQueue<T>>    owner arms (uncontended lock); any thread may expire
+//!         ├── queue:  Mutex<TimerQueue<T>>
+//!         ├── expiry: Mutex<()>         held for a whole expiry run: one expirer at a time
+//!         └── head:   AtomicU64         first global deadline, readable without the lock
+//! ```
+//!
+//! A pinned timer (a vCPU's LAPIC timer) can only fire on its own CPU. A global timer may be
+//! expired by another CPU while its owner is idle (see `Hierarchy`); its callback then runs on
+//! that other thread and says, through [`AfterFire`], whether the owner must be woken.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::clock::{Nanos, NEVER};
+use crate::queue::{Slot, TimerQueue};
+
+/// Index of a CPU (a vCPU thread) in a VM, dense from 0.
+pub type CpuId = usize;
+
+/// Whether a timer must fire on its own CPU or may be expired by any CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TimerKind {
+    /// Fires only on the CPU that armed it (a LAPIC timer).
+    Pinned,
+    /// May be expired by any CPU when its owner is idle (device and housekeeping deadlines).
+    Global,
+}
+
+/// Names one armed timer: owner CPU, queue, slot and generation. Stale handles are harmless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TimerHandle {
+    cpu: CpuId,
+    kind: TimerKind,
+    slot: Slot,
+}
+
+impl TimerHandle {
+    /// The CPU whose base holds the timer.
+    pub fn cpu(&self) -> CpuId {
+        self.cpu
+    }
+
+    /// Whether the timer is pinned or global.
+    pub fn kind(&self) -> TimerKind {
+        self.kind
+    }
+}
+
+/// A timer that fired, handed to the expiry callback.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Fired<T> {
+    /// The CPU that armed the timer.
+    pub cpu: CpuId,
+    /// The handle it was armed with (now stale).
+    pub handle: TimerHandle,
+    /// Its deadline.
+    pub deadline: Nanos,
+    /// What the owner attached when arming.
+    pub payload: T,
+    /// True when another CPU expired it on the owner's behalf.
+    pub remote: bool,
+}
+
+/// What the expiry callback asks for after handling a fired timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFire {
+    /// Nothing more to do.
+    Done,
+    /// The owner must be told (kicked) because the timer concerns it.
+    NotifyOwner,
+}
+
+/// The global half of a base: shared so that another CPU can expire it remotely.
+#[derive(Debug)]
+pub struct GlobalQueue<T> {
+    cpu: CpuId,
+    queue: Mutex<TimerQueue<T>>,
+    expiry: Mutex<()>,
+    head: AtomicU64,
+}
+
+fn lock<U>(m: &Mutex<U>) -> std::sync::MutexGuard<'_, U> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<T> GlobalQueue<T> {
+    fn new(cpu: CpuId) -> Self {
+        Self {
+            cpu,
+            queue: Mutex::new(TimerQueue::new()),
+            expiry: Mutex::new(()),
+            head: AtomicU64::new(NEVER),
+        }
+    }
+
+    /// The owning CPU.
+    pub fn cpu(&self) -> CpuId {
+        self.cpu
+    }
+
+    /// First pending global deadline (`NEVER` if none), read without locking.
+    pub fn next_expiry(&self) -> Nanos {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Number of pending global timers.
+    pub fn len(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    /// True when no global timer is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn publish(&self, q: &TimerQueue<T>) {
+        self.head.store(q.peek().unwrap_or(NEVER), Ordering::Release);
+    }
+
+    fn arm(&self, deadline: Nanos, payload: T) -> Slot {
+        let mut q = lock(&self.queue);
+        let s = q.arm(deadline, payload);
+        if q.peek() == Some(deadline) {
+            self.head.store(deadline, Ordering::Release);
+        }
+        s
+    }
+
+    fn cancel(&self, s: Slot) -> Option<T> {
+        let mut q = lock(&self.queue);
+        let p = q.cancel(s);
+        if p.is_some() {
+            self.publish(&q);
+        }
+        p
+    }
+
+    fn rearm(&self, s: Slot, deadline: Nanos) -> bool {
+        let mut q = lock(&self.queue);
+        let ok = q.rearm(s, deadline);
+        self.publish(&q);
+        ok
+    }
+
+    fn deadline(&self, s: Slot) -> Option<Nanos> {
+        lock(&self.queue).deadline(s)
+    }
+
+    /// Expires every global timer due at `now`, one expirer at a time, calling `f` for each
+    /// outside the queue lock (so `f` may arm timers on this base). Returns how many fired
+    /// and how many callbacks asked to notify the owner.
+    pub fn expire(
+        &self,
+        now: Nanos,
+        remote: bool,
+        f: &mut dyn FnMut(Fired<T>) -> AfterFire,
+    ) -> (usize, usize) {
+        let _one_expirer = lock(&self.expiry);
+        let (mut fired, mut notify) = (0, 0);
+        loop {
+            let popped = {
+                let mut q = lock(&self.queue);
+                let p = q.pop_due(now);
+                if p.is_some() {
+                    self.publish(&q);
+                }
+                p
+            };
+            let Some((slot, deadline, payload)) = popped else {
+                break;
+            };
+            fired += 1;
+            let handle = TimerHandle {
+                cpu: self.cpu,
+                kind: TimerKind::Global,
+                slot,
+            };
+            let fired_timer = Fired {
+                cpu: self.cpu,
+                handle,
+                deadline,
+                payload,
+                remote,
+            };
+            if f(fired_timer) == AfterFire::NotifyOwner {
+                notify += 1;
+            }
+        }
+        (fired, notify)
+    }
+}
+
+/// One CPU's timer base: a pinned queue owned by the CPU's thread and a shared global queue.
+#[derive(Debug)]
+pub struct TimerBase<T> {
+    cpu: CpuId,
+    pinned: TimerQueue<T>,
+    global: Arc<GlobalQueue<T>>,
+}
+
+impl<T> TimerBase<T> {
+    /// An empty base for `cpu`.
+    pub fn new(cpu: CpuId) -> Self {
+        Self {
+            cpu,
+            pinned: TimerQueue::new(),
+            global: Arc::new(GlobalQueue::new(cpu)),
+        }
+    }
+
+    /// The owning CPU.
+    pub fn cpu(&self) -> CpuId {
+        self.cpu
+    }
+
+    /// The shared global half, for remote expiry by other CPUs.
+    pub fn global(&self) -> &Arc<GlobalQueue<T>> {
+        &self.global
+    }
+
+    /// Arms a timer; pinned ones touch no lock and no atomic.
+    pub fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
+        let slot = match kind {
+            TimerKind::Pinned => self.pinned.arm(deadline, payload),
+            TimerKind::Global => self.global.arm(deadline, payload),
+        };
+        TimerHandle {
+            cpu: self.cpu,
+            kind,
+            slot,
+        }
+    }
+
+    /// Cancels a pending timer and returns its payload; `None` if it already fired, is being
+    /// fired, was cancelled, or belongs to another base. A timer cancelled here never fires.
+    pub fn cancel(&mut self, h: TimerHandle) -> Option<T> {
+        if h.cpu != self.cpu {
+            return None;
+        }
+        match h.kind {
+            TimerKind::Pinned => self.pinned.cancel(h.slot),
+            TimerKind::Global => self.global.cancel(h.slot),
+        }
+    }
+
+    /// Moves a pending timer to `deadline`; false if it is no longer pending.
+    pub fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool {
+        if h.cpu != self.cpu {
+            return false;
+        }
+        match h.kind {
+            TimerKind::Pinned => self.pinned.rearm(h.slot, deadline),
+            TimerKind::Global => self.global.rearm(h.slot, deadline),
+        }
+    }
+
+    /// Deadline of a pending timer.
+    pub fn deadline(&self, h: TimerHandle) -> Option<Nanos> {
+        if h.cpu != self.cpu {
+            return None;
+        }
+        match h.kind {
+            TimerKind::Pinned => self.pinned.deadline(h.slot),
+            TimerKind::Global => self.global.deadline(h.slot),
+        }
+    }
+
+    /// First pending pinned deadline, or `NEVER`.
+    pub fn next_pinned(&self) -> Nanos {
+        self.pinned.peek().unwrap_or(NEVER)
+    }
+
+    /// First pending global deadline, or `NEVER`.
+    pub fn next_global(&self) -> Nanos {
+        self.global.next_expiry()
+    }
+
+    /// First pending deadline of either kind, or `NEVER`.
+    pub fn next_expiry(&self) -> Nanos {
+        self.next_pinned().min(self.next_global())
+    }
+
+    /// Number of pending timers of both kinds.
+    pub fn len(&self) -> usize {
+        self.pinned.len() + self.global.len()
+    }
+
+    /// True when nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Expires every pinned and global timer due at `now` on the owner's thread, earliest
+    /// pinned first then global. Returns the number fired.
+    pub fn expire(&mut self, now: Nanos, f: &mut dyn FnMut(Fired<T>) -> AfterFire) -> usize {
+        let mut fired = 0;
+        while let Some((slot, deadline, payload)) = self.pinned.pop_due(now) {
+            fired += 1;
+            let handle = TimerHandle {
+                cpu: self.cpu,
+                kind: TimerKind::Pinned,
+                slot,
+            };
+            f(Fired {
+                cpu: self.cpu,
+                handle,
+                deadline,
+                payload,
+                remote: false,
+            });
+        }
+        if self.global.next_expiry() <= now {
+            fired += self.global.expire(now, false, f).0;
+        }
+        fired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_and_global_are_separate() {
+        let mut b = TimerBase::new(3);
+        let p = b.arm(TimerKind::Pinned, 100, "lapic");
+        let g = b.arm(TimerKind::Global, 50, "disk");
+        assert_eq!(b.next_pinned(), 100);
+        assert_eq!(b.next_global(), 50);
+        assert_eq!(b.next_expiry(), 50);
+        assert_eq!(p.cpu(), 3);
+        assert_eq!(g.kind(), TimerKind::Global);
+        assert!(b.rearm(p, 40));
+        assert_eq!(b.deadline(p), Some(40));
+        let mut got = Vec::new();
+        assert_eq!(
+            b.expire(60, &mut |f| {
+                got.push((f.payload, f.deadline));
+                AfterFire::Done
+            }),
+            2
+        );
+        assert_eq!(got, vec![("lapic", 40), ("disk", 50)]);
+        assert_eq!(b.cancel(p), None);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn remote_expiry_reports_notifications_and_cancel_wins() {
+        let mut b = TimerBase::new(0);
+        let g1 = b.arm(TimerKind::Global, 10, 1);
+        let _g2 = b.arm(TimerKind::Global, 20, 2);
+        assert_eq!(b.cancel(g1), Some(1));
+        let remote = Arc::clone(b.global());
+        let (fired, notify) = remote.expire(30, true, &mut |f| {
+            assert!(f.remote);
+            assert_eq!(f.payload, 2);
+            AfterFire::NotifyOwner
+        });
+        assert_eq!((fired, notify), (1, 1));
+        assert_eq!(b.next_global(), NEVER);
+        // A handle from another base is rejected.
+        let mut other = TimerBase::<i32>::new(1);
+        assert_eq!(other.cancel(g1), None);
+    }
+}

@@ -1,0 +1,257 @@
+//! The hierarchical pull model for global timers of idle CPUs.
+//!
+//! # Model
+//!
+//! Every CPU (vCPU thread) keeps its timers on its own [`TimerBase`](crate::TimerBase). Pinned
+//! timers only ever fire on their CPU. Global timers may be expired by any CPU, so an idle CPU
+//! does not have to wake up for them: some CPU that is running anyway *pulls* them. This
+//! module decides which CPU that is, with the scheme of Linux's `timer_migration.c`.
+//!
+//! CPUs are the leaves of a tree of groups. A group has up to `group_size` children (8 by
+//! default, a power of two), CPUs at level 0 and groups above. Levels are added as CPUs
+//! arrive, so 1..=4096 CPUs need at most 4 levels of 8. Below the *cross-node level* a group
+//! only holds CPUs (or groups) of one NUMA node; from that level up, nodes mix.
+//!
+//! ```text
+//!                                 LVL 2            [GRP2:0]                        root
+//!                                                 /        \
+//!                                   (cross-node level: nodes mix from here up)
+//!                                               /            \
+//!  LVL 1                   [GRP1:0 node0]                       [GRP1:1 node1]
+//!                        /    ...     \                        /     ...    \
+//!  LVL 0       [GRP0:0 node0] ... [GRP0:7 node0]     [GRP0:8 node1] ... [GRP0:15 node1]
+//!              /   |   ...  \                         /   |   ...  \
+//!  CPUS      0     1   ...   7        ...            64  65   ...  71         ...
+//! ```
+//!
+//! Each group holds one atomic state word (see `state.rs`), changed only by compare-exchange:
+//!
+//! * `active`: one bit per child that is active (a CPU running, or a group with an active
+//!   child). A group's bit is set in its parent iff the group has an active child.
+//! * `migrator`: one active child chosen to look after the group's idle children, or none iff
+//!   `active == 0`. The CPU at the bottom of a chain of migrators is the one that pulls.
+//! * `seq`: bumped by every update, so a compare-exchange computed from a stale read fails.
+//!   A deactivation reads the group state, then the child's state, then writes; if the child
+//!   went idle and active again in between, the active mask is back to the value read and
+//!   only `seq` tells the write is stale. Without it an active CPU could be dropped from its
+//!   group (shown by a unit test in `state.rs` and the loom model in `tests.rs`).
+//!
+//! Each group also has an *event queue* with one slot per child: an idle child's first global
+//! expiry and the CPU that owns it. A child that becomes active only raises its `ignore` flag
+//! (no lock); the stale entry is dropped lazily the next time the queue is scanned under its
+//! lock. `next_expiry` mirrors the queue's first live event for lock-free readers.
+//!
+//! # Operations
+//!
+//! * [`Hierarchy::activate`]: the CPU sets its bit bottom-up; the walk stops at the first group
+//!   that already had a migrator.
+//! * [`Hierarchy::deactivate`]: the CPU queues its first global expiry in its group and
+//!   clears its bit; if the group became idle, the group's first event goes one level up, and
+//!   so on. If the top group became idle this CPU was the last active one and gets back the
+//!   system-wide first global expiry: the *wakeup* it must block with. If the walk stops at
+//!   an active group whose first event moved earlier, its migrator CPU is named for a kick.
+//! * [`Hierarchy::new_timer`]: an idle CPU armed an earlier global timer; the event is
+//!   re-propagated the same way.
+//! * [`Hierarchy::requires_handle_remote`]: lock-free check for the host tick: is this CPU a
+//!   migrator of a group whose first event is due?
+//! * [`Hierarchy::handle_remote`]: the migrator pops due events, expires those idle CPUs'
+//!   global timers on its own thread (via [`RemoteExpiry`]) and re-propagates each CPU's next
+//!   event. With the clock frozen it reaches a fixed point: popped events are only re-queued
+//!   with a later expiry.
+//! * [`Hierarchy::quick_check`]: the sleep length this CPU would get from `deactivate`.
+//! * [`Hierarchy::add_cpu`]: hot-add; may create groups and a new root above the old one
+//!   while other CPUs keep going idle and active (see `topology.rs`).
+//!
+//! # Locking
+//!
+//! CPU state lock, then group queue locks bottom-up, child before parent. State words are
+//! lock-free. The owner of a CPU id calls activate/deactivate/new_timer for it; any active CPU
+//! may call `handle_remote` for itself.
+
+mod ops;
+mod snapshot;
+pub(crate) mod state;
+#[cfg(test)]
+mod tests;
+mod topology;
+
+use std::sync::OnceLock;
+
+use crate::base::CpuId;
+use crate::clock::{Nanos, NEVER};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+pub use snapshot::{CpuSnapshot, EventSnapshot, GroupSnapshot, MemberSnapshot, Snapshot};
+pub use state::{GroupState, MAX_GROUP_SIZE};
+pub use topology::{HierarchyConfig, HierarchyError, NodeId};
+
+/// "No group" / "no CPU" in index fields.
+const NONE: usize = usize::MAX;
+
+/// What a migrator needs from the timer bases to expire an idle CPU's global timers.
+pub trait RemoteExpiry {
+    /// Expires `cpu`'s global timers due at `now`, running their callbacks on this thread.
+    fn expire_remote(&mut self, cpu: CpuId, now: Nanos);
+    /// `cpu`'s first pending global deadline, `NEVER` if none.
+    fn next_global(&mut self, cpu: CpuId) -> Nanos;
+}
+
+/// What an idle CPU learns from [`Hierarchy::deactivate`] or [`Hierarchy::new_timer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleUpdate {
+    /// The system-wide first global expiry if this CPU was the last active one (it must wake
+    /// up by then), else `NEVER`.
+    pub wakeup: Nanos,
+    /// A migrator whose remote deadline moved earlier and must re-arm its host tick.
+    pub kick: Option<CpuId>,
+}
+
+/// What [`Hierarchy::handle_remote`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RemoteOutcome {
+    /// Idle CPUs whose global timers were expired.
+    pub cpus_expired: usize,
+    /// Due events popped (including stale ones that needed nothing).
+    pub events: usize,
+}
+
+/// One child slot of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Child {
+    Cpu(CpuId),
+    Group(usize),
+}
+
+/// A queued child event.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    expiry: Nanos,
+    cpu: CpuId,
+}
+
+#[derive(Debug)]
+struct GroupQueue {
+    evts: Vec<Event>,
+    first_cpu: CpuId,
+}
+
+/// A node of the tree.
+#[derive(Debug)]
+struct Group {
+    id: usize,
+    level: usize,
+    node: NodeId,
+    state: AtomicU64,
+    next_expiry: AtomicU64,
+    parent: AtomicUsize,
+    slot_in_parent: AtomicUsize,
+    queue: Mutex<GroupQueue>,
+    ignore: Box<[AtomicBool]>,
+    members: Box<[OnceLock<Child>]>,
+}
+
+#[derive(Debug)]
+struct CpuState {
+    idle: bool,
+    remote: bool,
+    wakeup: Nanos,
+    evt: Nanos,
+}
+
+#[derive(Debug)]
+struct CpuNode {
+    group: usize,
+    slot: u8,
+    node: NodeId,
+    state: Mutex<CpuState>,
+}
+
+/// The tree of groups over all CPUs; shared by every vCPU thread (`Arc<Hierarchy>`).
+#[derive(Debug)]
+pub struct Hierarchy {
+    group_size: usize,
+    crossnode_level: usize,
+    groups: Box<[OnceLock<Group>]>,
+    cpus: Box<[OnceLock<CpuNode>]>,
+    topo: std::sync::Mutex<topology::Topology>,
+}
+
+impl Group {
+    fn new(id: usize, level: usize, node: NodeId, group_size: usize) -> Self {
+        Self {
+            id,
+            level,
+            node,
+            state: AtomicU64::new(state::GroupState::IDLE),
+            next_expiry: AtomicU64::new(NEVER),
+            parent: AtomicUsize::new(NONE),
+            slot_in_parent: AtomicUsize::new(NONE),
+            queue: Mutex::new(GroupQueue {
+                evts: vec![
+                    Event {
+                        expiry: NEVER,
+                        cpu: NONE
+                    };
+                    group_size
+                ],
+                first_cpu: NONE,
+            }),
+            ignore: (0..group_size).map(|_| AtomicBool::new(true)).collect(),
+            members: (0..group_size).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn slot(&self) -> u8 {
+        // Slots are below MAX_GROUP_SIZE (32).
+        #[allow(clippy::cast_possible_truncation)]
+        let s = self.slot_in_parent.load(Ordering::SeqCst) as u8;
+        s
+    }
+
+    fn is_active(&self) -> bool {
+        state::load(&self.state).active != 0
+    }
+}
+
+impl Hierarchy {
+    fn group(&self, id: usize) -> &Group {
+        // Group ids are only handed out after the group is stored.
+        self.groups[id]
+            .get()
+            .unwrap_or_else(|| unreachable!("group {id} not initialised"))
+    }
+
+    fn cpu_node(&self, cpu: CpuId) -> &CpuNode {
+        match self.cpus.get(cpu).and_then(OnceLock::get) {
+            Some(c) => c,
+            None => panic!("CPU {cpu} is not in the hierarchy"),
+        }
+    }
+
+    fn parent(&self, g: &Group) -> Option<&Group> {
+        match g.parent.load(Ordering::SeqCst) {
+            NONE => None,
+            p => Some(self.group(p)),
+        }
+    }
+
+    /// The number of children per group.
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+
+    /// The first level whose groups may mix NUMA nodes.
+    pub fn crossnode_level(&self) -> usize {
+        self.crossnode_level
+    }
+
+    /// True if `cpu` is idle in the hierarchy.
+    pub fn is_idle(&self, cpu: CpuId) -> bool {
+        crate::sync::lock(&self.cpu_node(cpu).state).idle
+    }
+
+    /// The wake-up an idle `cpu` must honour (`NEVER` if none).
+    pub fn wakeup(&self, cpu: CpuId) -> Nanos {
+        crate::sync::lock(&self.cpu_node(cpu).state).wakeup
+    }
+}

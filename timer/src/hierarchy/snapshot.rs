@@ -1,0 +1,237 @@
+//! A read-out of the whole tree and the structural invariants it must satisfy when no
+//! operation is in flight. Used by the property tests, handy when debugging a VMM.
+
+use super::state::{self, GroupState};
+use super::{Child, Hierarchy, NONE};
+use crate::base::CpuId;
+use crate::clock::{Nanos, NEVER};
+use crate::sync::{lock, Ordering};
+
+/// A child slot's live (queued, not ignored) event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventSnapshot {
+    /// The child's slot in the group.
+    pub slot: usize,
+    /// When it is due.
+    pub expiry: Nanos,
+    /// The CPU owning the timer.
+    pub cpu: CpuId,
+}
+
+/// A child of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberSnapshot {
+    /// A CPU.
+    Cpu(CpuId),
+    /// A group, by id.
+    Group(usize),
+}
+
+/// One group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSnapshot {
+    /// Index in `Snapshot::groups`.
+    pub id: usize,
+    /// 0 for groups of CPUs.
+    pub level: usize,
+    /// NUMA node it was created for.
+    pub node: usize,
+    /// Parent group and this group's slot in it.
+    pub parent: Option<(usize, usize)>,
+    /// Children, by slot.
+    pub members: Vec<MemberSnapshot>,
+    /// Decoded state word.
+    pub state: GroupState,
+    /// The lock-free mirror of the first event.
+    pub next_expiry: Nanos,
+    /// The CPU named by the first event.
+    pub first_cpu: Option<CpuId>,
+    /// Live events.
+    pub events: Vec<EventSnapshot>,
+}
+
+/// One CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuSnapshot {
+    /// Level-0 group and slot.
+    pub group: usize,
+    /// Slot in the group.
+    pub slot: usize,
+    /// NUMA node.
+    pub node: usize,
+    /// Idle in the hierarchy.
+    pub idle: bool,
+    /// Wake-up it must honour while idle.
+    pub wakeup: Nanos,
+    /// The global expiry it last reported.
+    pub evt: Nanos,
+}
+
+/// The whole tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Children per group.
+    pub group_size: usize,
+    /// First level whose groups may mix nodes.
+    pub crossnode_level: usize,
+    /// Groups by id.
+    pub groups: Vec<GroupSnapshot>,
+    /// CPUs by id.
+    pub cpus: Vec<CpuSnapshot>,
+}
+
+impl Hierarchy {
+    /// Reads the whole tree. Consistent only when no operation is in flight.
+    pub fn snapshot(&self) -> Snapshot {
+        let ncpus = self.num_cpus();
+        let mut groups = Vec::new();
+        for slot in self.groups.iter() {
+            let Some(g) = slot.get() else { break };
+            let q = lock(&g.queue);
+            let parent = match g.parent.load(Ordering::SeqCst) {
+                NONE => None,
+                p => Some((p, g.slot_in_parent.load(Ordering::SeqCst))),
+            };
+            let members = g
+                .members
+                .iter()
+                .filter_map(|m| m.get())
+                .map(|m| match *m {
+                    Child::Cpu(c) => MemberSnapshot::Cpu(c),
+                    Child::Group(id) => MemberSnapshot::Group(id),
+                })
+                .collect();
+            let events = q
+                .evts
+                .iter()
+                .enumerate()
+                .filter(|(i, e)| e.expiry != NEVER && !g.ignore[*i].load(Ordering::SeqCst))
+                .map(|(slot, e)| EventSnapshot {
+                    slot,
+                    expiry: e.expiry,
+                    cpu: e.cpu,
+                })
+                .collect();
+            groups.push(GroupSnapshot {
+                id: g.id,
+                level: g.level,
+                node: g.node,
+                parent,
+                members,
+                state: state::load(&g.state),
+                next_expiry: g.next_expiry.load(Ordering::SeqCst),
+                first_cpu: (q.first_cpu != NONE).then_some(q.first_cpu),
+                events,
+            });
+        }
+        let cpus = (0..ncpus)
+            .map(|c| {
+                let n = self.cpu_node(c);
+                let st = lock(&n.state);
+                CpuSnapshot {
+                    group: n.group,
+                    slot: usize::from(n.slot),
+                    node: n.node,
+                    idle: st.idle,
+                    wakeup: st.wakeup,
+                    evt: st.evt,
+                }
+            })
+            .collect();
+        Snapshot {
+            group_size: self.group_size,
+            crossnode_level: self.crossnode_level,
+            groups,
+            cpus,
+        }
+    }
+}
+
+impl Snapshot {
+    /// The root group's id.
+    pub fn root(&self) -> Option<usize> {
+        self.groups.iter().find(|g| g.parent.is_none()).map(|g| g.id)
+    }
+
+    /// Checks the structural invariants; the error names the first one broken.
+    pub fn check(&self) -> Result<(), String> {
+        let roots = self.groups.iter().filter(|g| g.parent.is_none()).count();
+        if roots != 1 && !self.groups.is_empty() {
+            return Err(format!("{roots} roots"));
+        }
+        for g in &self.groups {
+            self.check_group(g).map_err(|e| format!("group {}: {e}", g.id))?;
+        }
+        Ok(())
+    }
+
+    fn check_group(&self, g: &GroupSnapshot) -> Result<(), String> {
+        if g.members.len() > self.group_size {
+            return Err(format!("{} children", g.members.len()));
+        }
+        let s = g.state;
+        if s.migrator.is_none() != (s.active == 0) {
+            return Err(format!("migrator {:?} with active {:#b}", s.migrator, s.active));
+        }
+        if let Some(m) = s.migrator {
+            if s.active & (1 << m) == 0 {
+                return Err(format!("migrator {m} is not active ({:#b})", s.active));
+            }
+        }
+        if s.active >> g.members.len() != 0 {
+            return Err(format!("active bits {:#b} beyond children", s.active));
+        }
+        let live_min = g.events.iter().map(|e| e.expiry).min().unwrap_or(NEVER);
+        if s.active == 0 && g.next_expiry != live_min {
+            return Err(format!("idle, next {} != min event {live_min}", g.next_expiry));
+        }
+        if g.next_expiry > live_min {
+            return Err(format!("next {} later than event {live_min}", g.next_expiry));
+        }
+        for (slot, m) in g.members.iter().enumerate() {
+            let bit = s.active & (1 << slot) != 0;
+            let evt = g.events.iter().find(|e| e.slot == slot);
+            let (active, want) = match *m {
+                MemberSnapshot::Cpu(c) => {
+                    let cpu = self.cpus.get(c).ok_or("unknown CPU")?;
+                    if (cpu.group, cpu.slot) != (g.id, slot) || g.level != 0 {
+                        return Err(format!("CPU {c} misplaced"));
+                    }
+                    if g.level < self.crossnode_level && cpu.node != g.node {
+                        return Err(format!("CPU {c} of node {} in node {}", cpu.node, g.node));
+                    }
+                    (!cpu.idle, (cpu.evt != NEVER).then_some((cpu.evt, Some(c))))
+                }
+                MemberSnapshot::Group(id) => {
+                    let child = self.groups.get(id).ok_or("unknown group")?;
+                    if child.parent != Some((g.id, slot)) || child.level + 1 != g.level {
+                        return Err(format!("group {id} misplaced"));
+                    }
+                    if child.level < self.crossnode_level && child.node != g.node {
+                        return Err(format!("group {id} crosses nodes below the cross-node level"));
+                    }
+                    let first = child.events.iter().filter(|e| e.expiry == child.next_expiry);
+                    let owners: Vec<_> = first.map(|e| e.cpu).collect();
+                    if child.state.active == 0
+                        && child.next_expiry != NEVER
+                        && !owners.contains(&child.first_cpu.unwrap_or(NONE))
+                    {
+                        return Err(format!("group {id} names CPU {:?} as first", child.first_cpu));
+                    }
+                    let want = (child.next_expiry != NEVER).then_some((child.next_expiry, child.first_cpu));
+                    (child.state.active != 0, want)
+                }
+            };
+            if bit != active {
+                return Err(format!("slot {slot} bit {bit} but child active {active}"));
+            }
+            if !active {
+                let got = evt.map(|e| (e.expiry, Some(e.cpu)));
+                if got != want {
+                    return Err(format!("idle slot {slot} has event {got:?}, child says {want:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -19,8 +19,11 @@ pub const COM_PORT_COUNT: u16 = 8;
 /// ISA IRQ of COM1.
 pub const COM1_IRQ: u32 = 4;
 
+/// A callback run when the guest has read every queued input byte.
+pub type InputDrainedHook = Box<dyn Fn() + Send + Sync>;
+
 /// Counters a serial port keeps; readable from any thread.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SerialCounters {
     /// Bytes the guest wrote to the console.
     pub bytes_out: AtomicU64,
@@ -30,6 +33,18 @@ pub struct SerialCounters {
     pub input_reads: AtomicU64,
     /// Interrupts that could not be raised.
     pub trigger_errors: AtomicU64,
+    input_drained: std::sync::OnceLock<InputDrainedHook>,
+}
+
+impl std::fmt::Debug for SerialCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SerialCounters")
+            .field("bytes_out", &self.bytes_out)
+            .field("bytes_lost", &self.bytes_lost)
+            .field("input_reads", &self.input_reads)
+            .field("trigger_errors", &self.trigger_errors)
+            .finish()
+    }
 }
 
 impl SerialEvents for SerialCounters {
@@ -42,7 +57,11 @@ impl SerialEvents for SerialCounters {
     fn tx_lost_byte(&self) {
         self.bytes_lost.fetch_add(1, Ordering::Relaxed);
     }
-    fn in_buffer_empty(&self) {}
+    fn in_buffer_empty(&self) {
+        if let Some(hook) = self.input_drained.get() {
+            hook();
+        }
+    }
 }
 
 /// A serial port whose interrupt is `T` and whose output goes to `W`.
@@ -64,6 +83,11 @@ impl<T: Trigger, W: Write> SerialPort<T, W> {
     /// The counters of this port.
     pub fn counters(&self) -> std::sync::Arc<SerialCounters> {
         self.counters.clone()
+    }
+
+    /// Runs `hook` whenever the guest has drained the receive FIFO (set once).
+    pub fn set_input_drained_hook(&self, hook: InputDrainedHook) {
+        let _ = self.counters.input_drained.set(hook);
     }
 
     /// Queues host input for the guest; returns how many bytes fit in the receive FIFO.

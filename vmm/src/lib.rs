@@ -1,1 +1,17 @@
-//! The lull VMM library: CLI, KVM set-up, boot, vCPU threads.
+//! The lull VMM library: CLI and configuration, KVM set-up, guest loading, vCPU threads and
+//! the VMM thread. Every `unsafe` of the project lives in this crate.
+
+pub mod boot;
+pub mod cli;
+pub mod config;
+pub mod console;
+pub mod cpuid;
+pub mod exit_code;
+pub mod kit;
+pub mod kvm_vm;
+pub mod layout;
+pub mod metrics;
+pub mod ratelimit;
+pub mod size;
+pub mod vcpu;
+pub mod vm;

@@ -1,2 +1,74 @@
-//! The `lull` command.
-fn main() {}
+//! The `lull` command: parse the command line, run the VM, turn the outcome into an exit status.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use vmm::cli::{Cli, Command};
+use vmm::exit_code;
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,vmm=info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+fn status(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    let Command::Run(args) = cli.command;
+    init_logging(args.verbose);
+    let cfg = match args.to_config() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("lull: {e}");
+            return status(exit_code::for_config_error(&e));
+        }
+    };
+    match vmm::vm::run(&cfg, started) {
+        Ok(mut outcome) => {
+            let code = exit_code::for_stop(&outcome.reason);
+            outcome.report.exit_status = code;
+            if !matches!(
+                outcome.reason,
+                vmm::vcpu::exit::StopReason::Reset
+                    | vmm::vcpu::exit::StopReason::PowerOff
+                    | vmm::vcpu::exit::StopReason::TestExit(_)
+            ) {
+                eprintln!("lull: {}", outcome.reason);
+            }
+            if let Some(path) = &cfg.metrics {
+                let json = serde_json::to_string_pretty(&outcome.report).unwrap_or_default();
+                if let Err(e) = std::fs::write(path, json + "\n") {
+                    eprintln!("lull: cannot write metrics to {}: {e}", path.display());
+                }
+            }
+            status(code)
+        }
+        Err(e) => {
+            let mut msg = format!("lull: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("{msg}");
+            status(exit_code::for_vm_error(&e))
+        }
+    }
+}

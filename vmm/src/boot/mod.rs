@@ -1,0 +1,312 @@
+//! Loading a guest into memory and deciding how its boot CPU enters it.
+//!
+//! The kernel format is detected from the file: an ELF64 with a PVH note is entered through PVH
+//! (32-bit, paging off); a bzImage through the Linux 64-bit boot protocol. Everything else the
+//! guest needs at boot (command line, initramfs, memory map, MP table, GDT) is written here.
+
+pub mod cpu_state;
+pub mod mptable;
+pub mod pvh;
+pub mod zeropage;
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use linux_loader::loader::{self, KernelLoader, PvhBootCapability};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::layout::{
+    self, CMDLINE_ADDR, CMDLINE_MAX, EBDA_START, GDT_ADDR, HIMEM_START, IDT_ADDR, MMIO_HOLE_START,
+    PVH_INFO_ADDR, PVH_MEMMAP_ADDR, PVH_MODLIST_ADDR, ZERO_PAGE_ADDR,
+};
+pub use cpu_state::EntryMode;
+
+/// The kernel file formats lull boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelFormat {
+    /// ELF64 (entered through its PVH note).
+    Elf,
+    /// Linux bzImage.
+    BzImage,
+}
+
+/// Why a guest could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// The kernel file cannot be opened or read.
+    #[error("Cannot read kernel {path}: {source}")]
+    ReadKernel {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The kernel is neither an ELF64 nor a bzImage.
+    #[error("{0} is not a kernel lull can boot: expected an ELF64 with a PVH note (vmlinux) or a bzImage")]
+    UnknownFormat(PathBuf),
+    /// An ELF without the PVH entry note.
+    #[error("{0} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): build the kernel with CONFIG_PVH=y, or boot its bzImage")]
+    NoPvhNote(PathBuf),
+    /// linux-loader refused the image.
+    #[error("Cannot load kernel {path}: {source} (is it truncated, or larger than --memory?)")]
+    Load {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: loader::Error,
+    },
+    /// The initramfs cannot be read.
+    #[error("Cannot read initramfs {path}: {source}")]
+    ReadInitramfs {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The initramfs does not fit between the kernel and the end of low memory.
+    #[error("The initramfs ({size} bytes) does not fit in guest memory above the kernel: increase --memory")]
+    InitramfsTooLarge {
+        /// Its size.
+        size: u64,
+    },
+    /// The command line is too long.
+    #[error("The kernel command line is {0} bytes; the limit is {max}", max = CMDLINE_MAX - 1)]
+    CmdlineTooLong(usize),
+    /// The command line contains a NUL byte.
+    #[error("The kernel command line contains a NUL byte")]
+    CmdlineNul,
+    /// The MP table cannot be built.
+    #[error(transparent)]
+    MpTable(#[from] mptable::MpTableError),
+    /// The zero page cannot be built.
+    #[error(transparent)]
+    ZeroPage(#[from] zeropage::ZeroPageError),
+    /// Writing a boot structure to guest memory failed.
+    #[error("Cannot write {what} to guest memory: {source}")]
+    WriteMemory {
+        /// The structure.
+        what: &'static str,
+        /// Why.
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct BootSpec<'a> {
+    /// Kernel file.
+    pub kernel: &'a Path,
+    /// Initramfs file.
+    pub initramfs: Option<&'a Path>,
+    /// Kernel command line.
+    pub cmdline: &'a str,
+    /// vCPU count (for the MP table).
+    pub cpus: u32,
+    /// Guest RAM size.
+    pub memory: u64,
+}
+
+/// Detects the kernel format from the file's first bytes.
+pub fn detect_format(path: &Path, file: &mut File) -> Result<KernelFormat, BootError> {
+    let read_err = |source| BootError::ReadKernel {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut head = [0u8; 0x210];
+    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+    let n = read_up_to(file, &mut head).map_err(read_err)?;
+    format_of(&head[..n]).ok_or_else(|| BootError::UnknownFormat(path.to_path_buf()))
+}
+
+/// The format of a kernel whose file starts with `head`.
+pub fn format_of(head: &[u8]) -> Option<KernelFormat> {
+    const ELFCLASS64: u8 = 2;
+    if head.len() >= 5 && &head[..4] == b"\x7fELF" && head[4] == ELFCLASS64 {
+        Some(KernelFormat::Elf)
+    } else if head.get(0x202..0x206) == Some(b"HdrS") {
+        Some(KernelFormat::BzImage)
+    } else {
+        None
+    }
+}
+
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut total = 0;
+    while total < buf.len() {
+        match file.read(&mut buf[total..])? {
+            0 => break,
+            n => total += n,
+        }
+    }
+    Ok(total)
+}
+
+fn write(
+    mem: &GuestMemoryMmap,
+    addr: u64,
+    bytes: &[u8],
+    what: &'static str,
+) -> Result<(), BootError> {
+    mem.write_slice(bytes, GuestAddress(addr))
+        .map_err(|source| BootError::WriteMemory { what, source })
+}
+
+/// Loads the guest described by `spec` into `mem`; returns how the boot CPU enters it.
+pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, BootError> {
+    let path = spec.kernel;
+    let mut file = File::open(path).map_err(|source| BootError::ReadKernel {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let format = detect_format(path, &mut file)?;
+    let load_err = |source| BootError::Load {
+        path: path.to_path_buf(),
+        source,
+    };
+
+    // Command line.
+    if spec.cmdline.len() >= CMDLINE_MAX {
+        return Err(BootError::CmdlineTooLong(spec.cmdline.len()));
+    }
+    if spec.cmdline.contains('\0') {
+        return Err(BootError::CmdlineNul);
+    }
+    let mut cmdline = spec.cmdline.as_bytes().to_vec();
+    cmdline.push(0);
+    write(mem, CMDLINE_ADDR, &cmdline, "the command line")?;
+
+    // Kernel.
+    let (kernel_end, mode_without_initramfs) = match format {
+        KernelFormat::Elf => {
+            let res = loader::Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let PvhBootCapability::PvhEntryPresent(entry) = res.pvh_boot_cap else {
+                return Err(BootError::NoPvhNote(path.to_path_buf()));
+            };
+            let mode = EntryMode::Pvh {
+                entry: entry.0,
+                start_info: PVH_INFO_ADDR,
+            };
+            (res.kernel_end, mode)
+        }
+        KernelFormat::BzImage => {
+            let res = loader::BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
+                .map_err(load_err)?;
+            let mode = EntryMode::Linux64 {
+                entry: res.kernel_load.0 + 0x200,
+            };
+            (res.kernel_end, mode)
+        }
+    };
+
+    // Initramfs at the top of low memory, page aligned.
+    let initramfs = match spec.initramfs {
+        None => None,
+        Some(ipath) => Some(load_initramfs(mem, ipath, kernel_end, spec.memory)?),
+    };
+
+    let e820 = layout::e820_map(spec.memory);
+    write(mem, EBDA_START, &mptable::build(spec.cpus)?, "the MP table")?;
+    write(
+        mem,
+        GDT_ADDR,
+        &cpu_state::gdt_bytes(mode_without_initramfs),
+        "the GDT",
+    )?;
+    write(mem, IDT_ADDR, &0u64.to_le_bytes(), "the IDT")?;
+
+    match mode_without_initramfs {
+        EntryMode::Pvh { .. } => {
+            let info = pvh::StartInfo {
+                cmdline_addr: CMDLINE_ADDR,
+                modlist_addr: PVH_MODLIST_ADDR,
+                memmap_addr: PVH_MEMMAP_ADDR,
+                initramfs,
+                memmap: e820,
+            };
+            write(
+                mem,
+                PVH_INFO_ADDR,
+                &info.header_bytes(),
+                "the PVH start info",
+            )?;
+            write(
+                mem,
+                PVH_MODLIST_ADDR,
+                &info.modlist_bytes(),
+                "the PVH module list",
+            )?;
+            write(
+                mem,
+                PVH_MEMMAP_ADDR,
+                &info.memmap_bytes(),
+                "the PVH memory map",
+            )?;
+        }
+        EntryMode::Linux64 { .. } => {
+            let mut head = vec![0u8; 0x400];
+            file.seek(SeekFrom::Start(0))
+                .map_err(|source| BootError::ReadKernel {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            let n = read_up_to(&mut file, &mut head).map_err(|source| BootError::ReadKernel {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let zp = zeropage::build(&head[..n], CMDLINE_ADDR, initramfs, &e820)?;
+            write(mem, ZERO_PAGE_ADDR, &zp, "the zero page")?;
+            for (addr, bytes) in cpu_state::identity_page_tables() {
+                write(mem, addr, &bytes, "the page tables")?;
+            }
+        }
+    }
+    Ok(mode_without_initramfs)
+}
+
+fn load_initramfs(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    kernel_end: u64,
+    memory: u64,
+) -> Result<(u64, u64), BootError> {
+    let read_err = |source| BootError::ReadInitramfs {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = File::open(path).map_err(read_err)?;
+    let size = file.metadata().map_err(read_err)?.len();
+    let top = memory.min(MMIO_HOLE_START);
+    let addr = top
+        .checked_sub(size)
+        .map(|a| a & !0xfff)
+        .filter(|a| *a >= kernel_end.max(HIMEM_START) && size > 0)
+        .ok_or(BootError::InitramfsTooLarge { size })?;
+    let len = usize::try_from(size).map_err(|_| BootError::InitramfsTooLarge { size })?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut file, len)
+        .map_err(|source| BootError::WriteMemory {
+            what: "the initramfs",
+            source,
+        })?;
+    Ok((addr, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_are_detected_from_magic() {
+        let mut elf = vec![0u8; 64];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        assert_eq!(format_of(&elf), Some(KernelFormat::Elf));
+        elf[4] = 1; // ELF32
+        assert_eq!(format_of(&elf), None);
+        let mut bz = vec![0u8; 0x300];
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        assert_eq!(format_of(&bz), Some(KernelFormat::BzImage));
+        assert_eq!(format_of(b"hello"), None);
+        assert_eq!(format_of(&[]), None);
+    }
+}

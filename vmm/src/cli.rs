@@ -1,0 +1,166 @@
+//! The `lull` command line (clap), mapped onto [`VmConfig`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{ConfigError, IrqchipMode, SerialMode, VmConfig};
+use crate::size::ByteSize;
+
+const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0        the guest reset or powered off the machine
+  odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
+  2        bad command line
+  4        bad input: kernel, initramfs, config file, memory size or CPU count
+  6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
+  8        lull failed while running the guest
+  10       the guest crashed (triple fault, KVM internal error or entry failure)
+  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)";
+
+/// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
+#[derive(Debug, Parser)]
+#[command(name = "lull", version, about, after_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// lull's subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot a guest and run it until it resets, powers off or exits through the test port.
+    ///
+    /// Without --kernel, lull boots the default guest of the built kit (`make guests linux`):
+    /// the tiny Linux kernel with its initramfs. The console is the terminal; press Ctrl-A then
+    /// x to stop the VM.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run(RunArgs),
+}
+
+/// Flags of `lull run`. Each one overrides the same field of `--config`.
+#[derive(Debug, Args, Default)]
+pub struct RunArgs {
+    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests) or a bzImage.
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+
+    /// Initial ramdisk (cpio, optionally compressed) handed to the kernel.
+    #[arg(long, value_name = "PATH")]
+    pub initramfs: Option<PathBuf>,
+
+    /// Kernel command line. Default: `console=ttyS0 reboot=k panic=-1`, plus the workarounds
+    /// a PVM-based host needs (see docs/GUEST-ABI.md).
+    #[arg(long, value_name = "STR")]
+    pub cmdline: Option<String>,
+
+    /// Number of vCPUs (1 to 254). Default: 1.
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<u32>,
+
+    /// Guest RAM with an optional K, M or G suffix (32M to 64G). Default: 256M.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<ByteSize>,
+
+    /// Interrupt controller model. `kernel`: KVM's in-kernel LAPIC/IOAPIC/PIC with KVM's halt
+    /// polling, the industry baseline. Default: kernel.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub irqchip: Option<IrqchipMode>,
+
+    /// Serial console: `stdio` (the terminal), `off`, or `file=PATH` (appended). Default: stdio.
+    #[arg(long, value_name = "MODE")]
+    pub serial: Option<SerialMode>,
+
+    /// Write run metrics (exits by reason, run time, boot time) as JSON to this file at exit.
+    #[arg(long, value_name = "PATH")]
+    pub metrics: Option<PathBuf>,
+
+    /// Read the VM configuration from a JSON file with the same fields as these flags
+    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, serial, metrics); flags win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// More log output on stderr (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+impl RunArgs {
+    /// The configuration these flags describe: defaults, then `--config`, then flags.
+    pub fn to_config(&self) -> Result<VmConfig, ConfigError> {
+        let mut cfg = match &self.config {
+            Some(path) => VmConfig::from_file(path)?,
+            None => VmConfig::default(),
+        };
+        if let Some(v) = &self.kernel {
+            cfg.kernel = Some(v.clone());
+        }
+        if let Some(v) = &self.initramfs {
+            cfg.initramfs = Some(v.clone());
+        }
+        if let Some(v) = &self.cmdline {
+            cfg.cmdline = Some(v.clone());
+        }
+        if let Some(v) = self.cpus {
+            cfg.cpus = v;
+        }
+        if let Some(v) = self.memory {
+            cfg.memory = v;
+        }
+        if let Some(v) = self.irqchip {
+            cfg.irqchip = v;
+        }
+        if let Some(v) = &self.serial {
+            cfg.serial = v.clone();
+        }
+        if let Some(v) = &self.metrics {
+            cfg.metrics = Some(v.clone());
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_override_config_file() {
+        let dir = std::env::temp_dir().join(format!("lull-cli-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vm.json");
+        std::fs::write(&file, r#"{"cpus": 4, "memory": "512M", "cmdline": "a=b"}"#).unwrap();
+        let cli = Cli::try_parse_from([
+            "lull",
+            "run",
+            "--config",
+            file.to_str().unwrap(),
+            "--cpus",
+            "2",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command;
+        let cfg = args.to_config().unwrap();
+        assert_eq!(cfg.cpus, 2);
+        assert_eq!(cfg.memory, ByteSize::mib(512));
+        assert_eq!(cfg.cmdline.as_deref(), Some("a=b"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        assert!(Cli::try_parse_from(["lull", "run", "--memory", "lots"]).is_err());
+        assert!(Cli::try_parse_from(["lull", "run", "--serial", "tty"]).is_err());
+        let cli = Cli::try_parse_from(["lull", "run", "--cpus", "0"]).unwrap();
+        let Command::Run(args) = cli.command;
+        assert!(matches!(args.to_config(), Err(ConfigError::Cpus(0))));
+    }
+}

@@ -1,0 +1,208 @@
+//! The VM configuration: one schema for the command line and for `--config FILE` (JSON).
+//!
+//! Precedence: built-in defaults, then the config file, then flags given on the command line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::size::ByteSize;
+
+/// Smallest guest memory lull accepts.
+pub const MIN_MEMORY: ByteSize = ByteSize::mib(32);
+/// Largest guest memory lull accepts.
+pub const MAX_MEMORY: ByteSize = ByteSize(64 << 30);
+/// Largest vCPU count: APIC IDs 0..N-1 plus the IOAPIC's ID N must fit below the broadcast ID.
+pub const MAX_CPUS: u32 = 254;
+
+/// Which interrupt controller model the VM uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum IrqchipMode {
+    /// KVM's in-kernel LAPIC, IOAPIC and PIC with KVM's halt polling: the industry baseline.
+    Kernel,
+}
+
+/// Where the guest's serial console goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SerialMode {
+    /// lull's standard input and output.
+    Stdio,
+    /// Nowhere (output dropped, no input).
+    Off,
+    /// Appended to a file (no input).
+    File(PathBuf),
+}
+
+/// A `--serial` value that does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("'{0}' is not a serial mode: use stdio, off or file=PATH")]
+pub struct SerialModeError(String);
+
+impl FromStr for SerialMode {
+    type Err = SerialModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "stdio" => Ok(Self::Stdio),
+            "off" => Ok(Self::Off),
+            _ => match s.strip_prefix("file=") {
+                Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
+                _ => Err(SerialModeError(s.to_string())),
+            },
+        }
+    }
+}
+
+impl fmt::Display for SerialMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stdio => f.write_str("stdio"),
+            Self::Off => f.write_str("off"),
+            Self::File(p) => write!(f, "file={}", p.display()),
+        }
+    }
+}
+
+impl Serialize for SerialMode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for SerialMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Everything lull needs to build and run one VM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VmConfig {
+    /// Guest kernel: PVH ELF (e.g. `vmlinux`) or bzImage. `None`: the kit's default guest.
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk.
+    pub initramfs: Option<PathBuf>,
+    /// Kernel command line. `None`: lull's default for the host.
+    pub cmdline: Option<String>,
+    /// Number of vCPUs.
+    pub cpus: u32,
+    /// Guest RAM.
+    pub memory: ByteSize,
+    /// Interrupt controller model.
+    pub irqchip: IrqchipMode,
+    /// Serial console sink.
+    pub serial: SerialMode,
+    /// Write run metrics as JSON to this file at exit.
+    pub metrics: Option<PathBuf>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        Self {
+            kernel: None,
+            initramfs: None,
+            cmdline: None,
+            cpus: 1,
+            memory: ByteSize::mib(256),
+            irqchip: IrqchipMode::Kernel,
+            serial: SerialMode::Stdio,
+            metrics: None,
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file cannot be read.
+    #[error("Cannot read config file {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid JSON for this schema.
+    #[error("Config file {path} is not valid: {source} (see `lull run --help` for the fields)")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// `--cpus` out of range.
+    #[error("--cpus {0} is out of range: use 1 to {MAX_CPUS}")]
+    Cpus(u32),
+    /// `--memory` out of range.
+    #[error("--memory {0} is out of range: use {MIN_MEMORY} to {MAX_MEMORY}")]
+    Memory(ByteSize),
+}
+
+impl VmConfig {
+    /// Reads a JSON config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| ConfigError::ParseFile {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Checks ranges that do not depend on the host.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.cpus == 0 || self.cpus > MAX_CPUS {
+            return Err(ConfigError::Cpus(self.cpus));
+        }
+        if self.memory < MIN_MEMORY || self.memory > MAX_MEMORY {
+            return Err(ConfigError::Memory(self.memory));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serial_modes_parse() {
+        assert_eq!("stdio".parse(), Ok(SerialMode::Stdio));
+        assert_eq!("off".parse(), Ok(SerialMode::Off));
+        assert_eq!("file=/tmp/x".parse(), Ok(SerialMode::File("/tmp/x".into())));
+        assert!("file=".parse::<SerialMode>().is_err());
+        assert!("tty".parse::<SerialMode>().is_err());
+    }
+
+    #[test]
+    fn json_schema_round_trips_and_rejects_unknown_fields() {
+        let cfg: VmConfig =
+            serde_json::from_str(r#"{"cpus": 2, "memory": "128M", "serial": "off"}"#).unwrap();
+        assert_eq!(cfg.cpus, 2);
+        assert_eq!(cfg.memory, ByteSize::mib(128));
+        assert_eq!(cfg.serial, SerialMode::Off);
+        assert_eq!(cfg.irqchip, IrqchipMode::Kernel);
+        let back: VmConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+        assert_eq!(back, cfg);
+        assert!(serde_json::from_str::<VmConfig>(r#"{"cpu": 2}"#).is_err());
+    }
+
+    #[test]
+    fn validate_ranges() {
+        let mut cfg = VmConfig::default();
+        assert!(cfg.validate().is_ok());
+        cfg.cpus = 0;
+        assert!(matches!(cfg.validate(), Err(ConfigError::Cpus(0))));
+        cfg.cpus = 1;
+        cfg.memory = ByteSize::mib(8);
+        assert!(matches!(cfg.validate(), Err(ConfigError::Memory(_))));
+    }
+}

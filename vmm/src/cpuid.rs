@@ -1,0 +1,157 @@
+//! The CPUID each vCPU sees: KVM's supported set, plus what lull's guests rely on (APIC IDs,
+//! x2APIC, TSC-deadline, ARAT, and the TSC and APIC-bus frequencies; docs/GUEST-ABI.md).
+
+use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
+
+/// LAPIC timer input ("bus") frequency in kHz: 1 GHz, as KVM's in-kernel LAPIC.
+pub const APIC_BUS_KHZ: u32 = 1_000_000;
+const LEAF_FEATURES: u32 = 0x1;
+const LEAF_THERMAL_POWER: u32 = 0x6;
+const LEAF_TOPOLOGY: u32 = 0xb;
+const LEAF_TOPOLOGY_V2: u32 = 0x1f;
+const LEAF_TSC: u32 = 0x15;
+const LEAF_FREQ: u32 = 0x16;
+const LEAF_HV_SIGNATURE: u32 = 0x4000_0000;
+const LEAF_HV_TIMING: u32 = 0x4000_0010;
+const ECX_X2APIC: u32 = 1 << 21;
+const ECX_TSC_DEADLINE: u32 = 1 << 24;
+const ECX_HYPERVISOR: u32 = 1 << 31;
+const EAX_ARAT: u32 = 1 << 2;
+
+/// Frequencies and topology one vCPU's CPUID describes.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuidParams {
+    /// This vCPU's APIC ID.
+    pub apic_id: u32,
+    /// vCPUs in the VM.
+    pub cpus: u32,
+    /// Guest TSC frequency in kHz.
+    pub tsc_khz: u32,
+}
+
+fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mut kvm_cpuid_entry2 {
+    let pos = entries
+        .iter()
+        .position(|e| e.function == function && e.index == index);
+    let pos = pos.unwrap_or_else(|| {
+        entries.push(kvm_cpuid_entry2 {
+            function,
+            index,
+            ..Default::default()
+        });
+        entries.len() - 1
+    });
+    &mut entries[pos]
+}
+
+/// Adjusts KVM's supported CPUID entries for one vCPU.
+pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_entry2> {
+    let mut entries = supported.to_vec();
+    let apic_id_byte = p.apic_id & 0xff;
+    let logical = p.cpus.clamp(1, 255);
+    {
+        let e = upsert(&mut entries, LEAF_FEATURES, 0);
+        e.ebx = (e.ebx & 0x0000_ffff) | (apic_id_byte << 24) | (logical << 16);
+        e.ecx |= ECX_X2APIC | ECX_TSC_DEADLINE | ECX_HYPERVISOR;
+    }
+    upsert(&mut entries, LEAF_THERMAL_POWER, 0).eax |= EAX_ARAT;
+    for e in entries.iter_mut() {
+        if e.function == LEAF_TOPOLOGY || e.function == LEAF_TOPOLOGY_V2 {
+            e.edx = p.apic_id;
+        }
+    }
+    // Leaf 0x15: TSC = ECX * EBX / EAX with a 1 GHz crystal; leaf 0x16: MHz.
+    if let Some(max) = entries.iter_mut().find(|e| e.function == 0) {
+        max.eax = max.eax.max(LEAF_FREQ);
+    }
+    *upsert(&mut entries, LEAF_TSC, 0) = kvm_cpuid_entry2 {
+        function: LEAF_TSC,
+        eax: 1_000_000,
+        ebx: p.tsc_khz,
+        ecx: APIC_BUS_KHZ * 1000,
+        ..Default::default()
+    };
+    let mhz = p.tsc_khz / 1000;
+    *upsert(&mut entries, LEAF_FREQ, 0) = kvm_cpuid_entry2 {
+        function: LEAF_FREQ,
+        eax: mhz,
+        ebx: mhz,
+        ecx: APIC_BUS_KHZ / 1000,
+        ..Default::default()
+    };
+    // Hypervisor leaves: KVM's signature, with the timing leaf.
+    {
+        let sig = upsert(&mut entries, LEAF_HV_SIGNATURE, 0);
+        sig.eax = LEAF_HV_TIMING;
+        sig.ebx = u32::from_le_bytes(*b"KVMK");
+        sig.ecx = u32::from_le_bytes(*b"VMKV");
+        sig.edx = u32::from_le_bytes(*b"M\0\0\0");
+    }
+    *upsert(&mut entries, LEAF_HV_TIMING, 0) = kvm_cpuid_entry2 {
+        function: LEAF_HV_TIMING,
+        eax: p.tsc_khz,
+        ebx: APIC_BUS_KHZ,
+        ..Default::default()
+    };
+    entries
+}
+
+/// Builds the `CpuId` for KVM_SET_CPUID2.
+pub fn to_kvm(entries: &[kvm_cpuid_entry2]) -> Result<CpuId, vmm_sys_util::fam::Error> {
+    CpuId::from_entries(entries)
+}
+
+/// True if the entry's `index` selects a sub-leaf.
+pub fn has_index(e: &kvm_cpuid_entry2) -> bool {
+    e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find(v: &[kvm_cpuid_entry2], f: u32) -> kvm_cpuid_entry2 {
+        *v.iter().find(|e| e.function == f).unwrap()
+    }
+
+    #[test]
+    fn advertises_timers_and_frequencies() {
+        let supported = vec![
+            kvm_cpuid_entry2 {
+                function: 0,
+                eax: 0xd,
+                ..Default::default()
+            },
+            kvm_cpuid_entry2 {
+                function: 1,
+                ebx: 0x0000_0800,
+                ..Default::default()
+            },
+        ];
+        let v = adjust(
+            &supported,
+            CpuidParams {
+                apic_id: 3,
+                cpus: 4,
+                tsc_khz: 2_100_000,
+            },
+        );
+        let l1 = find(&v, 1);
+        assert_eq!(l1.ebx >> 24, 3);
+        assert_eq!((l1.ebx >> 16) & 0xff, 4);
+        assert_eq!(l1.ebx & 0xffff, 0x0800);
+        assert_ne!(l1.ecx & ECX_TSC_DEADLINE, 0);
+        assert_ne!(l1.ecx & ECX_X2APIC, 0);
+        assert_ne!(find(&v, 6).eax & EAX_ARAT, 0);
+        assert_eq!(find(&v, 0).eax, 0x16);
+        let timing = find(&v, LEAF_HV_TIMING);
+        assert_eq!((timing.eax, timing.ebx), (2_100_000, 1_000_000));
+        let tsc = find(&v, LEAF_TSC);
+        assert_eq!(
+            u64::from(tsc.ecx) * u64::from(tsc.ebx) / u64::from(tsc.eax),
+            2_100_000_000
+        );
+        assert_eq!(find(&v, LEAF_HV_SIGNATURE).eax, LEAF_HV_TIMING);
+        assert!(!has_index(&timing));
+    }
+}

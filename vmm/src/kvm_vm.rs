@@ -1,0 +1,161 @@
+//! Opening KVM, creating the VM, its memory slots and (in `kernel` mode) its in-kernel irqchip.
+
+use std::path::Path;
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::layout::{self, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
+
+/// Why KVM could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    /// `/dev/kvm` is missing.
+    #[error("/dev/kvm does not exist: load the kvm module or run lull on a host with KVM")]
+    NoDevice,
+    /// `/dev/kvm` is not accessible.
+    #[error("No permission to open /dev/kvm: run as root or add your user to the 'kvm' group")]
+    NoPermission,
+    /// Opening `/dev/kvm` failed otherwise.
+    #[error("Cannot open /dev/kvm: {0}")]
+    Open(kvm_ioctls::Error),
+    /// The KVM API version is not 12.
+    #[error("KVM API version {0} is not supported (need 12)")]
+    ApiVersion(i32),
+    /// A capability lull needs is missing.
+    #[error("This KVM lacks {0:?}, which lull needs")]
+    MissingCap(Cap),
+    /// More vCPUs than KVM allows.
+    #[error("--cpus {asked} exceeds this host's KVM limit of {max} vCPUs")]
+    TooManyCpus {
+        /// Requested.
+        asked: u32,
+        /// KVM's limit.
+        max: usize,
+    },
+    /// Guest memory could not be allocated.
+    #[error("Cannot allocate {size} bytes of guest memory: {source}")]
+    AllocMemory {
+        /// Requested size.
+        size: u64,
+        /// Why.
+        source: vm_memory::mmap::FromRangesError,
+    },
+    /// A KVM call failed.
+    #[error("KVM call {call} failed: {source}")]
+    Ioctl {
+        /// Which call.
+        call: &'static str,
+        /// Why.
+        source: kvm_ioctls::Error,
+    },
+}
+
+impl KvmError {
+    /// True when the host cannot run lull at all (vs. a failure while setting up).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::NoDevice
+                | Self::NoPermission
+                | Self::Open(_)
+                | Self::ApiVersion(_)
+                | Self::MissingCap(_)
+        )
+    }
+}
+
+/// Wraps a failing KVM call.
+pub fn ioctl_err(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> KvmError {
+    move |source| KvmError::Ioctl { call, source }
+}
+
+/// Opens `/dev/kvm` and checks what lull relies on.
+pub fn open_kvm(cpus: u32) -> Result<Kvm, KvmError> {
+    if !Path::new("/dev/kvm").exists() {
+        return Err(KvmError::NoDevice);
+    }
+    let kvm = Kvm::new().map_err(|e| match e.errno() {
+        libc::EACCES | libc::EPERM => KvmError::NoPermission,
+        libc::ENOENT => KvmError::NoDevice,
+        _ => KvmError::Open(e),
+    })?;
+    let api = kvm.get_api_version();
+    if api != 12 {
+        return Err(KvmError::ApiVersion(api));
+    }
+    for cap in [
+        Cap::Irqchip,
+        Cap::UserMemory,
+        Cap::SetTssAddr,
+        Cap::ImmediateExit,
+        Cap::Irqfd,
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(KvmError::MissingCap(cap));
+        }
+    }
+    let max = kvm.get_max_vcpus();
+    if usize::try_from(cpus).map_or(true, |c| c > max) {
+        return Err(KvmError::TooManyCpus { asked: cpus, max });
+    }
+    Ok(kvm)
+}
+
+/// Allocates guest RAM for `memory` bytes.
+pub fn create_guest_memory(memory: u64) -> Result<GuestMemoryMmap, KvmError> {
+    let ranges: Vec<(GuestAddress, usize)> = layout::ram_ranges(memory)
+        .into_iter()
+        .map(|(start, len)| {
+            (
+                GuestAddress(start),
+                usize::try_from(len).unwrap_or(usize::MAX),
+            )
+        })
+        .collect();
+    GuestMemoryMmap::from_ranges(&ranges).map_err(|source| KvmError::AllocMemory {
+        size: memory,
+        source,
+    })
+}
+
+/// Creates the VM, registers `mem` with it and, when `in_kernel_irqchip`, creates KVM's
+/// in-kernel LAPIC/IOAPIC/PIC.
+pub fn create_vm(
+    kvm: &Kvm,
+    mem: &GuestMemoryMmap,
+    in_kernel_irqchip: bool,
+) -> Result<VmFd, KvmError> {
+    let vm = kvm.create_vm().map_err(ioctl_err("KVM_CREATE_VM"))?;
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|_| KvmError::Ioctl {
+                call: "guest memory host address",
+                source: kvm_ioctls::Error::new(libc::EFAULT),
+            })?;
+        let entry = kvm_userspace_memory_region {
+            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: `host` points to a live anonymous mapping of `region.len()` bytes owned by
+        // `mem`, which outlives the VM (the caller keeps both for the whole run), and slots
+        // do not overlap because `layout::ram_ranges` returns disjoint ranges.
+        unsafe { vm.set_user_memory_region(entry) }
+            .map_err(ioctl_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    let tss = usize::try_from(KVM_TSS_ADDR).unwrap_or(usize::MAX);
+    vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDR)
+        .map_err(ioctl_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
+    vm.set_tss_address(tss)
+        .map_err(ioctl_err("KVM_SET_TSS_ADDR"))?;
+    if in_kernel_irqchip {
+        vm.create_irq_chip()
+            .map_err(ioctl_err("KVM_CREATE_IRQCHIP"))?;
+    }
+    Ok(vm)
+}

@@ -1,0 +1,235 @@
+//! What a vCPU does about one KVM exit: a free function over the exit, testable without a guest.
+
+use devices::pio::{MachineRequest, PioBus, PioOutcome};
+use kvm_ioctls::VcpuExit;
+use std::sync::atomic::Ordering;
+
+use crate::metrics::{GuestNoise, VcpuCounters};
+
+/// Why a VM stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The guest reset the machine (i8042, KVM system event).
+    Reset,
+    /// The guest powered the machine off.
+    PowerOff,
+    /// The guest wrote to the test-exit port; this is the exit status.
+    TestExit(u8),
+    /// Triple fault (KVM shutdown exit).
+    TripleFault,
+    /// KVM could not emulate something or enter the guest.
+    GuestCrash(String),
+    /// A KVM call failed in lull.
+    VmmError(String),
+    /// The user asked to stop (Ctrl-A x, SIGINT, SIGTERM).
+    User,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Reset => f.write_str("guest reset"),
+            Self::PowerOff => f.write_str("guest power-off"),
+            Self::TestExit(s) => write!(f, "guest test exit (status {s})"),
+            Self::TripleFault => f.write_str("guest triple fault"),
+            Self::GuestCrash(why) => write!(f, "guest crashed: {why}"),
+            Self::VmmError(why) => write!(f, "lull error: {why}"),
+            Self::User => f.write_str("stopped by the user"),
+        }
+    }
+}
+
+/// What the vCPU loop does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuAction {
+    /// Re-enter the guest.
+    Continue,
+    /// The guest wrote its boot-complete marker; re-enter the guest.
+    BootComplete,
+    /// The vCPU executed HLT and KVM returned to user space.
+    Halted,
+    /// Stop the VM.
+    Stop(StopReason),
+}
+
+/// The state an exit handler may touch.
+pub struct ExitContext<'a> {
+    /// vCPU index, for log lines.
+    pub vcpu: u32,
+    /// Port I/O devices.
+    pub pio: &'a PioBus,
+    /// This vCPU's counters.
+    pub counters: &'a VcpuCounters,
+    /// VM-wide counters of ignored guest accesses.
+    pub noise: &'a GuestNoise,
+}
+
+const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
+const KVM_SYSTEM_EVENT_RESET: u32 = 2;
+
+fn machine(request: Option<MachineRequest>) -> VcpuAction {
+    match request {
+        None => VcpuAction::Continue,
+        Some(MachineRequest::Reset) => VcpuAction::Stop(StopReason::Reset),
+        Some(MachineRequest::Exit(status)) => VcpuAction::Stop(StopReason::TestExit(status)),
+        Some(MachineRequest::BootComplete) => VcpuAction::BootComplete,
+    }
+}
+
+/// Handles one exit.
+pub fn handle_exit(exit: VcpuExit<'_>, ctx: &ExitContext<'_>) -> VcpuAction {
+    let c = ctx.counters;
+    match exit {
+        VcpuExit::IoIn(port, data) => {
+            c.io_in.fetch_add(1, Ordering::Relaxed);
+            if ctx.pio.read(port, data) == PioOutcome::Unclaimed {
+                unknown_port(ctx, port, "read", data.len());
+            }
+            VcpuAction::Continue
+        }
+        VcpuExit::IoOut(port, data) => {
+            c.io_out.fetch_add(1, Ordering::Relaxed);
+            match ctx.pio.write(port, data) {
+                PioOutcome::Handled(request) => machine(request),
+                PioOutcome::Unclaimed => {
+                    unknown_port(ctx, port, "write", data.len());
+                    VcpuAction::Continue
+                }
+            }
+        }
+        VcpuExit::MmioRead(addr, data) => {
+            c.mmio_read.fetch_add(1, Ordering::Relaxed);
+            data.fill(0xff);
+            unknown_mmio(ctx, addr, "read", data.len());
+            VcpuAction::Continue
+        }
+        VcpuExit::MmioWrite(addr, data) => {
+            c.mmio_write.fetch_add(1, Ordering::Relaxed);
+            unknown_mmio(ctx, addr, "write", data.len());
+            VcpuAction::Continue
+        }
+        VcpuExit::Hlt => {
+            c.hlt.fetch_add(1, Ordering::Relaxed);
+            VcpuAction::Halted
+        }
+        VcpuExit::Shutdown => VcpuAction::Stop(StopReason::TripleFault),
+        VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_RESET, _) => VcpuAction::Stop(StopReason::Reset),
+        VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_SHUTDOWN, _) => {
+            VcpuAction::Stop(StopReason::PowerOff)
+        }
+        VcpuExit::InternalError => VcpuAction::Stop(StopReason::GuestCrash(
+            "KVM internal error (emulation failure)".into(),
+        )),
+        VcpuExit::FailEntry(reason, cpu) => VcpuAction::Stop(StopReason::GuestCrash(format!(
+            "KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"
+        ))),
+        VcpuExit::IrqWindowOpen | VcpuExit::Intr => {
+            c.other.fetch_add(1, Ordering::Relaxed);
+            VcpuAction::Continue
+        }
+        other => {
+            c.other.fetch_add(1, Ordering::Relaxed);
+            VcpuAction::Stop(StopReason::GuestCrash(format!(
+                "unexpected KVM exit {other:?}"
+            )))
+        }
+    }
+}
+
+fn unknown_port(ctx: &ExitContext<'_>, port: u16, dir: &str, len: usize) {
+    if let Some(n) = ctx.noise.unknown_port.hit() {
+        tracing::warn!(
+            vcpu = ctx.vcpu,
+            "guest {dir} of {len} byte(s) at unknown port {port:#x} ignored ({n} unknown port accesses so far)"
+        );
+    }
+}
+
+fn unknown_mmio(ctx: &ExitContext<'_>, addr: u64, dir: &str, len: usize) {
+    if let Some(n) = ctx.noise.unknown_mmio.hit() {
+        tracing::warn!(
+            vcpu = ctx.vcpu,
+            "guest {dir} of {len} byte(s) at unknown MMIO address {addr:#x} ignored ({n} unknown MMIO accesses so far)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devices::test_exit::TestExit;
+    use std::sync::{Arc, Mutex};
+
+    fn ctx_parts() -> (PioBus, VcpuCounters, GuestNoise) {
+        let mut bus = PioBus::new();
+        bus.insert(0xf4, 4, Arc::new(Mutex::new(TestExit))).unwrap();
+        (bus, VcpuCounters::default(), GuestNoise::default())
+    }
+
+    #[test]
+    fn test_exit_port_stops_with_status() {
+        let (bus, counters, noise) = ctx_parts();
+        let ctx = ExitContext {
+            vcpu: 0,
+            pio: &bus,
+            counters: &counters,
+            noise: &noise,
+        };
+        let action = handle_exit(VcpuExit::IoOut(0xf4, &[2]), &ctx);
+        assert_eq!(action, VcpuAction::Stop(StopReason::TestExit(5)));
+        assert_eq!(counters.io_out.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn unknown_accesses_are_counted_and_read_as_ones() {
+        let (bus, counters, noise) = ctx_parts();
+        let ctx = ExitContext {
+            vcpu: 0,
+            pio: &bus,
+            counters: &counters,
+            noise: &noise,
+        };
+        let mut data = [0u8; 2];
+        assert_eq!(
+            handle_exit(VcpuExit::IoIn(0x1234, &mut data), &ctx),
+            VcpuAction::Continue
+        );
+        assert_eq!(data, [0xff, 0xff]);
+        let mut m = [0u8; 4];
+        assert_eq!(
+            handle_exit(VcpuExit::MmioRead(0xd000_0000, &mut m), &ctx),
+            VcpuAction::Continue
+        );
+        assert_eq!(m, [0xff; 4]);
+        assert_eq!(
+            handle_exit(VcpuExit::MmioWrite(0xd000_0000, &[1]), &ctx),
+            VcpuAction::Continue
+        );
+        assert_eq!(noise.unknown_port.count(), 1);
+        assert_eq!(noise.unknown_mmio.count(), 2);
+    }
+
+    #[test]
+    fn fatal_exits_stop_the_vm() {
+        let (bus, counters, noise) = ctx_parts();
+        let ctx = ExitContext {
+            vcpu: 0,
+            pio: &bus,
+            counters: &counters,
+            noise: &noise,
+        };
+        assert_eq!(
+            handle_exit(VcpuExit::Shutdown, &ctx),
+            VcpuAction::Stop(StopReason::TripleFault)
+        );
+        assert!(matches!(
+            handle_exit(VcpuExit::InternalError, &ctx),
+            VcpuAction::Stop(StopReason::GuestCrash(_))
+        ));
+        assert_eq!(
+            handle_exit(VcpuExit::SystemEvent(2, &[]), &ctx),
+            VcpuAction::Stop(StopReason::Reset)
+        );
+        assert_eq!(handle_exit(VcpuExit::Hlt, &ctx), VcpuAction::Halted);
+    }
+}

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod i8042;
+pub mod ioapic;
 pub mod lapic;
 pub mod pio;
 pub mod serial;

@@ -28,7 +28,8 @@ static u64 udivmod64(u64 n, u64 d, u64 *rem)
         /* Mirror the hardware: divide error. Our #DE handler reports it. */
         volatile u32 zero = 0;
         u32 one = 1;
-        __asm__ volatile("divl %2" : "+a"(one) : "d"(0), "r"(zero));
+        u32 hi = 0;
+        __asm__ volatile("divl %2" : "+a"(one), "+d"(hi) : "r"(zero));
     }
     if ((d >> 32) == 0) {
         u32 r;

@@ -48,18 +48,22 @@ static void spurious_irq(struct trap_frame *f) { printf("lapic-timer: spurious i
  */
 static int wait_irq(u32 before, u64 deadline)
 {
+    if (wait_poll) {
+        /* Interrupts stay enabled for the whole poll: toggling CLI/STI per iteration leaves
+         * only a one-instruction window and delays delivery by milliseconds here. */
+        sti();
+        while (irq_count == before && rdtsc() <= deadline)
+            cpu_relax();
+        cli();
+        return irq_count != before;
+    }
     for (;;) {
         cli();
         if (irq_count != before)
             return 1;
         if (rdtsc() > deadline)
             return 0;
-        if (wait_poll) {
-            sti();
-            cpu_relax();
-        } else {
-            sti_hlt();
-        }
+        sti_hlt(); /* the STI shadow closes the race with an interrupt after the check */
     }
 }
 

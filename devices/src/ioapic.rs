@@ -507,4 +507,48 @@ mod tests {
         assert_eq!(data, [0; 8]);
         assert_eq!(ioapic.events().0.get(), 6);
     }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(u8, u32),
+        Line(usize, bool),
+        Eoi(u8),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u8..0x44, prop_oneof![any::<u32>(), (0u32..0x2_0000)])
+                .prop_map(|(r, v)| Op::Write(r, v)),
+            (0usize..26, any::<bool>()).prop_map(|(p, l)| Op::Line(p, l)),
+            prop_oneof![any::<u8>(), 0x30u8..0x34].prop_map(Op::Eoi),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_level_interrupt_is_lost(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut ioapic = IoApic::new(1);
+            for op in ops {
+                let delivered: Vec<IoapicInterrupt> = match op {
+                    Op::Write(reg, value) => select_write(&mut ioapic, reg, value).into_iter().collect(),
+                    Op::Line(pin, level) => ioapic.set_irq_line(pin, level).into_iter().collect(),
+                    Op::Eoi(vector) => ioapic.end_of_interrupt(vector),
+                };
+                for irq in delivered {
+                    let entry = ioapic.redirection_entry(irq.pin).unwrap();
+                    proptest::prop_assert!(!entry.masked());
+                    proptest::prop_assert_eq!(irq.ipi.vector, entry.vector());
+                }
+                for pin in 0..IOAPIC_PINS {
+                    let entry = ioapic.redirection_entry(pin).unwrap();
+                    let level = entry.trigger_mode() == TriggerMode::Level;
+                    proptest::prop_assert!(level || !entry.remote_irr());
+                    if level && ioapic.lines[pin] && !entry.masked() && entry.delivery_mode().is_some() {
+                        proptest::prop_assert!(entry.remote_irr(), "pin {} lost its interrupt", pin);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -58,6 +58,8 @@ mod timer;
 mod proptests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timer_tests;
 
 pub use access::is_lapic_msr;
 pub use events::{InvalidAccess, LapicEvents, NoopLapicEvents};
@@ -435,6 +437,32 @@ impl<E: LapicEvents> Lapic<E> {
             }
             DeliveryMode::ExtInt => {
                 self.events.unsupported_delivery_mode(7);
+                false
+            }
+        }
+    }
+
+    /// A rising edge on LINT0 (`pin` 0) or LINT1 (`pin` 1): delivers per that LVT entry
+    /// unless masked (fixed or NMI; ExtINT, SMI and INIT are reported and dropped). Returns
+    /// whether something became pending.
+    pub fn assert_lint(&mut self, pin: usize) -> bool {
+        let lvt = match pin {
+            0 => self.lvt[3],
+            1 => self.lvt[4],
+            _ => return false,
+        };
+        if lvt & regs::LVT_MASKED != 0 || self.mode() == ApicMode::Disabled {
+            return false;
+        }
+        let bits = (lvt >> 8) & 7;
+        match DeliveryMode::from_bits(u64::from(bits)) {
+            Some(DeliveryMode::Fixed) => self.accept_interrupt(low_byte(lvt), lvt & (1 << 15) != 0),
+            Some(DeliveryMode::Nmi) => {
+                self.nmi_pending = true;
+                true
+            }
+            _ => {
+                self.events.unsupported_delivery_mode(low_byte(bits));
                 false
             }
         }

@@ -211,7 +211,12 @@ impl LapicTimer {
             if clamped != period {
                 events.timer_clamped(period, clamped);
             }
-            let first = duration.max(self.limits.min_delay_ns).max(1);
+            // A fresh start runs a whole (clamped) period; a rescaled count the remainder.
+            let first = if count == self.initial_count {
+                clamped
+            } else {
+                duration.max(self.limits.min_delay_ns).max(1)
+            };
             (now_ns.saturating_add(first), clamped)
         } else {
             (

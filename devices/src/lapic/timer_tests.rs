@@ -1,0 +1,214 @@
+//! Behaviour tests of the LAPIC timer through the register views: one-shot with every
+//! divide value, periodic without drift, TSC-deadline, masking and clamping.
+
+use super::regs::*;
+use super::tests::{lapic, read, write, Counting};
+use super::*;
+
+#[test]
+fn one_shot_each_divide_and_current_count() {
+    for (dcr, divisor) in [
+        (0, 2),
+        (1, 4),
+        (2, 8),
+        (3, 16),
+        (8, 32),
+        (9, 64),
+        (10, 128),
+        (11, 1),
+    ] {
+        let mut lapic = lapic();
+        let _ = write(&mut lapic, LVT_TIMER, 0x30, 0);
+        let _ = write(&mut lapic, TIMER_DIVIDE, dcr, 0);
+        assert_eq!(read(&mut lapic, TIMER_DIVIDE, 0), dcr);
+        let start = 1_000;
+        let effects = write(&mut lapic, TIMER_INITIAL, 50_000, start);
+        let deadline_ns = start + 50_000 * divisor;
+        assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns });
+        for step in 0..5u64 {
+            let now = start + step * 10_000 * divisor;
+            let expected = 50_000 - u32::try_from(step * 10_000).unwrap();
+            assert_eq!(read(&mut lapic, TIMER_CURRENT, now), expected);
+        }
+        assert_eq!(lapic.timer_fired(deadline_ns - 1), Some(deadline_ns));
+        assert_eq!(lapic.next_interrupt(), None);
+        assert_eq!(lapic.timer_fired(deadline_ns), None);
+        assert_eq!(read(&mut lapic, TIMER_CURRENT, deadline_ns), 0);
+        assert_eq!(read(&mut lapic, TIMER_INITIAL, deadline_ns), 50_000);
+        assert_eq!(lapic.next_interrupt(), Some(0x30));
+    }
+}
+
+#[test]
+fn initial_count_zero_cancels() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, 0x30, 0);
+    assert!(matches!(
+        write(&mut lapic, TIMER_INITIAL, 10_000, 0).timer,
+        LapicTimerChange::Arm { .. }
+    ));
+    assert_eq!(
+        write(&mut lapic, TIMER_INITIAL, 0, 5).timer,
+        LapicTimerChange::Cancel
+    );
+    assert_eq!(lapic.timer_deadline(), None);
+}
+
+#[test]
+fn periodic_does_not_drift() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let period = 1_000_003u64;
+    let effects = write(&mut lapic, TIMER_INITIAL, 1_000_003, 7);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 7 + period
+        }
+    );
+    let mut deadline = 7 + period;
+    for k in 1..=1_000u64 {
+        // The VMM runs a little late every time; the grid must not move.
+        let late = deadline + (k % 7) * 1_000;
+        let next = lapic.timer_fired(late).unwrap();
+        assert_eq!(next, 7 + (k + 1) * period);
+        assert_eq!(lapic.next_interrupt(), Some(0x40));
+        lapic.interrupt_injected(0x40);
+        let _ = write(&mut lapic, EOI, 0, late);
+        deadline = next;
+    }
+    // Mid-period, the current count follows the grid too.
+    let mid = deadline - period / 2;
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, mid), 500_001);
+    // Missed periods are skipped, staying on the grid.
+    let next = lapic.timer_fired(deadline + 3 * period + 5).unwrap();
+    assert_eq!(next, deadline + 4 * period);
+}
+
+#[test]
+fn periodic_period_is_clamped() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let LapicTimerChange::Arm { deadline_ns } = write(&mut lapic, TIMER_INITIAL, 1, 0).timer else {
+        panic!("not armed");
+    };
+    assert_eq!(deadline_ns, 100_000);
+    assert_eq!(lapic.events().clamped.get(), 1);
+    let next = lapic.timer_fired(deadline_ns).unwrap();
+    assert_eq!(next - deadline_ns, 100_000);
+}
+
+fn tsc_lapic() -> Lapic {
+    let mut lapic = Lapic::new(LapicConfig {
+        tsc: TscMap {
+            tsc_khz: 2_000_000,
+            tsc_at_ns0: 1_000,
+        },
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let effects = write(&mut lapic, LVT_TIMER, (2 << 17) | 0xEF, 0);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    lapic
+}
+
+#[test]
+fn tsc_deadline_arm_rearm_cancel() {
+    let mut lapic = tsc_lapic();
+    let arm = |lapic: &mut Lapic, tsc, now| lapic.write_msr(MSR_TSC_DEADLINE, tsc, now).unwrap();
+    // TSC 2_001_000 is 1 ms after time 0.
+    assert_eq!(
+        arm(&mut lapic, 2_001_000, 0).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 1_000_000
+        }
+    );
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(2_001_000));
+    assert_eq!(
+        arm(&mut lapic, 4_001_000, 10).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 2_000_000
+        }
+    );
+    // Initial-count writes are ignored in TSC-deadline mode.
+    assert_eq!(
+        write(&mut lapic, TIMER_INITIAL, 5, 10).timer,
+        LapicTimerChange::Unchanged
+    );
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 10), 0);
+    assert_eq!(arm(&mut lapic, 0, 20).timer, LapicTimerChange::Cancel);
+    assert_eq!(lapic.timer_deadline(), None);
+    assert_eq!(lapic.timer_fired(3_000_000), None);
+    assert_eq!(lapic.next_interrupt(), None);
+    // Fire: the MSR clears and the vector is pending.
+    let _ = arm(&mut lapic, 2_001_000, 0);
+    assert_eq!(lapic.timer_fired(1_000_000), None);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(0));
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+}
+
+#[test]
+fn tsc_deadline_in_the_past_fires_at_once() {
+    let mut lapic = tsc_lapic();
+    let now = 5_000_000;
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 2_000, now).unwrap();
+    let floor = now + TimerLimits::default().min_delay_ns;
+    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: floor });
+    assert_eq!(lapic.timer_fired(floor), None);
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+    // With no floor, the deadline is "now".
+    let mut lapic = Lapic::new(LapicConfig {
+        limits: TimerLimits {
+            min_period_ns: 100_000,
+            min_delay_ns: 0,
+        },
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let _ = write(&mut lapic, LVT_TIMER, 2 << 17, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 1, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: now });
+}
+
+#[test]
+fn tsc_deadline_ignored_outside_its_mode() {
+    let mut lapic = lapic();
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 12345, 0).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, 0), Ok(0));
+    // Leaving TSC-deadline mode disarms.
+    let mut lapic = tsc_lapic();
+    let _ = lapic.write_msr(MSR_TSC_DEADLINE, 1 << 40, 0).unwrap();
+    assert_eq!(
+        write(&mut lapic, LVT_TIMER, 0xEF, 0).timer,
+        LapicTimerChange::Cancel
+    );
+}
+
+#[test]
+fn masked_timer_sets_no_irr_but_keeps_running() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | (1 << 17) | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    assert_eq!(lapic.timer_fired(1_000_000), Some(2_000_000));
+    assert_eq!(lapic.next_interrupt(), None);
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    assert_eq!(lapic.timer_fired(2_000_000), Some(3_000_000));
+    assert_eq!(lapic.next_interrupt(), Some(0x40));
+}
+
+#[test]
+fn disabling_cancels_an_armed_timer() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, 0x40, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 100_000, 0);
+    let effects = lapic
+        .write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE, 0)
+        .unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+}

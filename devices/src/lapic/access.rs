@@ -200,14 +200,26 @@ impl<E: LapicEvents> Lapic<E> {
         let mut effects = LapicEffects::default();
         match offset {
             regs::ID if x2apic => return Write::ReadOnly,
-            regs::ID => self.xapic_id = low_byte(low >> 24),
+            regs::ID => {
+                self.xapic_id = low_byte(low >> 24);
+                effects.destination_changed = true;
+            }
             regs::TPR => self.tpr = low_byte(low),
             regs::EOI if x2apic && value != 0 => return Write::Reserved,
             regs::EOI => effects.eoi = self.end_of_interrupt(),
             regs::LDR if x2apic => return Write::ReadOnly,
-            regs::LDR => self.ldr = low & 0xFF00_0000,
-            regs::DFR if !x2apic => self.dfr = low | 0x0FFF_FFFF,
-            regs::SVR => self.write_svr(low),
+            regs::LDR => {
+                self.ldr = low & 0xFF00_0000;
+                effects.destination_changed = true;
+            }
+            regs::DFR if !x2apic => {
+                self.dfr = low | 0x0FFF_FFFF;
+                effects.destination_changed = true;
+            }
+            regs::SVR => {
+                self.write_svr(low);
+                effects.destination_changed = true;
+            }
             regs::ESR if x2apic && value != 0 => return Write::Reserved,
             regs::ESR => self.esr = std::mem::take(&mut self.esr_pending),
             regs::ICR_LOW if x2apic => {
@@ -333,6 +345,7 @@ impl<E: LapicEvents> Lapic<E> {
                 effects.timer = LapicTimerChange::Cancel;
             }
         }
+        effects.destination_changed = new_mode != old_mode;
         if new_mode != old_mode || self.base_address() != old_base {
             effects.base_change = Some(ApicBaseChange {
                 base_address: self.base_address(),

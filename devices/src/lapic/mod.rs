@@ -169,6 +169,9 @@ pub struct LapicEffects {
     pub eoi: Option<Eoi>,
     /// A change of base address or mode.
     pub base_change: Option<ApicBaseChange>,
+    /// The ID, LDR, DFR, SVR enable or mode changed: refresh this vCPU's entry in the routing
+    /// table ([`Lapic::destination_info`]).
+    pub destination_changed: bool,
 }
 
 /// Where a vCPU is in the INIT / start-up sequence.

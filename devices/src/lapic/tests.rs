@@ -523,3 +523,37 @@ fn lint_pins_follow_their_lvt() {
     assert_eq!(lapic.events().unsupported.get(), 1);
     assert!(!lapic.assert_lint(2));
 }
+
+#[test]
+fn addressing_writes_flag_the_routing_table() {
+    let mut lapic = lapic();
+    assert!(write(&mut lapic, LDR, 1 << 24, 0).destination_changed);
+    assert!(write(&mut lapic, DFR, 0, 0).destination_changed);
+    assert!(write(&mut lapic, ID, 7 << 24, 0).destination_changed);
+    assert!(write(&mut lapic, SVR, 0xFF, 0).destination_changed);
+    assert!(!write(&mut lapic, TPR, 0x10, 0).destination_changed);
+    let base = DEFAULT_APIC_BASE | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
+    assert!(
+        lapic
+            .write_msr(MSR_APIC_BASE, base, 0)
+            .unwrap()
+            .destination_changed
+    );
+    assert_eq!(
+        lapic.destination_info().apic_id,
+        0,
+        "x2APIC ID is the initial ID"
+    );
+}
+
+#[test]
+fn illegal_lvt_vector_is_a_receive_error() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, LVT_TIMER, 0x05, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 10, 0);
+    assert_eq!(lapic.timer_fired(1_000_000), None);
+    assert_eq!(lapic.next_interrupt(), None);
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), ESR_RECEIVE_ILLEGAL_VECTOR);
+    assert_eq!(read(&mut lapic, IRR0, 0), 0);
+}

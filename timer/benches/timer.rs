@@ -1,1 +1,2 @@
+//! Timer benchmarks (filled in below).
 fn main() {}

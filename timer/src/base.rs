@@ -40,6 +40,14 @@ pub struct TimerHandle {
 }
 
 impl TimerHandle {
+    pub(crate) fn new(cpu: CpuId, kind: TimerKind, slot: Slot) -> Self {
+        Self { cpu, kind, slot }
+    }
+
+    pub(crate) fn slot(&self) -> Slot {
+        self.slot
+    }
+
     /// The CPU whose base holds the timer.
     pub fn cpu(&self) -> CpuId {
         self.cpu
@@ -119,7 +127,8 @@ impl<T> GlobalQueue<T> {
     }
 
     fn publish(&self, q: &TimerQueue<T>) {
-        self.head.store(q.peek().unwrap_or(NEVER), Ordering::Release);
+        self.head
+            .store(q.peek().unwrap_or(NEVER), Ordering::Release);
     }
 
     fn arm(&self, deadline: Nanos, payload: T) -> Slot {

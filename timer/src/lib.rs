@@ -10,3 +10,9 @@ pub use base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, Tim
 pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, NEVER};
 pub mod hierarchy;
 pub use hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry};
+pub mod host;
+pub mod metrics;
+pub mod model;
+pub use host::{FakeHostTimer, HostTimer, HostTimerError, TimerFdHost};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use model::{build, CpuTimers, Model, ModelError, ModelKind, TimerModel, Waker};

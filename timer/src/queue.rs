@@ -141,7 +141,9 @@ impl<T> TimerQueue<T> {
         e.gen = e.gen.wrapping_add(1);
         self.free.push(index);
         // Invariant: a queued entry always holds its payload.
-        e.payload.take().unwrap_or_else(|| unreachable!("queued timer without payload"))
+        e.payload
+            .take()
+            .unwrap_or_else(|| unreachable!("queued timer without payload"))
     }
 
     fn remove_at(&mut self, pos: usize) {

@@ -5,8 +5,8 @@ use tracing::trace;
 
 use super::state::{self, Transition};
 use super::{
-    Child, CpuNode, IdleUpdate, Event, Group, GroupQueue, Hierarchy, RemoteExpiry,
-    RemoteOutcome, NONE,
+    Child, CpuNode, Event, Group, GroupQueue, Hierarchy, IdleUpdate, RemoteExpiry, RemoteOutcome,
+    NONE,
 };
 use crate::base::CpuId;
 use crate::clock::{Nanos, NEVER};
@@ -106,8 +106,12 @@ impl Hierarchy {
         };
         loop {
             if t.new.active != 0 {
-                if new_first < old_first {
-                    out.kick = self.migrator_cpu(g);
+                // A new migrator, or an earlier first event: its host tick must cover it.
+                let moved = t.old.migrator != t.new.migrator || new_first < old_first;
+                if moved {
+                    out.kick = self
+                        .migrator_cpu(g)
+                        .filter(|&m| self.remote_deadline(m) != NEVER);
                 }
                 break;
             }
@@ -296,7 +300,10 @@ impl Hierarchy {
             return None;
         }
         let owner = q.first_cpu;
-        let i = q.evts.iter().position(|e| e.expiry == first && e.cpu == owner)?;
+        let i = q
+            .evts
+            .iter()
+            .position(|e| e.expiry == first && e.cpu == owner)?;
         q.evts[i].expiry = NEVER;
         recompute(g, &mut q);
         Some(owner)

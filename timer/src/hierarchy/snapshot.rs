@@ -150,7 +150,10 @@ impl Hierarchy {
 impl Snapshot {
     /// The root group's id.
     pub fn root(&self) -> Option<usize> {
-        self.groups.iter().find(|g| g.parent.is_none()).map(|g| g.id)
+        self.groups
+            .iter()
+            .find(|g| g.parent.is_none())
+            .map(|g| g.id)
     }
 
     /// Checks the structural invariants; the error names the first one broken.
@@ -160,7 +163,8 @@ impl Snapshot {
             return Err(format!("{roots} roots"));
         }
         for g in &self.groups {
-            self.check_group(g).map_err(|e| format!("group {}: {e}", g.id))?;
+            self.check_group(g)
+                .map_err(|e| format!("group {}: {e}", g.id))?;
         }
         Ok(())
     }
@@ -171,7 +175,10 @@ impl Snapshot {
         }
         let s = g.state;
         if s.migrator.is_none() != (s.active == 0) {
-            return Err(format!("migrator {:?} with active {:#b}", s.migrator, s.active));
+            return Err(format!(
+                "migrator {:?} with active {:#b}",
+                s.migrator, s.active
+            ));
         }
         if let Some(m) = s.migrator {
             if s.active & (1 << m) == 0 {
@@ -183,10 +190,16 @@ impl Snapshot {
         }
         let live_min = g.events.iter().map(|e| e.expiry).min().unwrap_or(NEVER);
         if s.active == 0 && g.next_expiry != live_min {
-            return Err(format!("idle, next {} != min event {live_min}", g.next_expiry));
+            return Err(format!(
+                "idle, next {} != min event {live_min}",
+                g.next_expiry
+            ));
         }
         if g.next_expiry > live_min {
-            return Err(format!("next {} later than event {live_min}", g.next_expiry));
+            return Err(format!(
+                "next {} later than event {live_min}",
+                g.next_expiry
+            ));
         }
         for (slot, m) in g.members.iter().enumerate() {
             let bit = s.active & (1 << slot) != 0;
@@ -207,18 +220,27 @@ impl Snapshot {
                     if child.parent != Some((g.id, slot)) || child.level + 1 != g.level {
                         return Err(format!("group {id} misplaced"));
                     }
-                    if child.level < self.crossnode_level && child.node != g.node {
-                        return Err(format!("group {id} crosses nodes below the cross-node level"));
+                    if g.level < self.crossnode_level && child.node != g.node {
+                        return Err(format!(
+                            "group {id} crosses nodes below the cross-node level"
+                        ));
                     }
-                    let first = child.events.iter().filter(|e| e.expiry == child.next_expiry);
+                    let first = child
+                        .events
+                        .iter()
+                        .filter(|e| e.expiry == child.next_expiry);
                     let owners: Vec<_> = first.map(|e| e.cpu).collect();
                     if child.state.active == 0
                         && child.next_expiry != NEVER
                         && !owners.contains(&child.first_cpu.unwrap_or(NONE))
                     {
-                        return Err(format!("group {id} names CPU {:?} as first", child.first_cpu));
+                        return Err(format!(
+                            "group {id} names CPU {:?} as first",
+                            child.first_cpu
+                        ));
                     }
-                    let want = (child.next_expiry != NEVER).then_some((child.next_expiry, child.first_cpu));
+                    let want = (child.next_expiry != NEVER)
+                        .then_some((child.next_expiry, child.first_cpu));
                     (child.state.active != 0, want)
                 }
             };
@@ -228,7 +250,9 @@ impl Snapshot {
             if !active {
                 let got = evt.map(|e| (e.expiry, Some(e.cpu)));
                 if got != want {
-                    return Err(format!("idle slot {slot} has event {got:?}, child says {want:?}"));
+                    return Err(format!(
+                        "idle slot {slot} has event {got:?}, child says {want:?}"
+                    ));
                 }
             }
         }

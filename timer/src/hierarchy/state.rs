@@ -59,7 +59,8 @@ impl GroupState {
 /// Whether sequence numbers are bumped. Only the tests that demonstrate why `seq` exists
 /// turn it off.
 #[cfg(any(test, loom))]
-pub(crate) static SEQ_ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+pub(crate) static SEQ_ENABLED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
 
 fn next_seq(s: u32) -> u32 {
     #[cfg(any(test, loom))]
@@ -220,7 +221,8 @@ mod tests {
                 seq: bump(0),
             };
             w.store(again.pack(), Ordering::SeqCst);
-            let stale = w.compare_exchange(read, stale_new.pack(), Ordering::SeqCst, Ordering::SeqCst);
+            let stale =
+                w.compare_exchange(read, stale_new.pack(), Ordering::SeqCst, Ordering::SeqCst);
             let lost = stale.is_ok();
             assert_eq!(lost, !with_seq, "with_seq={with_seq}");
         }

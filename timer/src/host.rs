@@ -1,0 +1,139 @@
+//! `HostTimer`: the one place where a timer model touches the host (arm at an absolute
+//! deadline, disarm). The real one is a timerfd; the fake one records what it was told.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::clock::{Clock, Nanos, NEVER};
+
+/// Errors from the host timer.
+#[derive(Debug, thiserror::Error)]
+pub enum HostTimerError {
+    /// The timerfd could not be created or programmed.
+    #[error("cannot program the host timerfd ({0}); check the process's file-descriptor limit")]
+    TimerFd(#[source] vmm_sys_util::errno::Error),
+}
+
+/// A host timer a model programs for a CPU (its host tick) or for the central timer thread.
+pub trait HostTimer: Send {
+    /// Fires at `deadline` (monotonic ns on the model's clock), replacing any earlier setting.
+    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError>;
+    /// Stops the timer.
+    fn disarm(&mut self) -> Result<(), HostTimerError>;
+}
+
+/// A `CLOCK_MONOTONIC` timerfd programmed from deadlines on `clock`.
+#[derive(Debug)]
+pub struct TimerFdHost<C> {
+    fd: TimerFd,
+    clock: C,
+}
+
+impl<C: Clock> TimerFdHost<C> {
+    /// A disarmed timerfd; deadlines are read on `clock`.
+    pub fn new(clock: C) -> Result<Self, HostTimerError> {
+        Ok(Self {
+            fd: TimerFd::new().map_err(HostTimerError::TimerFd)?,
+            clock,
+        })
+    }
+
+    /// The timerfd, to poll on or wait for.
+    pub fn fd(&mut self) -> &mut TimerFd {
+        &mut self.fd
+    }
+}
+
+impl<C: Clock> HostTimer for TimerFdHost<C> {
+    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
+        if deadline == NEVER {
+            return self.disarm();
+        }
+        // A zero duration would disarm the timerfd: fire as soon as possible instead.
+        let rel = deadline.saturating_sub(self.clock.now()).max(1);
+        self.fd
+            .reset(Duration::from_nanos(rel), None)
+            .map_err(HostTimerError::TimerFd)
+    }
+
+    fn disarm(&mut self) -> Result<(), HostTimerError> {
+        self.fd.clear().map_err(HostTimerError::TimerFd)
+    }
+}
+
+/// A host timer that only records its deadline and counts arms; clones share the record.
+#[derive(Debug, Clone)]
+pub struct FakeHostTimer {
+    deadline: Arc<AtomicU64>,
+    arms: Arc<AtomicU64>,
+}
+
+impl Default for FakeHostTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeHostTimer {
+    /// A disarmed fake.
+    pub fn new() -> Self {
+        Self {
+            deadline: Arc::new(AtomicU64::new(NEVER)),
+            arms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The deadline it is armed for (`NEVER` when disarmed).
+    pub fn deadline(&self) -> Nanos {
+        self.deadline.load(Ordering::SeqCst)
+    }
+
+    /// How many times it was armed.
+    pub fn arms(&self) -> u64 {
+        self.arms.load(Ordering::SeqCst)
+    }
+}
+
+impl HostTimer for FakeHostTimer {
+    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
+        self.arms.fetch_add(1, Ordering::Relaxed);
+        self.deadline.store(deadline, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn disarm(&mut self) -> Result<(), HostTimerError> {
+        self.deadline.store(NEVER, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::MonotonicClock;
+
+    #[test]
+    fn timerfd_arms_and_disarms() {
+        let clock = MonotonicClock::new();
+        let mut t = TimerFdHost::new(clock).unwrap();
+        t.arm(clock.now() + 1_000_000_000).unwrap();
+        assert!(t.fd().is_armed().unwrap());
+        t.disarm().unwrap();
+        assert!(!t.fd().is_armed().unwrap());
+        t.arm(0).unwrap();
+        assert_eq!(t.fd().wait().unwrap(), 1);
+    }
+
+    #[test]
+    fn fake_records() {
+        let f = FakeHostTimer::new();
+        let mut g = f.clone();
+        g.arm(5).unwrap();
+        assert_eq!((f.deadline(), f.arms()), (5, 1));
+        g.disarm().unwrap();
+        assert_eq!(f.deadline(), NEVER);
+    }
+}

@@ -1,0 +1,202 @@
+//! The three timer models behind one interface, so lull can pick one per VM.
+//!
+//! | model     | who expires global timers of an idle vCPU         | host timers            |
+//! |-----------|---------------------------------------------------|------------------------|
+//! | `pull`    | a running vCPU that is a migrator (`Hierarchy`)   | one lazy tick per vCPU |
+//! | `push`    | the owner, which wakes for every timer            | per vCPU, tracks head  |
+//! | `central` | one timer thread for everything, kicking owners   | one for the thread     |
+//!
+//! A vCPU thread owns one [`CpuTimers`] and calls, in its run loop:
+//! [`CpuTimers::run`] at every exit and host tick, [`CpuTimers::idle`] before blocking (it
+//! returns the timeout), [`CpuTimers::wake`] after blocking. The VMM keeps the shared
+//! [`TimerModel`] for metrics and, for `central`, to drive [`TimerModel::service`] from its
+//! timer thread.
+
+mod central;
+mod pull;
+mod push;
+
+use std::sync::Arc;
+
+pub use central::{CentralCpu, CentralModel};
+pub use pull::{PullCpu, PullModel};
+pub use push::{PushCpu, PushModel};
+
+use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
+use crate::clock::{Nanos, NEVER};
+use crate::hierarchy::{HierarchyError, NodeId};
+use crate::host::HostTimer;
+use crate::metrics::{Metrics, MetricsSnapshot};
+
+/// The expiry callback: told which CPU's timer fired, returns whether to notify the owner.
+pub type OnFire<'a, T> = &'a mut dyn FnMut(Fired<T>) -> AfterFire;
+
+/// The notification hook: kick `cpu` out of KVM_RUN or its blocking wait.
+pub trait Waker: Send + Sync {
+    /// Kicks `cpu` (a vCPU whose timer fired elsewhere, or a migrator with new work).
+    fn wake(&self, cpu: CpuId);
+}
+
+impl<F: Fn(CpuId) + Send + Sync> Waker for F {
+    fn wake(&self, cpu: CpuId) {
+        self(cpu)
+    }
+}
+
+/// Which model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ModelKind {
+    /// Hierarchical pull of idle CPUs' global timers (the default).
+    Pull,
+    /// Every CPU programs a host timer for its own head, global timers included.
+    Push,
+    /// One timer thread expires everything and kicks the owners.
+    Central,
+}
+
+/// Errors from building a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The hierarchy could not be built.
+    #[error("cannot build the timer hierarchy")]
+    Hierarchy(#[from] HierarchyError),
+    /// Unknown model name.
+    #[error("unknown timer model {0:?}; use pull, push or central")]
+    UnknownModel(String),
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pull" => Ok(Self::Pull),
+            "push" => Ok(Self::Push),
+            "central" => Ok(Self::Central),
+            _ => Err(ModelError::UnknownModel(s.to_owned())),
+        }
+    }
+}
+
+/// One vCPU's timers, owned by its thread.
+pub trait CpuTimers<T>: Send {
+    /// The CPU.
+    fn cpu(&self) -> CpuId;
+    /// Arms a timer on this CPU's base.
+    fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle;
+    /// Cancels a pending timer; `Some` means it will never fire.
+    fn cancel(&mut self, h: TimerHandle) -> Option<T>;
+    /// Moves a pending timer; false if it already fired or was cancelled.
+    fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool;
+    /// At an exit or host tick: expires what is due (own timers, and remote ones if this CPU
+    /// is a migrator), re-arms the host tick if needed, returns the deadline it must fire by.
+    fn run(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos;
+    /// Going idle: returns the absolute timeout to block with (`NEVER`: until kicked).
+    fn idle(&mut self, now: Nanos) -> Nanos;
+    /// The timeout to block with while idle, re-read after arming timers while idle.
+    fn idle_timeout(&self) -> Nanos;
+    /// Back from idle, before running guest code.
+    fn wake(&mut self, now: Nanos);
+    /// The deadline the host tick is armed for (`NEVER` if none).
+    fn next_deadline(&self) -> Nanos;
+}
+
+/// The state shared by all CPUs of a model.
+pub trait TimerModel<T>: Send + Sync {
+    /// Which model this is.
+    fn kind(&self) -> ModelKind;
+    /// Counters.
+    fn metrics(&self) -> MetricsSnapshot;
+    /// Work for a dedicated timer thread (`central` only): expires what is due, returns the
+    /// next deadline. Other models return `NEVER` at once.
+    fn service(&self, now: Nanos, f: OnFire<'_, T>) -> Nanos;
+}
+
+/// A built model: the shared part and one [`CpuTimers`] per CPU, to move to vCPU threads.
+pub struct Model<T> {
+    /// Shared part.
+    pub shared: Arc<dyn TimerModel<T>>,
+    /// Per-CPU parts, index = CPU id.
+    pub cpus: Vec<Box<dyn CpuTimers<T>>>,
+}
+
+/// Builds `kind` for CPUs on NUMA nodes `nodes` (CPU `i` on `nodes[i]`). `host(Some(cpu))`
+/// makes a CPU's host tick, `host(None)` the central thread's timer.
+pub fn build<T: Send + 'static>(
+    kind: ModelKind,
+    nodes: &[NodeId],
+    host: &mut dyn FnMut(Option<CpuId>) -> Box<dyn HostTimer>,
+    waker: Arc<dyn Waker>,
+) -> Result<Model<T>, ModelError> {
+    fn boxed<T, C: CpuTimers<T> + 'static>(v: Vec<C>) -> Vec<Box<dyn CpuTimers<T>>> {
+        v.into_iter()
+            .map(|c| Box::new(c) as Box<dyn CpuTimers<T>>)
+            .collect()
+    }
+    Ok(match kind {
+        ModelKind::Pull => {
+            let (m, c) = PullModel::new(nodes, host, waker)?;
+            Model {
+                shared: m,
+                cpus: boxed(c),
+            }
+        }
+        ModelKind::Push => {
+            let (m, c) = PushModel::new(nodes.len(), host, waker);
+            Model {
+                shared: m,
+                cpus: boxed(c),
+            }
+        }
+        ModelKind::Central => {
+            let (m, c) = CentralModel::new(nodes.len(), host, waker);
+            Model {
+                shared: m,
+                cpus: boxed(c),
+            }
+        }
+    })
+}
+
+/// A host timer armed lazily: only when the deadline moves earlier or the armed one passed.
+struct HostTick {
+    host: Box<dyn HostTimer>,
+    armed: Nanos,
+}
+
+impl HostTick {
+    fn new(host: Box<dyn HostTimer>) -> Self {
+        Self { host, armed: NEVER }
+    }
+
+    /// Lazy: re-arm only if `deadline` is earlier than what is armed or the armed one passed.
+    fn ensure(&mut self, deadline: Nanos, now: Nanos, m: &Metrics) {
+        if deadline < self.armed || (self.armed <= now && deadline != self.armed) {
+            self.set(deadline, m);
+        }
+    }
+
+    /// Exact: make the host timer track `deadline`.
+    fn track(&mut self, deadline: Nanos, m: &Metrics) {
+        if deadline != self.armed {
+            self.set(deadline, m);
+        }
+    }
+
+    fn set(&mut self, deadline: Nanos, m: &Metrics) {
+        self.armed = deadline;
+        let ok = if deadline == NEVER {
+            self.host.disarm().is_ok()
+        } else {
+            let ok = self.host.arm(deadline).is_ok();
+            m.host_arm(ok);
+            ok
+        };
+        if !ok {
+            tracing::warn!(deadline, "host timer programming failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

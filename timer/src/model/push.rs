@@ -1,0 +1,108 @@
+//! `push`: every CPU programs its own host timer for the head of its base, global timers
+//! included; an idle CPU wakes for each of its timers. No migration, no shared state.
+
+use std::sync::Arc;
+
+use super::{CpuTimers, HostTick, ModelKind, OnFire, TimerModel, Waker};
+use crate::base::{CpuId, TimerBase, TimerHandle, TimerKind};
+use crate::clock::{Nanos, NEVER};
+use crate::host::HostTimer;
+use crate::metrics::{Metrics, MetricsSnapshot};
+
+/// The shared part of the push model (only counters).
+pub struct PushModel {
+    metrics: Metrics,
+}
+
+/// One CPU of the push model.
+pub struct PushCpu<T> {
+    base: TimerBase<T>,
+    shared: Arc<PushModel>,
+    tick: HostTick,
+}
+
+impl PushModel {
+    /// Builds the model for `n` CPUs. The waker is unused: nothing fires off its owner.
+    pub fn new<T: Send + 'static>(
+        n: usize,
+        host: &mut dyn FnMut(Option<CpuId>) -> Box<dyn HostTimer>,
+        _waker: Arc<dyn Waker>,
+    ) -> (Arc<Self>, Vec<PushCpu<T>>) {
+        let shared = Arc::new(Self {
+            metrics: Metrics::default(),
+        });
+        let cpus = (0..n)
+            .map(|cpu| PushCpu {
+                base: TimerBase::new(cpu),
+                shared: Arc::clone(&shared),
+                tick: HostTick::new(host(Some(cpu))),
+            })
+            .collect();
+        (shared, cpus)
+    }
+}
+
+impl<T> TimerModel<T> for PushModel {
+    fn kind(&self) -> ModelKind {
+        ModelKind::Push
+    }
+
+    fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    fn service(&self, _now: Nanos, _f: OnFire<'_, T>) -> Nanos {
+        NEVER
+    }
+}
+
+impl<T: Send + 'static> PushCpu<T> {
+    fn sync(&mut self) {
+        self.tick
+            .track(self.base.next_expiry(), &self.shared.metrics);
+    }
+}
+
+impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
+    fn cpu(&self) -> CpuId {
+        self.base.cpu()
+    }
+
+    fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
+        let h = self.base.arm(kind, deadline, payload);
+        self.sync();
+        h
+    }
+
+    fn cancel(&mut self, h: TimerHandle) -> Option<T> {
+        let p = self.base.cancel(h);
+        self.sync();
+        p
+    }
+
+    fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool {
+        let ok = self.base.rearm(h, deadline);
+        self.sync();
+        ok
+    }
+
+    fn run(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        self.shared.metrics.local(self.base.expire(now, f));
+        self.sync();
+        self.base.next_expiry()
+    }
+
+    fn idle(&mut self, _now: Nanos) -> Nanos {
+        self.base.next_expiry()
+    }
+
+    fn idle_timeout(&self) -> Nanos {
+        self.base.next_expiry()
+    }
+
+    fn wake(&mut self, _now: Nanos) {}
+
+    fn next_deadline(&self) -> Nanos {
+        self.tick.armed
+    }
+}

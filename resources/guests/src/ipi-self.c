@@ -8,8 +8,9 @@
  *              after EOI the ISR bit is clear.
  *   priority:  two IPIs pending (0x50, 0x60) are delivered highest vector first.
  *   tpr:       with TPR = 0x50 a vector-0x50 IPI stays in IRR; lowering TPR to 0 delivers it.
- *   latency:   `count` self-IPIs with the "self" shorthand, interrupts on; latency = TSC in the
- *              handler - TSC before the ICR write; min/p50/max in ns.
+ *   latency:   `count` self-IPIs with the "self" shorthand, waited for by polling (IF=1 at
+ *              the write) and by HLT (IF=0 at the write, then STI; HLT); latency = TSC in
+ *              the handler - TSC before the ICR write; min/p50/max in ns.
  *   x2apic:    (if CPUID.1:ECX[21]) switch to x2APIC mode, self-IPI through MSR 0x83F.
  * Every wait is bounded by a TSC timeout (timeout_ms, default 100).
  * Parameters: count=5 (max 64) timeout_ms=100 isr=strict|warn
@@ -140,22 +141,31 @@ static void test_tpr(void)
            VEC_LOW);
 }
 
-/* Latency of self-IPIs sent with the "self" shorthand, interrupts enabled. */
-static void test_latency(u32 count)
+/*
+ * Latency of self-IPIs sent with the "self" shorthand. poll: interrupts enabled at the ICR
+ * write, then spin; hlt: interrupts disabled at the write, then STI; HLT (the interrupt is
+ * already pending when the CPU halts).
+ */
+static void test_latency(u32 count, int use_hlt)
 {
     s64 lat[MAX_SAMPLES];
     for (u32 i = 0; i < count; i++) {
         irq_count = 0;
-        cli();
+        if (use_hlt)
+            cli();
+        else
+            sti();
         u64 t0 = rdtsc();
         xapic_write(APIC_ICR_LO, ICR_SELF | ICR_FIXED | ICR_ASSERT | VEC_LOW);
+        if (use_hlt && irq_count == 0)
+            sti_hlt(); /* the IPI is pending: HLT returns at once after delivering it */
         if (!wait_count(1))
             fail("latency #%u: no interrupt within %llu ms", i, timeout_ms);
         lat[i] = tsc_to_ns((s64)(irq_tsc - t0));
     }
     sort_s64(lat, count);
-    printf("ipi-self: self-shorthand: n=%u latency ns min %lld p50 %lld max %lld\n", count,
-           lat[0], lat[count / 2], lat[count - 1]);
+    printf("ipi-self: self-shorthand, %s: n=%u latency ns min %lld p50 %lld max %lld\n",
+           use_hlt ? "hlt" : "poll", count, lat[0], lat[count / 2], lat[count - 1]);
 }
 
 /* x2APIC mode: self-IPI through the SELF_IPI MSR. */
@@ -197,7 +207,8 @@ int main(void)
     test_pending();
     test_priority();
     test_tpr();
-    test_latency(count);
+    test_latency(count, 0);
+    test_latency(count, 1);
     test_x2apic();
     if (warnings)
         printf("ipi-self: %u warning(s) (isr=warn)\n", warnings);

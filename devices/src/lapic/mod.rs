@@ -20,17 +20,22 @@
 //! - **MSR exit** for which [`is_lapic_msr`] holds (0x1B, 0x6E0, 0x800-0x8FF):
 //!   [`Lapic::read_msr`] / [`Lapic::write_msr`]; an `Err` means inject #GP (`error = 1`).
 //! - **Timer**: arm/cancel the vCPU's pinned host timer per [`LapicEffects::timer`]; when it
-//!   passes call [`Lapic::timer_fired`] and re-arm at the deadline it returns, if any.
-//! - **IPI**: [`route`] over every vCPU's [`Lapic::destination_info`], then
-//!   [`Lapic::receive`] on each target and kick it.
-//! - **Injection**: when the guest can take an interrupt, take [`Lapic::next_interrupt`],
-//!   inject it with `KVM_INTERRUPT` and call [`Lapic::interrupt_injected`]. Sync CR8 with
-//!   [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs: [`Lapic::take_nmi`].
+//!   passes call [`Lapic::timer_fired`] and re-arm at the deadline it returns, if any. A stale
+//!   host timer is harmless: `timer_fired` on a disarmed timer does nothing, and before the
+//!   deadline it just returns the deadline again.
+//! - **IPI**: [`route`] over every vCPU's [`Lapic::destination_info`] (refresh a vCPU's entry
+//!   when [`LapicEffects::destination_changed`], after INIT, and as often as lowest-priority
+//!   arbitration needs fresh priorities), then [`Lapic::receive`] on each target and kick it.
+//! - **Injection**: after every exit and every `receive`, when the guest can take an
+//!   interrupt, take [`Lapic::next_interrupt`], inject it with `KVM_INTERRUPT` and call
+//!   [`Lapic::interrupt_injected`]. Sync CR8 with [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs:
+//!   [`Lapic::take_nmi`]. A halted vCPU wakes when [`Lapic::has_pending_interrupt`].
 //! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
-//!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) (EOIs are always
-//!   broadcast: no EOI-broadcast suppression is advertised).
-//! - **INIT/SIPI**: a vCPU whose [`Lapic::init_sipi_state`] is not `Running` must not run;
-//!   [`Lapic::take_sipi`] gives the start vector (CS = vector << 8, RIP = 0).
+//!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) and route what it
+//!   re-delivers (EOIs are always broadcast: no EOI-broadcast suppression is advertised).
+//! - **INIT/SIPI**: after an INIT the vCPU must stop and have its CPU state reset; a vCPU
+//!   whose [`Lapic::init_sipi_state`] is not `Running` must not run; [`Lapic::take_sipi`]
+//!   gives the start vector (CS = vector << 8, RIP = 0, real mode).
 //!
 //! ```
 //! use devices::lapic::{Lapic, LapicConfig, LapicTimerChange};

@@ -1,1 +1,173 @@
-//! Helpers for lull's integration tests.
+//! Helpers for lull's integration tests: find the built binary and the guest kit, run lull
+//! with a deadline, and skip (never pass) tests that need `/dev/kvm` where it is missing.
+//!
+//! `make test` builds lull and the kit first and sets `LULL_BIN` and `LULL_KIT`; run by hand,
+//! the tests look in `target/debug/lull` and `target/kit`.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The lull binary under test.
+pub fn lull_bin() -> PathBuf {
+    std::env::var_os("LULL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/debug/lull"))
+}
+
+/// The guest kit directory.
+pub fn kit_dir() -> PathBuf {
+    std::env::var_os("LULL_KIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/kit"))
+}
+
+/// A file of the kit, or a failure that says how to build it.
+pub fn kit_file(relative: &str) -> Result<PathBuf, Failed> {
+    let path = kit_dir().join(relative);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is missing: build the kit with `make guests linux`",
+            path.display()
+        )
+        .into())
+    }
+}
+
+/// Why tests that boot guests cannot run here, if they cannot.
+pub fn kvm_unavailable() -> Option<String> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("needs /dev/kvm ({e})")),
+    }
+}
+
+/// A test that boots a guest: reported as ignored, with the reason, where KVM is missing.
+pub fn kvm_trial<F>(name: &str, body: F) -> Trial
+where
+    F: FnOnce() -> Result<(), Failed> + Send + 'static,
+{
+    Trial::ignorable_test(name, move || match kvm_unavailable() {
+        Some(reason) => Ok(Completion::ignored_with(reason)),
+        None => body().map(|()| Completion::Completed),
+    })
+}
+
+/// What a lull run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// Exit status (`None` if it was killed at the deadline).
+    pub status: Option<ExitStatus>,
+    /// Standard output (the guest console).
+    pub stdout: String,
+    /// Standard error (lull's log).
+    pub stderr: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+impl RunResult {
+    /// The exit code, or a failure if lull was killed or died by a signal.
+    pub fn code(&self) -> Result<i32, Failed> {
+        self.status
+            .and_then(|s| s.code())
+            .ok_or_else(|| self.failure("lull did not exit by itself"))
+    }
+
+    /// A failure message with the run's output attached.
+    pub fn failure(&self, what: &str) -> Failed {
+        format!(
+            "{what}\n--- status: {:?} after {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.status, self.elapsed, self.stdout, self.stderr
+        )
+        .into()
+    }
+
+    /// Fails unless the console output contains `needle`.
+    pub fn expect_stdout(&self, needle: &str) -> Result<(), Failed> {
+        if self.stdout.contains(needle) {
+            Ok(())
+        } else {
+            Err(self.failure(&format!("console output lacks {needle:?}")))
+        }
+    }
+
+    /// Fails unless lull exited with `code`.
+    pub fn expect_code(&self, code: i32) -> Result<(), Failed> {
+        let got = self.code()?;
+        if got == code {
+            Ok(())
+        } else {
+            Err(self.failure(&format!("expected exit status {code}, got {got}")))
+        }
+    }
+}
+
+/// Runs lull with `args`, no stdin, and kills it after `deadline`.
+pub fn run_lull(args: &[&str], deadline: Duration) -> Result<RunResult, Failed> {
+    let bin = lull_bin();
+    if !bin.is_file() {
+        return Err(format!(
+            "{} is missing: build it with `cargo build -p vmm` (make test does)",
+            bin.display()
+        )
+        .into());
+    }
+    let start = Instant::now();
+    let mut child = Command::new(&bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+    let stdout = child.stdout.take().map(drain);
+    let stderr = child.stderr.take().map(drain);
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = tx.send(());
+        status
+    });
+    let killed = rx.recv_timeout(deadline).is_err();
+    if killed {
+        // Deadline: kill lull; the waiter then reaps it.
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    let status = waiter.join().map_err(|_| "waiter thread panicked")?.ok();
+    let collect = |h: Option<std::thread::JoinHandle<String>>| {
+        h.and_then(|h| h.join().ok()).unwrap_or_default()
+    };
+    Ok(RunResult {
+        status: if killed { None } else { status },
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+        elapsed: start.elapsed(),
+    })
+}
+
+fn drain<R: Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}

@@ -34,23 +34,44 @@ pub fn kit_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target/kit"))
 }
 
-/// The default guest: the kit's Linux kernel and its initramfs.
-pub fn default_guest() -> Result<(PathBuf, Option<PathBuf>), KitError> {
+/// The kit's default guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefaultGuest {
+    /// The kernel (`linux/vmlinux`).
+    pub kernel: PathBuf,
+    /// Its initramfs, if built.
+    pub initramfs: Option<PathBuf>,
+    /// Its base command line (`linux/cmdline`), if the kit has one.
+    pub cmdline: Option<String>,
+}
+
+/// The default guest: the kit's Linux kernel, its initramfs and its command line.
+pub fn default_guest() -> Result<DefaultGuest, KitError> {
     let linux = kit_dir().join("linux");
     let kernel = linux.join("vmlinux");
     if !kernel.is_file() {
         return Err(KitError::NoDefaultGuest(kernel));
     }
     let initramfs = linux.join("initramfs.cpio.gz");
-    Ok((kernel, initramfs.is_file().then_some(initramfs)))
+    let cmdline = std::fs::read_to_string(linux.join("cmdline"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    Ok(DefaultGuest {
+        kernel,
+        initramfs: initramfs.is_file().then_some(initramfs),
+        cmdline,
+    })
 }
 
-/// The command line for a guest when the user gave none.
-pub fn default_cmdline(pvm: bool) -> String {
+/// The command line for a guest when the user gave none: `base` (or [`BASE_CMDLINE`]) plus
+/// [`PVM_CMDLINE`] on a PVM host.
+pub fn default_cmdline(base: Option<&str>, pvm: bool) -> String {
+    let base = base.unwrap_or(BASE_CMDLINE);
     if pvm {
-        format!("{BASE_CMDLINE} {PVM_CMDLINE}")
+        format!("{base} {PVM_CMDLINE}")
     } else {
-        BASE_CMDLINE.to_string()
+        base.to_string()
     }
 }
 
@@ -60,7 +81,11 @@ mod tests {
 
     #[test]
     fn pvm_adds_workarounds() {
-        assert_eq!(default_cmdline(false), BASE_CMDLINE);
-        assert!(default_cmdline(true).ends_with(PVM_CMDLINE));
+        assert_eq!(default_cmdline(None, false), BASE_CMDLINE);
+        assert!(default_cmdline(None, true).ends_with(PVM_CMDLINE));
+        assert_eq!(
+            default_cmdline(Some("console=ttyS0 x"), false),
+            "console=ttyS0 x"
+        );
     }
 }

@@ -267,9 +267,12 @@ impl MutEventSubscriber for VmmEvents {
 /// The kernel, initramfs and command line to boot.
 fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), VmError> {
     let pvm = kit::host_is_pvm();
-    let (kernel, kit_initramfs) = match &cfg.kernel {
-        Some(k) => (k.clone(), None),
-        None => kit::default_guest()?,
+    let (kernel, kit_initramfs, kit_cmdline) = match &cfg.kernel {
+        Some(k) => (k.clone(), None, None),
+        None => {
+            let g = kit::default_guest()?;
+            (g.kernel, g.initramfs, g.cmdline)
+        }
     };
     let initramfs = cfg.initramfs.clone().or(kit_initramfs);
     let cmdline = match &cfg.cmdline {
@@ -282,8 +285,9 @@ fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), V
             }
             c.clone()
         }
-        None => kit::default_cmdline(pvm),
+        None => kit::default_cmdline(kit_cmdline.as_deref(), pvm),
     };
+    boot::probe(&kernel, initramfs.as_deref())?;
     Ok((kernel, initramfs, cmdline))
 }
 

@@ -107,6 +107,25 @@ pub struct BootSpec<'a> {
     pub memory: u64,
 }
 
+/// Checks, before any KVM work, that the kernel is a readable file of a known format and the
+/// initramfs a readable file.
+pub fn probe(kernel: &Path, initramfs: Option<&Path>) -> Result<KernelFormat, BootError> {
+    let mut file = File::open(kernel).map_err(|source| BootError::ReadKernel {
+        path: kernel.to_path_buf(),
+        source,
+    })?;
+    let format = detect_format(kernel, &mut file)?;
+    if let Some(path) = initramfs {
+        File::open(path)
+            .and_then(|f| f.metadata())
+            .map_err(|source| BootError::ReadInitramfs {
+                path: path.to_path_buf(),
+                source,
+            })?;
+    }
+    Ok(format)
+}
+
 /// Detects the kernel format from the file's first bytes.
 pub fn detect_format(path: &Path, file: &mut File) -> Result<KernelFormat, BootError> {
     let read_err = |source| BootError::ReadKernel {

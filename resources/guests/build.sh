@@ -12,6 +12,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out_link=${1:?usage: build.sh OUT_LINK (e.g. target/kit/guests)}
+out_link=$(realpath -m -- "$out_link") # absolute: we cd below
 cache_root=${LULL_CACHE:-$HOME/.cache/lull}/guests
 
 die() { echo "guests: error: $*" >&2; exit 1; }

@@ -46,6 +46,22 @@ static volatile ap_entry_t ap_fn;
 
 u32 smp_online(void) { return cpus_online; }
 
+u32 smp_cpu_count(void)
+{
+    u32 n = (u32)cmdline_u64("cpus", 0);
+    if (n)
+        return n;
+    if (cpuid(0, 0).eax >= 0xb) {
+        struct cpuid_regs r = cpuid(0xb, 1);
+        if (((r.ecx >> 8) & 0xff) == 2 && (r.ebx & 0xffff)) /* level type 2 = core */
+            return r.ebx & 0xffff;
+    }
+    struct cpuid_regs r = cpuid(1, 0);
+    if (r.edx & (1u << 28)) /* HTT: EBX[23:16] = logical processors per package */
+        return (r.ebx >> 16) & 0xff;
+    return 1;
+}
+
 /* Called on each AP from rt_ap_start(): count it online, then run the guest's function. */
 void rt_ap_online(u32 index)
 {

@@ -231,6 +231,12 @@ typedef void (*ap_entry_t)(u32 cpu_index);
 u32 smp_start_aps(u32 ncpus, ap_entry_t fn, u32 timeout_ms);
 /* Number of CPUs that have entered C code (BSP included). */
 u32 smp_online(void);
+/*
+ * How many CPUs the machine has: `cpus=N` from the command line, else CPUID 0xB (logical
+ * processors at the core level), else CPUID.1:EBX[23:16] (if HTT), else 1. APIC IDs are
+ * assumed to be 0..N-1 (lull's MP table, QEMU's default topology).
+ */
+u32 smp_cpu_count(void);
 
 /* ---- statistics ---- */
 /* Sort `n` signed values ascending (insertion sort; n is small). */

@@ -23,27 +23,10 @@ static void ap_main(u32 index)
     __atomic_fetch_add(&reported, 1, __ATOMIC_SEQ_CST);
 }
 
-/* How many CPUs the machine has, from the command line or CPUID. */
-static u32 cpu_count(void)
-{
-    u32 n = (u32)cmdline_u64("cpus", 0);
-    if (n)
-        return n;
-    if (cpuid(0, 0).eax >= 0xb) {
-        struct cpuid_regs r = cpuid(0xb, 1);
-        if (((r.ecx >> 8) & 0xff) == 2 && (r.ebx & 0xffff)) /* level type 2 = core */
-            return r.ebx & 0xffff;
-    }
-    struct cpuid_regs r = cpuid(1, 0);
-    if (r.edx & (1u << 28))
-        return (r.ebx >> 16) & 0xff;
-    return 1;
-}
-
 /* Start all APs and check that each reported. */
 int main(void)
 {
-    u32 n = cpu_count();
+    u32 n = smp_cpu_count();
     u32 timeout_ms = (u32)cmdline_u64("timeout_ms", 5000);
     if (n > RT_MAX_CPUS) {
         printf("smp-hello: %u CPUs, the runtime supports %u: starting %u\n", n, RT_MAX_CPUS,

@@ -59,23 +59,6 @@ static void ap_main(u32 index)
     }
 }
 
-/* How many CPUs the machine has, from the command line or CPUID (see smp-hello). */
-static u32 cpu_count(void)
-{
-    u32 n = (u32)cmdline_u64("cpus", 0);
-    if (n)
-        return n;
-    if (cpuid(0, 0).eax >= 0xb) {
-        struct cpuid_regs r = cpuid(0xb, 1);
-        if (((r.ecx >> 8) & 0xff) == 2 && (r.ebx & 0xffff))
-            return r.ebx & 0xffff;
-    }
-    struct cpuid_regs r = cpuid(1, 0);
-    if (r.edx & (1u << 28))
-        return (r.ebx >> 16) & 0xff;
-    return 1;
-}
-
 static u32 count, ncpus;
 static u64 gap_ns, timeout_ms, skew_ns;
 
@@ -147,7 +130,7 @@ static void test_broadcast(void)
 int main(void)
 {
     char target[8] = "hlt";
-    ncpus = cpu_count();
+    ncpus = smp_cpu_count();
     count = (u32)cmdline_u64("count", 5);
     gap_ns = cmdline_u64("gap_us", 1000) * 1000;
     timeout_ms = cmdline_u64("timeout_ms", 100);

@@ -312,4 +312,79 @@ mod tests {
         let msg = ipi(0xFF, DestinationMode::Physical, Shorthand::None, false);
         assert_eq!(targets(&msg, &apics), [1]);
     }
+
+    fn arbitrary_apic() -> impl proptest::strategy::Strategy<Value = ApicDestinationInfo> {
+        use proptest::prelude::*;
+        (
+            any::<u8>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<u8>(),
+        )
+            .prop_map(|(ldr8, cluster, hw, sw, priority)| ApicDestinationInfo {
+                apic_id: 0,
+                ldr: u32::from(ldr8) << 24,
+                logical_model: if cluster {
+                    LogicalModel::Cluster
+                } else {
+                    LogicalModel::Flat
+                },
+                x2apic: false,
+                hardware_enabled: hw,
+                software_enabled: sw,
+                priority,
+            })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn routing_invariants(
+            mut apics in proptest::collection::vec(arbitrary_apic(), 0..20),
+            destination in 0u32..0x100,
+            logical: bool,
+            lowest: bool,
+            shorthand in 0u8..4,
+            vector: u8,
+        ) {
+            for (i, apic) in apics.iter_mut().enumerate() {
+                apic.apic_id = u32::try_from(i).unwrap();
+            }
+            let mut msg = ipi(
+                destination,
+                if logical { DestinationMode::Logical } else { DestinationMode::Physical },
+                match shorthand {
+                    0 => Shorthand::None,
+                    1 => Shorthand::SelfOnly,
+                    2 => Shorthand::AllIncludingSelf,
+                    _ => Shorthand::AllExcludingSelf,
+                },
+                false,
+            );
+            msg.vector = vector;
+            if lowest {
+                msg.delivery_mode = DeliveryMode::LowestPriority;
+            }
+            let set = route(&msg, &apics);
+            // Only hardware-enabled APICs, each at most once, in order.
+            let targets: Vec<usize> = set.iter().collect();
+            proptest::prop_assert!(targets.windows(2).all(|w| w[0] < w[1]));
+            proptest::prop_assert!(targets.iter().all(|&t| apics[t].hardware_enabled));
+            if lowest {
+                proptest::prop_assert!(set.len() <= 1);
+                if let Some(&t) = targets.first() {
+                    proptest::prop_assert!(apics[t].software_enabled);
+                    let matched = route(&Ipi { delivery_mode: DeliveryMode::Fixed, ..msg }, &apics);
+                    let min = matched.iter().filter(|&i| apics[i].software_enabled)
+                        .map(|i| apics[i].priority).min();
+                    proptest::prop_assert_eq!(Some(apics[t].priority), min);
+                }
+            } else if shorthand == 0 && !logical && destination != 0xFF {
+                proptest::prop_assert!(set.len() <= 1, "physical unicast");
+            } else if shorthand == 2 || (shorthand == 0 && destination == 0xFF) {
+                let enabled = apics.iter().filter(|a| a.hardware_enabled).count();
+                proptest::prop_assert_eq!(set.len(), enabled, "broadcast");
+            }
+        }
+    }
 }

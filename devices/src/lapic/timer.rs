@@ -433,4 +433,74 @@ mod tests {
             LapicTimerChange::Arm { deadline_ns: 3_000 }
         );
     }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Initial(u32),
+        Divide(u32),
+        Mode(u8),
+        Deadline(u64),
+        Fire,
+        Advance(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            prop_oneof![any::<u32>(), 0u32..1_000].prop_map(Op::Initial),
+            (0u32..16).prop_map(Op::Divide),
+            (0u8..3).prop_map(Op::Mode),
+            prop_oneof![any::<u64>(), 0u64..10_000_000].prop_map(Op::Deadline),
+            Just(Op::Fire),
+            prop_oneof![0u64..1_000, 0u64..100_000_000].prop_map(Op::Advance),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn deadlines_respect_the_floors(
+            ops in proptest::collection::vec(op(), 1..100),
+            bus_hz in 1u64..5_000_000_000,
+        ) {
+            let limits = TimerLimits::default();
+            let tsc = TscMap { tsc_khz: 3_000_000, tsc_at_ns0: 0 };
+            let mut t = LapicTimer::new(bus_hz, tsc, limits);
+            let mut now = 0u64;
+            let mut count_before: Option<u32> = None;
+            for op in ops {
+                let change = match op {
+                    Op::Initial(count) => t.write_initial_count(count, now, &NoopLapicEvents),
+                    Op::Divide(value) => t.write_divide(value, now, &NoopLapicEvents),
+                    Op::Mode(mode) => t.set_mode(match mode {
+                        0 => TimerMode::OneShot,
+                        1 => TimerMode::Periodic,
+                        _ => TimerMode::TscDeadline,
+                    }),
+                    Op::Deadline(tsc) => t.write_tsc_deadline(tsc, now, &NoopLapicEvents),
+                    Op::Fire => {
+                        let before = t.deadline();
+                        let (_, next) = t.fire(now);
+                        if let (Some(before), Some(next)) = (before, next) {
+                            proptest::prop_assert!(next == before || next - before >= limits.min_period_ns);
+                        }
+                        LapicTimerChange::Unchanged
+                    }
+                    Op::Advance(ns) => {
+                        now += ns;
+                        let count = t.current_count(now);
+                        if let (Some(before), TimerMode::OneShot) = (count_before, t.mode()) {
+                            proptest::prop_assert!(count <= before, "one-shot count never rises");
+                        }
+                        count_before = Some(count);
+                        continue;
+                    }
+                };
+                count_before = None;
+                if let LapicTimerChange::Arm { deadline_ns } = change {
+                    proptest::prop_assert!(deadline_ns >= now + limits.min_delay_ns);
+                }
+                proptest::prop_assert!(t.current_count(now) <= t.initial_count());
+            }
+        }
+    }
 }

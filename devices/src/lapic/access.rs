@@ -222,6 +222,9 @@ impl<E: LapicEvents> Lapic<E> {
             }
             regs::ESR if x2apic && value != 0 => return Write::Reserved,
             regs::ESR => self.esr = std::mem::take(&mut self.esr_pending),
+            regs::ICR_LOW if x2apic && value & regs::X2APIC_ICR_RESERVED != 0 => {
+                return Write::Reserved
+            }
             regs::ICR_LOW if x2apic => {
                 self.icr = value & (0xFFFF_FFFF_0000_0000 | u64::from(regs::ICR_LOW_WRITABLE));
                 effects.ipi = self.send_ipi(true);
@@ -244,6 +247,7 @@ impl<E: LapicEvents> Lapic<E> {
             regs::TIMER_DIVIDE => {
                 effects.timer = self.timer.write_divide(low, now_ns, &self.events);
             }
+            regs::SELF_IPI if x2apic && value > 0xFF => return Write::Reserved,
             regs::SELF_IPI if x2apic => self.self_ipi(low_byte(low)),
             regs::VERSION | regs::PPR | regs::TIMER_CURRENT => return Write::ReadOnly,
             regs::APR | regs::RRD | regs::ISR0..=0x270 if !x2apic => return Write::ReadOnly,

@@ -94,6 +94,8 @@ pub const SVR_WRITABLE: u32 = 0x1FF;
 /// Writable bits of the xAPIC ICR low half: vector, delivery mode, destination mode, level,
 /// trigger mode, shorthand (delivery status reads 0: every IPI is sent at once).
 pub const ICR_LOW_WRITABLE: u32 = 0x000C_CFFF;
+/// Bits of the x2APIC ICR whose setting faults (#GP): 13, 17:16 and 31:20.
+pub const X2APIC_ICR_RESERVED: u64 = 0xFFF0_0000 | (3 << 16) | (1 << 13);
 
 /// ESR bit 5: send illegal vector.
 pub const ESR_SEND_ILLEGAL_VECTOR: u32 = 1 << 5;

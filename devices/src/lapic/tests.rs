@@ -310,6 +310,12 @@ fn x2apic_general_protection() {
     assert_eq!(lapic.write_msr(0x80B, 1, 0).map(|_| ()), gp(0x80B));
     assert_eq!(lapic.write_msr(0x828, 1, 0).map(|_| ()), gp(0x828));
     assert_eq!(lapic.write_msr(0x808, 1 << 32, 0).map(|_| ()), gp(0x808));
+    assert_eq!(
+        lapic.write_msr(0x830, 0x0010_4031, 0).map(|_| ()),
+        gp(0x830)
+    );
+    assert_eq!(lapic.write_msr(0x830, 0x2031, 0).map(|_| ()), gp(0x830));
+    assert_eq!(lapic.write_msr(0x83F, 0x140, 0).map(|_| ()), gp(0x83F));
     assert!(lapic.write_msr(0x80B, 0, 0).is_ok());
     assert!(lapic.write_msr(0x828, 0, 0).is_ok());
     assert_eq!(lapic.read_msr(0x10, 0), Err(LapicError::NotLapicMsr(0x10)));

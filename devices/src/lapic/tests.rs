@@ -279,6 +279,27 @@ fn icr_x2apic_and_self_ipi() {
         (sipi.delivery_mode, sipi.vector, sipi.destination),
         (DeliveryMode::StartUp, 0x10, 1)
     );
+    let modes = [
+        (0x4031, DeliveryMode::Fixed),
+        (0x4131, DeliveryMode::LowestPriority),
+        (0x4400, DeliveryMode::Nmi),
+        (0xC500, DeliveryMode::Init),
+        (0x4609, DeliveryMode::StartUp),
+    ];
+    for (low, mode) in modes {
+        for (bits, shorthand) in [
+            (0, Shorthand::None),
+            (1, Shorthand::SelfOnly),
+            (2, Shorthand::AllIncludingSelf),
+            (3, Shorthand::AllExcludingSelf),
+        ] {
+            let icr = (7u64 << 32) | (bits << 18) | low;
+            let ipi = lapic.write_msr(0x830, icr, 0).unwrap().ipi.unwrap();
+            assert_eq!((ipi.delivery_mode, ipi.shorthand), (mode, shorthand));
+            assert_eq!(ipi.destination, 7);
+        }
+    }
+    assert_eq!(lapic.write_msr(0x830, 0x4200, 0).unwrap().ipi, None, "SMI");
     let effects = lapic.write_msr(0x83F, 0x55, 0).unwrap();
     assert_eq!(effects.ipi, None);
     assert_eq!(lapic.next_interrupt(), Some(0x55));

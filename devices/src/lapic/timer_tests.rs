@@ -212,3 +212,29 @@ fn disabling_cancels_an_armed_timer() {
         .unwrap();
     assert_eq!(effects.timer, LapicTimerChange::Cancel);
 }
+
+#[test]
+fn timer_through_x2apic_msrs() {
+    let mut lapic = Lapic::new(LapicConfig::default()).unwrap();
+    let base = DEFAULT_APIC_BASE | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
+    let _ = lapic.write_msr(MSR_APIC_BASE, base, 0).unwrap();
+    let _ = lapic.write_msr(0x80F, 0x1FF, 0).unwrap();
+    let _ = lapic.write_msr(0x832, (1 << 17) | 0xEC, 0).unwrap();
+    let _ = lapic.write_msr(0x83E, 0x3, 0).unwrap(); // divide by 16
+    let effects = lapic.write_msr(0x838, 62_500, 0).unwrap();
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 1_000_000
+        }
+    );
+    assert_eq!(lapic.read_msr(0x839, 500_000), Ok(31_250));
+    assert_eq!(lapic.read_msr(0x838, 500_000), Ok(62_500));
+    assert_eq!(lapic.read_msr(0x83E, 0), Ok(3));
+    assert_eq!(lapic.timer_fired(1_000_000), Some(2_000_000));
+    assert_eq!(lapic.next_interrupt(), Some(0xEC));
+    assert_eq!(
+        lapic.write_msr(0x839, 0, 0).map(|_| ()),
+        Err(LapicError::GeneralProtection { msr: 0x839 })
+    );
+}

@@ -12,7 +12,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 out_link=${1:?usage: build.sh OUT_LINK (e.g. target/kit/guests)}
-out_link=$(realpath -m -- "$out_link") # absolute: we cd below
+case $out_link in /*) ;; *) out_link=$PWD/$out_link ;; esac # absolute (we cd below), not resolved
 cache_root=${LULL_CACHE:-$HOME/.cache/lull}/guests
 
 die() { echo "guests: error: $*" >&2; exit 1; }
@@ -40,9 +40,14 @@ hash=$(
 )
 dir=$cache_root/$hash
 
+# Point OUT_LINK at the cache dir; replace an old link atomically (readers never see none).
 link_out() {
+    if [ -d "$out_link" ] && [ ! -L "$out_link" ]; then
+        die "$out_link is a real directory; remove it (it should be a symlink)"
+    fi
     mkdir -p "$(dirname "$out_link")"
-    ln -sfn "$dir" "$out_link"
+    ln -sfn "$dir" "$out_link.tmp.$$"
+    mv -T "$out_link.tmp.$$" "$out_link"
 }
 
 if [ -d "$dir" ]; then

@@ -307,7 +307,9 @@ impl<E: IoApicEvents> IoApic<E> {
 
     /// Sets the logical state of the line into `pin` (true = asserted). Returns the interrupt
     /// to deliver, if any: on a rising edge for edge pins; while asserted with remote IRR clear
-    /// for level pins (remote IRR is then set).
+    /// for level pins (remote IRR is then set). A level interrupt that no LAPIC accepts would
+    /// hold remote IRR forever, as on hardware; the VMM may call
+    /// [`IoApic::end_of_interrupt`] itself when routing finds no target.
     pub fn set_irq_line(&mut self, pin: usize, asserted: bool) -> Option<IoapicInterrupt> {
         let Some(line) = self.lines.get_mut(pin) else {
             self.events.invalid_pin(pin);

@@ -223,7 +223,7 @@ int cpu_has_x2apic(void);       /* CPUID.1:ECX[21] */
 /* ---- SMP ---- */
 typedef void (*ap_entry_t)(u32 cpu_index);
 /*
- * Start the APs with APIC IDs 1..ncpus-1 by INIT/SIPI: each copies in through the real-mode
+ * Start the APs with APIC IDs 1..ncpus-1 by INIT/SIPI: each comes in through the real-mode
  * trampoline (ap-trampoline.S) at RT_AP_TRAMPOLINE_PAGE << 12, switches to protected mode,
  * takes a stack and calls fn(cpu_index) with cpu_index in 1..ncpus-1 (in arrival order).
  * Returns the number of APs that reached fn within timeout_ms.

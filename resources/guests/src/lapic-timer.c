@@ -1,5 +1,5 @@
 /*
- * lapic-timer - the local APIC timer in one-shot and TSC-deadline modes.
+ * lapic-timer - the local APIC timer in one-shot, periodic and TSC-deadline modes.
  *
  * For each mode, `count` times: arm a timer `ns` nanoseconds ahead, wait for its interrupt
  * (STI; HLT by default), and record the lateness = TSC read first thing in the interrupt

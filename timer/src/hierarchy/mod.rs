@@ -72,6 +72,7 @@ mod ops;
 mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]
+#[cfg(not(loom))]
 mod tests;
 mod topology;
 
@@ -174,6 +175,7 @@ pub struct Hierarchy {
     groups: Box<[OnceLock<Group>]>,
     cpus: Box<[OnceLock<CpuNode>]>,
     topo: std::sync::Mutex<topology::Topology>,
+    seq_step: u32,
 }
 
 impl Group {
@@ -233,6 +235,14 @@ impl Hierarchy {
             NONE => None,
             p => Some(self.group(p)),
         }
+    }
+
+    /// Turns off `seq` bumping, to let the model checker show what goes wrong without it.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn without_seq(mut self) -> Self {
+        self.seq_step = 0;
+        self
     }
 
     /// The number of children per group.

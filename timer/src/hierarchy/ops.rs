@@ -60,7 +60,7 @@ impl Hierarchy {
         g.ignore[usize::from(c.slot)].store(true, Ordering::SeqCst);
         let mut slot = c.slot;
         loop {
-            let t = state::set_active(&g.state, slot);
+            let t = state::set_active(&g.state, slot, self.seq_step);
             trace!(target: TRACE_TARGET, event = "group_set_cpu_active", cpu, group = g.id,
                 level = g.level, active = t.new.active, migrator = ?t.new.migrator, seq = t.new.seq);
             if t.old.migrator.is_some() {
@@ -98,7 +98,7 @@ impl Hierarchy {
                 },
             )
         };
-        let mut t = state::set_inactive(&g.state, c.slot, &|| false);
+        let mut t = state::set_inactive(&g.state, c.slot, &|| false, self.seq_step);
         self.trace_inactive(cpu, g, &t);
         let mut out = IdleUpdate {
             wakeup: NEVER,
@@ -121,7 +121,7 @@ impl Hierarchy {
             };
             (old_first, new_first) = self.propagate_group(p, g);
             let child = g;
-            t = state::set_inactive(&p.state, child.slot(), &|| child.is_active());
+            t = state::set_inactive(&p.state, child.slot(), &|| child.is_active(), self.seq_step);
             self.trace_inactive(cpu, p, &t);
             g = p;
         }

@@ -56,18 +56,8 @@ impl GroupState {
     pub(crate) const IDLE: u64 = (NO_MIGRATOR as u64) << 32;
 }
 
-/// Whether sequence numbers are bumped. Only the tests that demonstrate why `seq` exists
-/// turn it off.
-#[cfg(any(test, loom))]
-pub(crate) static SEQ_ENABLED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(true);
-
-fn next_seq(s: u32) -> u32 {
-    #[cfg(any(test, loom))]
-    if !SEQ_ENABLED.load(std::sync::atomic::Ordering::Relaxed) {
-        return s;
-    }
-    s.wrapping_add(1) & 0x00ff_ffff
+fn next_seq(s: u32, step: u32) -> u32 {
+    s.wrapping_add(step) & 0x00ff_ffff
 }
 
 /// Result of one transition: the state before and after.
@@ -79,7 +69,8 @@ pub(crate) struct Transition {
 
 /// Marks child `slot` active; it becomes the migrator if there was none. The walk must go
 /// on to the parent iff `old.migrator` was `None` (the group itself just became active).
-pub(crate) fn set_active(word: &AtomicU64, slot: u8) -> Transition {
+/// `step` is 1; only the model-checking demonstration of why `seq` exists passes 0.
+pub(crate) fn set_active(word: &AtomicU64, slot: u8, step: u32) -> Transition {
     let mut cur = word.load(Ordering::SeqCst);
     loop {
         let old = GroupState::unpack(cur);
@@ -88,7 +79,7 @@ pub(crate) fn set_active(word: &AtomicU64, slot: u8) -> Transition {
         if new.migrator.is_none() {
             new.migrator = Some(slot);
         }
-        new.seq = next_seq(old.seq);
+        new.seq = next_seq(old.seq, step);
         match word.compare_exchange_weak(cur, new.pack(), Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => return Transition { old, new },
             Err(w) => cur = w,
@@ -104,6 +95,7 @@ pub(crate) fn set_inactive(
     word: &AtomicU64,
     slot: u8,
     child_active: &dyn Fn() -> bool,
+    step: u32,
 ) -> Transition {
     let mut cur = word.load(Ordering::SeqCst);
     loop {
@@ -115,7 +107,7 @@ pub(crate) fn set_inactive(
                 new.migrator = first_bit(new.active);
             }
         }
-        new.seq = next_seq(old.seq);
+        new.seq = next_seq(old.seq, step);
         match word.compare_exchange_weak(cur, new.pack(), Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => return Transition { old, new },
             Err(w) => cur = w,
@@ -124,7 +116,12 @@ pub(crate) fn set_inactive(
 }
 
 /// Makes child `slot`'s bit equal `active` (used when a new root adopts the old one).
-pub(crate) fn reconcile(word: &AtomicU64, slot: u8, child_active: &dyn Fn() -> bool) -> Transition {
+pub(crate) fn reconcile(
+    word: &AtomicU64,
+    slot: u8,
+    child_active: &dyn Fn() -> bool,
+    step: u32,
+) -> Transition {
     let mut cur = word.load(Ordering::SeqCst);
     loop {
         let old = GroupState::unpack(cur);
@@ -140,7 +137,7 @@ pub(crate) fn reconcile(word: &AtomicU64, slot: u8, child_active: &dyn Fn() -> b
                 new.migrator = first_bit(new.active);
             }
         }
-        new.seq = next_seq(old.seq);
+        new.seq = next_seq(old.seq, step);
         match word.compare_exchange_weak(cur, new.pack(), Ordering::SeqCst, Ordering::SeqCst) {
             Ok(_) => return Transition { old, new },
             Err(w) => cur = w,
@@ -159,7 +156,8 @@ pub(crate) fn load(word: &AtomicU64) -> GroupState {
     GroupState::unpack(word.load(Ordering::SeqCst))
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(test)]
+#[cfg(not(loom))]
 mod tests {
     use super::*;
 
@@ -177,16 +175,16 @@ mod tests {
     #[test]
     fn migrator_moves_to_another_active_child() {
         let w = AtomicU64::new(GroupState::IDLE);
-        assert_eq!(set_active(&w, 2).new.migrator, Some(2));
-        assert_eq!(set_active(&w, 5).new.migrator, Some(2));
-        let t = set_inactive(&w, 2, &|| false);
+        assert_eq!(set_active(&w, 2, 1).new.migrator, Some(2));
+        assert_eq!(set_active(&w, 5, 1).new.migrator, Some(2));
+        let t = set_inactive(&w, 2, &|| false, 1);
         assert_eq!(t.new.migrator, Some(5));
         assert_eq!(t.new.active, 1 << 5);
-        let t = set_inactive(&w, 5, &|| false);
+        let t = set_inactive(&w, 5, &|| false, 1);
         assert_eq!((t.new.active, t.new.migrator), (0, None));
         // A child that is active again keeps its bit.
-        set_active(&w, 1);
-        let t = set_inactive(&w, 1, &|| true);
+        set_active(&w, 1, 1);
+        let t = set_inactive(&w, 1, &|| true, 1);
         assert_eq!(t.new.active, 1 << 1);
     }
 

@@ -111,6 +111,7 @@ impl Hierarchy {
             groups: (0..max_groups).map(|_| OnceLock::new()).collect(),
             cpus: (0..config.max_cpus).map(|_| OnceLock::new()).collect(),
             topo: std::sync::Mutex::new(Topology::default()),
+            seq_step: 1,
         };
         for &n in nodes {
             h.add_cpu(n)?;
@@ -237,7 +238,7 @@ impl Hierarchy {
         let _ = n.members[usize::from(slot)].set(Child::Group(old));
         r.slot_in_parent.store(usize::from(slot), Ordering::SeqCst);
         r.parent.store(new_root, Ordering::SeqCst);
-        let t = state::reconcile(&n.state, slot, &|| r.is_active());
+        let t = state::reconcile(&n.state, slot, &|| r.is_active(), self.seq_step);
         let (_, first) = self.propagate_group(n, r);
         tracing::debug!(target: super::ops::TRACE_TARGET, event = "new_root", old, new_root,
             active = t.new.active, migrator = ?t.new.migrator, first);

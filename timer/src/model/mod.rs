@@ -199,4 +199,5 @@ impl HostTick {
 }
 
 #[cfg(test)]
+#[cfg(not(loom))]
 mod tests;

@@ -1,0 +1,104 @@
+//! Model checking of the lock-free group state with loom.
+//!
+//! Run with:
+//! `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom`
+//! (add `LOOM_MAX_PREEMPTIONS=3` to search deeper). Without `--cfg loom` this file is empty.
+//!
+//! The tree: 4 CPUs, groups of 2, so two level-0 groups under one root:
+//! ```text
+//!           [root]
+//!          /      \
+//!      [G0]        [G1]
+//!      /  \        /  \
+//!     0    1      2    3
+//! ```
+#![cfg(loom)]
+
+use loom::thread;
+use std::sync::Arc;
+use timer::hierarchy::{Hierarchy, HierarchyConfig};
+use timer::NEVER;
+
+fn tree() -> Hierarchy {
+    let cfg = HierarchyConfig {
+        group_size: 2,
+        max_cpus: 4,
+        max_nodes: 1,
+        cpus_per_node: None,
+    };
+    Hierarchy::new(cfg, &[0, 0, 0, 0]).unwrap()
+}
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    if b.preemption_bound.is_none() {
+        b.preemption_bound = Some(3);
+    }
+    b.check(f);
+}
+
+/// The last two CPUs of different groups go idle at once: exactly the tree's invariants hold
+/// afterwards, and one of them learns the system-wide first expiry.
+#[test]
+fn loom_concurrent_deactivate() {
+    model(|| {
+        let h = Arc::new(tree());
+        h.activate(0);
+        h.activate(2);
+        let h2 = Arc::clone(&h);
+        let t = thread::spawn(move || h2.deactivate(2, 200).wakeup);
+        let a = h.deactivate(0, 100).wakeup;
+        let b = t.join().unwrap();
+        h.snapshot().check().unwrap();
+        assert_eq!(a.min(b), 100, "nobody will wake for the first timer");
+        assert_eq!(a.max(b), NEVER);
+    });
+}
+
+/// CPU 0 goes idle (its group goes idle, the walk continues to the root) while CPU 1 of the
+/// same group comes back: the root must keep G0's bit. This is the interleaving `seq` is for.
+fn activate_vs_deactivate(h: Hierarchy) {
+    let h = Arc::new(h);
+    h.activate(0);
+    h.activate(2);
+    let h2 = Arc::clone(&h);
+    let t = thread::spawn(move || h2.activate(1));
+    h.deactivate(0, 100);
+    t.join().unwrap();
+    let s = h.snapshot();
+    if let Err(e) = s.check() {
+        panic!("active CPU lost: {e}");
+    }
+}
+
+#[test]
+fn loom_activate_races_deactivate() {
+    model(|| activate_vs_deactivate(tree()));
+}
+
+/// The same model with `seq` never bumped: loom finds the stale compare-exchange that clears
+/// the bit of a group whose CPU 1 just became active.
+#[test]
+#[should_panic(expected = "active CPU lost")]
+fn loom_without_seq_loses_an_active_cpu() {
+    model(|| activate_vs_deactivate(tree().without_seq()));
+}
+
+/// Two CPUs flip idle/active in both groups; afterwards the tree is consistent.
+#[test]
+fn loom_flip_flop() {
+    model(|| {
+        let h = Arc::new(tree());
+        h.activate(0);
+        h.activate(3);
+        let h2 = Arc::clone(&h);
+        let t = thread::spawn(move || {
+            h2.deactivate(3, 300);
+            h2.activate(3);
+        });
+        h.deactivate(0, 100);
+        h.activate(0);
+        t.join().unwrap();
+        h.snapshot().check().unwrap();
+    });
+}

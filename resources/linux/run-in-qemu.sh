@@ -5,6 +5,12 @@
 # Usage: resources/linux/run-in-qemu.sh [options] [-- extra QEMU args]
 #   --kit DIR        kit directory (default: target/kit/linux of this checkout)
 #   --bzimage        boot bzImage instead of the PVH vmlinux
+#   --initrd NAME    initramfs file in the kit (default initramfs.cpio.gz; initramfs.cpio skips
+#                    the ~40-90 s of emulated inflate on PVM hosts)
+#   --firmware F     qboot (default) or seabios. qboot writes an MP table with one entry per
+#                    vCPU from fw_cfg, as lull does; SeaBIOS lists only the CPUs that answered
+#                    its own INIT/SIPI, which on our PVM host is 1, so the ACPI-less kernel
+#                    then sees 1 CPU. qboot also saves ~5-10 s of emulated BIOS.
 #   --irqchip on|off QEMU's -machine kernel-irqchip= (default: QEMU's default, on)
 #   --smp N          vCPUs (default 2)
 #   --mem MIB        memory (default 256)
@@ -22,6 +28,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 kit=$repo/target/kit/linux
 kernel=vmlinux
+initrd=initramfs.cpio.gz
+firmware=qboot
 irqchip=""
 smp=2
 mem=256
@@ -35,6 +43,8 @@ while [ $# -gt 0 ]; do
     case $1 in
     --kit) kit=$2; shift 2 ;;
     --bzimage) kernel=bzImage; shift ;;
+    --initrd) initrd=$2; shift 2 ;;
+    --firmware) firmware=$2; shift 2 ;;
     --irqchip) irqchip=$2; shift 2 ;;
     --smp) smp=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
@@ -49,7 +59,7 @@ while [ $# -gt 0 ]; do
 done
 
 "$repo/resources/ensure-apt.sh" qemu-system-x86
-for f in "$kernel" initramfs.cpio.gz cmdline cmdline.pvm; do
+for f in "$kernel" "$initrd" cmdline cmdline.pvm; do
     [ -f "$kit/$f" ] || { echo "run-in-qemu: $kit/$f missing (run resources/linux/build.sh)" >&2; exit 2; }
 done
 
@@ -58,10 +68,16 @@ cmdline=$(cat "$kit/cmdline")
 [ -n "$append" ] && cmdline="$cmdline $append"
 machine=()
 [ -n "$irqchip" ] && machine=(-machine "kernel-irqchip=$irqchip")
+bios=()
+case $firmware in
+qboot) bios=(-bios /usr/share/qemu/qboot.rom) ;;
+seabios) ;;
+*) echo "run-in-qemu: --firmware qboot|seabios" >&2; exit 2 ;;
+esac
 [ -n "$log" ] || log=$(mktemp /tmp/lull-qemu.XXXXXX.log)
 
 qemu=(qemu-system-x86_64 -enable-kvm -cpu host -smp "$smp" -m "$mem" -nographic -no-reboot
-    "${machine[@]}" -kernel "$kit/$kernel" -initrd "$kit/initramfs.cpio.gz" -append "$cmdline"
+    "${machine[@]}" "${bios[@]}" -kernel "$kit/$kernel" -initrd "$kit/$initrd" -append "$cmdline"
     "${extra[@]}")
 echo "run-in-qemu: ${qemu[*]}"
 echo "run-in-qemu: timeout ${timeout_s}s, serial log with host timestamps: $log"
@@ -86,7 +102,7 @@ t_smp=$(marker_time "$smp_line" || true)
 t_init=$(marker_time "Run /init as init process" || true)
 t_ready=$(marker_time "lull-init: ready" || true)
 
-echo "run-in-qemu: ---- summary ($kernel, smp $smp, irqchip ${irqchip:-default}) ----"
+echo "run-in-qemu: ---- summary ($kernel, $initrd, $firmware, smp $smp, irqchip ${irqchip:-default}) ----"
 echo "run-in-qemu: '$smp_line': ${t_smp:-NOT SEEN}${t_smp:+ s}"
 echo "run-in-qemu: 'Run /init as init process': ${t_init:-NOT SEEN}${t_init:+ s}"
 echo "run-in-qemu: 'lull-init: ready': ${t_ready:-not seen (expected on PVM hosts)}${t_ready:+ s}"

@@ -13,6 +13,7 @@
 //!     0    1      2    3
 //! ```
 #![cfg(loom)]
+#![allow(clippy::unwrap_used)]
 
 use loom::thread;
 use std::sync::Arc;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{ConfigError, IrqchipMode, SerialMode, VmConfig};
+use crate::config::{ConfigError, IrqchipMode, SerialMode, TimerModelKind, VmConfig};
 use crate::size::ByteSize;
 
 const EXIT_CODES_HELP: &str = "\
@@ -64,20 +64,31 @@ pub struct RunArgs {
     pub memory: Option<ByteSize>,
 
     /// Interrupt controller model. `kernel`: KVM's in-kernel LAPIC/IOAPIC/PIC with KVM's halt
-    /// polling, the industry baseline. Default: kernel.
+    /// polling, the industry baseline. `user`: lull emulates every vCPU's LAPIC and the IOAPIC
+    /// and handles HLT itself, so a halted vCPU thread sleeps until its own timer, an interrupt
+    /// aimed at it, or VM control. Default: kernel.
     #[arg(long, value_enum, value_name = "MODE")]
     pub irqchip: Option<IrqchipMode>,
+
+    /// How guest timers are expired with `--irqchip user`. `pull`: on the vCPU that armed
+    /// them, a halted vCPU's global timers pulled by running vCPUs (Linux timer-migration
+    /// model); `push`: every vCPU arms a host timer for each of its timers; `central`: one
+    /// timer thread expires everything and kicks vCPUs (QEMU-style). Default: pull.
+    #[arg(long, value_enum, value_name = "MODEL")]
+    pub timer_model: Option<TimerModelKind>,
 
     /// Serial console: `stdio` (the terminal), `off`, or `file=PATH` (appended). Default: stdio.
     #[arg(long, value_name = "MODE")]
     pub serial: Option<SerialMode>,
 
-    /// Write run metrics (exits by reason, run time, boot time) as JSON to this file at exit.
+    /// Write run metrics (exits by reason, halts, wake-ups by cause, timer expiries, lateness
+    /// histogram, run and boot time) as JSON to this file at exit; `-` for stderr.
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
-    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, serial, metrics); flags win.
+    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, serial, metrics);
+    /// flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -110,6 +121,9 @@ impl RunArgs {
         }
         if let Some(v) = self.irqchip {
             cfg.irqchip = v;
+        }
+        if let Some(v) = self.timer_model {
+            cfg.timer_model = v;
         }
         if let Some(v) = &self.serial {
             cfg.serial = v.clone();

@@ -23,6 +23,42 @@ pub const MAX_CPUS: u32 = 254;
 pub enum IrqchipMode {
     /// KVM's in-kernel LAPIC, IOAPIC and PIC with KVM's halt polling: the industry baseline.
     Kernel,
+    /// lull's own LAPIC and IOAPIC, HLT handled in user space, timers in `--timer-model`.
+    User,
+}
+
+impl IrqchipMode {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Kernel => "kernel",
+            Self::User => "user",
+        }
+    }
+}
+
+/// How guest timers are expired with `--irqchip user`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerModelKind {
+    /// Timers queue on the arming vCPU; a halted vCPU's global timers are pulled by running
+    /// vCPUs through a hierarchy (Linux's timer-migration model). One host timer per vCPU.
+    Pull,
+    /// Every vCPU arms a host timer for every timer on its base, global ones included.
+    Push,
+    /// One VMM timer thread expires all timers and kicks the vCPUs (QEMU-style).
+    Central,
+}
+
+impl TimerModelKind {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pull => "pull",
+            Self::Push => "push",
+            Self::Central => "central",
+        }
+    }
 }
 
 /// Where the guest's serial console goes.
@@ -96,6 +132,8 @@ pub struct VmConfig {
     pub memory: ByteSize,
     /// Interrupt controller model.
     pub irqchip: IrqchipMode,
+    /// Timer model (with the user irqchip).
+    pub timer_model: TimerModelKind,
     /// Serial console sink.
     pub serial: SerialMode,
     /// Write run metrics as JSON to this file at exit.
@@ -111,6 +149,7 @@ impl Default for VmConfig {
             cpus: 1,
             memory: ByteSize::mib(256),
             irqchip: IrqchipMode::Kernel,
+            timer_model: TimerModelKind::Pull,
             serial: SerialMode::Stdio,
             metrics: None,
         }

@@ -18,6 +18,14 @@ const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 const EAX_ARAT: u32 = 1 << 2;
 
+const LEAF_HV_FEATURES: u32 = 0x4000_0001;
+/// KVM paravirtual features that need KVM's in-kernel LAPIC: ASYNC_PF (4), PV_EOI (6),
+/// PV_UNHALT (7), PV_SEND_IPI (11), POLL_CONTROL (12), PV_SCHED_YIELD (13), ASYNC_PF_INT (14).
+const PV_NEEDS_KERNEL_LAPIC: u32 =
+    (1 << 4) | (1 << 6) | (1 << 7) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
+/// KVM hint that makes Linux use haltpoll idle instead of HLT.
+const PV_HINT_REALTIME: u32 = 1;
+
 /// Frequencies and topology one vCPU's CPUID describes.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuidParams {
@@ -27,6 +35,8 @@ pub struct CpuidParams {
     pub cpus: u32,
     /// Guest TSC frequency in kHz.
     pub tsc_khz: u32,
+    /// lull emulates the LAPIC (no in-kernel irqchip): hide the PV features that need KVM's.
+    pub user_lapic: bool,
 }
 
 fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mut kvm_cpuid_entry2 {
@@ -87,6 +97,12 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
         sig.ecx = u32::from_le_bytes(*b"VMKV");
         sig.edx = u32::from_le_bytes(*b"M\0\0\0");
     }
+    if p.user_lapic {
+        if let Some(features) = entries.iter_mut().find(|e| e.function == LEAF_HV_FEATURES) {
+            features.eax &= !PV_NEEDS_KERNEL_LAPIC;
+            features.edx &= !PV_HINT_REALTIME;
+        }
+    }
     *upsert(&mut entries, LEAF_HV_TIMING, 0) = kvm_cpuid_entry2 {
         function: LEAF_HV_TIMING,
         eax: p.tsc_khz,
@@ -134,6 +150,7 @@ mod tests {
                 apic_id: 3,
                 cpus: 4,
                 tsc_khz: 2_100_000,
+                user_lapic: false,
             },
         );
         let l1 = find(&v, 1);
@@ -153,5 +170,30 @@ mod tests {
         );
         assert_eq!(find(&v, LEAF_HV_SIGNATURE).eax, LEAF_HV_TIMING);
         assert!(!has_index(&timing));
+    }
+
+    #[test]
+    fn user_lapic_hides_pv_features_that_need_kvms_lapic() {
+        let supported = vec![kvm_cpuid_entry2 {
+            function: LEAF_HV_FEATURES,
+            eax: 0xffff,
+            edx: 1,
+            ..Default::default()
+        }];
+        let p = CpuidParams {
+            apic_id: 0,
+            cpus: 1,
+            tsc_khz: 1_000_000,
+            user_lapic: true,
+        };
+        let f = find(&adjust(&supported, p), LEAF_HV_FEATURES);
+        assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, 0);
+        assert_ne!(f.eax & 1, 0); // kvmclock stays
+        assert_eq!(f.edx, 0);
+        let p = CpuidParams {
+            user_lapic: false,
+            ..p
+        };
+        assert_eq!(find(&adjust(&supported, p), LEAF_HV_FEATURES).eax, 0xffff);
     }
 }

@@ -2,8 +2,10 @@
 
 use std::path::Path;
 
-use kvm_bindings::kvm_userspace_memory_region;
-use kvm_ioctls::{Cap, Kvm, VmFd};
+use kvm_bindings::{kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_X86_USER_SPACE_MSR};
+use kvm_ioctls::{
+    Cap, Kvm, MsrExitReason, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd,
+};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::layout::{self, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
@@ -158,4 +160,38 @@ pub fn create_vm(
             .map_err(ioctl_err("KVM_CREATE_IRQCHIP"))?;
     }
     Ok(vm)
+}
+
+/// MSRs whose accesses must reach lull's LAPIC although KVM knows them: IA32_APIC_BASE and
+/// IA32_TSC_DEADLINE. (x2APIC MSRs 0x800-0x8ff reach user space as invalid without a filter.)
+const FILTERED_MSRS: [u32; 2] = [0x1b, 0x6e0];
+
+/// Sends LAPIC MSRs (and every MSR KVM would fault on) to user space, for `--irqchip user`.
+pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
+    for cap in [Cap::X86UserSpaceMsr, Cap::X86MsrFilter] {
+        if !kvm.check_extension(cap) {
+            return Err(KvmError::MissingCap(cap));
+        }
+    }
+    let reasons = MsrExitReason::Filter | MsrExitReason::Inval | MsrExitReason::Unknown;
+    let mut cap = kvm_enable_cap {
+        cap: KVM_CAP_X86_USER_SPACE_MSR,
+        ..Default::default()
+    };
+    cap.args[0] = u64::from(reasons.bits());
+    vm.enable_cap(&cap)
+        .map_err(ioctl_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+    // A bitmap bit of 0 denies the access, which makes it exit with reason FILTER.
+    let deny = [0u8; 1];
+    let ranges: Vec<MsrFilterRange<'_>> = FILTERED_MSRS
+        .iter()
+        .map(|&base| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base,
+            msr_count: 1,
+            bitmap: &deny,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
+        .map_err(ioctl_err("KVM_X86_SET_MSR_FILTER"))
 }

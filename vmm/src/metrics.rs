@@ -23,6 +23,45 @@ pub struct VcpuCounters {
     pub interrupted: AtomicU64,
     /// Any other exit.
     pub other: AtomicU64,
+    /// MSR exits (user irqchip).
+    pub msr: AtomicU64,
+    /// Interrupt-window exits (user irqchip).
+    pub irq_window: AtomicU64,
+    /// Interrupts injected with KVM_INTERRUPT (user irqchip).
+    pub injected: AtomicU64,
+    /// Times the vCPU blocked in HLT (user irqchip).
+    pub blocks: AtomicU64,
+    /// Wake-ups from a block because its own timer was due.
+    pub wake_timer: AtomicU64,
+    /// Wake-ups from a block by an interrupt (IPI or device).
+    pub wake_interrupt: AtomicU64,
+    /// Wake-ups from a block by VM control (stop).
+    pub wake_control: AtomicU64,
+    /// Wake-ups with nothing to do (host tick of a migrator, spurious).
+    pub wake_other: AtomicU64,
+    /// LAPIC timer expiries handled.
+    pub lapic_timer_fires: AtomicU64,
+    /// Host-side lateness of LAPIC timer expiries: bucket i counts lateness in
+    /// [2^i, 2^(i+1)) microseconds (bucket 0 also takes under 1 us).
+    pub lateness_us_log2: [AtomicU64; LATENESS_BUCKETS],
+}
+
+/// Buckets of the lateness histogram (the last one takes everything above ~0.5 s).
+pub const LATENESS_BUCKETS: usize = 20;
+
+impl VcpuCounters {
+    /// Records a LAPIC timer expiry handled `late_ns` after its deadline.
+    pub fn record_lateness(&self, late_ns: u64) {
+        let us = late_ns / 1000;
+        let bucket = if us == 0 {
+            0
+        } else {
+            63 - us.leading_zeros() as usize
+        };
+        let bucket = bucket.min(LATENESS_BUCKETS - 1);
+        self.lateness_us_log2[bucket].fetch_add(1, Ordering::Relaxed);
+        self.lapic_timer_fires.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Snapshot of [`VcpuCounters`].
@@ -44,6 +83,33 @@ pub struct VcpuSnapshot {
     pub interrupted: u64,
     /// Other exits.
     pub other: u64,
+    /// MSR exits.
+    pub msr: u64,
+    /// Interrupt-window exits.
+    pub irq_window: u64,
+    /// Interrupts injected by lull.
+    pub injected: u64,
+    /// Blocks in HLT.
+    pub blocks: u64,
+    /// Wake-ups by cause.
+    pub wakeups: WakeupSnapshot,
+    /// LAPIC timer expiries handled.
+    pub lapic_timer_fires: u64,
+    /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
+    pub lateness_us_log2: Vec<u64>,
+}
+
+/// Wake-ups of a blocked vCPU by cause.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct WakeupSnapshot {
+    /// Its own timer.
+    pub timer: u64,
+    /// An interrupt (IPI or device).
+    pub interrupt: u64,
+    /// VM control.
+    pub control: u64,
+    /// Nothing to do.
+    pub other: u64,
 }
 
 impl VcpuCounters {
@@ -59,6 +125,18 @@ impl VcpuCounters {
             hlt: g(&self.hlt),
             interrupted: g(&self.interrupted),
             other: g(&self.other),
+            msr: g(&self.msr),
+            irq_window: g(&self.irq_window),
+            injected: g(&self.injected),
+            blocks: g(&self.blocks),
+            wakeups: WakeupSnapshot {
+                timer: g(&self.wake_timer),
+                interrupt: g(&self.wake_interrupt),
+                control: g(&self.wake_control),
+                other: g(&self.wake_other),
+            },
+            lapic_timer_fires: g(&self.lapic_timer_fires),
+            lateness_us_log2: self.lateness_us_log2.iter().map(g).collect(),
         }
     }
 }
@@ -70,6 +148,44 @@ pub struct GuestNoise {
     pub unknown_port: LogLimiter,
     /// Accesses to MMIO addresses no device owns.
     pub unknown_mmio: LogLimiter,
+}
+
+/// Guest misbehaviour at its LAPICs, counted and logged rate-limited.
+#[derive(Debug, Default)]
+pub struct LapicNoise {
+    /// Ignored or faulting accesses.
+    pub invalid_access: LogLimiter,
+    /// Vectors below 16.
+    pub illegal_vector: LogLimiter,
+    /// Timer deadlines pushed out to the minimum period.
+    pub timer_clamped: LogLimiter,
+    /// Delivery modes lull does not deliver.
+    pub unsupported_delivery_mode: LogLimiter,
+}
+
+impl devices::lapic::LapicEvents for LapicNoise {
+    fn invalid_access(&self, access: devices::lapic::InvalidAccess) {
+        if let Some(n) = self.invalid_access.hit() {
+            tracing::warn!("guest LAPIC access ignored or faulted: {access:?} ({n} so far)");
+        }
+    }
+    fn illegal_vector(&self, vector: u8) {
+        if let Some(n) = self.illegal_vector.hit() {
+            tracing::warn!("guest used illegal interrupt vector {vector} ({n} so far)");
+        }
+    }
+    fn timer_clamped(&self, requested_ns: u64, clamped_ns: u64) {
+        if let Some(n) = self.timer_clamped.hit() {
+            tracing::warn!(
+                "guest LAPIC timer of {requested_ns} ns clamped to {clamped_ns} ns ({n} so far)"
+            );
+        }
+    }
+    fn unsupported_delivery_mode(&self, mode: u8) {
+        if let Some(n) = self.unsupported_delivery_mode.hit() {
+            tracing::warn!("guest IPI delivery mode {mode} not delivered ({n} so far)");
+        }
+    }
 }
 
 /// The JSON written to `--metrics` at exit. Field names are stable.
@@ -89,6 +205,70 @@ pub struct RunReport {
     pub unknown_port_accesses: u64,
     /// Accesses to unowned MMIO.
     pub unknown_mmio_accesses: u64,
+    /// Accesses to unimplemented MSRs (#GP injected; user irqchip).
+    pub unknown_msr_accesses: u64,
+    /// LAPIC accesses that were ignored or faulted (user irqchip).
+    pub lapic_invalid_accesses: u64,
+    /// LAPIC timer deadlines clamped to the minimum (user irqchip).
+    pub lapic_timer_clamps: u64,
+    /// IPIs sent between vCPUs (user irqchip).
+    pub ipis: u64,
+    /// Device interrupts delivered through the IOAPIC (user irqchip).
+    pub device_interrupts: u64,
+    /// Interrupt controller model.
+    pub irqchip: String,
+    /// Timer model (user irqchip only).
+    pub timer_model: Option<String>,
+    /// Timer-model counters (user irqchip only).
+    pub timers: Option<TimerModelSnapshot>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
+}
+
+/// The timer model's counters (a serializable copy of `timer::MetricsSnapshot`).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct TimerModelSnapshot {
+    /// Host timers programmed.
+    pub host_timer_arms: u64,
+    /// Host timer programming failures.
+    pub host_timer_errors: u64,
+    /// Timers expired by their own CPU.
+    pub local_expiries: u64,
+    /// Timers expired on another CPU's (or the timer thread's) behalf.
+    pub remote_expiries: u64,
+    /// Remote-expiry passes.
+    pub remote_runs: u64,
+    /// Kicks requested for owners of remotely expired timers.
+    pub wakeups_requested: u64,
+}
+
+impl From<timer::MetricsSnapshot> for TimerModelSnapshot {
+    fn from(m: timer::MetricsSnapshot) -> Self {
+        Self {
+            host_timer_arms: m.host_timer_arms,
+            host_timer_errors: m.host_timer_errors,
+            local_expiries: m.local_expiries,
+            remote_expiries: m.remote_expiries,
+            remote_runs: m.remote_runs,
+            wakeups_requested: m.wakeups_requested,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lateness_lands_in_log2_buckets() {
+        let c = VcpuCounters::default();
+        for ns in [0, 999, 1_000, 3_000, 1_000_000, u64::MAX] {
+            c.record_lateness(ns);
+        }
+        let s = c.snapshot(0);
+        assert_eq!(s.lateness_us_log2[0], 3); // 0, 999 ns, 1 us
+        assert_eq!(s.lateness_us_log2[1], 1); // 3 us
+        assert_eq!(s.lateness_us_log2[19], 2); // 1 s... and beyond
+        assert_eq!(s.lapic_timer_fires, 6);
+    }
 }

@@ -1,9 +1,8 @@
 //! Building a VM from a [`VmConfig`] and running it: vCPU threads plus the VMM thread's event
 //! loop (console input, stop requests, signals).
 
-use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -13,18 +12,21 @@ use devices::serial::{SerialPort, Trigger, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
 };
-use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
-use vmm_sys_util::epoll::EventSet;
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use kvm_bindings::{kvm_regs, kvm_sregs, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::VcpuFd;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::boot::{self, BootError, BootSpec};
 use crate::config::{IrqchipMode, SerialMode, VmConfig};
-use crate::console::{self, ConsoleSink, EscapeFilter, RawTerminal};
+use crate::console::{ConsoleSink, EscapeFilter, RawTerminal};
+use crate::irqchip::router::IoapicEdgeTrigger;
+use crate::irqchip::setup::UserIrqchip;
 use crate::kit::{self, KitError};
 use crate::kvm_vm::{self, ioctl_err, KvmError};
-use crate::metrics::{GuestNoise, RunReport, VcpuCounters};
+use crate::metrics::{GuestNoise, LapicNoise, RunReport, VcpuCounters};
 use crate::vcpu::{self, exit::StopReason};
+use crate::vmm_loop::{install_signal_handlers, VmmEvents};
 
 /// Why a VM could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,11 @@ impl StopSignal {
         }
     }
 
+    /// The eventfd written on the first request.
+    pub fn event(&self) -> &EventFd {
+        &self.event
+    }
+
     /// True once a stop was requested.
     pub fn is_requested(&self) -> bool {
         self.reason().is_some()
@@ -125,17 +132,29 @@ impl VmShared {
     }
 }
 
-/// Serial interrupts through a KVM irqfd.
-struct IrqfdTrigger(EventFd);
+/// The serial port's interrupt: an irqfd (kernel irqchip) or an IOAPIC pin (user irqchip).
+pub enum ConsoleIrq {
+    /// KVM irqfd on the serial GSI.
+    Irqfd(EventFd),
+    /// An edge on lull's IOAPIC.
+    Ioapic(IoapicEdgeTrigger),
+}
 
-impl Trigger for IrqfdTrigger {
+impl Trigger for ConsoleIrq {
     type E = std::io::Error;
     fn trigger(&self) -> Result<(), Self::E> {
-        self.0.write(1)
+        match self {
+            Self::Irqfd(evt) => evt.write(1),
+            Self::Ioapic(t) => {
+                let Ok(()) = t.trigger();
+                Ok(())
+            }
+        }
     }
 }
 
-type Console = SerialPort<IrqfdTrigger, ConsoleSink>;
+/// The serial console device.
+pub type Console = SerialPort<ConsoleIrq, ConsoleSink>;
 
 /// How a run ended.
 #[derive(Debug)]
@@ -144,124 +163,6 @@ pub struct RunOutcome {
     pub reason: StopReason,
     /// The report written to `--metrics`.
     pub report: RunReport,
-}
-
-/// Eventfd the SIGINT/SIGTERM handler writes to (-1 until set).
-static SIGNAL_EVENT_FD: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_stop_signal(
-    _num: libc::c_int,
-    _info: *mut libc::siginfo_t,
-    _ctx: *mut libc::c_void,
-) {
-    let fd = SIGNAL_EVENT_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        let one: u64 = 1;
-        // SAFETY: write(2) is async-signal-safe; `fd` is an eventfd that lives for the whole
-        // process (leaked on purpose), and `one` is 8 readable bytes.
-        unsafe { libc::write(fd, std::ptr::addr_of!(one).cast(), 8) };
-    }
-}
-
-fn install_signal_handlers() -> Result<EventFd, VmError> {
-    let evt = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
-    let raw = evt
-        .try_clone()
-        .map_err(|e| VmError::EventLoop(e.to_string()))?;
-    SIGNAL_EVENT_FD.store(raw.as_raw_fd(), Ordering::Relaxed);
-    std::mem::forget(raw); // the handler may run until the process exits
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        vmm_sys_util::signal::register_signal_handler(sig, on_stop_signal)
-            .map_err(|e| VmError::EventLoop(format!("signal handler: {e}")))?;
-    }
-    Ok(evt)
-}
-
-/// The VMM thread's subscriber: console input, stop requests and signals.
-struct VmmEvents {
-    shared: Arc<VmShared>,
-    console: Arc<Mutex<Console>>,
-    signal: EventFd,
-    drained: Arc<EventFd>,
-    stdin_open: bool,
-    filter: EscapeFilter,
-    pending: Vec<u8>,
-}
-
-impl VmmEvents {
-    fn stdin_fd() -> RawFd {
-        std::io::stdin().as_raw_fd()
-    }
-
-    fn feed_pending(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let taken = self
-            .console
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .enqueue_input(&self.pending);
-        self.pending.drain(..taken);
-    }
-
-    fn on_stdin(&mut self, ops: &mut EventOps) {
-        let mut buf = [0u8; 64];
-        match console::read_stdin(&mut buf) {
-            Ok(0) | Err(_) => {
-                // End of input: the guest keeps running with no more console input.
-                let _ = ops.remove(Events::empty_raw(Self::stdin_fd()));
-                self.stdin_open = false;
-            }
-            Ok(n) => {
-                let out = self.filter.feed(&buf[..n]);
-                self.pending.extend_from_slice(&out.to_guest);
-                self.feed_pending();
-                if out.quit {
-                    self.shared.stop.request(StopReason::User);
-                }
-                if !self.pending.is_empty() {
-                    // Wait for the guest to drain its FIFO before reading more.
-                    let _ = ops.remove(Events::empty_raw(Self::stdin_fd()));
-                }
-            }
-        }
-    }
-}
-
-impl MutEventSubscriber for VmmEvents {
-    fn process(&mut self, events: Events, ops: &mut EventOps) {
-        let fd = events.fd();
-        if fd == self.signal.as_raw_fd() {
-            let _ = self.signal.read();
-            self.shared.stop.request(StopReason::User);
-        } else if fd == self.shared.stop.event.as_raw_fd() {
-            let _ = self.shared.stop.event.read();
-        } else if fd == self.drained.as_raw_fd() {
-            let _ = self.drained.read();
-            let was_blocked = !self.pending.is_empty();
-            self.feed_pending();
-            if was_blocked && self.pending.is_empty() && self.stdin_open {
-                let _ = ops.add(Events::new_raw(Self::stdin_fd(), EventSet::IN));
-            }
-        } else if fd == Self::stdin_fd() {
-            self.on_stdin(ops);
-        }
-    }
-
-    fn init(&mut self, ops: &mut EventOps) {
-        let _ = ops.add(Events::new(&self.signal, EventSet::IN));
-        let _ = ops.add(Events::new(&self.shared.stop.event, EventSet::IN));
-        let _ = ops.add(Events::new(self.drained.as_ref(), EventSet::IN));
-        if self.stdin_open
-            && ops
-                .add(Events::new_raw(Self::stdin_fd(), EventSet::IN))
-                .is_err()
-        {
-            // stdin is a regular file or /dev/null: epoll cannot watch it; no console input.
-            self.stdin_open = false;
-        }
-    }
 }
 
 /// The kernel, initramfs and command line to boot.
@@ -303,17 +204,43 @@ fn build_pio_bus(console: Arc<Mutex<Console>>) -> Result<PioBus, VmError> {
     bus.insert(BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker)))?;
     let ignored = Arc::new(Mutex::new(IgnoredPorts));
     bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none
-    bus.insert(0x80, 1, ignored)?; // POST code / I/O delay
+    bus.insert(0x80, 1, ignored.clone())?; // POST code / I/O delay
+                                           // No 8259 PIC: its mask registers read 0, so Linux's probe finds no PIC and uses the
+                                           // IOAPIC alone (with --irqchip kernel, KVM's PIC answers these ports before lull).
+    bus.insert(0x20, 2, ignored.clone())?;
+    bus.insert(0xa0, 2, ignored.clone())?;
+    bus.insert(0x4d0, 2, ignored)?; // ELCR
     Ok(bus)
+}
+
+/// A created vCPU with its architectural reset state (for INIT in user mode).
+pub struct CreatedVcpu {
+    /// The fd.
+    pub fd: VcpuFd,
+    /// Registers at reset.
+    pub reset_regs: kvm_regs,
+    /// Special registers at reset.
+    pub reset_sregs: kvm_sregs,
+}
+
+fn evt() -> Result<EventFd, VmError> {
+    EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Builds the VM described by `cfg` and runs it to the end.
 pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     let (kernel, initramfs, cmdline) = resolve_guest(cfg)?;
-    let IrqchipMode::Kernel = cfg.irqchip;
+    let user = cfg.irqchip == IrqchipMode::User;
     let kvm = kvm_vm::open_kvm(cfg.cpus)?;
     let mem = kvm_vm::create_guest_memory(cfg.memory.0)?;
-    let vm = kvm_vm::create_vm(&kvm, &mem, true)?;
+    let vm = kvm_vm::create_vm(&kvm, &mem, !user)?;
+    if user {
+        kvm_vm::enable_user_msr_exits(&kvm, &vm)?;
+    }
     let entry = boot::load(
         &mem,
         &BootSpec {
@@ -326,7 +253,56 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     )?;
     tracing::debug!(?kernel, ?initramfs, cmdline, ?entry, "guest loaded");
 
-    // Console.
+    // vCPUs: create all, read the TSC frequency, then configure.
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(ioctl_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut vcpus = Vec::new();
+    for id in 0..cfg.cpus {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(ioctl_err("KVM_CREATE_VCPU"))?;
+        let reset_regs = fd.get_regs().map_err(ioctl_err("KVM_GET_REGS"))?;
+        let reset_sregs = fd.get_sregs().map_err(ioctl_err("KVM_GET_SREGS"))?;
+        vcpus.push(CreatedVcpu {
+            fd,
+            reset_regs,
+            reset_sregs,
+        });
+    }
+    let bsp = vcpus
+        .first()
+        .ok_or(KvmError::TooManyCpus { asked: 0, max: 0 })?;
+    let tsc_khz = bsp.fd.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;
+    for (id, v) in (0u32..).zip(&vcpus) {
+        let boot_entry = (id == 0).then_some(entry);
+        vcpu::configure(
+            &v.fd,
+            id,
+            supported.as_slice(),
+            cfg.cpus,
+            tsc_khz,
+            user,
+            boot_entry,
+        )?;
+    }
+
+    // Interrupt plumbing and the console.
+    let lapic_noise = Arc::new(LapicNoise::default());
+    let irqchip = if user {
+        Some(UserIrqchip::new(cfg, &vcpus, tsc_khz, lapic_noise.clone())?)
+    } else {
+        None
+    };
+    let irq = match &irqchip {
+        Some(chip) => ConsoleIrq::Ioapic(chip.serial_trigger()),
+        None => {
+            let irq = evt()?;
+            vm.register_irqfd(&irq, COM1_IRQ)
+                .map_err(ioctl_err("KVM_IRQFD"))?;
+            ConsoleIrq::Irqfd(irq)
+        }
+    };
     let sink = match &cfg.serial {
         SerialMode::Stdio => ConsoleSink::Stdout(std::io::stdout()),
         SerialMode::Off => ConsoleSink::Null,
@@ -337,22 +313,15 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
             })?
         }
     };
-    let irq = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
-    vm.register_irqfd(&irq, COM1_IRQ)
-        .map_err(ioctl_err("KVM_IRQFD"))?;
-    let console = Arc::new(Mutex::new(SerialPort::new(IrqfdTrigger(irq), sink)));
-    let drained =
-        Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?);
+    let console = Arc::new(Mutex::new(SerialPort::new(irq, sink)));
+    let drained = Arc::new(evt()?);
     {
         let drained = drained.clone();
-        console
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set_input_drained_hook(Box::new(move || {
-                let _ = drained.write(1);
-            }));
+        lock(&console).set_input_drained_hook(Box::new(move || {
+            let _ = drained.write(1);
+        }));
     }
-    let serial_counters = console.lock().unwrap_or_else(|p| p.into_inner()).counters();
+    let serial_counters = lock(&console).counters();
 
     let shared = Arc::new(VmShared {
         pio: build_pio_bus(console.clone())?,
@@ -363,33 +332,6 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         booted: OnceLock::new(),
     });
 
-    // vCPUs.
-    let supported = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(ioctl_err("KVM_GET_SUPPORTED_CPUID"))?;
-    let mut vcpus = Vec::new();
-    for id in 0..cfg.cpus {
-        vcpus.push(
-            vm.create_vcpu(u64::from(id))
-                .map_err(ioctl_err("KVM_CREATE_VCPU"))?,
-        );
-    }
-    let bsp = vcpus
-        .first()
-        .ok_or(KvmError::TooManyCpus { asked: 0, max: 0 })?;
-    let tsc_khz = bsp.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;
-    for (id, vcpu_fd) in (0u32..).zip(&vcpus) {
-        let boot_entry = (id == 0).then_some(entry);
-        vcpu::configure(
-            vcpu_fd,
-            id,
-            supported.as_slice(),
-            cfg.cpus,
-            tsc_khz,
-            boot_entry,
-        )?;
-    }
-
     let signal = install_signal_handlers()?;
     let stdin_is_console = cfg.serial == SerialMode::Stdio;
     let raw_terminal = if stdin_is_console {
@@ -398,12 +340,17 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         None
     };
 
-    for (id, vcpu_fd) in (0u32..).zip(vcpus) {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("vcpu{id}"))
-            .spawn(move || vcpu::run_loop(vcpu_fd, id, shared))
-            .map_err(VmError::Thread)?;
+    match &irqchip {
+        Some(chip) => chip.start(vcpus, shared.clone())?,
+        None => {
+            for (id, v) in (0u32..).zip(vcpus) {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("vcpu{id}"))
+                    .spawn(move || vcpu::run_loop(v.fd, id, shared))
+                    .map_err(VmError::Thread)?;
+            }
+        }
     }
 
     let mut manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
@@ -425,20 +372,33 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
             break StopReason::VmmError(format!("event loop: {e:?}"));
         }
     };
+    if let Some(chip) = &irqchip {
+        chip.stop_all();
+    }
     drop(raw_terminal);
-    let _ = console.lock().unwrap_or_else(|p| p.into_inner()).flush();
+    let _ = lock(&console).flush();
 
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let router = irqchip.as_ref().map(|c| &c.router.counters);
+    let rc = |f: fn(&crate::irqchip::router::RouterCounters) -> &std::sync::atomic::AtomicU64| {
+        router.map_or(0, |r| f(r).load(Ordering::Relaxed))
+    };
     let report = RunReport {
         exit_status: 0,
         stop_reason: reason.to_string(),
-        run_time_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        boot_time_ms: shared
-            .booted
-            .get()
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        run_time_ms: ms(started.elapsed()),
+        boot_time_ms: shared.booted.get().map(|d| ms(*d)),
         serial_bytes_out: serial_counters.bytes_out.load(Ordering::Relaxed),
         unknown_port_accesses: shared.noise.unknown_port.count(),
         unknown_mmio_accesses: shared.noise.unknown_mmio.count(),
+        unknown_msr_accesses: irqchip.as_ref().map_or(0, |c| c.unknown_msr.count()),
+        lapic_invalid_accesses: lapic_noise.invalid_access.count(),
+        lapic_timer_clamps: lapic_noise.timer_clamped.count(),
+        ipis: rc(|r| &r.ipis),
+        device_interrupts: rc(|r| &r.device_interrupts),
+        irqchip: cfg.irqchip.name().to_string(),
+        timer_model: user.then(|| cfg.timer_model.name().to_string()),
+        timers: irqchip.as_ref().map(|c| c.model.metrics().into()),
         vcpus: (0u32..)
             .zip(&shared.vcpu_counters)
             .map(|(i, c)| c.snapshot(i))

@@ -1,6 +1,8 @@
 //! vCPU set-up and the thread that runs one vCPU.
 
 pub mod exit;
+pub mod user;
+pub mod user_exit;
 
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ pub fn configure(
     supported_cpuid: &[kvm_bindings::kvm_cpuid_entry2],
     cpus: u32,
     tsc_khz: u32,
+    user_lapic: bool,
     entry: Option<EntryMode>,
 ) -> Result<(), KvmError> {
     let entries = cpuid::adjust(
@@ -31,6 +34,7 @@ pub fn configure(
             apic_id: id,
             cpus,
             tsc_khz,
+            user_lapic,
         },
     );
     let kvm_cpuid = cpuid::to_kvm(&entries).map_err(|_| KvmError::Ioctl {

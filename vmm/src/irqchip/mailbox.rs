@@ -1,0 +1,187 @@
+//! A vCPU's mailbox: how other threads hand it interrupts and timer expiries, and wake it.
+//!
+//! Senders never touch the target's LAPIC or registers. They post an [`Ipi`] (or flag a timer
+//! expiry) and kick: a signal if the target may be inside KVM_RUN, an unpark if it may be
+//! blocked in HLT. The owner drains the mailbox before every entry and after every wake-up.
+//! Ordering: the sender publishes the mail, then reads the target's state; the target
+//! publishes its state, then checks the mail (both SeqCst), so a wake-up is never lost.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::thread::Thread;
+
+use devices::lapic::Ipi;
+
+use super::kick;
+
+/// The vCPU is executing (in KVM_RUN or handling an exit).
+const RUNNING: u8 = 0;
+/// The vCPU is blocked in HLT (or waiting for SIPI).
+const BLOCKED: u8 = 1;
+
+/// Why a vCPU was woken, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeCause {
+    /// An interrupt (IPI or device) was posted.
+    Interrupt,
+    /// One of its timers fired on another thread.
+    Timer,
+    /// VM control (stop).
+    Control,
+}
+
+/// One vCPU's mailbox.
+#[derive(Debug, Default)]
+pub struct Mailbox {
+    inbox: Mutex<Vec<Ipi>>,
+    has_mail: AtomicBool,
+    timer_due: AtomicBool,
+    control: AtomicBool,
+    state: AtomicU8,
+    tid: AtomicI32,
+    thread: OnceLock<Thread>,
+}
+
+impl Mailbox {
+    /// Called by the owning thread when it starts.
+    pub fn bind_current_thread(&self) {
+        self.tid.store(kick::current_tid(), Ordering::SeqCst);
+        let _ = self.thread.set(std::thread::current());
+    }
+
+    /// Posts an interrupt message and wakes the owner.
+    pub fn post(&self, ipi: Ipi) {
+        self.inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ipi);
+        self.has_mail.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Flags that the owner's LAPIC timer fired on another thread; the caller kicks.
+    pub fn flag_timer(&self) {
+        self.timer_due.store(true, Ordering::SeqCst);
+    }
+
+    /// Flags VM control (stop) and wakes the owner.
+    pub fn flag_control(&self) {
+        self.control.store(true, Ordering::SeqCst);
+        self.kick();
+    }
+
+    /// Wakes the owner wherever it is.
+    pub fn kick(&self) {
+        if self.state.load(Ordering::SeqCst) == RUNNING {
+            let tid = self.tid.load(Ordering::SeqCst);
+            if tid > 0 && tid != kick::current_tid() {
+                kick::kick_thread(tid);
+            }
+        }
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Takes the posted messages (owner only).
+    pub fn take_mail(&self) -> Vec<Ipi> {
+        if !self.has_mail.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Takes the "timer fired elsewhere" flag (owner only).
+    pub fn take_timer_due(&self) -> bool {
+        self.timer_due.swap(false, Ordering::SeqCst)
+    }
+
+    /// True if anything is waiting for the owner (checked after publishing BLOCKED).
+    pub fn has_work(&self) -> bool {
+        self.has_mail.load(Ordering::SeqCst)
+            || self.timer_due.load(Ordering::SeqCst)
+            || self.control.load(Ordering::SeqCst)
+    }
+
+    /// The owner is about to block.
+    pub fn set_blocked(&self) {
+        self.state.store(BLOCKED, Ordering::SeqCst);
+    }
+
+    /// The owner is running again.
+    pub fn set_running(&self) {
+        self.state.store(RUNNING, Ordering::SeqCst);
+    }
+
+    /// What woke the owner, looking at the mailbox (before it is drained).
+    pub fn wake_cause(&self) -> Option<WakeCause> {
+        if self.control.load(Ordering::SeqCst) {
+            Some(WakeCause::Control)
+        } else if self.has_mail.load(Ordering::SeqCst) {
+            Some(WakeCause::Interrupt)
+        } else if self.timer_due.load(Ordering::SeqCst) {
+            Some(WakeCause::Timer)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devices::lapic::{DeliveryMode, DestinationMode, Shorthand, TriggerMode};
+
+    fn fixed(vector: u8) -> Ipi {
+        Ipi {
+            vector,
+            delivery_mode: DeliveryMode::Fixed,
+            destination_mode: DestinationMode::Physical,
+            shorthand: Shorthand::None,
+            trigger_mode: TriggerMode::Edge,
+            assert: true,
+            destination: 0,
+            x2apic_format: false,
+            source_apic_id: None,
+        }
+    }
+
+    #[test]
+    fn mail_is_taken_once() {
+        let m = Mailbox::default();
+        m.bind_current_thread();
+        assert!(!m.has_work());
+        m.post(fixed(0x40));
+        m.post(fixed(0x41));
+        assert_eq!(m.wake_cause(), Some(WakeCause::Interrupt));
+        assert_eq!(m.take_mail().len(), 2);
+        assert!(m.take_mail().is_empty());
+        m.flag_timer();
+        assert!(m.has_work());
+        assert!(m.take_timer_due());
+        assert!(!m.has_work());
+    }
+
+    #[test]
+    fn a_post_wakes_a_parked_owner() {
+        let m = std::sync::Arc::new(Mailbox::default());
+        let owner = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                m.bind_current_thread();
+                m.set_blocked();
+                while !m.has_work() {
+                    std::thread::park();
+                }
+                m.set_running();
+                m.take_mail().len()
+            })
+        };
+        // The owner may or may not be parked yet: the unpark token covers both cases.
+        while m.thread.get().is_none() {
+            std::thread::yield_now();
+        }
+        m.post(fixed(0x30));
+        assert_eq!(owner.join().unwrap(), 1);
+    }
+}

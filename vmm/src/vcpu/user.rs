@@ -1,0 +1,380 @@
+//! The vCPU run loop of `--irqchip user`: lull's own LAPIC, HLT and timers.
+//!
+//! One iteration: drain the mailbox into the LAPIC, run due timers, inject the highest
+//! pending interrupt (or ask for an interrupt window), KVM_RUN, handle the exit. HLT blocks the
+//! thread through the timer model (`CpuTimers::idle` gives the timeout) until its own timer,
+//! an interrupt aimed at it, or VM control wakes it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use timer::{AfterFire, Clock, CpuTimers, Fired, Nanos, TimerHandle, TimerKind, NEVER};
+use vmm_sys_util::ioctl::ioctl_with_ref;
+
+use super::exit::{ExitContext, StopReason, VcpuAction};
+use super::user_exit::{handle_user_exit, UserExitContext};
+use crate::irqchip::clock::VmClock;
+use crate::irqchip::kick;
+use crate::irqchip::mailbox::{Mailbox, WakeCause};
+use crate::irqchip::router::InterruptRouter;
+use crate::metrics::VcpuCounters;
+use crate::ratelimit::LogLimiter;
+use crate::vm::VmShared;
+
+/// KVM_INTERRUPT, which kvm-ioctls does not wrap.
+mod raw {
+    #[allow(unused_imports)]
+    use ioctl_ioc_nr as _;
+    use vmm_sys_util::{ioctl_ioc_nr, ioctl_iow_nr};
+
+    const KVMIO: u32 = 0xAE;
+    ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_bindings::kvm_interrupt);
+}
+use raw::KVM_INTERRUPT;
+
+/// What a vCPU's timers carry: which of its timers fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VcpuTimer {
+    /// Its LAPIC timer (pinned).
+    Lapic,
+}
+
+/// The expiry callback every thread uses: flag the owner's mailbox; kick it if the timer
+/// fired on another thread.
+pub fn on_timer_fired(router: &InterruptRouter, fired: Fired<VcpuTimer>) -> AfterFire {
+    if let Some(mailbox) = router.mailbox(fired.cpu) {
+        mailbox.flag_timer();
+    }
+    if fired.remote {
+        AfterFire::NotifyOwner
+    } else {
+        AfterFire::Done
+    }
+}
+
+/// Everything one user-irqchip vCPU thread owns.
+pub struct UserVcpu<E: LapicEvents> {
+    /// The KVM vCPU.
+    pub vcpu: VcpuFd,
+    /// Its index (= APIC ID).
+    pub id: u32,
+    /// Its LAPIC.
+    pub lapic: Lapic<E>,
+    /// Its timers, in the VM's timer model.
+    pub timers: Box<dyn CpuTimers<VcpuTimer>>,
+    /// The interrupt fabric.
+    pub router: Arc<InterruptRouter>,
+    /// The VM clock.
+    pub clock: VmClock,
+    /// Shared VM state.
+    pub shared: Arc<VmShared>,
+    /// The architectural reset state, for INIT.
+    pub reset_regs: kvm_regs,
+    /// The architectural reset state, for INIT.
+    pub reset_sregs: kvm_sregs,
+    /// Unimplemented-MSR log limiter (VM-wide).
+    pub unknown_msr: Arc<LogLimiter>,
+    /// The armed LAPIC timer.
+    pub lapic_timer: Option<TimerHandle>,
+}
+
+enum Halt {
+    /// Back to the guest.
+    Resume,
+    /// The VM stops.
+    Stop,
+}
+
+impl<E: LapicEvents> UserVcpu<E> {
+    fn mailbox(&self) -> Option<Arc<Mailbox>> {
+        self.router.mailbox(self.index()).cloned()
+    }
+
+    fn index(&self) -> usize {
+        usize::try_from(self.id).unwrap_or(usize::MAX)
+    }
+
+    fn counters(&self) -> &VcpuCounters {
+        &self.shared.vcpu_counters[self.index()]
+    }
+
+    /// Runs the vCPU until the VM stops.
+    pub fn run(mut self) {
+        let Some(mailbox) = self.mailbox() else {
+            self.shared.stop.request(StopReason::VmmError(format!(
+                "vCPU {} has no mailbox",
+                self.id
+            )));
+            return;
+        };
+        mailbox.bind_current_thread();
+        kick::register_vcpu_thread(self.vcpu.get_kvm_run());
+        let reason = self.run_loop(&mailbox);
+        kick::unregister_vcpu_thread();
+        if let Some(reason) = reason {
+            self.shared.stop.request(reason);
+        }
+    }
+
+    fn run_loop(&mut self, mailbox: &Mailbox) -> Option<StopReason> {
+        loop {
+            if self.shared.stop.is_requested() {
+                return None;
+            }
+            let now = self.clock.now();
+            self.service(mailbox, now);
+            if self.lapic.init_sipi_state() != InitSipiState::Running {
+                match self.wait_for_sipi(mailbox) {
+                    Ok(true) => continue,
+                    Ok(false) => return None,
+                    Err(reason) => return Some(reason),
+                }
+            }
+            self.inject();
+            let result = self.vcpu.run();
+            let now = self.clock.now();
+            let mut effects = None;
+            let action = match result {
+                Ok(VcpuExit::InternalError) => VcpuAction::Stop(StopReason::GuestCrash(format!(
+                    "KVM internal error on vCPU {}",
+                    self.id
+                ))),
+                Ok(exit) => {
+                    let index = usize::try_from(self.id).unwrap_or(usize::MAX);
+                    let mut ctx = UserExitContext {
+                        base: ExitContext {
+                            vcpu: self.id,
+                            pio: &self.shared.pio,
+                            counters: &self.shared.vcpu_counters[index],
+                            noise: &self.shared.noise,
+                        },
+                        lapic: &mut self.lapic,
+                        router: &self.router,
+                        now,
+                        unknown_msr: &self.unknown_msr,
+                    };
+                    let outcome = handle_user_exit(exit, &mut ctx);
+                    effects = outcome.effects;
+                    outcome.action.unwrap_or(VcpuAction::Continue)
+                }
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.counters().interrupted.fetch_add(1, Ordering::Relaxed);
+                    VcpuAction::Continue
+                }
+                Err(e) => VcpuAction::Stop(StopReason::VmmError(format!(
+                    "KVM_RUN on vCPU {}: {e}",
+                    self.id
+                ))),
+            };
+            self.vcpu.set_kvm_immediate_exit(0);
+            if let Some(effects) = effects {
+                self.apply(effects);
+            }
+            match action {
+                VcpuAction::Continue => {}
+                VcpuAction::BootComplete => self.shared.mark_booted(),
+                VcpuAction::Halted => {
+                    if let Halt::Stop = self.halt(mailbox) {
+                        return None;
+                    }
+                }
+                VcpuAction::Stop(reason) => return Some(reason),
+            }
+        }
+    }
+
+    /// Applies what a LAPIC write asks for.
+    fn apply(&mut self, effects: LapicEffects) {
+        match effects.timer {
+            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
+            LapicTimerChange::Cancel => {
+                if let Some(h) = self.lapic_timer.take() {
+                    self.timers.cancel(h);
+                }
+            }
+            LapicTimerChange::Unchanged => {}
+        }
+        if effects.destination_changed {
+            self.router
+                .update_destination(self.index(), self.lapic.destination_info());
+        }
+        if let Some(ipi) = effects.ipi {
+            self.router.send_ipi(&ipi);
+        }
+        if let Some(eoi) = effects.eoi {
+            if eoi.level_triggered {
+                self.router.end_of_interrupt(eoi.vector);
+            }
+        }
+    }
+
+    fn arm_lapic_timer(&mut self, deadline: Nanos) {
+        if let Some(h) = self.lapic_timer {
+            if self.timers.rearm(h, deadline) {
+                return;
+            }
+        }
+        self.lapic_timer = Some(
+            self.timers
+                .arm(TimerKind::Pinned, deadline, VcpuTimer::Lapic),
+        );
+    }
+
+    /// Drains the mailbox, runs due timers and the LAPIC timer.
+    fn service(&mut self, mailbox: &Mailbox, now: Nanos) {
+        for ipi in mailbox.take_mail() {
+            self.lapic.receive(&ipi);
+        }
+        let router = self.router.clone();
+        self.timers
+            .run(now, &mut |fired| on_timer_fired(&router, fired));
+        if mailbox.take_timer_due() {
+            self.lapic_timer = None;
+            if let Some(deadline) = self.lapic.timer_deadline() {
+                if deadline <= now {
+                    self.counters().record_lateness(now - deadline);
+                }
+            }
+            if let Some(next) = self.lapic.timer_fired(now) {
+                self.arm_lapic_timer(next);
+            }
+        }
+        if self.lapic.take_nmi() {
+            let _ = self.vcpu.nmi();
+        }
+    }
+
+    /// Injects the highest pending interrupt if the guest can take it, else asks KVM for an
+    /// interrupt window.
+    fn inject(&mut self) {
+        let Some(vector) = self.lapic.next_interrupt() else {
+            self.vcpu.get_kvm_run().request_interrupt_window = 0;
+            return;
+        };
+        let run = self.vcpu.get_kvm_run();
+        if run.ready_for_interrupt_injection != 0 && run.if_flag != 0 {
+            let irq = kvm_bindings::kvm_interrupt {
+                irq: u32::from(vector),
+            };
+            // SAFETY: KVM_INTERRUPT reads one kvm_interrupt from `irq`, which outlives the
+            // call; the fd is this thread's vCPU.
+            let rc = unsafe { ioctl_with_ref(&self.vcpu, KVM_INTERRUPT(), &irq) };
+            if rc == 0 {
+                self.lapic.interrupt_injected(vector);
+                self.counters().injected.fetch_add(1, Ordering::Relaxed);
+            }
+            let more = self.lapic.next_interrupt().is_some();
+            self.vcpu.get_kvm_run().request_interrupt_window = u8::from(more);
+        } else {
+            run.request_interrupt_window = 1;
+        }
+    }
+
+    /// HLT: block until an interrupt the guest can take, its own timer, or VM control.
+    fn halt(&mut self, mailbox: &Mailbox) -> Halt {
+        let interrupts_enabled = self.vcpu.get_kvm_run().if_flag != 0;
+        loop {
+            let now = self.clock.now();
+            self.service(mailbox, now);
+            if self.shared.stop.is_requested() {
+                return Halt::Stop;
+            }
+            let wakes = (interrupts_enabled && self.lapic.has_pending_interrupt())
+                || self.lapic.init_sipi_state() != InitSipiState::Running;
+            if wakes {
+                return Halt::Resume;
+            }
+            self.block(mailbox);
+        }
+    }
+
+    /// One block: idle in the timer model, park until its timeout or a kick, wake.
+    fn block(&mut self, mailbox: &Mailbox) {
+        let counters = &self.shared.vcpu_counters[self.index()];
+        mailbox.set_blocked();
+        if !mailbox.has_work() && !self.shared.stop.is_requested() {
+            counters.blocks.fetch_add(1, Ordering::Relaxed);
+            let timeout = self.timers.idle(self.clock.now());
+            loop {
+                let now = self.clock.now();
+                if mailbox.has_work() || self.shared.stop.is_requested() {
+                    break;
+                }
+                let timeout = timeout.min(self.timers.idle_timeout());
+                if timeout == NEVER {
+                    std::thread::park();
+                } else if timeout > now {
+                    std::thread::park_timeout(Duration::from_nanos(timeout - now));
+                } else {
+                    break;
+                }
+                if self.clock.now() >= timeout {
+                    break;
+                }
+            }
+            let cause = mailbox.wake_cause();
+            let counter = match cause {
+                Some(WakeCause::Interrupt) => &counters.wake_interrupt,
+                Some(WakeCause::Timer) => &counters.wake_timer,
+                Some(WakeCause::Control) => &counters.wake_control,
+                None if self
+                    .lapic
+                    .timer_deadline()
+                    .is_some_and(|d| d <= self.clock.now()) =>
+                {
+                    &counters.wake_timer
+                }
+                None => &counters.wake_other,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            self.timers.wake(self.clock.now());
+        }
+        mailbox.set_running();
+    }
+
+    /// An AP (or a vCPU after INIT) waits for its start-up IPI. Ok(false): the VM stops.
+    fn wait_for_sipi(&mut self, mailbox: &Mailbox) -> Result<bool, StopReason> {
+        let vcpu_err =
+            |what: &str, e: kvm_ioctls::Error| StopReason::VmmError(format!("{what} on vCPU: {e}"));
+        // INIT: back to the architectural reset state.
+        self.vcpu
+            .set_regs(&self.reset_regs)
+            .map_err(|e| vcpu_err("KVM_SET_REGS", e))?;
+        self.vcpu
+            .set_sregs(&self.reset_sregs)
+            .map_err(|e| vcpu_err("KVM_SET_SREGS", e))?;
+        loop {
+            if self.shared.stop.is_requested() {
+                return Ok(false);
+            }
+            if let Some(vector) = self.lapic.take_sipi() {
+                let mut sregs = self.reset_sregs;
+                sregs.cs.selector = u16::from(vector) << 8;
+                sregs.cs.base = u64::from(vector) << 12;
+                self.vcpu
+                    .set_sregs(&sregs)
+                    .map_err(|e| vcpu_err("KVM_SET_SREGS", e))?;
+                let regs = kvm_regs {
+                    rip: 0,
+                    rflags: 2,
+                    ..self.reset_regs
+                };
+                self.vcpu
+                    .set_regs(&regs)
+                    .map_err(|e| vcpu_err("KVM_SET_REGS", e))?;
+                return Ok(true);
+            }
+            mailbox.set_blocked();
+            if !mailbox.has_work() && !self.shared.stop.is_requested() {
+                std::thread::park();
+            }
+            mailbox.set_running();
+            let now = self.clock.now();
+            self.service(mailbox, now);
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Exits that only reach lull without an in-kernel irqchip: LAPIC and IOAPIC MMIO, LAPIC and
+//! other MSRs. A free function over the exit, testable with a real `Lapic` and no KVM.
+
+use std::sync::atomic::Ordering;
+
+use devices::lapic::{is_lapic_msr, Lapic, LapicEffects, LapicEvents};
+use kvm_ioctls::VcpuExit;
+
+use super::exit::{handle_exit, ExitContext, VcpuAction};
+use crate::irqchip::router::InterruptRouter;
+use crate::layout::IOAPIC_ADDR;
+use crate::ratelimit::LogLimiter;
+
+/// Size of the IOAPIC's MMIO window.
+pub const IOAPIC_WINDOW: u64 = 0x1000;
+/// Size of the xAPIC MMIO page.
+pub const LAPIC_WINDOW: u64 = 0x1000;
+
+/// The state a user-irqchip exit handler may touch.
+pub struct UserExitContext<'a, E: LapicEvents> {
+    /// What every exit handler gets.
+    pub base: ExitContext<'a>,
+    /// This vCPU's LAPIC.
+    pub lapic: &'a mut Lapic<E>,
+    /// The VM's interrupt fabric.
+    pub router: &'a InterruptRouter,
+    /// Current VM-clock time.
+    pub now: u64,
+    /// MSRs that #GP because nobody implements them.
+    pub unknown_msr: &'a LogLimiter,
+}
+
+/// What the run loop must do after a user-irqchip exit.
+#[derive(Debug, Default)]
+pub struct UserOutcome {
+    /// The generic action.
+    pub action: Option<VcpuAction>,
+    /// LAPIC side effects to apply (timer, IPI, EOI, routing change).
+    pub effects: Option<LapicEffects>,
+}
+
+fn done(action: VcpuAction) -> UserOutcome {
+    UserOutcome {
+        action: Some(action),
+        effects: None,
+    }
+}
+
+fn lapic_effects(effects: LapicEffects) -> UserOutcome {
+    UserOutcome {
+        action: Some(VcpuAction::Continue),
+        effects: Some(effects),
+    }
+}
+
+/// Handles one exit in `--irqchip user` mode.
+pub fn handle_user_exit<E: LapicEvents>(
+    exit: VcpuExit<'_>,
+    ctx: &mut UserExitContext<'_, E>,
+) -> UserOutcome {
+    let counters = ctx.base.counters;
+    let lapic_base = ctx.lapic.base_address();
+    let in_lapic = |addr: u64| addr >= lapic_base && addr - lapic_base < LAPIC_WINDOW;
+    let in_ioapic = |addr: u64| addr >= IOAPIC_ADDR && addr - IOAPIC_ADDR < IOAPIC_WINDOW;
+    match exit {
+        VcpuExit::MmioRead(addr, data) if in_lapic(addr) => {
+            counters.mmio_read.fetch_add(1, Ordering::Relaxed);
+            ctx.lapic.read_mmio(addr - lapic_base, data, ctx.now);
+            done(VcpuAction::Continue)
+        }
+        VcpuExit::MmioWrite(addr, data) if in_lapic(addr) => {
+            counters.mmio_write.fetch_add(1, Ordering::Relaxed);
+            lapic_effects(ctx.lapic.write_mmio(addr - lapic_base, data, ctx.now))
+        }
+        VcpuExit::MmioRead(addr, data) if in_ioapic(addr) => {
+            counters.mmio_read.fetch_add(1, Ordering::Relaxed);
+            ctx.router.ioapic_read(addr - IOAPIC_ADDR, data);
+            done(VcpuAction::Continue)
+        }
+        VcpuExit::MmioWrite(addr, data) if in_ioapic(addr) => {
+            counters.mmio_write.fetch_add(1, Ordering::Relaxed);
+            ctx.router.ioapic_write(addr - IOAPIC_ADDR, data);
+            done(VcpuAction::Continue)
+        }
+        VcpuExit::X86Rdmsr(msr) => {
+            counters.msr.fetch_add(1, Ordering::Relaxed);
+            if is_lapic_msr(msr.index) {
+                match ctx.lapic.read_msr(msr.index, ctx.now) {
+                    Ok(value) => *msr.data = value,
+                    Err(_) => *msr.error = 1,
+                }
+            } else {
+                unknown_msr(ctx, msr.index, "read");
+                *msr.error = 1;
+            }
+            done(VcpuAction::Continue)
+        }
+        VcpuExit::X86Wrmsr(msr) => {
+            counters.msr.fetch_add(1, Ordering::Relaxed);
+            if is_lapic_msr(msr.index) {
+                match ctx.lapic.write_msr(msr.index, msr.data, ctx.now) {
+                    Ok(effects) => return lapic_effects(effects),
+                    Err(_) => *msr.error = 1,
+                }
+            } else {
+                unknown_msr(ctx, msr.index, "write");
+                *msr.error = 1;
+            }
+            done(VcpuAction::Continue)
+        }
+        VcpuExit::IrqWindowOpen => {
+            counters.irq_window.fetch_add(1, Ordering::Relaxed);
+            done(VcpuAction::Continue)
+        }
+        other => done(handle_exit(other, &ctx.base)),
+    }
+}
+
+fn unknown_msr<E: LapicEvents>(ctx: &UserExitContext<'_, E>, index: u32, dir: &str) {
+    if let Some(n) = ctx.unknown_msr.hit() {
+        tracing::warn!(
+            vcpu = ctx.base.vcpu,
+            "guest {dir} of unimplemented MSR {index:#x}: #GP injected ({n} so far)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{GuestNoise, VcpuCounters};
+    use devices::ioapic::IoApic;
+    use devices::lapic::{LapicConfig, LapicTimerChange};
+    use devices::pio::PioBus;
+    use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
+
+    fn setup() -> (
+        Lapic,
+        InterruptRouter,
+        PioBus,
+        VcpuCounters,
+        GuestNoise,
+        LogLimiter,
+    ) {
+        let lapic = Lapic::new(LapicConfig {
+            bsp: true,
+            ..LapicConfig::default()
+        })
+        .unwrap();
+        let router = InterruptRouter::new(vec![lapic.destination_info()], vec![], IoApic::new(1));
+        (
+            lapic,
+            router,
+            PioBus::new(),
+            VcpuCounters::default(),
+            GuestNoise::default(),
+            LogLimiter::new(),
+        )
+    }
+
+    #[test]
+    fn lapic_mmio_arms_the_timer() {
+        let (mut lapic, router, bus, counters, noise, msr) = setup();
+        let mut ctx = UserExitContext {
+            base: ExitContext {
+                vcpu: 0,
+                pio: &bus,
+                counters: &counters,
+                noise: &noise,
+            },
+            lapic: &mut lapic,
+            router: &router,
+            now: 0,
+            unknown_msr: &msr,
+        };
+        let base = 0xfee0_0000;
+        handle_user_exit(
+            VcpuExit::MmioWrite(base + 0xf0, &0x1ffu32.to_le_bytes()),
+            &mut ctx,
+        );
+        handle_user_exit(
+            VcpuExit::MmioWrite(base + 0x320, &0x40u32.to_le_bytes()),
+            &mut ctx,
+        );
+        handle_user_exit(
+            VcpuExit::MmioWrite(base + 0x3e0, &0xbu32.to_le_bytes()),
+            &mut ctx,
+        );
+        let out = handle_user_exit(
+            VcpuExit::MmioWrite(base + 0x380, &1_000_000u32.to_le_bytes()),
+            &mut ctx,
+        );
+        assert_eq!(
+            out.effects.unwrap().timer,
+            LapicTimerChange::Arm {
+                deadline_ns: 1_000_000
+            }
+        );
+        let mut id = [0u8; 4];
+        handle_user_exit(VcpuExit::MmioRead(base + 0x30, &mut id), &mut ctx);
+        assert_eq!(u32::from_le_bytes(id) & 0xff, 0x14);
+        assert_eq!(counters.mmio_write.load(Ordering::Relaxed), 4);
+    }
+
+    #[test]
+    fn unknown_msrs_fault_and_lapic_msrs_do_not() {
+        let (mut lapic, router, bus, counters, noise, msr_log) = setup();
+        let mut ctx = UserExitContext {
+            base: ExitContext {
+                vcpu: 0,
+                pio: &bus,
+                counters: &counters,
+                noise: &noise,
+            },
+            lapic: &mut lapic,
+            router: &router,
+            now: 0,
+            unknown_msr: &msr_log,
+        };
+        let (mut error, mut data) = (0u8, 0u64);
+        let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Unknown,
+            index: 0x1234,
+            data: &mut data,
+        });
+        handle_user_exit(exit, &mut ctx);
+        assert_eq!(error, 1);
+        let (mut error, mut data) = (0u8, 0u64);
+        let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Filter,
+            index: 0x1b,
+            data: &mut data,
+        });
+        handle_user_exit(exit, &mut ctx);
+        assert_eq!((error, data & 0xffff_f000), (0, 0xfee0_0000));
+        let mut error = 0u8;
+        let exit = VcpuExit::X86Wrmsr(WriteMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Filter,
+            index: 0x6e0,
+            data: 5,
+        });
+        let out = handle_user_exit(exit, &mut ctx);
+        assert_eq!(error, 0);
+        assert!(out.effects.is_some());
+        assert_eq!(msr_log.count(), 1);
+    }
+}

@@ -1,18 +1,78 @@
-//! Timer bases and the hierarchical pull model (see `docs/ARCHITECTURE.md`).
+//! lull's timers: per-CPU timer bases and the hierarchical *pull* model for idle vCPUs.
+//!
+//! Pure Rust, no KVM, no `unsafe`. The pieces, bottom-up:
+//!
+//! * [`Clock`]: monotonic nanoseconds ([`MonotonicClock`], [`FakeClock`] for tests).
+//! * [`TimerBase`]: one per vCPU thread. *Pinned* timers (the LAPIC timer) live in a queue
+//!   only the owner touches: arm/cancel costs no lock and no syscall. *Global* timers (device
+//!   and housekeeping deadlines) live in a [`GlobalQueue`] another thread may expire while
+//!   the owner is idle. Handles cancel and re-arm in O(log n).
+//! * [`Hierarchy`]: Linux's `timer_migration` scheme. Idle CPUs hand their first global
+//!   expiry up a tree of groups; one running *migrator* per group pulls them, so an idle vCPU
+//!   is not woken for timers someone else can run. See the [`hierarchy`] module docs.
+//! * [`model`]: `pull`, `push` and `central` behind [`CpuTimers`] / [`TimerModel`], so a VM
+//!   picks one at start-up. Host timers sit behind [`HostTimer`] ([`TimerFdHost`] for real,
+//!   [`FakeHostTimer`] for tests); [`Metrics`] counts arms, expiries and kicks; the
+//!   [`Waker`] hook tells the VMM to kick a vCPU.
+//!
+//! State transitions emit `tracing` events with target `timer::tmigr`.
+//!
+//! # Example: a vCPU's idle timer is pulled by a running one
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use timer::{build, AfterFire, CpuId, FakeHostTimer, HostTimer, ModelKind, TimerKind, NEVER};
+//!
+//! // The VMM's kick: here we only record who would be kicked.
+//! let kicked = Arc::new(Mutex::new(Vec::new()));
+//! let k = Arc::clone(&kicked);
+//! let waker = Arc::new(move |cpu: CpuId| k.lock().unwrap().push(cpu));
+//! // Two vCPUs on NUMA node 0; host ticks are fakes (use TimerFdHost in the VMM).
+//! let mut m = build::<&str>(ModelKind::Pull, &[0, 0], &mut |_| {
+//!     Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>
+//! }, waker)?;
+//!
+//! // vCPU 1 arms its LAPIC timer (pinned) and a device deadline (global), then halts.
+//! m.cpus[1].arm(TimerKind::Pinned, 5_000, "lapic");
+//! m.cpus[1].arm(TimerKind::Global, 1_000, "virtio-blk");
+//! let timeout = m.cpus[1].idle(0);
+//! assert_eq!(timeout, 5_000); // it blocks until its own LAPIC timer, not the device one
+//! // vCPU 0 is the migrator: it is kicked to re-arm its host tick for vCPU 1's deadline.
+//! assert_eq!(*kicked.lock().unwrap(), vec![0]);
+//!
+//! // vCPU 0 keeps running; at its exits/host tick it runs its timers and pulls vCPU 1's.
+//! assert_eq!(m.cpus[0].run(0, &mut |_| AfterFire::Done), 1_000); // arm host tick for 1000
+//! let mut fired = Vec::new();
+//! m.cpus[0].run(1_000, &mut |f| {
+//!     fired.push((f.cpu, f.payload, f.remote));
+//!     AfterFire::NotifyOwner // e.g. an interrupt for vCPU 1 is now pending
+//! });
+//! assert_eq!(fired, vec![(1, "virtio-blk", true)]);
+//! assert_eq!(*kicked.lock().unwrap(), vec![0, 1]);
+//!
+//! // vCPU 1 wakes (kicked or at its timeout), activates, runs its own timers.
+//! m.cpus[1].wake(5_000);
+//! m.cpus[1].run(5_000, &mut |f| { assert_eq!(f.payload, "lapic"); AfterFire::Done });
+//! assert_eq!(m.cpus[1].run(5_000, &mut |_| AfterFire::Done), NEVER);
+//! assert_eq!(m.shared.metrics().remote_expiries, 1);
+//! # Ok::<(), timer::ModelError>(())
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod base;
 pub mod clock;
+pub mod hierarchy;
+pub mod host;
+pub mod metrics;
+pub mod model;
 mod queue;
 mod sync;
 
 pub use base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
 pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, NEVER};
-pub mod hierarchy;
-pub use hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry};
-pub mod host;
-pub mod metrics;
-pub mod model;
+pub use hierarchy::{
+    Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry, RemoteOutcome,
+};
 pub use host::{FakeHostTimer, HostTimer, HostTimerError, TimerFdHost};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use model::{build, CpuTimers, Model, ModelError, ModelKind, TimerModel, Waker};

@@ -103,3 +103,54 @@ fn loom_flip_flop() {
         h.snapshot().check().unwrap();
     });
 }
+
+/// CPU 1's global timers, shared with whoever expires them remotely.
+struct Remote(Arc<loom::sync::Mutex<Vec<u64>>>);
+
+impl timer::RemoteExpiry for Remote {
+    fn expire_remote(&mut self, _cpu: timer::CpuId, now: u64) {
+        self.0.lock().unwrap().retain(|&d| d > now);
+    }
+
+    fn next_global(&mut self, _cpu: timer::CpuId) -> u64 {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(NEVER)
+    }
+}
+
+/// The migrator expires idle CPU 1's due timer while CPU 1 arms a new, earlier-than-reported
+/// one (the `remote` flag protocol): afterwards the new timer is still reachable.
+#[test]
+fn loom_remote_expiry_races_new_timer() {
+    model(|| {
+        let h = Arc::new(tree());
+        let q = Arc::new(loom::sync::Mutex::new(vec![100u64, 500]));
+        h.activate(0);
+        h.activate(1);
+        h.deactivate(1, 100);
+        let (h2, q2) = (Arc::clone(&h), Arc::clone(&q));
+        let t = thread::spawn(move || {
+            q2.lock().unwrap().push(150);
+            h2.new_timer(1, 150);
+        });
+        h.handle_remote(0, 100, &mut Remote(Arc::clone(&q)));
+        t.join().unwrap();
+        let s = h.snapshot();
+        s.check().unwrap();
+        let first = q.lock().unwrap().iter().copied().min().unwrap();
+        assert_eq!(first, 150);
+        // CPU 1's event in its group (whose migrator, CPU 0, is active) covers the timer.
+        let g = &s.groups[s.cpus[1].group];
+        let e = g.events.iter().find(|e| e.slot == s.cpus[1].slot);
+        assert!(
+            e.is_some_and(|e| e.expiry <= 150),
+            "timer at 150 unreachable: {e:?}"
+        );
+        assert!(h.remote_deadline(0) <= 150);
+    });
+}

@@ -394,7 +394,7 @@ type Stat = (usize, usize, usize, u64, u64);
 static STATS: Mutex<Vec<Stat>> = Mutex::new(Vec::new());
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     #[test]
     fn pull_model_never_loses_a_timer(n in 1usize..=70, ops in proptest::collection::vec(op(), 1..120)) {

@@ -2,16 +2,23 @@
 //!
 //! ```text
 //!   TimerBase<T> (owned by the vCPU thread, &mut self)
-//!   ├── pinned: TimerQueue<T>          only the owner arms/expires: no lock, no atomics
-//!   └── global: Arc<GlobalQueue<T>>    owner arms (uncontended lock); any thread may expire
-//!         ├── queue:  Mutex<TimerQueue<T>>
-//!         ├── expiry: Mutex<()>         held for a whole expiry run: one expirer at a time
-//!         └── head:   AtomicU64         first global deadline, readable without the lock
+//!   ├── pinned: TimerQueue<T>            only the owner arms/expires: no lock, no atomics
+//!   ├── globals: TimerQueue<T>           global timers while the owner runs: no lock either
+//!   └── shared: Arc<GlobalQueue<T>>      global timers while the owner is idle
+//!         ├── queue:  Mutex<TimerQueue<T>>  any thread may expire it (remote expiry)
+//!         ├── expiry: Mutex<()>            held for a whole expiry run: one expirer at a time
+//!         └── head:   AtomicU64            first global deadline, readable without the lock
 //! ```
 //!
 //! A pinned timer (a vCPU's LAPIC timer) can only fire on its own CPU. A global timer may be
 //! expired by another CPU while its owner is idle (see `Hierarchy`); its callback then runs on
 //! that other thread and says, through [`AfterFire`], whether the owner must be woken.
+//!
+//! Remote expiry only happens while the owner is idle, so the global timers live in an
+//! owner-only queue while it runs and are handed over whole (one `mem::swap` under the lock,
+//! handles stay valid) by [`TimerBase::share_globals`] before it goes idle, and taken back by
+//! [`TimerBase::reclaim_globals`] when it wakes. Arming a global timer while running is then
+//! as cheap as arming a pinned one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,6 +167,13 @@ impl<T> GlobalQueue<T> {
         lock(&self.queue).deadline(s)
     }
 
+    /// Exchanges the shared queue with the owner's (the hand-over at idle entry and exit).
+    fn swap(&self, q: &mut TimerQueue<T>) {
+        let mut shared = lock(&self.queue);
+        std::mem::swap(&mut *shared, q);
+        self.publish(&shared);
+    }
+
     /// Expires every global timer due at `now`, one expirer at a time, calling `f` for each
     /// outside the queue lock (so `f` may arm timers on this base). Returns how many fired
     /// and how many callbacks asked to notify the owner.
@@ -204,20 +218,25 @@ impl<T> GlobalQueue<T> {
     }
 }
 
-/// One CPU's timer base: a pinned queue owned by the CPU's thread and a shared global queue.
+/// One CPU's timer base: a pinned queue and a global queue owned by the CPU's thread, the
+/// global one handed to other CPUs while this one is idle.
 #[derive(Debug)]
 pub struct TimerBase<T> {
     cpu: CpuId,
     pinned: TimerQueue<T>,
+    globals: TimerQueue<T>,
+    shared_mode: bool,
     global: Arc<GlobalQueue<T>>,
 }
 
 impl<T> TimerBase<T> {
-    /// An empty base for `cpu`.
+    /// An empty base for `cpu`, its global timers owner-only (as for a running CPU).
     pub fn new(cpu: CpuId) -> Self {
         Self {
             cpu,
             pinned: TimerQueue::new(),
+            globals: TimerQueue::new(),
+            shared_mode: false,
             global: Arc::new(GlobalQueue::new(cpu)),
         }
     }
@@ -227,16 +246,40 @@ impl<T> TimerBase<T> {
         self.cpu
     }
 
-    /// The shared global half, for remote expiry by other CPUs.
+    /// The shared global queue, for remote expiry by other CPUs while this one is idle.
     pub fn global(&self) -> &Arc<GlobalQueue<T>> {
         &self.global
     }
 
-    /// Arms a timer; pinned ones touch no lock and no atomic.
+    /// Hands the global timers to the shared queue so other CPUs can expire them (before
+    /// going idle). Idempotent.
+    pub fn share_globals(&mut self) {
+        if !self.shared_mode {
+            self.global.swap(&mut self.globals);
+            self.shared_mode = true;
+        }
+    }
+
+    /// Takes the global timers back from the shared queue (after waking). Idempotent.
+    pub fn reclaim_globals(&mut self) {
+        if self.shared_mode {
+            self.global.swap(&mut self.globals);
+            self.shared_mode = false;
+        }
+    }
+
+    /// True while the global timers are in the shared queue.
+    pub fn globals_shared(&self) -> bool {
+        self.shared_mode
+    }
+
+    /// Arms a timer. Pinned ones, and global ones while not shared, touch no lock and no
+    /// atomic.
     pub fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
         let slot = match kind {
             TimerKind::Pinned => self.pinned.arm(deadline, payload),
-            TimerKind::Global => self.global.arm(deadline, payload),
+            TimerKind::Global if self.shared_mode => self.global.arm(deadline, payload),
+            TimerKind::Global => self.globals.arm(deadline, payload),
         };
         TimerHandle {
             cpu: self.cpu,
@@ -253,7 +296,8 @@ impl<T> TimerBase<T> {
         }
         match h.kind {
             TimerKind::Pinned => self.pinned.cancel(h.slot),
-            TimerKind::Global => self.global.cancel(h.slot),
+            TimerKind::Global if self.shared_mode => self.global.cancel(h.slot),
+            TimerKind::Global => self.globals.cancel(h.slot),
         }
     }
 
@@ -264,7 +308,8 @@ impl<T> TimerBase<T> {
         }
         match h.kind {
             TimerKind::Pinned => self.pinned.rearm(h.slot, deadline),
-            TimerKind::Global => self.global.rearm(h.slot, deadline),
+            TimerKind::Global if self.shared_mode => self.global.rearm(h.slot, deadline),
+            TimerKind::Global => self.globals.rearm(h.slot, deadline),
         }
     }
 
@@ -275,7 +320,8 @@ impl<T> TimerBase<T> {
         }
         match h.kind {
             TimerKind::Pinned => self.pinned.deadline(h.slot),
-            TimerKind::Global => self.global.deadline(h.slot),
+            TimerKind::Global if self.shared_mode => self.global.deadline(h.slot),
+            TimerKind::Global => self.globals.deadline(h.slot),
         }
     }
 
@@ -286,7 +332,11 @@ impl<T> TimerBase<T> {
 
     /// First pending global deadline, or `NEVER`.
     pub fn next_global(&self) -> Nanos {
-        self.global.next_expiry()
+        if self.shared_mode {
+            self.global.next_expiry()
+        } else {
+            self.globals.peek().unwrap_or(NEVER)
+        }
     }
 
     /// First pending deadline of either kind, or `NEVER`.
@@ -296,7 +346,7 @@ impl<T> TimerBase<T> {
 
     /// Number of pending timers of both kinds.
     pub fn len(&self) -> usize {
-        self.pinned.len() + self.global.len()
+        self.pinned.len() + self.globals.len() + self.global.len()
     }
 
     /// True when nothing is pending.
@@ -307,24 +357,36 @@ impl<T> TimerBase<T> {
     /// Expires every pinned and global timer due at `now` on the owner's thread, earliest
     /// pinned first then global. Returns the number fired.
     pub fn expire(&mut self, now: Nanos, f: &mut dyn FnMut(Fired<T>) -> AfterFire) -> usize {
+        let mut fired = Self::expire_queue(self.cpu, &mut self.pinned, TimerKind::Pinned, now, f);
+        if self.shared_mode {
+            if self.global.next_expiry() <= now {
+                fired += self.global.expire(now, false, f).0;
+            }
+        } else if self.globals.peek().is_some_and(|d| d <= now) {
+            // A remote expirer may still be running a callback it popped before the hand-back.
+            let _one_expirer = lock(&self.global.expiry);
+            fired += Self::expire_queue(self.cpu, &mut self.globals, TimerKind::Global, now, f);
+        }
+        fired
+    }
+
+    fn expire_queue(
+        cpu: CpuId,
+        q: &mut TimerQueue<T>,
+        kind: TimerKind,
+        now: Nanos,
+        f: &mut dyn FnMut(Fired<T>) -> AfterFire,
+    ) -> usize {
         let mut fired = 0;
-        while let Some((slot, deadline, payload)) = self.pinned.pop_due(now) {
+        while let Some((slot, deadline, payload)) = q.pop_due(now) {
             fired += 1;
-            let handle = TimerHandle {
-                cpu: self.cpu,
-                kind: TimerKind::Pinned,
-                slot,
-            };
             f(Fired {
-                cpu: self.cpu,
-                handle,
+                cpu,
+                handle: TimerHandle { cpu, kind, slot },
                 deadline,
                 payload,
                 remote: false,
             });
-        }
-        if self.global.next_expiry() <= now {
-            fired += self.global.expire(now, false, f).0;
         }
         fired
     }
@@ -365,6 +427,10 @@ mod tests {
         let g1 = b.arm(TimerKind::Global, 10, 1);
         let _g2 = b.arm(TimerKind::Global, 20, 2);
         assert_eq!(b.cancel(g1), Some(1));
+        // Nothing is shared while the owner runs.
+        assert!(b.global().is_empty());
+        b.share_globals();
+        assert!(b.globals_shared());
         let remote = Arc::clone(b.global());
         let (fired, notify) = remote.expire(30, true, &mut |f| {
             assert!(f.remote);
@@ -373,6 +439,13 @@ mod tests {
         });
         assert_eq!((fired, notify), (1, 1));
         assert_eq!(b.next_global(), NEVER);
+        // Handles survive the hand-over both ways.
+        let g3 = b.arm(TimerKind::Global, 40, 3);
+        b.reclaim_globals();
+        assert!(b.global().is_empty());
+        assert_eq!(b.deadline(g3), Some(40));
+        b.share_globals();
+        assert_eq!(b.cancel(g3), Some(3));
         // A handle from another base is rejected.
         let mut other = TimerBase::<i32>::new(1);
         assert_eq!(other.cancel(g1), None);

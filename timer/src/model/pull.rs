@@ -198,6 +198,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     fn idle(&mut self, _now: Nanos) -> Nanos {
         if !self.idle {
             self.idle = true;
+            self.base.share_globals();
             self.update_idle();
         }
         self.idle_timeout()
@@ -212,6 +213,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
             self.idle = false;
             self.wakeup = NEVER;
             self.shared.hierarchy.activate(self.base.cpu());
+            self.base.reclaim_globals();
         }
     }
 

@@ -195,3 +195,26 @@ pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
     vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
         .map_err(ioctl_err("KVM_X86_SET_MSR_FILTER"))
 }
+
+/// KVM_GET_STATS_FD, which kvm-ioctls does not wrap.
+mod raw {
+    #[allow(unused_imports)]
+    use ioctl_ioc_nr as _;
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ioc_nr};
+
+    const KVMIO: u32 = 0xAE;
+    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+}
+
+/// A binary statistics fd for a VM or vCPU fd (Linux 5.14+); `None` where KVM has none.
+pub fn stats_fd(fd: &impl std::os::fd::AsRawFd) -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1; `fd` is a live
+    // KVM VM or vCPU fd.
+    let raw = unsafe { vmm_sys_util::ioctl::ioctl(fd, raw::KVM_GET_STATS_FD()) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: `raw` is a fresh descriptor returned to us and owned by nobody else.
+    Some(unsafe { std::fs::File::from_raw_fd(raw) })
+}

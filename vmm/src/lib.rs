@@ -7,6 +7,7 @@ pub mod config;
 pub mod console;
 pub mod cpuid;
 pub mod exit_code;
+pub mod host_stats;
 pub mod irqchip;
 pub mod kit;
 pub mod kvm_vm;

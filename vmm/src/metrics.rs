@@ -223,6 +223,11 @@ pub struct RunReport {
     pub timers: Option<TimerModelSnapshot>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
+    /// lull's threads: context switches (host wake-ups) and CPU time.
+    pub threads: Vec<crate::host_stats::ThreadStat>,
+    /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is
+    /// mounted.
+    pub kvm: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The timer model's counters (a serializable copy of `timer::MetricsSnapshot`).

@@ -117,9 +117,31 @@ pub struct VmShared {
     pub started: Instant,
     /// When the guest wrote its boot-complete marker (time since `started`).
     pub booted: OnceLock<Duration>,
+    /// KVM's binary statistics of each vCPU.
+    pub kvm_stats: Vec<std::fs::File>,
+    /// Statistics of threads that have ended (recorded by each thread on its way out).
+    pub ended_threads: Mutex<Vec<crate::host_stats::ThreadStat>>,
 }
 
 impl VmShared {
+    /// Records the calling thread's statistics and asks the VM to stop.
+    pub fn stop_from_thread(&self, reason: StopReason) {
+        lock(&self.ended_threads).push(crate::host_stats::current_thread_stat());
+        self.stop.request(reason);
+    }
+
+    /// KVM's counters summed over all vCPUs, if KVM offers binary statistics.
+    pub fn kvm_counters(&self) -> Option<std::collections::BTreeMap<String, u64>> {
+        if self.kvm_stats.is_empty() {
+            return None;
+        }
+        let mut out = std::collections::BTreeMap::new();
+        for fd in &self.kvm_stats {
+            crate::host_stats::read_kvm_stats(fd, &mut out).ok()?;
+        }
+        Some(out)
+    }
+
     /// Records the guest's boot-complete marker.
     pub fn mark_booted(&self) {
         let since = self.started.elapsed();
@@ -330,6 +352,11 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         stop: StopSignal::new()?,
         started,
         booted: OnceLock::new(),
+        kvm_stats: vcpus
+            .iter()
+            .filter_map(|v| kvm_vm::stats_fd(&v.fd))
+            .collect(),
+        ended_threads: Mutex::new(Vec::new()),
     });
 
     let signal = install_signal_handlers()?;
@@ -372,6 +399,9 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
             break StopReason::VmmError(format!("event loop: {e:?}"));
         }
     };
+    // Read the host's view while every thread is still there.
+    let threads = crate::host_stats::thread_stats(&lock(&shared.ended_threads));
+    let kvm_counters = shared.kvm_counters();
     if let Some(chip) = &irqchip {
         chip.stop_all();
     }
@@ -403,6 +433,8 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
             .zip(&shared.vcpu_counters)
             .map(|(i, c)| c.snapshot(i))
             .collect(),
+        threads,
+        kvm: kvm_counters,
     };
     Ok(RunOutcome { reason, report })
 }

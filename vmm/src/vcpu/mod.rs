@@ -108,7 +108,7 @@ pub fn run_loop(mut vcpu: VcpuFd, id: u32, shared: Arc<VmShared>) {
             VcpuAction::Continue | VcpuAction::Halted => {}
             VcpuAction::BootComplete => shared.mark_booted(),
             VcpuAction::Stop(reason) => {
-                shared.stop.request(reason);
+                shared.stop_from_thread(reason);
                 return;
             }
         }

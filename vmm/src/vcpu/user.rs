@@ -116,7 +116,7 @@ impl<E: LapicEvents> UserVcpu<E> {
         let reason = self.run_loop(&mailbox);
         kick::unregister_vcpu_thread();
         if let Some(reason) = reason {
-            self.shared.stop.request(reason);
+            self.shared.stop_from_thread(reason);
         }
     }
 
@@ -278,6 +278,9 @@ impl<E: LapicEvents> UserVcpu<E> {
     fn halt(&mut self, mailbox: &Mailbox) -> Halt {
         let interrupts_enabled = self.vcpu.get_kvm_run().if_flag != 0;
         loop {
+            // A kick that arrived while blocked (the host tick, a post) is answered by the
+            // service() below: clear it so the next KVM_RUN does not return at once.
+            self.vcpu.set_kvm_immediate_exit(0);
             let now = self.clock.now();
             self.service(mailbox, now);
             if self.shared.stop.is_requested() {

@@ -1,0 +1,140 @@
+//! What the host saw of a run: per-thread context switches and CPU time from
+//! `/proc/self/task`, and KVM's own exit counters from debugfs (when it is mounted).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One lull thread as the scheduler saw it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ThreadStat {
+    /// Thread name (`vcpu0`, `timers`, `lull`, ...).
+    pub name: String,
+    /// Times it blocked (each is one host wake-up later).
+    pub voluntary_ctxt_switches: u64,
+    /// Times it was preempted.
+    pub nonvoluntary_ctxt_switches: u64,
+    /// CPU time it consumed, in nanoseconds.
+    pub cpu_ns: u64,
+}
+
+fn status_field(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn task_stat(path: &std::path::Path) -> ThreadStat {
+    let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
+    let status = read("status");
+    let cpu_ns = read("schedstat")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    ThreadStat {
+        name: read("comm").trim().to_string(),
+        voluntary_ctxt_switches: status_field(&status, "voluntary_ctxt_switches:"),
+        nonvoluntary_ctxt_switches: status_field(&status, "nonvoluntary_ctxt_switches:"),
+        cpu_ns,
+    }
+}
+
+/// The calling thread's statistics (taken by a thread just before it ends).
+pub fn current_thread_stat() -> ThreadStat {
+    task_stat(std::path::Path::new("/proc/thread-self"))
+}
+
+/// Every live thread of this process, plus `ended` (threads that recorded themselves before
+/// ending), sorted by name.
+pub fn thread_stats(ended: &[ThreadStat]) -> Vec<ThreadStat> {
+    let mut out: Vec<ThreadStat> = ended.to_vec();
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for task in dir.flatten() {
+            let stat = task_stat(&task.path());
+            if !stat.name.is_empty() && !out.iter().any(|t| t.name == stat.name) {
+                out.push(stat);
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// KVM counters lull reports (names of KVM's binary statistics).
+pub const KVM_STATS: &[&str] = &[
+    "exits",
+    "halt_exits",
+    "halt_wakeup",
+    "halt_successful_poll",
+    "halt_attempted_poll",
+    "io_exits",
+    "mmio_exits",
+    "irq_exits",
+    "irq_window_exits",
+    "request_irq_exits",
+    "signal_exits",
+    "irq_injections",
+    "insn_emulation",
+];
+
+/// Reads the counters named in [`KVM_STATS`] from a KVM binary statistics fd
+/// (`KVM_GET_STATS_FD`, Documentation/virt/kvm/api.rst "KVM_GET_STATS_FD") into `into`,
+/// adding them up.
+pub fn read_kvm_stats(fd: &std::fs::File, into: &mut BTreeMap<String, u64>) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let u32_at = |buf: &[u8], off: usize| -> u32 {
+        buf.get(off..off + 4)
+            .and_then(|b| b.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    let mut header = [0u8; 24];
+    fd.read_exact_at(&mut header, 0)?;
+    let name_size = u32_at(&header, 4) as usize;
+    let num_desc = u32_at(&header, 8) as usize;
+    let desc_offset = u64::from(u32_at(&header, 16));
+    let data_offset = u64::from(u32_at(&header, 20));
+    let desc_size = 16 + name_size;
+    let mut descs = vec![0u8; desc_size * num_desc];
+    fd.read_exact_at(&mut descs, desc_offset)?;
+    for d in descs.chunks_exact(desc_size) {
+        let name_bytes = &d[16..];
+        let len = name_bytes
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(name_bytes.len());
+        let name = String::from_utf8_lossy(&name_bytes[..len]);
+        if !KVM_STATS.contains(&name.as_ref()) {
+            continue;
+        }
+        let offset = u64::from(u32_at(d, 8));
+        let mut value = [0u8; 8];
+        fd.read_exact_at(&mut value, data_offset + offset)?;
+        *into.entry(name.into_owned()).or_insert(0) += u64::from_le_bytes(value);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_thread_is_listed_once() {
+        let me = current_thread_stat();
+        assert!(!me.name.is_empty());
+        let stats = thread_stats(std::slice::from_ref(&me));
+        assert_eq!(stats.iter().filter(|t| t.name == me.name).count(), 1);
+        assert!(stats.iter().any(|t| t.cpu_ns > 0));
+    }
+
+    #[test]
+    fn status_fields_parse() {
+        let s = "Name:\tx\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n";
+        assert_eq!(status_field(s, "voluntary_ctxt_switches:"), 12);
+        assert_eq!(status_field(s, "nonvoluntary_ctxt_switches:"), 3);
+        assert_eq!(status_field(s, "missing:"), 0);
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use timer::model::CentralModel;
+use timer::model::{CentralModel, PullModel};
 use timer::{
     Clock, CpuTimers, FakeHostTimer, Hierarchy, HostTimer, MonotonicClock, TimerBase, TimerFdHost,
     TimerKind,
@@ -19,13 +19,18 @@ const FAR: u64 = 1 << 50;
 
 fn enqueue_cancel(c: &mut Criterion) {
     let mut g = c.benchmark_group("enqueue_cancel");
-    for (name, kind, pending) in [
-        ("pinned", TimerKind::Pinned, 0),
-        ("pinned_8_pending", TimerKind::Pinned, 8),
-        ("global", TimerKind::Global, 0),
-        ("global_8_pending", TimerKind::Global, 8),
+    for (name, kind, pending, shared) in [
+        ("pinned", TimerKind::Pinned, 0, false),
+        ("pinned_8_pending", TimerKind::Pinned, 8, false),
+        ("global", TimerKind::Global, 0, false),
+        ("global_8_pending", TimerKind::Global, 8, false),
+        // While the owner is idle its global timers sit behind the shared queue's lock.
+        ("global_idle_owner", TimerKind::Global, 0, true),
     ] {
         let mut base = TimerBase::new(0);
+        if shared {
+            base.share_globals();
+        }
         for i in 0..pending {
             base.arm(kind, FAR + i * 1000, 0u64);
         }
@@ -113,6 +118,27 @@ fn idle_cycle(c: &mut Criterion) {
     g.finish();
 }
 
+/// A whole vCPU idle round trip in the pull model (hand-over of global timers included),
+/// with one pinned and one global timer pending and the other 7 vCPUs running.
+fn pull_idle_wake(c: &mut Criterion) {
+    let (_m, mut cpus) = PullModel::<u64>::new(
+        &[0; 8],
+        &mut |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>,
+        Arc::new(|_| {}),
+    )
+    .expect("pull model");
+    let cpu = &mut cpus[0];
+    cpu.arm(TimerKind::Pinned, FAR + 10, 1);
+    cpu.arm(TimerKind::Global, FAR, 2);
+    c.benchmark_group("pull")
+        .bench_function("idle_wake_8", |b| {
+            b.iter(|| {
+                black_box(cpu.idle(0));
+                cpu.wake(0);
+            })
+        });
+}
+
 fn central(c: &mut Criterion) {
     let mut g = c.benchmark_group("central");
     let fake = FakeHostTimer::new();
@@ -166,6 +192,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = enqueue_cancel, timerfd, idle_cycle, central
+    targets = enqueue_cancel, timerfd, idle_cycle, pull_idle_wake, central
 }
 criterion_main!(benches);

@@ -1,6 +1,6 @@
 //! `pull`: global timers of idle CPUs are expired by a running migrator (see `Hierarchy`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::{CpuTimers, HostTick, ModelKind, OnFire, TimerModel, Waker};
 use crate::base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
@@ -12,7 +12,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 /// The shared part of the pull model: the hierarchy and every CPU's global queue.
 pub struct PullModel<T> {
     hierarchy: Hierarchy,
-    globals: Vec<Arc<GlobalQueue<T>>>,
+    globals: Box<[OnceLock<Arc<GlobalQueue<T>>>]>,
     metrics: Metrics,
     waker: Arc<dyn Waker>,
 }
@@ -45,11 +45,17 @@ impl<T: Send + 'static> PullModel<T> {
         host: &mut dyn FnMut(Option<CpuId>) -> Box<dyn HostTimer>,
         waker: Arc<dyn Waker>,
     ) -> Result<(Arc<Self>, Vec<PullCpu<T>>), HierarchyError> {
+        let max_cpus = config.max_cpus;
         let hierarchy = Hierarchy::new(config, nodes)?;
         let bases: Vec<TimerBase<T>> = (0..nodes.len()).map(TimerBase::new).collect();
+        let globals: Box<[OnceLock<Arc<GlobalQueue<T>>>]> =
+            (0..max_cpus).map(|_| OnceLock::new()).collect();
+        for b in &bases {
+            let _ = globals[b.cpu()].set(Arc::clone(b.global()));
+        }
         let shared = Arc::new(Self {
             hierarchy,
-            globals: bases.iter().map(|b| Arc::clone(b.global())).collect(),
+            globals,
             metrics: Metrics::default(),
             waker,
         });
@@ -69,6 +75,26 @@ impl<T: Send + 'static> PullModel<T> {
         Ok((shared, cpus))
     }
 
+    /// Adds a vCPU on NUMA node `node` at run time (CPU hot-plug); it starts active, like a
+    /// vCPU thread about to run. Safe while the other vCPUs run and go idle.
+    pub fn add_cpu(
+        self: &Arc<Self>,
+        node: NodeId,
+        host: Box<dyn HostTimer>,
+    ) -> Result<PullCpu<T>, HierarchyError> {
+        let cpu = self.hierarchy.add_cpu(node)?;
+        let base = TimerBase::new(cpu);
+        let _ = self.globals[cpu].set(Arc::clone(base.global()));
+        self.hierarchy.activate(cpu);
+        Ok(PullCpu {
+            tick: HostTick::new(host),
+            base,
+            shared: Arc::clone(self),
+            idle: false,
+            wakeup: NEVER,
+        })
+    }
+
     /// The hierarchy, for inspection.
     pub fn hierarchy(&self) -> &Hierarchy {
         &self.hierarchy
@@ -78,6 +104,15 @@ impl<T: Send + 'static> PullModel<T> {
         if let Some(c) = cpu {
             self.metrics.wakeup();
             self.waker.wake(c);
+        }
+    }
+}
+
+impl<T> PullModel<T> {
+    fn global(&self, cpu: CpuId) -> &GlobalQueue<T> {
+        match self.globals.get(cpu).and_then(OnceLock::get) {
+            Some(g) => g,
+            None => panic!("CPU {cpu} has no timer base"),
         }
     }
 }
@@ -104,7 +139,7 @@ struct Remote<'a, T> {
 
 impl<T> RemoteExpiry for Remote<'_, T> {
     fn expire_remote(&mut self, cpu: CpuId, now: Nanos) {
-        let (fired, notify) = self.shared.globals[cpu].expire(now, true, self.f);
+        let (fired, notify) = self.shared.global(cpu).expire(now, true, self.f);
         self.shared.metrics.remote(fired);
         if notify > 0 {
             self.shared.metrics.wakeup();
@@ -113,7 +148,7 @@ impl<T> RemoteExpiry for Remote<'_, T> {
     }
 
     fn next_global(&mut self, cpu: CpuId) -> Nanos {
-        self.shared.globals[cpu].next_expiry()
+        self.shared.global(cpu).next_expiry()
     }
 }
 

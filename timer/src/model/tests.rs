@@ -498,3 +498,41 @@ fn stats() {
         s.iter().map(|x| x.0).max().unwrap()
     );
 }
+
+#[test]
+fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
+    let cfg = crate::hierarchy::HierarchyConfig {
+        group_size: 2,
+        max_cpus: 8,
+        ..Default::default()
+    };
+    let (m, mut cpus) = PullModel::<u32>::with_config(
+        cfg,
+        &[0, 0],
+        &mut |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>,
+        Arc::new(|_: CpuId| {}),
+    )
+    .unwrap();
+    cpus[0].arm(TimerKind::Global, 100, 0);
+    cpus[1].arm(TimerKind::Global, 200, 1);
+    assert_eq!(cpus[0].idle(0), NEVER);
+    assert_eq!(
+        cpus[1].idle(0),
+        100,
+        "last one out wakes for the first global timer"
+    );
+    // A new vCPU arrives: a new root is grown above the old one; the newcomer is the only
+    // running vCPU, so it pulls both idle vCPUs' timers.
+    let mut new = m.add_cpu(1, Box::new(FakeHostTimer::new())).unwrap();
+    assert_eq!(new.cpu(), 2);
+    assert_eq!(m.hierarchy().num_levels(), 2);
+    m.hierarchy().snapshot().check().unwrap();
+    assert_eq!(new.run(0, &mut |_| AfterFire::Done), 100);
+    let mut got = Vec::new();
+    new.run(250, &mut |f| {
+        got.push((f.cpu, f.payload));
+        AfterFire::Done
+    });
+    assert_eq!(got, vec![(0, 0), (1, 1)]);
+    assert_eq!(m.metrics().remote_expiries, 2);
+}

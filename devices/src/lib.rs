@@ -4,6 +4,7 @@
 //! [`pio::PioDevice`] and sit on a [`pio::PioBus`].
 #![forbid(unsafe_code)]
 
+pub mod cmos;
 pub mod i8042;
 pub mod ioapic;
 pub mod lapic;

@@ -53,8 +53,13 @@ fn main() -> ExitCode {
                 eprintln!("lull: {}", outcome.reason);
             }
             if let Some(path) = &cfg.metrics {
-                let json = serde_json::to_string_pretty(&outcome.report).unwrap_or_default();
-                if let Err(e) = std::fs::write(path, json + "\n") {
+                let json = serde_json::to_string_pretty(&outcome.report).unwrap_or_default() + "\n";
+                let written = if path.as_os_str() == "-" {
+                    std::io::Write::write_all(&mut std::io::stderr(), json.as_bytes())
+                } else {
+                    std::fs::write(path, json)
+                };
+                if let Err(e) = written {
                     eprintln!("lull: cannot write metrics to {}: {e}", path.display());
                 }
             }

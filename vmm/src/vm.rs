@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::i8042::{self, I8042};
 use devices::pio::{IgnoredPorts, PioBus, PioBusError};
 use devices::serial::{SerialPort, Trigger, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
@@ -224,6 +225,11 @@ fn build_pio_bus(console: Arc<Mutex<Console>>) -> Result<PioBus, VmError> {
         Arc::new(Mutex::new(TestExit)),
     )?;
     bus.insert(BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker)))?;
+    bus.insert(
+        CMOS_PORT,
+        CMOS_PORT_COUNT,
+        Arc::new(Mutex::new(Cmos::with_host_clock())),
+    )?;
     let ignored = Arc::new(Mutex::new(IgnoredPorts));
     bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none
     bus.insert(0x80, 1, ignored.clone())?; // POST code / I/O delay

@@ -154,3 +154,50 @@ fn loom_remote_expiry_races_new_timer() {
         assert!(h.remote_deadline(0) <= 150);
     });
 }
+
+fn flat_pair() -> Hierarchy {
+    let cfg = HierarchyConfig {
+        group_size: 2,
+        max_cpus: 3,
+        max_nodes: 1,
+        cpus_per_node: None,
+    };
+    Hierarchy::new(cfg, &[0, 0]).unwrap()
+}
+
+/// Checks the tree and that an all-idle tree's first event has someone waking for it.
+fn check_covered(h: &Hierarchy) {
+    let s = h.snapshot();
+    s.check().unwrap();
+    let root = &s.groups[s.root().unwrap()];
+    if root.state.active == 0 && root.next_expiry != NEVER {
+        assert!(
+            s.cpus
+                .iter()
+                .any(|c| c.idle && c.wakeup <= root.next_expiry),
+            "all idle, nobody wakes for {}",
+            root.next_expiry
+        );
+    }
+}
+
+/// A new root is grown above the old one (adding CPU 2) while CPU 0 goes idle, or CPU 1
+/// comes up: the adopted root's bit and event end up right in the new root either way.
+#[test]
+fn loom_root_grows_while_cpus_flip() {
+    model(|| {
+        let h = Arc::new(flat_pair());
+        h.activate(0);
+        let (h1, h2) = (Arc::clone(&h), Arc::clone(&h));
+        let a = thread::spawn(move || {
+            h1.deactivate(0, 100);
+        });
+        let b = thread::spawn(move || h2.activate(1));
+        assert_eq!(h.add_cpu(0).unwrap(), 2);
+        a.join().unwrap();
+        b.join().unwrap();
+        check_covered(&h);
+        h.deactivate(1, NEVER);
+        check_covered(&h);
+    });
+}

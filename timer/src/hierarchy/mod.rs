@@ -230,7 +230,12 @@ impl Hierarchy {
         }
     }
 
-    fn parent(&self, g: &Group) -> Option<&Group> {
+    /// `g`'s parent, if the state word `s` read from `g` says it is linked (the parent id is
+    /// stored before the linked bit is set).
+    fn parent_of(&self, g: &Group, s: state::GroupState) -> Option<&Group> {
+        if !s.linked {
+            return None;
+        }
         match g.parent.load(Ordering::SeqCst) {
             NONE => None,
             p => Some(self.group(p)),

@@ -66,7 +66,9 @@ impl Hierarchy {
             if t.old.migrator.is_some() {
                 break;
             }
-            let Some(p) = self.parent(g) else { break };
+            let Some(p) = self.parent_of(g, t.new) else {
+                break;
+            };
             slot = g.slot();
             p.ignore[usize::from(slot)].store(true, Ordering::SeqCst);
             g = p;
@@ -115,7 +117,7 @@ impl Hierarchy {
                 }
                 break;
             }
-            let Some(p) = self.parent(g) else {
+            let Some(p) = self.parent_of(g, t.new) else {
                 out.wakeup = g.next_expiry.load(Ordering::SeqCst);
                 break;
             };
@@ -222,7 +224,7 @@ impl Hierarchy {
                 };
                 return (NEVER, kick);
             }
-            let Some(p) = self.parent(g) else {
+            let Some(p) = self.parent_of(g, gs) else {
                 let first = if remote {
                     NEVER
                 } else {
@@ -249,11 +251,12 @@ impl Hierarchy {
         let mut slot = c.slot;
         let mut first = NEVER;
         loop {
-            if state::load(&g.state).migrator != Some(slot) {
+            let s = state::load(&g.state);
+            if s.migrator != Some(slot) {
                 return first;
             }
             first = first.min(g.next_expiry.load(Ordering::SeqCst));
-            let Some(p) = self.parent(g) else {
+            let Some(p) = self.parent_of(g, s) else {
                 return first;
             };
             slot = g.slot();
@@ -275,7 +278,8 @@ impl Hierarchy {
         let mut slot = c.slot;
         let mut out = RemoteOutcome::default();
         loop {
-            if state::load(&g.state).migrator != Some(slot) {
+            let s = state::load(&g.state);
+            if s.migrator != Some(slot) {
                 break;
             }
             while let Some(owner) = Self::pop_expired(g, now) {
@@ -285,7 +289,9 @@ impl Hierarchy {
                     out.cpus_expired += 1;
                 }
             }
-            let Some(p) = self.parent(g) else { break };
+            let Some(p) = self.parent_of(g, s) else {
+                break;
+            };
             slot = g.slot();
             g = p;
         }
@@ -350,7 +356,7 @@ impl Hierarchy {
                 return NEVER;
             }
             first = first.min(g.next_expiry.load(Ordering::SeqCst));
-            let Some(p) = self.parent(g) else {
+            let Some(p) = self.parent_of(g, s) else {
                 return first;
             };
             slot = g.slot();

@@ -88,8 +88,9 @@ impl Hierarchy {
         for slot in self.groups.iter() {
             let Some(g) = slot.get() else { break };
             let q = lock(&g.queue);
+            let gs = state::load(&g.state);
             let parent = match g.parent.load(Ordering::SeqCst) {
-                NONE => None,
+                p if p == NONE || !gs.linked => None,
                 p => Some((p, g.slot_in_parent.load(Ordering::SeqCst))),
             };
             let members = g

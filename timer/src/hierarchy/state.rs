@@ -1,20 +1,28 @@
 //! The per-group migration state word and its compare-exchange transitions.
 //!
 //! ```text
-//!  63          40 39      32 31                            0
-//! +--------------+----------+-------------------------------+
-//! |  seq (24 b)  | migrator |  active mask (one bit/child)  |
-//! +--------------+----------+-------------------------------+
+//!  63  62         40 39      32 31                            0
+//! +---+-------------+----------+-------------------------------+
+//! | L |  seq (23 b) | migrator |  active mask (one bit/child)  |
+//! +---+-------------+----------+-------------------------------+
 //! ```
 //! `migrator` is the index of the active child that handles the group's idle children's
 //! events, or `NO_MIGRATOR`. Every successful update bumps `seq`, so a compare-exchange
 //! prepared from a stale read fails even when the visible fields happen to be equal again
 //! (the ABA case: a child goes idle and active again between a deactivator's reads).
+//!
+//! `L` (linked) says the group has a parent. It is set by a compare-exchange on this same
+//! word, so a walker learns whether to go on to a parent from the very update it made: an
+//! update ordered before the link is accounted for by whoever links (it reads the state it
+//! replaces), one ordered after it sees `L` and walks up itself. No store/load race.
 
 use crate::sync::{AtomicU64, Ordering};
 
 /// `migrator` value meaning "no active child".
 pub(crate) const NO_MIGRATOR: u8 = 0xff;
+
+const SEQ_MASK: u64 = 0x7f_ffff;
+const LINKED: u64 = 1 << 63;
 
 /// Largest supported number of children per group (the width of the active mask).
 pub const MAX_GROUP_SIZE: usize = 32;
@@ -26,8 +34,10 @@ pub struct GroupState {
     pub active: u32,
     /// Index of the migrator child, if any.
     pub migrator: Option<u8>,
-    /// Update counter (wraps at 2^24).
+    /// Update counter (wraps at 2^23).
     pub seq: u32,
+    /// The group has a parent.
+    pub linked: bool,
 }
 
 impl GroupState {
@@ -37,19 +47,21 @@ impl GroupState {
         let (active, m, seq) = (
             (w & 0xffff_ffff) as u32,
             ((w >> 32) & 0xff) as u8,
-            (w >> 40) as u32,
+            ((w >> 40) & SEQ_MASK) as u32,
         );
         Self {
             active,
             migrator: (m != NO_MIGRATOR).then_some(m),
             seq,
+            linked: w & LINKED != 0,
         }
     }
 
     pub(crate) fn pack(self) -> u64 {
         u64::from(self.active)
             | (u64::from(self.migrator.unwrap_or(NO_MIGRATOR)) << 32)
-            | (u64::from(self.seq & 0x00ff_ffff) << 40)
+            | ((u64::from(self.seq) & SEQ_MASK) << 40)
+            | if self.linked { LINKED } else { 0 }
     }
 
     /// The idle state: no active child, no migrator.
@@ -57,7 +69,7 @@ impl GroupState {
 }
 
 fn next_seq(s: u32, step: u32) -> u32 {
-    s.wrapping_add(step) & 0x00ff_ffff
+    s.wrapping_add(step) & 0x7f_ffff
 }
 
 /// Result of one transition: the state before and after.
@@ -115,31 +127,16 @@ pub(crate) fn set_inactive(
     }
 }
 
-/// Makes child `slot`'s bit equal `active` (used when a new root adopts the old one).
-pub(crate) fn reconcile(
-    word: &AtomicU64,
-    slot: u8,
-    child_active: &dyn Fn() -> bool,
-    step: u32,
-) -> Transition {
+/// Sets the linked bit of a parentless group. `prepare` sees the state being replaced and
+/// must initialise the new parent from it (the parent is unreachable until the exchange
+/// succeeds); it runs again if the exchange is retried.
+pub(crate) fn link(word: &AtomicU64, prepare: &dyn Fn(GroupState)) -> GroupState {
     let mut cur = word.load(Ordering::SeqCst);
     loop {
         let old = GroupState::unpack(cur);
-        let mut new = old;
-        if child_active() {
-            new.active |= 1 << slot;
-            if new.migrator.is_none() {
-                new.migrator = Some(slot);
-            }
-        } else {
-            new.active &= !(1 << slot);
-            if new.migrator == Some(slot) || new.active == 0 {
-                new.migrator = first_bit(new.active);
-            }
-        }
-        new.seq = next_seq(old.seq, step);
-        match word.compare_exchange_weak(cur, new.pack(), Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return Transition { old, new },
+        prepare(old);
+        match word.compare_exchange(cur, cur | LINKED, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return old,
             Err(w) => cur = w,
         }
     }
@@ -167,6 +164,7 @@ mod tests {
             active: 0b1010,
             migrator: Some(3),
             seq: 77,
+            linked: true,
         };
         assert_eq!(GroupState::unpack(s.pack()), s);
         assert_eq!(GroupState::unpack(GroupState::IDLE).migrator, None);
@@ -202,6 +200,7 @@ mod tests {
                 active: 1,
                 migrator: Some(0),
                 seq: 0,
+                linked: false,
             };
             w.store(s0.pack(), Ordering::SeqCst);
             // Deactivator (for a child that went idle) reads the state ...
@@ -211,12 +210,14 @@ mod tests {
                 active: 0,
                 migrator: None,
                 seq: bump(0),
+                linked: false,
             };
             // ... but before its CAS, the child re-activates: set bit (already set), seq++.
             let again = GroupState {
                 active: 1,
                 migrator: Some(0),
                 seq: bump(0),
+                linked: false,
             };
             w.store(again.pack(), Ordering::SeqCst);
             let stale =

@@ -14,16 +14,18 @@
 //!                                            c0 .. c7    c8
 //! ```
 //!
-//! Adopting the old root `R` is the only step that races with the hot paths. It is done in an
-//! order that needs no lock on them: (1) fill `N`'s slot for `R`, (2) publish `R.parent = N`
-//! (SeqCst), (3) reconcile `R`'s bit in `N` with a compare-exchange loop that re-reads `R`'s
-//! state, (4) queue `R`'s first event in `N`. A CPU whose walk changed `R`'s state either saw
-//! the parent in (2) and updates `N` itself, or made its change before (3) read it; with
-//! SeqCst on both sides at least one of the two happens, and both converge.
+//! Adopting the old root `R` is the only step that races with the hot paths, and it needs no
+//! lock on them: fill `N`'s slot for `R` and store `R.parent = N`, then set `R`'s *linked*
+//! bit with a compare-exchange on `R`'s state word that first initialises `N`'s state from
+//! the state it replaces (`R` active: `N` has `R`'s bit and `R` as migrator; idle: `N` is
+//! idle). Every walker's update of `R` is ordered against that exchange on the same word:
+//! before it, the walker treated `R` as the root and `N` was initialised from its result;
+//! after it, the walker sees the linked bit and updates `N` itself. Last, `R`'s first event
+//! is queued in `N` under both queue locks, as any walk does.
 
 use std::sync::OnceLock;
 
-use super::state::{self, MAX_GROUP_SIZE};
+use super::state::{self, GroupState, MAX_GROUP_SIZE};
 use super::{Child, CpuNode, CpuState, Group, Hierarchy, NONE};
 use crate::base::CpuId;
 use crate::clock::NEVER;
@@ -223,12 +225,13 @@ impl Hierarchy {
         Ok(())
     }
 
-    /// Links a fresh (idle, event-less) group under `pid`.
+    /// Links a fresh (idle, event-less, not yet reachable) group under `pid`.
     fn link(&self, gid: usize, pid: usize, slot: u8) {
         let (g, p) = (self.group(gid), self.group(pid));
         let _ = p.members[usize::from(slot)].set(Child::Group(gid));
         g.slot_in_parent.store(usize::from(slot), Ordering::SeqCst);
         g.parent.store(pid, Ordering::SeqCst);
+        state::link(&g.state, &|_| {});
     }
 
     /// Puts the old root under the new one while CPUs keep running (see the module comment).
@@ -238,9 +241,22 @@ impl Hierarchy {
         let _ = n.members[usize::from(slot)].set(Child::Group(old));
         r.slot_in_parent.store(usize::from(slot), Ordering::SeqCst);
         r.parent.store(new_root, Ordering::SeqCst);
-        let t = state::reconcile(&n.state, slot, &|| r.is_active(), self.seq_step);
+        let was = state::link(&r.state, &|s| {
+            let init = if s.active != 0 {
+                GroupState {
+                    active: 1 << slot,
+                    migrator: Some(slot),
+                    seq: 0,
+                    linked: false,
+                }
+                .pack()
+            } else {
+                GroupState::IDLE
+            };
+            n.state.store(init, Ordering::SeqCst);
+        });
         let (_, first) = self.propagate_group(n, r);
         tracing::debug!(target: super::ops::TRACE_TARGET, event = "new_root", old, new_root,
-            active = t.new.active, migrator = ?t.new.migrator, first);
+            old_root_active = was.active, first);
     }
 }

@@ -201,3 +201,21 @@ fn loom_root_grows_while_cpus_flip() {
         check_covered(&h);
     });
 }
+
+/// The last running CPU goes idle while an idle CPU arms an earlier global timer: one of the
+/// two must end up waking for it.
+#[test]
+fn loom_last_idle_races_new_timer() {
+    model(|| {
+        let h = Arc::new(tree());
+        h.activate(0);
+        h.activate(3);
+        h.deactivate(3, 500);
+        let h2 = Arc::clone(&h);
+        let t = thread::spawn(move || h2.new_timer(3, 50).wakeup);
+        let a = h.deactivate(0, 300).wakeup;
+        let b = t.join().unwrap();
+        check_covered(&h);
+        assert_eq!(a.min(b), 50, "nobody wakes for the timer at 50 ({a}, {b})");
+    });
+}

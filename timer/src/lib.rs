@@ -17,6 +17,16 @@
 //!
 //! State transitions emit `tracing` events with target `timer::tmigr`.
 //!
+//! # Testing
+//!
+//! * `cargo test -p timer`: unit tests, property tests (random operation sequences on 1..=70
+//!   vCPUs checking the hierarchy invariants and every timer's fate after each step, run-time
+//!   growth), a concurrent growth test and a multi-threaded vCPU stress test.
+//! * `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom`: loom models of
+//!   concurrent activate/deactivate, remote expiry vs. a new timer, root growth, and the
+//!   demonstration of why `seq` is needed. `LOOM_MAX_PREEMPTIONS=5` searches deeper (~2 s).
+//! * `resources/bench/bench-timer.sh` (`make bench-timer`): criterion benchmarks.
+//!
 //! # Example: a vCPU's idle timer is pulled by a running one
 //!
 //! ```

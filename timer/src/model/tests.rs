@@ -73,11 +73,20 @@ struct Sim {
 
 impl Sim {
     fn new(n: usize) -> Self {
+        Self::with_group_size(n, 8)
+    }
+
+    fn with_group_size(n: usize, group_size: usize) -> Self {
         let kicks = Arc::new(Mutex::new(Vec::new()));
         let k = Arc::clone(&kicks);
         let waker: Arc<dyn Waker> = Arc::new(move |c: CpuId| k.lock().unwrap().push(c));
         let nodes: Vec<usize> = (0..n).map(|i| i / 24).collect();
-        let (model, cpus) = PullModel::new(
+        let cfg = crate::hierarchy::HierarchyConfig {
+            group_size,
+            ..Default::default()
+        };
+        let (model, cpus) = PullModel::with_config(
+            cfg,
             &nodes,
             &mut |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>,
             waker,
@@ -394,11 +403,17 @@ type Stat = (usize, usize, usize, u64, u64);
 static STATS: Mutex<Vec<Stat>> = Mutex::new(Vec::new());
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES=5000 for a soak run.
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256), max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn pull_model_never_loses_a_timer(n in 1usize..=70, ops in proptest::collection::vec(op(), 1..120)) {
-        let mut sim = Sim::new(n);
+    fn pull_model_never_loses_a_timer(
+        n in 1usize..=70,
+        group_size in prop_oneof![3 => Just(8usize), 1 => Just(2usize)],
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let mut sim = Sim::with_group_size(n, group_size);
         for op in &ops {
             sim.step(op)?;
         }

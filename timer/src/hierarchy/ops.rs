@@ -16,13 +16,15 @@ use crate::sync::{lock, Ordering};
 pub const TRACE_TARGET: &str = "timer::tmigr";
 
 /// Recomputes a group's first live event, dropping ignored entries (the lazy `ignore`).
+/// `ignore` flags use acquire/release only: a stale flag leaves a stale event in the queue,
+/// which costs at most one useless remote expiry.
 fn recompute(g: &Group, q: &mut GroupQueue) -> Nanos {
     let (mut best, mut cpu) = (NEVER, NONE);
     for (i, e) in q.evts.iter_mut().enumerate() {
         if e.expiry == NEVER {
             continue;
         }
-        if g.ignore[i].load(Ordering::SeqCst) {
+        if g.ignore[i].load(Ordering::Acquire) {
             e.expiry = NEVER;
             continue;
         }
@@ -31,6 +33,8 @@ fn recompute(g: &Group, q: &mut GroupQueue) -> Nanos {
         }
     }
     q.first_cpu = cpu;
+    // SeqCst: lock-free readers (kick decisions, remote deadlines) pair this store with their
+    // own compare-exchange on a state word; only a single total order makes that sound.
     g.next_expiry.store(best, Ordering::SeqCst);
     best
 }
@@ -40,7 +44,7 @@ fn set_event(g: &Group, q: &mut GroupQueue, slot: u8, evt: Event) -> (Nanos, Nan
     let old = g.next_expiry.load(Ordering::SeqCst);
     let i = usize::from(slot);
     q.evts[i] = evt;
-    g.ignore[i].store(evt.expiry == NEVER, Ordering::SeqCst);
+    g.ignore[i].store(evt.expiry == NEVER, Ordering::Release);
     let new = recompute(g, q);
     (old, new)
 }
@@ -57,7 +61,7 @@ impl Hierarchy {
         st.idle = false;
         st.wakeup = NEVER;
         let mut g = self.group(c.group);
-        g.ignore[usize::from(c.slot)].store(true, Ordering::SeqCst);
+        g.ignore[usize::from(c.slot)].store(true, Ordering::Release);
         let mut slot = c.slot;
         loop {
             let t = state::set_active(&g.state, slot, self.seq_step);
@@ -70,7 +74,7 @@ impl Hierarchy {
                 break;
             };
             slot = g.slot();
-            p.ignore[usize::from(slot)].store(true, Ordering::SeqCst);
+            p.ignore[usize::from(slot)].store(true, Ordering::Release);
             g = p;
         }
         trace!(target: TRACE_TARGET, event = "cpu_active", cpu);
@@ -118,6 +122,9 @@ impl Hierarchy {
                 break;
             }
             let Some(p) = self.parent_of(g, t.new) else {
+                // Read under the queue lock: a concurrent new timer that queued its event
+                // here either did so before (we see it) or reads our idle state after.
+                let _q = lock(&g.queue);
                 out.wakeup = g.next_expiry.load(Ordering::SeqCst);
                 break;
             };

@@ -65,6 +65,22 @@
 //! * [`Hierarchy::add_cpu`]: hot-add; may create groups and a new root above the old one
 //!   while other CPUs keep going idle and active (see `topology.rs`).
 //!
+//! # Differences from Linux
+//!
+//! * Event queues are arrays with one slot per child, scanned linearly (at most 32 children),
+//!   instead of red-black timerqueues; `ignore` is a per-slot flag in the parent.
+//! * Linux's active CPUs notice new remote work at their periodic tick. A vCPU in KVM_RUN has
+//!   only a lazily armed host tick, so [`Hierarchy::deactivate`] and [`Hierarchy::new_timer`]
+//!   name the migrator to kick when its remote deadline moved earlier or the migrator role
+//!   moved to it ([`IdleUpdate::kick`]).
+//! * Remote re-propagation always walks up to the first active group.
+//! * A new root is connected with the `linked` bit in the old root's state word instead of
+//!   activating the old root under `tmigr_mutex` (see `topology.rs`).
+//! * The state word is 64 bits: a 32-bit active mask, an 8-bit migrator index, a 23-bit
+//!   `seq` and the `linked` bit (Linux: 8 + 8 + 16 bits).
+//! * Reporting a global expiry only when it precedes the first pinned one (Linux's
+//!   `fetch_next_timer_interrupt`) is done by the caller, the pull model.
+//!
 //! # Locking
 //!
 //! CPU state lock, then group queue locks bottom-up, child before parent. State words are

@@ -5,6 +5,10 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{ConfigError, IrqchipMode, SerialMode, TimerModelKind, VmConfig};
+use crate::idle::global_load::GlobalTimersConfig;
+use crate::idle::halt_poll::HaltPollMode;
+use crate::idle::inject::IdleInjectConfig;
+use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
 const EXIT_CODES_HELP: &str = "\
@@ -77,6 +81,29 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODEL")]
     pub timer_model: Option<TimerModelKind>,
 
+    /// Halt polling with `--irqchip user`: `off`, a window such as `50us`, or `adaptive`
+    /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer
+    /// and skips polling when only its own timer has been waking it). Default: adaptive.
+    #[arg(long, value_name = "off|DURATION|adaptive")]
+    pub halt_poll: Option<HaltPollMode>,
+
+    /// Synchronized idle injection with `--irqchip user`: the first PERCENT of every period
+    /// (ms) holds all vCPUs idle together; interrupts and timers in the window wait for its
+    /// end. Example: percent=25,period=100.
+    #[arg(long, value_name = "percent=P,period=MS")]
+    pub idle_inject: Option<IdleInjectConfig>,
+
+    /// Per-VM CPU quota with `--irqchip user`: QUOTA ms of guest run time per PERIOD ms, all
+    /// vCPUs together; vCPUs are parked until the next period once it is used. Periods start
+    /// at a random phase (default) or aligned to the VM start. Example: quota=50,period=100.
+    #[arg(long, value_name = "quota=MS,period=MS[,phase=random|aligned]")]
+    pub cpu_quota: Option<CpuQuotaConfig>,
+
+    /// Synthetic device/housekeeping load with `--irqchip user`: each vCPU keeps COUNT global
+    /// timers armed, re-armed every ~PERIOD ms (jittered), to exercise the timer models.
+    #[arg(long, value_name = "COUNT[,period=MS]")]
+    pub global_timers: Option<GlobalTimersConfig>,
+
     /// Serial console: `stdio` (the terminal), `off`, or `file=PATH` (appended). Default: stdio.
     #[arg(long, value_name = "MODE")]
     pub serial: Option<SerialMode>,
@@ -87,7 +114,8 @@ pub struct RunArgs {
     pub metrics: Option<PathBuf>,
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
-    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, serial, metrics);
+    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, idle_inject,
+    /// cpu_quota, global_timers, serial, metrics);
     /// flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -124,6 +152,18 @@ impl RunArgs {
         }
         if let Some(v) = self.timer_model {
             cfg.timer_model = v;
+        }
+        if let Some(v) = self.halt_poll {
+            cfg.halt_poll = Some(v);
+        }
+        if let Some(v) = self.idle_inject {
+            cfg.idle_inject = Some(v);
+        }
+        if let Some(v) = self.cpu_quota {
+            cfg.cpu_quota = Some(v);
+        }
+        if let Some(v) = self.global_timers {
+            cfg.global_timers = Some(v);
         }
         if let Some(v) = &self.serial {
             cfg.serial = v.clone();

@@ -8,6 +8,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::idle::global_load::GlobalTimersConfig;
+use crate::idle::halt_poll::HaltPollMode;
+use crate::idle::inject::IdleInjectConfig;
+use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
 /// Smallest guest memory lull accepts.
@@ -134,6 +138,14 @@ pub struct VmConfig {
     pub irqchip: IrqchipMode,
     /// Timer model (with the user irqchip).
     pub timer_model: TimerModelKind,
+    /// Halt polling (user irqchip; `None`: adaptive).
+    pub halt_poll: Option<HaltPollMode>,
+    /// Synchronized idle injection (user irqchip).
+    pub idle_inject: Option<IdleInjectConfig>,
+    /// Per-VM CPU quota (user irqchip).
+    pub cpu_quota: Option<CpuQuotaConfig>,
+    /// Synthetic global-timer load (user irqchip).
+    pub global_timers: Option<GlobalTimersConfig>,
     /// Serial console sink.
     pub serial: SerialMode,
     /// Write run metrics as JSON to this file at exit.
@@ -150,6 +162,10 @@ impl Default for VmConfig {
             memory: ByteSize::mib(256),
             irqchip: IrqchipMode::Kernel,
             timer_model: TimerModelKind::Pull,
+            halt_poll: None,
+            idle_inject: None,
+            cpu_quota: None,
+            global_timers: None,
             serial: SerialMode::Stdio,
             metrics: None,
         }
@@ -181,6 +197,9 @@ pub enum ConfigError {
     /// `--memory` out of range.
     #[error("--memory {0} is out of range: use {MIN_MEMORY} to {MAX_MEMORY}")]
     Memory(ByteSize),
+    /// An idle-manager knob was given without the user irqchip.
+    #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
+    NeedsUserIrqchip(&'static str),
 }
 
 impl VmConfig {
@@ -204,6 +223,17 @@ impl VmConfig {
         if self.memory < MIN_MEMORY || self.memory > MAX_MEMORY {
             return Err(ConfigError::Memory(self.memory));
         }
+        if self.irqchip == IrqchipMode::Kernel {
+            let knobs = [
+                (self.halt_poll.is_some(), "--halt-poll"),
+                (self.idle_inject.is_some(), "--idle-inject"),
+                (self.cpu_quota.is_some(), "--cpu-quota"),
+                (self.global_timers.is_some(), "--global-timers"),
+            ];
+            if let Some((_, name)) = knobs.iter().find(|(set, _)| *set) {
+                return Err(ConfigError::NeedsUserIrqchip(name));
+            }
+        }
         Ok(())
     }
 }
@@ -223,12 +253,18 @@ mod tests {
 
     #[test]
     fn json_schema_round_trips_and_rejects_unknown_fields() {
-        let cfg: VmConfig =
-            serde_json::from_str(r#"{"cpus": 2, "memory": "128M", "serial": "off"}"#).unwrap();
+        let cfg: VmConfig = serde_json::from_str(
+            r#"{"cpus": 2, "memory": "128M", "serial": "off", "irqchip": "user",
+                "halt_poll": "adaptive", "idle_inject": "percent=20,period=50",
+                "cpu_quota": "quota=25,period=100,phase=aligned", "global_timers": "4"}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.halt_poll, Some(HaltPollMode::Adaptive));
+        assert_eq!(cfg.idle_inject.map(|c| c.percent), Some(20));
         assert_eq!(cfg.cpus, 2);
         assert_eq!(cfg.memory, ByteSize::mib(128));
         assert_eq!(cfg.serial, SerialMode::Off);
-        assert_eq!(cfg.irqchip, IrqchipMode::Kernel);
+        assert_eq!(cfg.irqchip, IrqchipMode::User);
         let back: VmConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
         assert_eq!(back, cfg);
         assert!(serde_json::from_str::<VmConfig>(r#"{"cpu": 2}"#).is_err());
@@ -243,5 +279,13 @@ mod tests {
         cfg.cpus = 1;
         cfg.memory = ByteSize::mib(8);
         assert!(matches!(cfg.validate(), Err(ConfigError::Memory(_))));
+        cfg.memory = ByteSize::mib(64);
+        cfg.idle_inject = Some("percent=10".parse().unwrap());
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::NeedsUserIrqchip("--idle-inject"))
+        ));
+        cfg.irqchip = IrqchipMode::User;
+        assert!(cfg.validate().is_ok());
     }
 }

@@ -8,6 +8,7 @@ pub mod console;
 pub mod cpuid;
 pub mod exit_code;
 pub mod host_stats;
+pub mod idle;
 pub mod irqchip;
 pub mod kit;
 pub mod kvm_vm;

@@ -39,6 +39,20 @@ pub struct VcpuCounters {
     pub wake_control: AtomicU64,
     /// Wake-ups with nothing to do (host tick of a migrator, spurious).
     pub wake_other: AtomicU64,
+    /// Wake-ups from a block caused by a global timer on its own base.
+    pub wake_global_timer: AtomicU64,
+    /// Global timers (of any vCPU) this vCPU's thread expired.
+    pub global_timer_fires: AtomicU64,
+    /// Halt polls started.
+    pub polls: AtomicU64,
+    /// Halt polls that saw the wake-up.
+    pub polls_won: AtomicU64,
+    /// Time spent polling.
+    pub poll_ns: AtomicU64,
+    /// Time held idle by idle injection.
+    pub injected_idle_ns: AtomicU64,
+    /// Time held by the CPU quota.
+    pub throttled_ns: AtomicU64,
     /// LAPIC timer expiries handled.
     pub lapic_timer_fires: AtomicU64,
     /// Host-side lateness of LAPIC timer expiries: bucket i counts lateness in
@@ -95,6 +109,20 @@ pub struct VcpuSnapshot {
     pub wakeups: WakeupSnapshot,
     /// LAPIC timer expiries handled.
     pub lapic_timer_fires: u64,
+    /// Global timers this vCPU's thread expired (its own and, as a migrator, others').
+    pub global_timer_fires: u64,
+    /// Halt polls started.
+    pub polls: u64,
+    /// Halt polls that saw the wake-up.
+    pub polls_won: u64,
+    /// Halt polls that did not.
+    pub polls_lost: u64,
+    /// Time spent polling, ns.
+    pub poll_ns: u64,
+    /// Time held idle by idle injection, ns.
+    pub injected_idle_ns: u64,
+    /// Time held by the CPU quota, ns.
+    pub throttled_ns: u64,
     /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
     pub lateness_us_log2: Vec<u64>,
 }
@@ -110,6 +138,8 @@ pub struct WakeupSnapshot {
     pub control: u64,
     /// Nothing to do.
     pub other: u64,
+    /// A global timer of its own base (never in `pull` while another vCPU runs).
+    pub global_timer: u64,
 }
 
 impl VcpuCounters {
@@ -134,8 +164,16 @@ impl VcpuCounters {
                 interrupt: g(&self.wake_interrupt),
                 control: g(&self.wake_control),
                 other: g(&self.wake_other),
+                global_timer: g(&self.wake_global_timer),
             },
             lapic_timer_fires: g(&self.lapic_timer_fires),
+            global_timer_fires: g(&self.global_timer_fires),
+            polls: g(&self.polls),
+            polls_won: g(&self.polls_won),
+            polls_lost: g(&self.polls).saturating_sub(g(&self.polls_won)),
+            poll_ns: g(&self.poll_ns),
+            injected_idle_ns: g(&self.injected_idle_ns),
+            throttled_ns: g(&self.throttled_ns),
             lateness_us_log2: self.lateness_us_log2.iter().map(g).collect(),
         }
     }
@@ -221,6 +259,14 @@ pub struct RunReport {
     pub timer_model: Option<String>,
     /// Timer-model counters (user irqchip only).
     pub timers: Option<TimerModelSnapshot>,
+    /// Halt-polling mode (user irqchip).
+    pub halt_poll: Option<String>,
+    /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.
+    pub idle_inject: Option<IdleInjectReport>,
+    /// CPU quota (user irqchip).
+    pub cpu_quota: Option<crate::idle::quota::QuotaReport>,
+    /// Global-timer load (user irqchip): setting and fires on the `central` timer thread.
+    pub global_timers: Option<GlobalTimersReport>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
     /// lull's threads: context switches (host wake-ups) and CPU time.
@@ -228,6 +274,24 @@ pub struct RunReport {
     /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is
     /// mounted.
     pub kvm: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// Idle injection in the report.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct IdleInjectReport {
+    /// The setting.
+    pub config: String,
+    /// Time during which every vCPU was idle (held or halted) with at least one held, ns.
+    pub all_idle_together_ns: u64,
+}
+
+/// The global-timer load in the report.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct GlobalTimersReport {
+    /// The setting.
+    pub config: String,
+    /// Global timers expired by the `central` model's timer thread.
+    pub timer_thread_fires: u64,
 }
 
 /// The timer model's counters (a serializable copy of `timer::MetricsSnapshot`).

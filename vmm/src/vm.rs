@@ -417,6 +417,7 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let router = irqchip.as_ref().map(|c| &c.router.counters);
     let rc = |f: fn(&crate::irqchip::router::RouterCounters) -> &std::sync::atomic::AtomicU64| {
+    let stopped_at = irqchip.as_ref().map_or(0, |c| c.now());
         router.map_or(0, |r| f(r).load(Ordering::Relaxed))
     };
     let report = RunReport {
@@ -444,3 +445,22 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     };
     Ok(RunOutcome { reason, report })
 }
+        halt_poll: irqchip.as_ref().map(|c| c.idle.halt_poll.to_string()),
+        idle_inject: irqchip
+            .as_ref()
+            .and_then(|c| c.idle.inject.as_ref())
+            .map(|inj| crate::metrics::IdleInjectReport {
+                config: inj.config().to_string(),
+                all_idle_together_ns: inj.all_idle_together_ns(stopped_at),
+            }),
+        cpu_quota: irqchip
+            .as_ref()
+            .and_then(|c| c.idle.quota.as_ref())
+            .map(|q| q.report()),
+        global_timers: irqchip
+            .as_ref()
+            .and_then(|c| c.idle.global.as_ref())
+            .map(|g| crate::metrics::GlobalTimersReport {
+                config: g.config().to_string(),
+                timer_thread_fires: g.timer_thread_fires.load(Ordering::Relaxed),
+            }),

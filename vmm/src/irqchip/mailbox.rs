@@ -36,6 +36,7 @@ pub struct Mailbox {
     inbox: Mutex<Vec<Ipi>>,
     has_mail: AtomicBool,
     timer_due: AtomicBool,
+    recheck: AtomicBool,
     control: AtomicBool,
     state: AtomicU8,
     tid: AtomicI32,
@@ -62,6 +63,21 @@ impl Mailbox {
     /// Flags that the owner's LAPIC timer fired on another thread; the caller kicks.
     pub fn flag_timer(&self) {
         self.timer_due.store(true, Ordering::SeqCst);
+    }
+
+    /// Flags that one of the owner's idle-manager timers fired elsewhere; the caller kicks.
+    pub fn flag_recheck(&self) {
+        self.recheck.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes the recheck flag (owner only).
+    pub fn take_recheck(&self) -> bool {
+        self.recheck.swap(false, Ordering::SeqCst)
+    }
+
+    /// True once VM control asked the owner to stop what it is doing.
+    pub fn control_pending(&self) -> bool {
+        self.control.load(Ordering::SeqCst)
     }
 
     /// Flags VM control (stop) and wakes the owner.
@@ -100,6 +116,7 @@ impl Mailbox {
     pub fn has_work(&self) -> bool {
         self.has_mail.load(Ordering::SeqCst)
             || self.timer_due.load(Ordering::SeqCst)
+            || self.recheck.load(Ordering::SeqCst)
             || self.control.load(Ordering::SeqCst)
     }
 

@@ -16,11 +16,16 @@ use super::mailbox::Mailbox;
 use super::router::{InterruptRouter, IoapicEdgeTrigger};
 use crate::config::{TimerModelKind, VmConfig};
 use crate::cpuid::APIC_BUS_KHZ;
+use crate::idle::global_load::GlobalLoad;
+use crate::idle::halt_poll::{HaltPollMode, HaltPoller};
+use crate::idle::inject::IdleInjector;
+use crate::idle::quota::CpuQuota;
+use crate::idle::IdleShared;
 use crate::kvm_vm::KvmError;
 use crate::metrics::LapicNoise;
 use crate::ratelimit::LogLimiter;
 use crate::vcpu::exit::StopReason;
-use crate::vcpu::user::{on_timer_fired, UserVcpu, VcpuTimer};
+use crate::vcpu::user::{on_timer_fired, FiredSummary, UserVcpu, VcpuTimer};
 use crate::vm::{CreatedVcpu, VmError, VmShared};
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -39,6 +44,8 @@ pub struct UserIrqchip {
     pub model: Arc<dyn TimerModel<VcpuTimer>>,
     /// Unimplemented-MSR accesses.
     pub unknown_msr: Arc<LogLimiter>,
+    /// The idle manager's VM-wide state.
+    pub idle: Arc<IdleShared>,
     clock: VmClock,
     parts: Mutex<Option<VcpuParts>>,
     central: Option<Arc<SharedTimerFd>>,
@@ -134,8 +141,15 @@ impl UserIrqchip {
         };
         let model = timer::build::<VcpuTimer>(kind, &nodes, &mut host, waker)
             .map_err(|e| VmError::EventLoop(format!("timer model: {e}")))?;
+        let idle = Arc::new(IdleShared {
+            halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
+            inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
+            quota: cfg.cpu_quota.map(CpuQuota::new),
+            global: cfg.global_timers.map(GlobalLoad::new),
+        });
         Ok(Self {
             router,
+            idle,
             model: model.shared,
             unknown_msr: Arc::new(LogLimiter::new()),
             clock,
@@ -143,6 +157,11 @@ impl UserIrqchip {
             central,
             kind,
         })
+    }
+
+    /// The VM clock's current time.
+    pub fn now(&self) -> u64 {
+        self.clock.now()
     }
 
     /// The serial port's interrupt: an edge on IOAPIC pin 4.
@@ -172,6 +191,11 @@ impl UserIrqchip {
                 reset_sregs: v.reset_sregs,
                 unknown_msr: self.unknown_msr.clone(),
                 lapic_timer: None,
+                idle: self.idle.clone(),
+                poller: HaltPoller::new(self.idle.halt_poll),
+                inject_timer: None,
+                quota_timer: None,
+                global_armed: false,
             };
             std::thread::Builder::new()
                 .name(format!("vcpu{id}"))
@@ -183,6 +207,7 @@ impl UserIrqchip {
             let model = self.model.clone();
             let router = self.router.clone();
             let clock = self.clock;
+            let idle = self.idle.clone();
             std::thread::Builder::new()
                 .name("timers".into())
                 .spawn(move || loop {
@@ -197,7 +222,15 @@ impl UserIrqchip {
                     if shared.stop.is_requested() {
                         return;
                     }
-                    model.service(clock.now(), &mut |fired| on_timer_fired(&router, fired));
+                    let mut summary = FiredSummary::default();
+                    model.service(clock.now(), &mut |fired| {
+                        on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+                    });
+                    if let Some(g) = &idle.global {
+                        for _ in 0..summary.own_global + summary.remote_global {
+                            g.timer_thread_fired();
+                        }
+                    }
                 })
                 .map_err(thread_err)?;
         }

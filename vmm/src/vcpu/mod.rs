@@ -1,6 +1,7 @@
 //! vCPU set-up and the thread that runs one vCPU.
 
 pub mod exit;
+pub mod halt;
 pub mod user;
 pub mod user_exit;
 

@@ -7,19 +7,22 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use timer::{AfterFire, Clock, CpuTimers, Fired, Nanos, TimerHandle, TimerKind, NEVER};
+use timer::{AfterFire, Clock, CpuTimers, Fired, Nanos, TimerHandle, TimerKind};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
 use super::exit::{ExitContext, StopReason, VcpuAction};
+use super::halt::Halt;
 use super::user_exit::{handle_user_exit, UserExitContext};
+use crate::idle::global_load::GlobalLoad;
+use crate::idle::halt_poll::HaltPoller;
+use crate::idle::IdleShared;
 use crate::irqchip::clock::VmClock;
 use crate::irqchip::kick;
-use crate::irqchip::mailbox::{Mailbox, WakeCause};
+use crate::irqchip::mailbox::Mailbox;
 use crate::irqchip::router::InterruptRouter;
 use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
@@ -41,18 +44,63 @@ use raw::KVM_INTERRUPT;
 pub enum VcpuTimer {
     /// Its LAPIC timer (pinned).
     Lapic,
+    /// The start of the next idle-injection window (pinned).
+    IdleInject,
+    /// A CPU-quota check (pinned): the budget may be used up by now.
+    QuotaCheck,
+    /// A synthetic device/housekeeping deadline (global), by load slot.
+    Global(u32),
 }
 
-/// The expiry callback every thread uses: flag the owner's mailbox; kick it if the timer
-/// fired on another thread.
-pub fn on_timer_fired(router: &InterruptRouter, fired: Fired<VcpuTimer>) -> AfterFire {
-    if let Some(mailbox) = router.mailbox(fired.cpu) {
-        mailbox.flag_timer();
-    }
-    if fired.remote {
-        AfterFire::NotifyOwner
-    } else {
-        AfterFire::Done
+/// What one pass over the timers fired, for the thread that ran it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FiredSummary {
+    /// Pinned timers of this vCPU (LAPIC, injection, quota).
+    pub own_pinned: u32,
+    /// Global timers of this vCPU's own base.
+    pub own_global: u32,
+    /// Global timers of other vCPUs (this one is a migrator).
+    pub remote_global: u32,
+}
+
+/// The expiry callback every thread uses. Pinned timers flag their owner's mailbox (and kick
+/// it if they fired on another thread); global ones are queued for re-arming, nobody is woken.
+pub fn on_timer_fired(
+    router: &InterruptRouter,
+    global: Option<&GlobalLoad>,
+    summary: &mut FiredSummary,
+    fired: Fired<VcpuTimer>,
+) -> AfterFire {
+    let notify = |flag: fn(&Mailbox)| {
+        if let Some(mailbox) = router.mailbox(fired.cpu) {
+            flag(mailbox);
+        }
+        if fired.remote {
+            AfterFire::NotifyOwner
+        } else {
+            AfterFire::Done
+        }
+    };
+    match fired.payload {
+        VcpuTimer::Lapic => {
+            summary.own_pinned += 1;
+            notify(Mailbox::flag_timer)
+        }
+        VcpuTimer::IdleInject | VcpuTimer::QuotaCheck => {
+            summary.own_pinned += 1;
+            notify(Mailbox::flag_recheck)
+        }
+        VcpuTimer::Global(slot) => {
+            if fired.remote {
+                summary.remote_global += 1;
+            } else {
+                summary.own_global += 1;
+            }
+            if let Some(g) = global {
+                g.fired(slot);
+            }
+            AfterFire::Done
+        }
     }
 }
 
@@ -80,13 +128,16 @@ pub struct UserVcpu<E: LapicEvents> {
     pub unknown_msr: Arc<LogLimiter>,
     /// The armed LAPIC timer.
     pub lapic_timer: Option<TimerHandle>,
-}
-
-enum Halt {
-    /// Back to the guest.
-    Resume,
-    /// The VM stops.
-    Stop,
+    /// The idle manager's VM-wide state.
+    pub idle: Arc<IdleShared>,
+    /// This vCPU's halt poller.
+    pub poller: HaltPoller,
+    /// The armed idle-injection timer and its deadline.
+    pub inject_timer: Option<(TimerHandle, Nanos)>,
+    /// The armed quota-check timer and its deadline.
+    pub quota_timer: Option<(TimerHandle, Nanos)>,
+    /// Whether this vCPU's share of the global-timer load is armed.
+    pub global_armed: bool,
 }
 
 impl<E: LapicEvents> UserVcpu<E> {
@@ -134,9 +185,16 @@ impl<E: LapicEvents> UserVcpu<E> {
                     Err(reason) => return Some(reason),
                 }
             }
+            if self.idle_manager_holds(mailbox, now) {
+                continue;
+            }
             self.inject();
+            let entered = self.clock.now();
             let result = self.vcpu.run();
             let now = self.clock.now();
+            if let Some(quota) = &self.idle.quota {
+                quota.charge(now, now.saturating_sub(entered));
+            }
             let mut effects = None;
             let action = match result {
                 Ok(VcpuExit::InternalError) => VcpuAction::Stop(StopReason::GuestCrash(format!(
@@ -224,14 +282,30 @@ impl<E: LapicEvents> UserVcpu<E> {
         );
     }
 
-    /// Drains the mailbox, runs due timers and the LAPIC timer.
-    fn service(&mut self, mailbox: &Mailbox, now: Nanos) {
+    /// Drains the mailbox, runs due timers and the LAPIC timer, re-arms queued global timers.
+    pub(crate) fn service(&mut self, mailbox: &Mailbox, now: Nanos) -> FiredSummary {
         for ipi in mailbox.take_mail() {
             self.lapic.receive(&ipi);
         }
+        mailbox.take_recheck();
+        self.rearm_global_load(now);
         let router = self.router.clone();
-        self.timers
-            .run(now, &mut |fired| on_timer_fired(&router, fired));
+        let idle = self.idle.clone();
+        let mut summary = FiredSummary::default();
+        self.timers.run(now, &mut |fired| {
+            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+        });
+        let global_fires = u64::from(summary.own_global + summary.remote_global);
+        if global_fires > 0 {
+            self.counters()
+                .global_timer_fires
+                .fetch_add(global_fires, Ordering::Relaxed);
+            // Re-arm what just fired at once, and cover it with the host tick.
+            if self.rearm_global_load(now) {
+                self.sync_host_tick(now);
+            }
+        }
+        self.idle_timers_fired(now);
         if mailbox.take_timer_due() {
             self.lapic_timer = None;
             if let Some(deadline) = self.lapic.timer_deadline() {
@@ -246,6 +320,38 @@ impl<E: LapicEvents> UserVcpu<E> {
         if self.lapic.take_nmi() {
             let _ = self.vcpu.nmi();
         }
+        summary
+    }
+
+    /// Runs the timer pass again (after arming a timer outside [`Self::service`]), so that
+    /// the host tick covers the new deadline.
+    pub(crate) fn sync_host_tick(&mut self, now: Nanos) {
+        let router = self.router.clone();
+        let idle = self.idle.clone();
+        let mut summary = FiredSummary::default();
+        self.timers.run(now, &mut |fired| {
+            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+        });
+    }
+
+    /// Arms this vCPU's share of the global-timer load once it runs, and re-arms the load's
+    /// fired timers on this vCPU's base.
+    fn rearm_global_load(&mut self, now: Nanos) -> bool {
+        let Some(global) = self.idle.global.as_ref() else {
+            return false;
+        };
+        let mut slots = global.take_pending();
+        if !self.global_armed && self.lapic.init_sipi_state() == InitSipiState::Running {
+            self.global_armed = true;
+            slots.extend(global.initial_slots(self.id));
+        }
+        let armed = !slots.is_empty();
+        for slot in slots {
+            let deadline = global.next_deadline(slot, now);
+            self.timers
+                .arm(TimerKind::Global, deadline, VcpuTimer::Global(slot));
+        }
+        armed
     }
 
     /// Injects the highest pending interrupt if the guest can take it, else asks KVM for an
@@ -272,71 +378,6 @@ impl<E: LapicEvents> UserVcpu<E> {
         } else {
             run.request_interrupt_window = 1;
         }
-    }
-
-    /// HLT: block until an interrupt the guest can take, its own timer, or VM control.
-    fn halt(&mut self, mailbox: &Mailbox) -> Halt {
-        let interrupts_enabled = self.vcpu.get_kvm_run().if_flag != 0;
-        loop {
-            // A kick that arrived while blocked (the host tick, a post) is answered by the
-            // service() below: clear it so the next KVM_RUN does not return at once.
-            self.vcpu.set_kvm_immediate_exit(0);
-            let now = self.clock.now();
-            self.service(mailbox, now);
-            if self.shared.stop.is_requested() {
-                return Halt::Stop;
-            }
-            let wakes = (interrupts_enabled && self.lapic.has_pending_interrupt())
-                || self.lapic.init_sipi_state() != InitSipiState::Running;
-            if wakes {
-                return Halt::Resume;
-            }
-            self.block(mailbox);
-        }
-    }
-
-    /// One block: idle in the timer model, park until its timeout or a kick, wake.
-    fn block(&mut self, mailbox: &Mailbox) {
-        let counters = &self.shared.vcpu_counters[self.index()];
-        mailbox.set_blocked();
-        if !mailbox.has_work() && !self.shared.stop.is_requested() {
-            counters.blocks.fetch_add(1, Ordering::Relaxed);
-            let timeout = self.timers.idle(self.clock.now());
-            loop {
-                let now = self.clock.now();
-                if mailbox.has_work() || self.shared.stop.is_requested() {
-                    break;
-                }
-                let timeout = timeout.min(self.timers.idle_timeout());
-                if timeout == NEVER {
-                    std::thread::park();
-                } else if timeout > now {
-                    std::thread::park_timeout(Duration::from_nanos(timeout - now));
-                } else {
-                    break;
-                }
-                if self.clock.now() >= timeout {
-                    break;
-                }
-            }
-            let cause = mailbox.wake_cause();
-            let counter = match cause {
-                Some(WakeCause::Interrupt) => &counters.wake_interrupt,
-                Some(WakeCause::Timer) => &counters.wake_timer,
-                Some(WakeCause::Control) => &counters.wake_control,
-                None if self
-                    .lapic
-                    .timer_deadline()
-                    .is_some_and(|d| d <= self.clock.now()) =>
-                {
-                    &counters.wake_timer
-                }
-                None => &counters.wake_other,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            self.timers.wake(self.clock.now());
-        }
-        mailbox.set_running();
     }
 
     /// An AP (or a vCPU after INIT) waits for its start-up IPI. Ok(false): the VM stops.
@@ -371,11 +412,9 @@ impl<E: LapicEvents> UserVcpu<E> {
                     .map_err(|e| vcpu_err("KVM_SET_REGS", e))?;
                 return Ok(true);
             }
-            mailbox.set_blocked();
-            if !mailbox.has_work() && !self.shared.stop.is_requested() {
-                std::thread::park();
-            }
-            mailbox.set_running();
+            // Idle in the timer model while waiting, so that in `pull` a vCPU that has not
+            // started never holds migrator duty; its timers still run when due.
+            self.block_until(mailbox, None, true);
             let now = self.clock.now();
             self.service(mailbox, now);
         }

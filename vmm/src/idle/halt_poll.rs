@@ -1,0 +1,206 @@
+//! Halt polling: before a halted vCPU's thread blocks, it may spin for a short window watching
+//! for a wake-up, which saves a host sleep/wake-up when one comes soon.
+//!
+//! `adaptive` grows and shrinks the window like KVM's `halt_poll_ns` (start 10 us, double on a
+//! short halt that polling would have caught, reset on a halt longer than the maximum) but it
+//! is timer-aware: it never polls past the vCPU's next pinned deadline (if that deadline falls
+//! inside the window it polls exactly until it), and it skips polling when the next deadline
+//! is beyond the window and the recent wake-ups were all the vCPU's own timer (nothing else
+//! is expected to come).
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::{format_duration_ns, parse_duration_ns, KnobError};
+
+/// KVM's default maximum window.
+pub const MAX_WINDOW_NS: u64 = 200_000;
+/// First window after a growth from zero (KVM's `halt_poll_ns_grow_start`).
+pub const GROW_START_NS: u64 = 10_000;
+/// Consecutive own-timer wake-ups after which a far deadline means "don't poll".
+pub const TIMER_ONLY_HISTORY: u32 = 4;
+
+/// `--halt-poll`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HaltPollMode {
+    /// Block at once.
+    #[default]
+    Off,
+    /// Poll for this many nanoseconds (never past the next pinned deadline).
+    Fixed(u64),
+    /// Timer-aware adaptive window.
+    Adaptive,
+}
+
+impl FromStr for HaltPollMode {
+    type Err = KnobError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" | "0" => Ok(Self::Off),
+            "adaptive" => Ok(Self::Adaptive),
+            other => parse_duration_ns(other).map(Self::Fixed).map_err(|_| {
+                KnobError(format!("'{other}' is not a halt-poll mode: use off, adaptive or a duration such as 50us"))
+            }),
+        }
+    }
+}
+
+impl fmt::Display for HaltPollMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Fixed(ns) => f.write_str(&format_duration_ns(*ns)),
+            Self::Adaptive => f.write_str("adaptive"),
+        }
+    }
+}
+
+crate::string_serde!(HaltPollMode);
+
+/// What woke a halted vCPU, as the poller learns from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeKind {
+    /// Its own timer.
+    OwnTimer,
+    /// An interrupt (IPI or device), or anything else that made it runnable.
+    Other,
+}
+
+/// One vCPU's halt-polling state.
+#[derive(Debug, Clone)]
+pub struct HaltPoller {
+    mode: HaltPollMode,
+    window_ns: u64,
+    timer_only_streak: u32,
+}
+
+impl HaltPoller {
+    /// A poller in `mode`.
+    pub fn new(mode: HaltPollMode) -> Self {
+        Self {
+            mode,
+            window_ns: 0,
+            timer_only_streak: 0,
+        }
+    }
+
+    /// The current adaptive window.
+    pub fn window_ns(&self) -> u64 {
+        match self.mode {
+            HaltPollMode::Off => 0,
+            HaltPollMode::Fixed(ns) => ns,
+            HaltPollMode::Adaptive => self.window_ns,
+        }
+    }
+
+    /// How long to poll now, given the vCPU's next pinned deadline.
+    pub fn budget(&self, now: u64, next_pinned: Option<u64>) -> u64 {
+        let until_timer = next_pinned.map_or(u64::MAX, |d| d.saturating_sub(now));
+        match self.mode {
+            HaltPollMode::Off => 0,
+            HaltPollMode::Fixed(ns) => ns.min(until_timer),
+            HaltPollMode::Adaptive => {
+                let window = self.window_ns;
+                if window == 0 {
+                    0
+                } else if until_timer <= window {
+                    until_timer
+                } else if self.timer_only_streak >= TIMER_ONLY_HISTORY {
+                    0
+                } else {
+                    window
+                }
+            }
+        }
+    }
+
+    /// Learns from one halt: `halt_ns` from HLT to wake-up (poll and block), whether polling
+    /// caught the wake-up, and what woke the vCPU.
+    pub fn record(&mut self, halt_ns: u64, won: bool, kind: WakeKind) {
+        self.timer_only_streak = match kind {
+            WakeKind::OwnTimer => self.timer_only_streak.saturating_add(1),
+            WakeKind::Other => 0,
+        };
+        if self.mode != HaltPollMode::Adaptive || won {
+            return;
+        }
+        if self.window_ns != 0 && halt_ns > MAX_WINDOW_NS {
+            // A long halt: polling only burned CPU.
+            self.window_ns = 0;
+        } else if halt_ns > self.window_ns && halt_ns <= MAX_WINDOW_NS {
+            // A short halt that a longer window would have caught.
+            self.window_ns = if self.window_ns == 0 {
+                GROW_START_NS
+            } else {
+                (self.window_ns * 2).min(MAX_WINDOW_NS)
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print() {
+        assert_eq!("off".parse(), Ok(HaltPollMode::Off));
+        assert_eq!("adaptive".parse(), Ok(HaltPollMode::Adaptive));
+        assert_eq!("50us".parse(), Ok(HaltPollMode::Fixed(50_000)));
+        assert!("sometimes".parse::<HaltPollMode>().is_err());
+        assert_eq!(HaltPollMode::Fixed(50_000).to_string(), "50us");
+        let j = serde_json::to_string(&HaltPollMode::Adaptive).unwrap();
+        assert_eq!(
+            serde_json::from_str::<HaltPollMode>(&j).unwrap(),
+            HaltPollMode::Adaptive
+        );
+    }
+
+    #[test]
+    fn never_polls_past_the_next_pinned_deadline() {
+        let p = HaltPoller::new(HaltPollMode::Fixed(100_000));
+        assert_eq!(p.budget(1_000, Some(31_000)), 30_000);
+        assert_eq!(p.budget(1_000, None), 100_000);
+        assert_eq!(p.budget(50_000, Some(10_000)), 0);
+        assert_eq!(HaltPoller::new(HaltPollMode::Off).budget(0, None), 0);
+    }
+
+    #[test]
+    fn adaptive_grows_on_short_halts_and_resets_on_long_ones() {
+        let mut p = HaltPoller::new(HaltPollMode::Adaptive);
+        assert_eq!(p.budget(0, None), 0);
+        p.record(5_000, false, WakeKind::Other);
+        assert_eq!(p.window_ns(), GROW_START_NS);
+        p.record(15_000, false, WakeKind::Other);
+        assert_eq!(p.window_ns(), 20_000);
+        for _ in 0..10 {
+            p.record(190_000, false, WakeKind::Other);
+        }
+        assert_eq!(p.window_ns(), MAX_WINDOW_NS);
+        p.record(1_000, true, WakeKind::Other); // a won poll keeps the window
+        assert_eq!(p.window_ns(), MAX_WINDOW_NS);
+        p.record(5_000_000, false, WakeKind::Other);
+        assert_eq!(p.window_ns(), 0);
+    }
+
+    #[test]
+    fn adaptive_is_timer_aware() {
+        let mut p = HaltPoller::new(HaltPollMode::Adaptive);
+        p.record(5_000, false, WakeKind::Other);
+        p.record(15_000, false, WakeKind::Other);
+        let w = p.window_ns();
+        // A deadline inside the window: poll exactly until it.
+        assert_eq!(p.budget(0, Some(w / 2)), w / 2);
+        // Only own-timer wake-ups lately and a far deadline: skip polling.
+        for _ in 0..TIMER_ONLY_HISTORY {
+            p.record(1_000_000, true, WakeKind::OwnTimer);
+        }
+        assert_eq!(p.budget(0, Some(10 * w)), 0);
+        // ...but still poll up to a near deadline.
+        assert_eq!(p.budget(0, Some(w / 4)), w / 4);
+        // An interrupt wake-up resets the history.
+        p.record(1_000, true, WakeKind::Other);
+        assert_eq!(p.budget(0, Some(10 * w)), w);
+    }
+}

@@ -1,0 +1,145 @@
+//! The idle manager of `--irqchip user`: what a vCPU does between HLT and sleeping, and when
+//! lull makes it sleep although the guest would run.
+//!
+//! - [`halt_poll`]: poll for a wake-up for a while before blocking, timer-aware.
+//! - [`inject`]: synchronized idle injection, every vCPU of the VM forced idle in the same
+//!   windows (power capping); guest timers falling in a window are held until it ends.
+//! - [`quota`]: a per-VM CPU budget per period, enforced by parking vCPUs until the next period;
+//!   periods start at a random phase so VMs started together interleave.
+//! - [`global_load`]: a synthetic load of device/housekeeping deadlines (global timers), to
+//!   exercise the timer models.
+//!
+//! Each knob has a textual form shared by the command line and the JSON config.
+
+pub mod global_load;
+pub mod halt_poll;
+pub mod inject;
+pub mod quota;
+
+use global_load::GlobalLoad;
+use halt_poll::HaltPollMode;
+use inject::IdleInjector;
+use quota::CpuQuota;
+
+/// The idle manager's VM-wide state, shared by every vCPU thread.
+#[derive(Debug)]
+pub struct IdleShared {
+    /// Halt-polling mode of every vCPU.
+    pub halt_poll: HaltPollMode,
+    /// Idle injection, if enabled.
+    pub inject: Option<IdleInjector>,
+    /// CPU quota, if enabled.
+    pub quota: Option<CpuQuota>,
+    /// Global-timer load, if enabled.
+    pub global: Option<GlobalLoad>,
+}
+
+/// A knob's value does not parse.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct KnobError(pub String);
+
+/// Parses a duration: `250ns`, `50us`, `2ms`, `1s`, or a number of nanoseconds.
+pub fn parse_duration_ns(s: &str) -> Result<u64, KnobError> {
+    let s = s.trim();
+    let err = || {
+        KnobError(format!(
+            "'{s}' is not a duration: write e.g. 50us, 2ms or 1s"
+        ))
+    };
+    let (digits, scale) = if let Some(d) = s.strip_suffix("ns") {
+        (d, 1)
+    } else if let Some(d) = s.strip_suffix("us") {
+        (d, 1_000)
+    } else if let Some(d) = s.strip_suffix("ms") {
+        (d, 1_000_000)
+    } else if let Some(d) = s.strip_suffix('s') {
+        (d, 1_000_000_000)
+    } else {
+        (s, 1)
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| err())?;
+    n.checked_mul(scale).ok_or_else(err)
+}
+
+/// Formats nanoseconds the way [`parse_duration_ns`] reads them.
+pub fn format_duration_ns(ns: u64) -> String {
+    if ns != 0 && ns.is_multiple_of(1_000_000_000) {
+        format!("{}s", ns / 1_000_000_000)
+    } else if ns != 0 && ns.is_multiple_of(1_000_000) {
+        format!("{}ms", ns / 1_000_000)
+    } else if ns != 0 && ns.is_multiple_of(1_000) {
+        format!("{}us", ns / 1_000)
+    } else {
+        format!("{ns}ns")
+    }
+}
+
+/// Splits `key=value,key=value` into pairs; a bare word becomes (word, "").
+pub fn parse_pairs(s: &str) -> Vec<(&str, &str)> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (k.trim(), v.trim()),
+            None => (p.trim(), ""),
+        })
+        .collect()
+}
+
+/// Milliseconds from a `key=MS` value (a plain number is milliseconds; units are accepted).
+pub fn parse_ms_or_duration(v: &str) -> Result<u64, KnobError> {
+    if v.chars().all(|c| c.is_ascii_digit()) && !v.is_empty() {
+        v.parse::<u64>()
+            .ok()
+            .and_then(|ms| ms.checked_mul(1_000_000))
+            .ok_or_else(|| KnobError(format!("'{v}' is too large")))
+    } else {
+        parse_duration_ns(v)
+    }
+}
+
+/// A serde helper for knobs that travel as strings (FromStr + Display).
+#[macro_export]
+macro_rules! string_serde {
+    ($t:ty) => {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.to_string())
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <String as serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ns("50us"), Ok(50_000));
+        assert_eq!(parse_duration_ns("2ms"), Ok(2_000_000));
+        assert_eq!(parse_duration_ns("1s"), Ok(1_000_000_000));
+        assert_eq!(parse_duration_ns("700"), Ok(700));
+        assert!(parse_duration_ns("fast").is_err());
+        assert!(parse_duration_ns("99999999999999999s").is_err());
+        assert_eq!(format_duration_ns(200_000), "200us");
+        assert_eq!(format_duration_ns(3), "3ns");
+        assert_eq!(parse_ms_or_duration("100"), Ok(100_000_000));
+        assert_eq!(parse_ms_or_duration("250us"), Ok(250_000));
+    }
+
+    #[test]
+    fn pairs() {
+        assert_eq!(
+            parse_pairs("percent=25, period=100"),
+            vec![("percent", "25"), ("period", "100")]
+        );
+        assert_eq!(parse_pairs("4"), vec![("4", "")]);
+    }
+}

@@ -1,0 +1,261 @@
+//! Per-VM CPU quota (`--cpu-quota quota=MS,period=MS[,phase=random|aligned]`): in each period
+//! the VM's vCPUs together may run `quota` of guest time; once it is used up they are parked
+//! until the period ends. With `phase=random` (the default) the periods of a VM start at a
+//! random offset, so VMs started together do not throttle in lockstep.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
+
+/// Where periods start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaPhase {
+    /// At a random offset in the first period.
+    Random,
+    /// At VM-clock multiples of the period.
+    Aligned,
+}
+
+/// `--cpu-quota`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuQuotaConfig {
+    /// Guest run time allowed per period, all vCPUs together.
+    pub quota_ns: u64,
+    /// Period length.
+    pub period_ns: u64,
+    /// Period phase.
+    pub phase: QuotaPhase,
+}
+
+impl FromStr for CpuQuotaConfig {
+    type Err = KnobError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let usage = || {
+            KnobError(format!("'{s}' is not a CPU quota: use quota=MS,period=MS[,phase=random|aligned], e.g. quota=50,period=100"))
+        };
+        let (mut quota, mut period, mut phase) = (None, 100_000_000, QuotaPhase::Random);
+        for (k, v) in parse_pairs(s) {
+            match k {
+                "quota" => quota = Some(parse_ms_or_duration(v).map_err(|_| usage())?),
+                "period" => period = parse_ms_or_duration(v).map_err(|_| usage())?,
+                "phase" => {
+                    phase = match v {
+                        "random" => QuotaPhase::Random,
+                        "aligned" => QuotaPhase::Aligned,
+                        _ => return Err(usage()),
+                    }
+                }
+                _ => return Err(usage()),
+            }
+        }
+        let quota_ns = quota.ok_or_else(usage)?;
+        if period < 1_000_000 || quota_ns == 0 {
+            return Err(KnobError(
+                "cpu-quota needs quota > 0 and period >= 1ms".into(),
+            ));
+        }
+        Ok(Self {
+            quota_ns,
+            period_ns: period,
+            phase,
+        })
+    }
+}
+
+impl fmt::Display for CpuQuotaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let phase = match self.phase {
+            QuotaPhase::Random => "random",
+            QuotaPhase::Aligned => "aligned",
+        };
+        write!(
+            f,
+            "quota={},period={},phase={phase}",
+            format_duration_ns(self.quota_ns),
+            format_duration_ns(self.period_ns)
+        )
+    }
+}
+
+crate::string_serde!(CpuQuotaConfig);
+
+#[derive(Debug, Default)]
+struct QuotaState {
+    period: u64,
+    used_ns: u64,
+    throttled_period: Option<u64>,
+    throttled_periods: u64,
+    throttled_ns: u64,
+    intervals: Vec<(u64, u64)>,
+}
+
+/// Throttling, as the metrics report it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct QuotaReport {
+    /// The setting.
+    pub config: String,
+    /// Offset of period starts from the VM clock's zero, in ns.
+    pub phase_ns: u64,
+    /// Periods in which the VM was throttled.
+    pub throttled_periods: u64,
+    /// Time the VM spent throttled.
+    pub throttled_ns: u64,
+    /// Throttled intervals as CLOCK_MONOTONIC nanoseconds [start, end) (first 100000).
+    pub intervals: Vec<(u64, u64)>,
+}
+
+/// Most intervals kept for the report.
+const MAX_INTERVALS: usize = 100_000;
+
+/// The VM-wide CPU budget.
+#[derive(Debug)]
+pub struct CpuQuota {
+    cfg: CpuQuotaConfig,
+    phase_ns: u64,
+    state: Mutex<QuotaState>,
+}
+
+impl CpuQuota {
+    /// A budget; a random phase is drawn now.
+    pub fn new(cfg: CpuQuotaConfig) -> Self {
+        let phase_ns = match cfg.phase {
+            QuotaPhase::Aligned => 0,
+            QuotaPhase::Random => {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(u64::from(std::process::id()));
+                h.finish() % cfg.period_ns
+            }
+        };
+        Self::with_phase(cfg, phase_ns)
+    }
+
+    /// A budget with a given phase (tests).
+    pub fn with_phase(cfg: CpuQuotaConfig, phase_ns: u64) -> Self {
+        Self {
+            cfg,
+            phase_ns: phase_ns % cfg.period_ns,
+            state: Mutex::new(QuotaState::default()),
+        }
+    }
+
+    /// Index and end of the period containing `t`.
+    pub fn period(&self, t: u64) -> (u64, u64) {
+        let p = self.cfg.period_ns;
+        let shifted = t + (p - self.phase_ns);
+        let index = shifted / p;
+        (index, (index + 1) * p - (p - self.phase_ns))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QuotaState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn roll(&self, s: &mut QuotaState, now: u64) {
+        let (index, _) = self.period(now);
+        if index != s.period {
+            s.period = index;
+            s.used_ns = 0;
+        }
+    }
+
+    /// Charges `ran_ns` of guest run time ending at `now`.
+    pub fn charge(&self, now: u64, ran_ns: u64) {
+        let mut s = self.lock();
+        self.roll(&mut s, now);
+        s.used_ns = s.used_ns.saturating_add(ran_ns);
+    }
+
+    /// Budget left in the current period.
+    pub fn remaining(&self, now: u64) -> u64 {
+        let mut s = self.lock();
+        self.roll(&mut s, now);
+        self.cfg.quota_ns.saturating_sub(s.used_ns)
+    }
+
+    /// If the budget of the current period is used up, the period's end (when to resume).
+    /// Records the throttled interval (VM-wide, once per period); `mono` maps VM-clock to
+    /// CLOCK_MONOTONIC for the report.
+    pub fn throttled_until(&self, now: u64, mono: impl Fn(u64) -> u64) -> Option<u64> {
+        let mut s = self.lock();
+        self.roll(&mut s, now);
+        if s.used_ns < self.cfg.quota_ns {
+            return None;
+        }
+        let (index, end) = self.period(now);
+        if s.throttled_period != Some(index) {
+            s.throttled_period = Some(index);
+            s.throttled_periods += 1;
+            s.throttled_ns += end - now;
+            if s.intervals.len() < MAX_INTERVALS {
+                s.intervals.push((mono(now), mono(end)));
+            }
+        }
+        Some(end)
+    }
+
+    /// The report.
+    pub fn report(&self) -> QuotaReport {
+        let s = self.lock();
+        QuotaReport {
+            config: self.cfg.to_string(),
+            phase_ns: self.phase_ns,
+            throttled_periods: s.throttled_periods,
+            throttled_ns: s.throttled_ns,
+            intervals: s.intervals.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        let c: CpuQuotaConfig = "quota=50,period=100,phase=aligned".parse().unwrap();
+        assert_eq!(c.quota_ns, 50_000_000);
+        assert_eq!(c.phase, QuotaPhase::Aligned);
+        assert_eq!(c.to_string().parse::<CpuQuotaConfig>().unwrap(), c);
+        assert_eq!(
+            "quota=5".parse::<CpuQuotaConfig>().unwrap().phase,
+            QuotaPhase::Random
+        );
+        assert!("period=100".parse::<CpuQuotaConfig>().is_err());
+        assert!("quota=5,phase=sometimes".parse::<CpuQuotaConfig>().is_err());
+    }
+
+    #[test]
+    fn periods_follow_the_phase() {
+        let cfg: CpuQuotaConfig = "quota=10,period=100".parse().unwrap();
+        let q = CpuQuota::with_phase(cfg, 30_000_000);
+        let (a, end_a) = q.period(0);
+        assert_eq!(end_a, 30_000_000);
+        let (b, end_b) = q.period(30_000_000);
+        assert_eq!((b, end_b), (a + 1, 130_000_000));
+        let (_, end) = CpuQuota::with_phase(cfg, 0).period(5);
+        assert_eq!(end, 100_000_000);
+    }
+
+    #[test]
+    fn budget_is_per_period_and_throttling_recorded_once() {
+        let cfg: CpuQuotaConfig = "quota=10,period=100,phase=aligned".parse().unwrap();
+        let q = CpuQuota::new(cfg);
+        q.charge(1_000_000, 6_000_000);
+        assert_eq!(q.throttled_until(2_000_000, |t| t), None);
+        q.charge(3_000_000, 6_000_000);
+        assert_eq!(q.remaining(3_000_000), 0);
+        assert_eq!(q.throttled_until(4_000_000, |t| t), Some(100_000_000));
+        assert_eq!(q.throttled_until(5_000_000, |t| t), Some(100_000_000));
+        // Next period: fresh budget.
+        assert_eq!(q.throttled_until(100_000_000, |t| t), None);
+        let r = q.report();
+        assert_eq!((r.throttled_periods, r.throttled_ns), (1, 96_000_000));
+        assert_eq!(r.intervals, vec![(4_000_000, 100_000_000)]);
+    }
+}

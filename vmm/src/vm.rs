@@ -408,6 +408,7 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     // Read the host's view while every thread is still there.
     let threads = crate::host_stats::thread_stats(&lock(&shared.ended_threads));
     let kvm_counters = shared.kvm_counters();
+    let stopped_at = irqchip.as_ref().map_or(0, |c| c.now());
     if let Some(chip) = &irqchip {
         chip.stop_all();
     }
@@ -417,7 +418,6 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let router = irqchip.as_ref().map(|c| &c.router.counters);
     let rc = |f: fn(&crate::irqchip::router::RouterCounters) -> &std::sync::atomic::AtomicU64| {
-    let stopped_at = irqchip.as_ref().map_or(0, |c| c.now());
         router.map_or(0, |r| f(r).load(Ordering::Relaxed))
     };
     let report = RunReport {
@@ -436,15 +436,6 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         irqchip: cfg.irqchip.name().to_string(),
         timer_model: user.then(|| cfg.timer_model.name().to_string()),
         timers: irqchip.as_ref().map(|c| c.model.metrics().into()),
-        vcpus: (0u32..)
-            .zip(&shared.vcpu_counters)
-            .map(|(i, c)| c.snapshot(i))
-            .collect(),
-        threads,
-        kvm: kvm_counters,
-    };
-    Ok(RunOutcome { reason, report })
-}
         halt_poll: irqchip.as_ref().map(|c| c.idle.halt_poll.to_string()),
         idle_inject: irqchip
             .as_ref()
@@ -464,3 +455,12 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
                 config: g.config().to_string(),
                 timer_thread_fires: g.timer_thread_fires.load(Ordering::Relaxed),
             }),
+        vcpus: (0u32..)
+            .zip(&shared.vcpu_counters)
+            .map(|(i, c)| c.snapshot(i))
+            .collect(),
+        threads,
+        kvm: kvm_counters,
+    };
+    Ok(RunOutcome { reason, report })
+}

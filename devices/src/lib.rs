@@ -5,9 +5,11 @@
 #![forbid(unsafe_code)]
 
 pub mod cmos;
+pub mod fw_cfg;
 pub mod i8042;
 pub mod ioapic;
 pub mod lapic;
 pub mod pio;
 pub mod serial;
 pub mod test_exit;
+pub mod testdev;

@@ -16,6 +16,7 @@ pub mod layout;
 pub mod metrics;
 pub mod ratelimit;
 pub mod size;
+pub mod test_devices;
 pub mod vcpu;
 pub mod vm;
 pub mod vmm_loop;

@@ -26,6 +26,7 @@ use crate::irqchip::setup::UserIrqchip;
 use crate::kit::{self, KitError};
 use crate::kvm_vm::{self, ioctl_err, KvmError};
 use crate::metrics::{GuestNoise, LapicNoise, RunReport, VcpuCounters};
+use crate::test_devices;
 use crate::vcpu::{self, exit::StopReason};
 use crate::vmm_loop::{install_signal_handlers, VmmEvents};
 
@@ -265,7 +266,7 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     let user = cfg.irqchip == IrqchipMode::User;
     let kvm = kvm_vm::open_kvm(cfg.cpus)?;
     let mem = kvm_vm::create_guest_memory(cfg.memory.0)?;
-    let vm = kvm_vm::create_vm(&kvm, &mem, !user)?;
+    let vm = Arc::new(kvm_vm::create_vm(&kvm, &mem, !user)?);
     if user {
         kvm_vm::enable_user_msr_exits(&kvm, &vm)?;
     }
@@ -352,7 +353,15 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     let serial_counters = lock(&console).counters();
 
     let shared = Arc::new(VmShared {
-        pio: build_pio_bus(console.clone())?,
+        pio: {
+            let mut bus = build_pio_bus(console.clone())?;
+            let lines: Arc<dyn devices::testdev::IrqLines> = match &irqchip {
+                Some(chip) => Arc::new(test_devices::UserIrqLines(chip.router.clone())),
+                None => Arc::new(test_devices::KvmIrqLines::new(vm.clone())),
+            };
+            test_devices::add_to_bus(&mut bus, cfg.cpus, cfg.memory.0, lines)?;
+            bus
+        },
         noise: GuestNoise::default(),
         vcpu_counters: (0..cfg.cpus).map(|_| VcpuCounters::default()).collect(),
         stop: StopSignal::new()?,

@@ -25,6 +25,14 @@ pub enum EntryMode {
         /// Address of `hvm_start_info`.
         start_info: u64,
     },
+    /// Multiboot v1: 32-bit protected mode, paging off, `EAX` = 0x2BADB002, `EBX` = the
+    /// multiboot information block.
+    Multiboot {
+        /// Entry point.
+        entry: u64,
+        /// Address of the multiboot information block.
+        info: u64,
+    },
     /// Linux 64-bit boot protocol: long mode, identity-mapped first GiB, `RSI` = zero page.
     Linux64 {
         /// Entry point (`startup_64`).
@@ -76,7 +84,7 @@ pub fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
 /// The GDT lull writes at [`GDT_ADDR`] for `mode`: null, code, data, TSS.
 pub fn gdt(mode: EntryMode) -> [u64; 4] {
     match mode {
-        EntryMode::Pvh { .. } => [
+        EntryMode::Pvh { .. } | EntryMode::Multiboot { .. } => [
             0,
             gdt_entry(0xc09b, 0, 0xfffff), // 32-bit code, 4 GiB
             gdt_entry(0xc093, 0, 0xfffff), // data, 4 GiB
@@ -124,7 +132,7 @@ pub fn configure_sregs(sregs: &mut kvm_sregs, mode: EntryMode) {
     sregs.ss = data;
     sregs.tr = tss;
     match mode {
-        EntryMode::Pvh { .. } => {
+        EntryMode::Pvh { .. } | EntryMode::Multiboot { .. } => {
             sregs.cr0 = CR0_PE | CR0_ET;
             sregs.cr3 = 0;
             sregs.cr4 = 0;
@@ -146,6 +154,13 @@ pub fn boot_regs(mode: EntryMode) -> kvm_regs {
             rflags: RFLAGS_RESERVED,
             rip: entry,
             rbx: start_info,
+            ..Default::default()
+        },
+        EntryMode::Multiboot { entry, info } => kvm_regs {
+            rflags: RFLAGS_RESERVED,
+            rip: entry,
+            rax: u64::from(super::multiboot::BOOT_MAGIC),
+            rbx: info,
             ..Default::default()
         },
         EntryMode::Linux64 { entry } => kvm_regs {
@@ -203,6 +218,14 @@ mod tests {
             start_info: 0x6000,
         });
         assert_eq!((r.rip, r.rbx), (0x100000, 0x6000));
+        let mb = EntryMode::Multiboot {
+            entry: 0x100000,
+            info: 0x6000,
+        };
+        configure_sregs(&mut s, mb);
+        assert_eq!((s.cr0 & CR0_PG, s.efer, s.cs.db, s.cs.l), (0, 0, 1, 0));
+        let r = boot_regs(mb);
+        assert_eq!((r.rip, r.rax, r.rbx), (0x100000, 0x2bad_b002, 0x6000));
     }
 
     #[test]

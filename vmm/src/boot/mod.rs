@@ -6,6 +6,7 @@
 
 pub mod cpu_state;
 pub mod mptable;
+pub mod multiboot;
 pub mod pvh;
 pub mod zeropage;
 
@@ -29,6 +30,8 @@ pub enum KernelFormat {
     Elf,
     /// Linux bzImage.
     BzImage,
+    /// ELF32 with a multiboot (v1) header.
+    Multiboot,
 }
 
 /// Why a guest could not be loaded.
@@ -43,7 +46,7 @@ pub enum BootError {
         source: std::io::Error,
     },
     /// The kernel is neither an ELF64 nor a bzImage.
-    #[error("{0} is not a kernel lull can boot: expected an ELF64 with a PVH note (vmlinux) or a bzImage")]
+    #[error("{0} is not a kernel lull can boot: expected an ELF64 with a PVH note (vmlinux), a bzImage, or an ELF32 multiboot kernel")]
     UnknownFormat(PathBuf),
     /// An ELF without the PVH entry note.
     #[error("{0} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): build the kernel with CONFIG_PVH=y, or boot its bzImage")]
@@ -76,6 +79,14 @@ pub enum BootError {
     /// The command line contains a NUL byte.
     #[error("The kernel command line contains a NUL byte")]
     CmdlineNul,
+    /// A multiboot image cannot be loaded.
+    #[error("Cannot load multiboot kernel {path}: {source}")]
+    Multiboot {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: multiboot::MultibootError,
+    },
     /// The MP table cannot be built.
     #[error(transparent)]
     MpTable(#[from] mptable::MpTableError),
@@ -132,7 +143,7 @@ pub fn detect_format(path: &Path, file: &mut File) -> Result<KernelFormat, BootE
         path: path.to_path_buf(),
         source,
     };
-    let mut head = [0u8; 0x210];
+    let mut head = [0u8; multiboot::HEADER_SEARCH];
     file.seek(SeekFrom::Start(0)).map_err(read_err)?;
     let n = read_up_to(file, &mut head).map_err(read_err)?;
     format_of(&head[..n]).ok_or_else(|| BootError::UnknownFormat(path.to_path_buf()))
@@ -145,6 +156,8 @@ pub fn format_of(head: &[u8]) -> Option<KernelFormat> {
         Some(KernelFormat::Elf)
     } else if head.get(0x202..0x206) == Some(b"HdrS") {
         Some(KernelFormat::BzImage)
+    } else if multiboot::is_multiboot_elf32(head) {
+        Some(KernelFormat::Multiboot)
     } else {
         None
     }
@@ -217,6 +230,7 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
             };
             (res.kernel_end, mode)
         }
+        KernelFormat::Multiboot => load_multiboot(mem, path, &mut file, spec.memory)?,
     };
 
     // Initramfs at the top of low memory, page aligned.
@@ -263,6 +277,28 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
                 "the PVH memory map",
             )?;
         }
+        EntryMode::Multiboot { info, .. } => {
+            let program = path.to_string_lossy();
+            let line = multiboot::command_line(&program, spec.cmdline);
+            if line.len() >= CMDLINE_MAX {
+                return Err(BootError::CmdlineTooLong(line.len()));
+            }
+            let mut bytes = line.into_bytes();
+            bytes.push(0);
+            write(mem, CMDLINE_ADDR, &bytes, "the command line")?;
+            let names = spec.initramfs.map(|p| p.to_string_lossy().into_owned());
+            let page = multiboot::info_page(&multiboot::BootInfo {
+                memory: spec.memory,
+                cmdline_addr: CMDLINE_ADDR,
+                memmap: &e820,
+                module: initramfs.zip(names.as_deref()).map(|((a, s), n)| (a, s, n)),
+            })
+            .map_err(|source| BootError::Multiboot {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            write(mem, info, &page, "the multiboot information")?;
+        }
         EntryMode::Linux64 { .. } => {
             let mut head = vec![0u8; 0x400];
             file.seek(SeekFrom::Start(0))
@@ -282,6 +318,64 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
         }
     }
     Ok(mode_without_initramfs)
+}
+
+/// Reads, checks and loads a multiboot ELF32 image; returns its end and entry mode.
+fn load_multiboot(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    file: &mut File,
+    memory: u64,
+) -> Result<(u64, EntryMode), BootError> {
+    let read_err = |source| BootError::ReadKernel {
+        path: path.to_path_buf(),
+        source,
+    };
+    let top = multiboot::ram_top(memory);
+    let size = file.metadata().map_err(read_err)?.len();
+    if size > top {
+        return Err(BootError::Multiboot {
+            path: path.to_path_buf(),
+            source: multiboot::MultibootError::OutsideRam {
+                addr: HIMEM_START,
+                size,
+                low: HIMEM_START,
+                high: top,
+            },
+        });
+    }
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+    file.read_to_end(&mut bytes).map_err(read_err)?;
+    let image = multiboot::parse(&bytes, top).map_err(|source| BootError::Multiboot {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    const ZEROS: [u8; 4096] = [0; 4096];
+    for seg in &image.segments {
+        // parse() checked that offset + filesz lies within the file and the segment in RAM.
+        let start = usize::try_from(seg.offset).unwrap_or(usize::MAX);
+        let len = usize::try_from(seg.filesz).unwrap_or(usize::MAX);
+        let data = bytes
+            .get(start..start.saturating_add(len))
+            .ok_or(BootError::Multiboot {
+                path: path.to_path_buf(),
+                source: multiboot::MultibootError::Truncated("a segment's bytes"),
+            })?;
+        write(mem, seg.paddr, data, "a multiboot segment")?;
+        let mut addr = seg.paddr + seg.filesz;
+        while addr < seg.paddr + seg.memsz {
+            let n = (seg.paddr + seg.memsz - addr).min(ZEROS.len() as u64);
+            let n_usize = usize::try_from(n).unwrap_or(ZEROS.len());
+            write(mem, addr, &ZEROS[..n_usize], "a multiboot segment")?;
+            addr += n;
+        }
+    }
+    let mode = EntryMode::Multiboot {
+        entry: image.entry,
+        info: multiboot::INFO_ADDR,
+    };
+    Ok((image.end(), mode))
 }
 
 fn load_initramfs(
@@ -322,6 +416,12 @@ mod tests {
         assert_eq!(format_of(&elf), Some(KernelFormat::Elf));
         elf[4] = 1; // ELF32
         assert_eq!(format_of(&elf), None);
+        // ELF32 with a multiboot header (magic, flags 0, checksum) within the first 8 KiB.
+        elf.resize(0x2000, 0);
+        elf[0x1ff0..0x1ff4].copy_from_slice(&multiboot::HEADER_MAGIC.to_le_bytes());
+        let sum = 0u32.wrapping_sub(multiboot::HEADER_MAGIC);
+        elf[0x1ff8..0x1ffc].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(format_of(&elf), Some(KernelFormat::Multiboot));
         let mut bz = vec![0u8; 0x300];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         assert_eq!(format_of(&bz), Some(KernelFormat::BzImage));

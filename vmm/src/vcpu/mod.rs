@@ -1,5 +1,6 @@
 //! vCPU set-up and the thread that runs one vCPU.
 
+pub mod apic_base;
 pub mod exit;
 pub mod halt;
 pub mod user;

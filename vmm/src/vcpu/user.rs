@@ -14,6 +14,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use timer::{AfterFire, Clock, CpuTimers, Fired, Nanos, TimerHandle, TimerKind};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
+use super::apic_base::{sync_kvm_apic_base, MSR_IA32_APIC_BASE};
 use super::exit::{ExitContext, StopReason, VcpuAction};
 use super::halt::Halt;
 use super::user_exit::{handle_user_exit, UserExitContext};
@@ -262,6 +263,12 @@ impl<E: LapicEvents> UserVcpu<E> {
         }
         if let Some(ipi) = effects.ipi {
             self.router.send_ipi(&ipi);
+        }
+        if effects.base_change.is_some() {
+            // KVM derives CPUID.1:EDX[9] from its own copy of the MSR (vcpu/apic_base.rs).
+            if let Ok(value) = self.lapic.read_msr(MSR_IA32_APIC_BASE, self.clock.now()) {
+                sync_kvm_apic_base(&self.vcpu, self.id, value);
+            }
         }
         if let Some(eoi) = effects.eoi {
             if eoi.level_triggered {

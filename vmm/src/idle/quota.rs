@@ -15,9 +15,10 @@ use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
 /// Where periods start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaPhase {
-    /// At a random offset in the first period.
+    /// At a random offset.
     Random,
-    /// At VM-clock multiples of the period.
+    /// At multiples of the period on the host's CLOCK_MONOTONIC: every VM on the host
+    /// starts its periods at the same instants (the lockstep that `random` avoids).
     Aligned,
 }
 
@@ -122,10 +123,11 @@ pub struct CpuQuota {
 }
 
 impl CpuQuota {
-    /// A budget; a random phase is drawn now.
-    pub fn new(cfg: CpuQuotaConfig) -> Self {
+    /// A budget for a VM whose clock reads 0 at CLOCK_MONOTONIC `epoch_mono_ns`; a random
+    /// phase is drawn now.
+    pub fn new(cfg: CpuQuotaConfig, epoch_mono_ns: u64) -> Self {
         let phase_ns = match cfg.phase {
-            QuotaPhase::Aligned => 0,
+            QuotaPhase::Aligned => (cfg.period_ns - epoch_mono_ns % cfg.period_ns) % cfg.period_ns,
             QuotaPhase::Random => {
                 let mut h = std::collections::hash_map::RandomState::new().build_hasher();
                 h.write_u64(u64::from(std::process::id()));
@@ -240,12 +242,17 @@ mod tests {
         assert_eq!((b, end_b), (a + 1, 130_000_000));
         let (_, end) = CpuQuota::with_phase(cfg, 0).period(5);
         assert_eq!(end, 100_000_000);
+        // Aligned: boundaries where CLOCK_MONOTONIC is a multiple of the period.
+        let aligned: CpuQuotaConfig = "quota=10,period=100,phase=aligned".parse().unwrap();
+        let q = CpuQuota::new(aligned, 1_030_000_000);
+        let (_, end) = q.period(0);
+        assert_eq!((1_030_000_000 + end) % 100_000_000, 0);
     }
 
     #[test]
     fn budget_is_per_period_and_throttling_recorded_once() {
         let cfg: CpuQuotaConfig = "quota=10,period=100,phase=aligned".parse().unwrap();
-        let q = CpuQuota::new(cfg);
+        let q = CpuQuota::new(cfg, 0);
         q.charge(1_000_000, 6_000_000);
         assert_eq!(q.throttled_until(2_000_000, |t| t), None);
         q.charge(3_000_000, 6_000_000);

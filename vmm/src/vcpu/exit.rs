@@ -160,35 +160,47 @@ mod tests {
     use devices::test_exit::TestExit;
     use std::sync::{Arc, Mutex};
 
-    fn ctx_parts() -> (PioBus, VcpuCounters, GuestNoise) {
-        let mut bus = PioBus::new();
-        bus.insert(0xf4, 4, Arc::new(Mutex::new(TestExit))).unwrap();
-        (bus, VcpuCounters::default(), GuestNoise::default())
+    /// What an exit context borrows, owned by the test.
+    struct Parts {
+        bus: PioBus,
+        counters: VcpuCounters,
+        noise: GuestNoise,
+    }
+
+    impl Parts {
+        fn new() -> Self {
+            let mut bus = PioBus::new();
+            bus.insert(0xf4, 4, Arc::new(Mutex::new(TestExit))).unwrap();
+            Self {
+                bus,
+                counters: VcpuCounters::default(),
+                noise: GuestNoise::default(),
+            }
+        }
+
+        fn ctx(&self) -> ExitContext<'_> {
+            ExitContext {
+                vcpu: 0,
+                pio: &self.bus,
+                counters: &self.counters,
+                noise: &self.noise,
+            }
+        }
     }
 
     #[test]
     fn test_exit_port_stops_with_status() {
-        let (bus, counters, noise) = ctx_parts();
-        let ctx = ExitContext {
-            vcpu: 0,
-            pio: &bus,
-            counters: &counters,
-            noise: &noise,
-        };
+        let parts = Parts::new();
+        let ctx = parts.ctx();
         let action = handle_exit(VcpuExit::IoOut(0xf4, &[2]), &ctx);
         assert_eq!(action, VcpuAction::Stop(StopReason::TestExit(5)));
-        assert_eq!(counters.io_out.load(Ordering::Relaxed), 1);
+        assert_eq!(parts.counters.io_out.load(Ordering::Relaxed), 1);
     }
 
     #[test]
     fn unknown_accesses_are_counted_and_read_as_ones() {
-        let (bus, counters, noise) = ctx_parts();
-        let ctx = ExitContext {
-            vcpu: 0,
-            pio: &bus,
-            counters: &counters,
-            noise: &noise,
-        };
+        let parts = Parts::new();
+        let ctx = parts.ctx();
         let mut data = [0u8; 2];
         assert_eq!(
             handle_exit(VcpuExit::IoIn(0x1234, &mut data), &ctx),
@@ -205,19 +217,14 @@ mod tests {
             handle_exit(VcpuExit::MmioWrite(0xd000_0000, &[1]), &ctx),
             VcpuAction::Continue
         );
-        assert_eq!(noise.unknown_port.count(), 1);
-        assert_eq!(noise.unknown_mmio.count(), 2);
+        assert_eq!(parts.noise.unknown_port.count(), 1);
+        assert_eq!(parts.noise.unknown_mmio.count(), 2);
     }
 
     #[test]
     fn fatal_exits_stop_the_vm() {
-        let (bus, counters, noise) = ctx_parts();
-        let ctx = ExitContext {
-            vcpu: 0,
-            pio: &bus,
-            counters: &counters,
-            noise: &noise,
-        };
+        let parts = Parts::new();
+        let ctx = parts.ctx();
         assert_eq!(
             handle_exit(VcpuExit::Shutdown, &ctx),
             VcpuAction::Stop(StopReason::TripleFault)

@@ -144,7 +144,9 @@ impl UserIrqchip {
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
             inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
-            quota: cfg.cpu_quota.map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
+            quota: cfg
+                .cpu_quota
+                .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
             global: cfg.global_timers.map(GlobalLoad::new),
         });
         Ok(Self {

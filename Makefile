@@ -26,6 +26,7 @@ build-release:
 
 guests:
 	resources/guests/build.sh $(KIT)/guests
+	resources/guests/multiboot/build.sh $(KIT)/multiboot
 
 linux:
 	resources/linux/build.sh $(KIT)/linux

@@ -46,6 +46,8 @@ static volatile ap_entry_t ap_fn;
 
 u32 smp_online(void) { return cpus_online; }
 
+void smp_set_ap_function(ap_entry_t fn) { ap_fn = fn; }
+
 u32 smp_cpu_count(void)
 {
     u32 n = (u32)cmdline_u64("cpus", 0);

@@ -231,6 +231,8 @@ typedef void (*ap_entry_t)(u32 cpu_index);
 u32 smp_start_aps(u32 ncpus, ap_entry_t fn, u32 timeout_ms);
 /* Number of CPUs that have entered C code (BSP included). */
 u32 smp_online(void);
+/* The function APs run, for guests that start APs themselves (smp_start_aps sets it). */
+void smp_set_ap_function(ap_entry_t fn);
 /*
  * How many CPUs the machine has: `cpus=N` from the command line, else CPUID 0xB (logical
  * processors at the core level), else CPUID.1:EBX[23:16] (if HTT), else 1. APIC IDs are

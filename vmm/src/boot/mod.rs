@@ -80,12 +80,12 @@ pub enum BootError {
     #[error("The kernel command line contains a NUL byte")]
     CmdlineNul,
     /// A multiboot image cannot be loaded.
-    #[error("Cannot load multiboot kernel {path}: {source}")]
+    #[error("Cannot load multiboot kernel {path}: {reason}")]
     Multiboot {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: multiboot::MultibootError,
+        /// Why (part of the message, not a separate error in the chain).
+        reason: multiboot::MultibootError,
     },
     /// The MP table cannot be built.
     #[error(transparent)]
@@ -293,9 +293,9 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
                 memmap: &e820,
                 module: initramfs.zip(names.as_deref()).map(|((a, s), n)| (a, s, n)),
             })
-            .map_err(|source| BootError::Multiboot {
+            .map_err(|reason| BootError::Multiboot {
                 path: path.to_path_buf(),
-                source,
+                reason,
             })?;
             write(mem, info, &page, "the multiboot information")?;
         }
@@ -336,7 +336,7 @@ fn load_multiboot(
     if size > top {
         return Err(BootError::Multiboot {
             path: path.to_path_buf(),
-            source: multiboot::MultibootError::OutsideRam {
+            reason: multiboot::MultibootError::OutsideRam {
                 addr: HIMEM_START,
                 size,
                 low: HIMEM_START,
@@ -347,9 +347,9 @@ fn load_multiboot(
     let mut bytes = Vec::new();
     file.seek(SeekFrom::Start(0)).map_err(read_err)?;
     file.read_to_end(&mut bytes).map_err(read_err)?;
-    let image = multiboot::parse(&bytes, top).map_err(|source| BootError::Multiboot {
+    let image = multiboot::parse(&bytes, top).map_err(|reason| BootError::Multiboot {
         path: path.to_path_buf(),
-        source,
+        reason,
     })?;
     const ZEROS: [u8; 4096] = [0; 4096];
     for seg in &image.segments {
@@ -360,7 +360,7 @@ fn load_multiboot(
             .get(start..start.saturating_add(len))
             .ok_or(BootError::Multiboot {
                 path: path.to_path_buf(),
-                source: multiboot::MultibootError::Truncated("a segment's bytes"),
+                reason: multiboot::MultibootError::Truncated("a segment's bytes"),
             })?;
         write(mem, seg.paddr, data, "a multiboot segment")?;
         let mut addr = seg.paddr + seg.filesz;

@@ -67,10 +67,13 @@ u32 mb_start_aps_broadcast(u32 ncpus, ap_entry_t fn, u32 timeout_ms)
         page0[i] = (u8)rt_ap_trampoline[i];
     barrier();
     u32 before = smp_online();
-    /* As kvm-unit-tests' smp_init(): INIT, then one STARTUP with vector 0, to all but self. */
+    /*
+     * As kvm-unit-tests' ap_init(): INIT (level assert), then at once one STARTUP with vector
+     * 0 and the level bit clear, both to all but self.
+     */
     if (lapic_send_ipi(0, ICR_ALL_BUT_SELF | ICR_INIT | ICR_ASSERT))
         printf("%s: broadcast INIT stuck in delivery\n", guest_name);
-    if (lapic_send_ipi(0, ICR_ALL_BUT_SELF | ICR_STARTUP | ICR_ASSERT | 0x00))
+    if (lapic_send_ipi(0, ICR_ALL_BUT_SELF | ICR_STARTUP | 0x00))
         printf("%s: broadcast SIPI stuck in delivery\n", guest_name);
     u64 deadline = rdtsc() + ns_to_tsc((u64)timeout_ms * 1000000);
     while (smp_online() - before < ncpus - 1 && rdtsc() < deadline)

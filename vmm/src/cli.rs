@@ -70,7 +70,7 @@ pub struct RunArgs {
     /// Interrupt controller model. `kernel`: KVM's in-kernel LAPIC/IOAPIC/PIC with KVM's halt
     /// polling, the industry baseline. `user`: lull emulates every vCPU's LAPIC and the IOAPIC
     /// and handles HLT itself, so a halted vCPU thread sleeps until its own timer, an interrupt
-    /// aimed at it, or VM control. Default: kernel.
+    /// aimed at it, or VM control. Default: user.
     #[arg(long, value_enum, value_name = "MODE")]
     pub irqchip: Option<IrqchipMode>,
 
@@ -95,7 +95,8 @@ pub struct RunArgs {
 
     /// Per-VM CPU quota with `--irqchip user`: QUOTA ms of guest run time per PERIOD ms, all
     /// vCPUs together; vCPUs are parked until the next period once it is used. Periods start
-    /// at a random phase (default) or aligned to the VM start. Example: quota=50,period=100.
+    /// at a random phase (default), so VMs started together interleave, or `aligned` to the
+    /// host clock (every VM's periods at the same instants). Example: quota=50,period=100.
     #[arg(long, value_name = "quota=MS,period=MS[,phase=random|aligned]")]
     pub cpu_quota: Option<CpuQuotaConfig>,
 

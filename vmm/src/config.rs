@@ -160,7 +160,7 @@ impl Default for VmConfig {
             cmdline: None,
             cpus: 1,
             memory: ByteSize::mib(256),
-            irqchip: IrqchipMode::Kernel,
+            irqchip: IrqchipMode::User,
             timer_model: TimerModelKind::Pull,
             halt_poll: None,
             idle_inject: None,
@@ -281,6 +281,8 @@ mod tests {
         assert!(matches!(cfg.validate(), Err(ConfigError::Memory(_))));
         cfg.memory = ByteSize::mib(64);
         cfg.idle_inject = Some("percent=10".parse().unwrap());
+        assert!(cfg.validate().is_ok());
+        cfg.irqchip = IrqchipMode::Kernel;
         assert!(matches!(
             cfg.validate(),
             Err(ConfigError::NeedsUserIrqchip("--idle-inject"))

@@ -178,9 +178,10 @@ gzip -9 -n -c "$log" >"$work/out/build.log.gz"
 
 # Atomic publish: rename(2) of a complete directory.
 mv -T "$work/out" "$out"
-cd /
-rm -rf "$work"
-rm -f "$cache/.lock-$hash"
 link_out
 phase "done: $out"
 ls -l "$out" | sed 's/^/linux:   /'
+rm -f "$cache/.lock-$hash"
+cd /
+phase "removing the work dir"
+rm -rf "$work"

@@ -66,8 +66,28 @@ done
 cmdline=$(cat "$kit/cmdline")
 [ $pvm -eq 1 ] && cmdline="$cmdline $(cat "$kit/cmdline.pvm")"
 [ -n "$append" ] && cmdline="$cmdline $append"
+# Linux 6.1 honours only one clearcpuid= (a second one silently replaces the first: a run with
+# an extra clearcpuid= died on popcnt). Merge them all into the first.
+merge_clearcpuid() {
+    local out=() ids="" first=-1 w
+    for w in $1; do
+        if [[ $w == clearcpuid=* ]]; then
+            ids="${ids:+$ids,}${w#clearcpuid=}"
+            [ $first -lt 0 ] && { first=${#out[@]}; out+=("clearcpuid="); }
+        else
+            out+=("$w")
+        fi
+    done
+    [ $first -ge 0 ] && out[first]="clearcpuid=$ids"
+    echo "${out[*]}"
+}
+cmdline=$(merge_clearcpuid "$cmdline")
 machine=()
 [ -n "$irqchip" ] && machine=(-machine "kernel-irqchip=$irqchip")
+cpu=host
+# Without an in-kernel LAPIC, QEMU 7.2 aborts setting MSR_KVM_POLL_CONTROL (0x4b564d06) on this
+# host; mask the PV features that need a KVM LAPIC, as lull does in its user-space LAPIC mode.
+[ "$irqchip" = off ] && cpu=host,-kvm-poll-control,-kvm-pv-eoi,-kvm-pv-ipi,-kvm-pv-unhalt,-kvm-asyncpf,-kvm-asyncpf-int,-kvm-pv-sched-yield
 bios=()
 case $firmware in
 qboot) bios=(-bios /usr/share/qemu/qboot.rom) ;;
@@ -76,24 +96,38 @@ seabios) ;;
 esac
 [ -n "$log" ] || log=$(mktemp /tmp/lull-qemu.XXXXXX.log)
 
-qemu=(qemu-system-x86_64 -enable-kvm -cpu host -smp "$smp" -m "$mem" -nographic -no-reboot
+qemu=(qemu-system-x86_64 -enable-kvm -cpu "$cpu" -smp "$smp" -m "$mem" -nographic -no-reboot
     "${machine[@]}" "${bios[@]}" -kernel "$kit/$kernel" -initrd "$kit/$initrd" -append "$cmdline"
     "${extra[@]}")
 echo "run-in-qemu: ${qemu[*]}"
 echo "run-in-qemu: timeout ${timeout_s}s, serial log with host timestamps: $log"
 
+raw=$log.raw
+: >"$raw"
 t0=$EPOCHREALTIME
-set +e
-# Each serial line is prefixed with the host seconds since QEMU started.
-timeout "$timeout_s" "${qemu[@]}" </dev/null 2>&1 | {
+timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null >"$raw" 2>&1 &
+qpid=$!
+# Each serial line is prefixed with the host seconds since QEMU started. A KVM internal error
+# pauses QEMU rather than ending it: stop it once its register dump (ending in "Code=") is out.
+flag=$log.internal-error
+rm -f "$flag"
+tail -n +1 -f --pid=$qpid "$raw" | {
+    internal=0
     while IFS= read -r line; do
         line=${line//$'\r'/}
         now=$EPOCHREALTIME
         printf '[%8.3f] %s\n' "$(bc <<<"$now - $t0")" "$line"
+        case $line in
+        *"KVM internal error"* | *"KVM: entry failed"*) internal=1; touch "$flag" ;;
+        Code=*) [ $internal -eq 1 ] && kill "$qpid" 2>/dev/null ;;
+        esac
     done
 } | tee "$log"
-rc=${PIPESTATUS[0]}
+set +e
+wait "$qpid"
+rc=$?
 set -e
+rm -f "$raw"
 total=$(bc <<<"$EPOCHREALTIME - $t0")
 
 marker_time() { grep -F -m1 "$1" "$log" | sed -E 's/^\[ *([0-9.]+)\].*/\1/'; }
@@ -106,7 +140,11 @@ echo "run-in-qemu: ---- summary ($kernel, $initrd, $firmware, smp $smp, irqchip 
 echo "run-in-qemu: '$smp_line': ${t_smp:-NOT SEEN}${t_smp:+ s}"
 echo "run-in-qemu: 'Run /init as init process': ${t_init:-NOT SEEN}${t_init:+ s}"
 echo "run-in-qemu: 'lull-init: ready': ${t_ready:-not seen (expected on PVM hosts)}${t_ready:+ s}"
-if [ "$rc" -eq 124 ]; then
+if [ -e "$flag" ]; then
+    rm -f "$flag"
+    echo "run-in-qemu: KVM internal error (emulation failure: see the Code= bytes above); QEMU stopped"
+    rc=124
+elif [ "$rc" -eq 124 ]; then
     echo "run-in-qemu: QEMU killed after the ${timeout_s}s timeout"
 else
     echo "run-in-qemu: QEMU exited with status $rc after $(printf '%.1f' "$total") s"

@@ -1,6 +1,9 @@
-//! The IRQ-line block of QEMU's `pc-testdev`: a byte write of 1 to port `0x2000 + n` raises
-//! interrupt line `n`, a write of 0 lowers it. kvm-unit-tests' IOAPIC tests drive IOAPIC
-//! inputs this way (`set_irq_line`).
+//! The port parts of QEMU's `pc-testdev`, which kvm-unit-tests use:
+//! - IRQ lines: a byte write of 1 to port `0x2000 + n` raises interrupt line `n`, a write of 0
+//!   lowers it (the IOAPIC tests' `set_irq_line`);
+//! - a 32-bit scratch register at ports `0xe0-0xe3`, also reachable byte by byte at
+//!   `0xe8-0xeb` (the emulator test's string I/O), and `0xe4-0xe7`, whose writes ask QEMU to
+//!   flush a page and are accepted and ignored here ([`ScratchPorts`]).
 //!
 //! The device only knows lines by number; the VMM gives it an [`IrqLines`] that reaches the
 //! interrupt controller (KVM's IOAPIC, or lull's own), so this crate needs no KVM.
@@ -8,6 +11,50 @@
 use std::sync::Arc;
 
 use crate::pio::{MachineRequest, PioDevice};
+
+/// First port of the scratch register (`0xe0`), flush (`0xe4`) and byte-wise scratch (`0xe8`).
+pub const SCRATCH_PORT: u16 = 0xe0;
+/// Ports spanned from [`SCRATCH_PORT`].
+pub const SCRATCH_PORT_COUNT: u16 = 12;
+
+/// pc-testdev's scratch register: ports `0xe0-0xe3` and `0xe8-0xeb` both read and write the
+/// same 4 little-endian bytes, at any access size; ports `0xe4-0xe7` (page flush) read 0 and
+/// ignore writes.
+#[derive(Debug, Default, Clone)]
+pub struct ScratchPorts {
+    data: [u8; 4],
+}
+
+impl ScratchPorts {
+    /// The register's byte index for `offset`, if the port belongs to it.
+    fn index(offset: u16) -> Option<usize> {
+        match offset {
+            0..=3 => Some(usize::from(offset)),
+            8..=11 => Some(usize::from(offset - 8)),
+            _ => None,
+        }
+    }
+}
+
+impl PioDevice for ScratchPorts {
+    fn read(&mut self, offset: u16, data: &mut [u8]) {
+        match Self::index(offset) {
+            Some(i) => data.iter_mut().enumerate().for_each(|(k, b)| {
+                *b = self.data.get(i + k).copied().unwrap_or(0);
+            }),
+            None => data.fill(0),
+        }
+    }
+
+    fn write(&mut self, offset: u16, data: &[u8]) -> Option<MachineRequest> {
+        if let Some(i) = Self::index(offset) {
+            for (slot, byte) in self.data.iter_mut().skip(i).zip(data) {
+                *slot = *byte;
+            }
+        }
+        None
+    }
+}
 
 /// First port of the IRQ-line block.
 pub const IRQ_LINE_PORT: u16 = 0x2000;
@@ -57,6 +104,27 @@ mod tests {
         fn set_level(&self, line: u32, asserted: bool) {
             self.0.lock().unwrap().push((line, asserted));
         }
+    }
+
+    #[test]
+    fn scratch_register_keeps_what_was_written() {
+        let mut dev = ScratchPorts::default();
+        dev.write(0, &0x1234_5678u32.to_le_bytes());
+        let mut b = [0u8; 4];
+        dev.read(0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x1234_5678);
+        let mut byte = [0u8];
+        dev.read(8 + 3, &mut byte);
+        assert_eq!(byte, [0x12]);
+        dev.write(8 + 1, &[0xab]);
+        let mut w = [0u8; 2];
+        dev.read(0, &mut w);
+        assert_eq!(w, [0x78, 0xab]);
+        dev.read(2, &mut b); // past the end reads 0
+        assert_eq!(b, [0x34, 0x12, 0, 0]);
+        dev.write(4, &[9, 9, 9, 9]); // flush: ignored
+        dev.read(4, &mut b);
+        assert_eq!(b, [0; 4]);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Integration tests: QEMU-style test images (multiboot ELF32, fw_cfg, pc-testdev IRQ lines,
+//! Integration tests: QEMU-style test images (multiboot ELF32, fw_cfg, pc-testdev ports,
 //! the test-exit port, APIC-base relocation, INIT/SIPI broadcast) booted by the built `lull`
 //! in both irqchip modes, kernel format detection, and the errors for bad images.
 //!
@@ -65,6 +65,7 @@ fn boots_like_qemu(mode: &str) -> Result<(), Failed> {
     r.expect_stdout(
         "mb-smp: fw_cfg signature \"QEMU\" id 0x1 cpus 3 max 3 ram 128 MiB unknown 0x0",
     )?;
+    r.expect_stdout("mb-smp: pc-testdev scratch 0x1234ab78")?;
     r.expect_stdout("mb-smp: unclaimed port 0x5658 reads 0xff")?;
     for cpu in 1..3 {
         r.expect_stdout(&format!("mb-smp: cpu {cpu} apic id"))?;

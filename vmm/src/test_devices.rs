@@ -1,5 +1,6 @@
 //! QEMU's devices for hypervisor test images, as kvm-unit-tests run them with `-kernel`:
-//! `fw_cfg` (ports 0x510-0x511) and the IRQ-line block of `pc-testdev` (ports 0x2000 + n).
+//! `fw_cfg` (ports 0x510-0x511) and the port parts of `pc-testdev` (IRQ lines at 0x2000 + n,
+//! the scratch register at 0xe0-0xeb).
 //! The test-exit port (0xf4) is on the bus already (`devices::test_exit`).
 //!
 //! The IRQ lines reach KVM's IOAPIC (`KVM_IRQ_LINE` on GSI n, KVM's default routing sends GSI
@@ -9,7 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use devices::fw_cfg::{FwCfg, FW_CFG_PORT, FW_CFG_PORT_COUNT};
 use devices::pio::{PioBus, PioBusError};
-use devices::testdev::{IrqLinePorts, IrqLines, IRQ_LINE_COUNT, IRQ_LINE_PORT};
+use devices::testdev::{
+    IrqLinePorts, IrqLines, ScratchPorts, IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT,
+    SCRATCH_PORT_COUNT,
+};
 use kvm_ioctls::VmFd;
 
 use crate::irqchip::router::InterruptRouter;
@@ -52,7 +56,8 @@ impl IrqLines for UserIrqLines {
     }
 }
 
-/// Puts fw_cfg (reporting `cpus` and `memory`) and the IRQ-line ports driving `lines` on `bus`.
+/// Puts fw_cfg (reporting `cpus` and `memory`), the scratch ports and the IRQ-line ports
+/// driving `lines` on `bus`.
 pub fn add_to_bus(
     bus: &mut PioBus,
     cpus: u32,
@@ -64,6 +69,11 @@ pub fn add_to_bus(
         FW_CFG_PORT,
         FW_CFG_PORT_COUNT,
         Arc::new(Mutex::new(FwCfg::new(cpus, memory))),
+    )?;
+    bus.insert(
+        SCRATCH_PORT,
+        SCRATCH_PORT_COUNT,
+        Arc::new(Mutex::new(ScratchPorts::default())),
     )?;
     bus.insert(
         IRQ_LINE_PORT,

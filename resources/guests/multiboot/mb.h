@@ -46,6 +46,14 @@ extern const struct multiboot_info *mb_info;
 /* Write a 16-bit value to an I/O port. */
 static inline void outw(u16 port, u16 v) { __asm__ volatile("outw %0, %1" ::"a"(v), "Nd"(port)); }
 
+/* Read a 32-bit value from an I/O port. */
+static inline u32 inl(u16 port)
+{
+    u32 v;
+    __asm__ volatile("inl %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+
 /* ---- fw_cfg: selector 0x510 (16-bit), data 0x511 (bytes, little-endian items) ---- */
 #define FW_CFG_PORT_SEL 0x510
 #define FW_CFG_PORT_DATA 0x511

@@ -1,7 +1,8 @@
 /*
  * mb-smp - a multiboot image as QEMU's -kernel boots it: checks the multiboot entry (EAX
  * magic, information block with memory sizes, memory map, command line and modules), reads
- * fw_cfg (signature, CPU count, RAM size, an unknown key), reads an unclaimed port, brings up
+ * fw_cfg (signature, CPU count, RAM size, an unknown key), pc-testdev's scratch register
+ * (QEMU: -device pc-testdev), reads an unclaimed port, brings up
  * every CPU by INIT/SIPI broadcast (vector 0, trampoline at address 0), then exits through
  * port 0xf4 with the code given as `exit=N` (default 0), written as 1, 2 or 4 bytes.
  * Prints, in this order:
@@ -11,6 +12,7 @@
  *   mb-smp: mmap 0x... +0x... type T          (one line per entry)
  *   mb-smp: module 0: N bytes "<name>" starts "<first bytes>"   (one per module)
  *   mb-smp: fw_cfg signature "QEMU" id 0x... cpus N max N ram N MiB unknown 0x0
+ *   mb-smp: pc-testdev scratch 0x1234ab78   (0x12345678 written at 0xe0, 0xab at 0xe9)
  *   mb-smp: unclaimed port 0x5658 reads 0xff
  *   mb-smp: cpu <index> apic id <id> online   (each AP)
  *   mb-smp: N of N CPUs online
@@ -87,6 +89,12 @@ int main(void)
            sig_text, id, cpus, max_cpus, ram >> 20, unknown);
     if (strncmp(sig_text, "QEMU", 4) || cpus == 0 || unknown != 0)
         fail("fw_cfg does not look like QEMU's");
+    outl(0xe0, 0x12345678); /* pc-testdev scratch register, also byte-wise at 0xe8 */
+    outb(0xe9, 0xab);
+    u32 scratch = inl(0xe0);
+    printf("mb-smp: pc-testdev scratch 0x%x\n", scratch);
+    if (scratch != 0x1234ab78)
+        fail("pc-testdev scratch register reads 0x%x, not 0x1234ab78", scratch);
     u8 port = inb(0x5658);
     printf("mb-smp: unclaimed port 0x5658 reads 0x%x\n", port);
     if (port != 0xff)

@@ -99,6 +99,15 @@ fn exit_port_widths(mode: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Without `--cmdline` the image gets no arguments, only its name (QEMU without `-append`),
+/// not lull's Linux default.
+fn default_cmdline_is_empty() -> Result<(), Failed> {
+    let kernel = image("mb-smp")?;
+    let r = run(&["run", "--kernel", &kernel])?;
+    r.expect_stdout(&format!("mb-smp: cmdline \"{kernel} \""))?;
+    r.expect_code(1)
+}
+
 /// pc-testdev IRQ lines into the IOAPIC: edge, masked and level-triggered inputs.
 fn ioapic_lines(mode: &str) -> Result<(), Failed> {
     let kernel = image("mb-ioapic")?;
@@ -276,6 +285,7 @@ fn main() {
         kvm_trial("detects_pvh_elf64", detects_pvh_elf64),
         kvm_trial("detects_multiboot_elf32", detects_multiboot_elf32),
         kvm_trial("detects_bzimage", detects_bzimage),
+        kvm_trial("default_cmdline_is_empty", default_cmdline_is_empty),
     ];
     for mode in MODES {
         trials.push(kvm_trial(&format!("boots_like_qemu_{mode}"), move || {

@@ -200,6 +200,7 @@ fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), V
         }
     };
     let initramfs = cfg.initramfs.clone().or(kit_initramfs);
+    let format = boot::probe(&kernel, initramfs.as_deref())?;
     let cmdline = match &cfg.cmdline {
         Some(c) => {
             if pvm && c.contains("console=") && !c.contains("clearcpuid") {
@@ -210,9 +211,11 @@ fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), V
             }
             c.clone()
         }
+        // A multiboot test image gets what QEMU's -kernel gives it without -append: no
+        // arguments (kvm-unit-tests take their argv as test names).
+        None if format == boot::KernelFormat::Multiboot => String::new(),
         None => kit::default_cmdline(kit_cmdline.as_deref(), pvm),
     };
-    boot::probe(&kernel, initramfs.as_deref())?;
     Ok((kernel, initramfs, cmdline))
 }
 

@@ -427,6 +427,25 @@ mod tests {
     }
 
     #[test]
+    fn truncated_or_corrupted_images_never_panic() {
+        let f = image(0x10_0000, 0x100, 0x2000, 0x10_0010, 0);
+        for len in 0..f.len() {
+            let _ = parse(&f[..len], 64 << 20);
+        }
+        for at in 0..f.len() {
+            for value in [0x00, 0x7f, 0x80, 0xff] {
+                let mut g = f.clone();
+                g[at] = value;
+                if let Ok(img) = parse(&g, 64 << 20) {
+                    assert!(img.segments.iter().all(|s| s.paddr >= HIMEM_START
+                        && s.paddr + s.memsz <= 64 << 20
+                        && s.offset + s.filesz <= g.len() as u64));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn info_page_matches_the_specification() {
         let map = e820_map(128 << 20);
         let page = info_page(&BootInfo {

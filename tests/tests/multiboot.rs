@@ -217,6 +217,21 @@ fn refuses(path: PathBuf, text: &str) -> Result<(), Failed> {
     }
 }
 
+/// mb-smp converted to ELF64 (binutils' objcopy, which the kit's build needs anyway): QEMU
+/// refuses such an image, lull says how to convert it back.
+fn refuses_elf64_multiboot() -> Result<(), Failed> {
+    let path = temp_path("mb64.elf");
+    let status = std::process::Command::new("objcopy")
+        .args(["-O", "elf64-x86-64", &image("mb-smp")?])
+        .arg(&path)
+        .status()
+        .map_err(|e| format!("cannot run objcopy (apt-get install binutils): {e}"))?;
+    if !status.success() {
+        return Err(format!("objcopy failed: {status}").into());
+    }
+    refuses(path, "objcopy -O elf32-i386")
+}
+
 type Patch = fn(&mut Vec<u8>);
 
 /// Bad images that lull must refuse before booting: (name, needs KVM, patch, message).
@@ -286,6 +301,7 @@ fn main() {
         kvm_trial("detects_multiboot_elf32", detects_multiboot_elf32),
         kvm_trial("detects_bzimage", detects_bzimage),
         kvm_trial("default_cmdline_is_empty", default_cmdline_is_empty),
+        kvm_trial("bad_image_elf64_multiboot", refuses_elf64_multiboot),
     ];
     for mode in MODES {
         trials.push(kvm_trial(&format!("boots_like_qemu_{mode}"), move || {

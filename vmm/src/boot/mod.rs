@@ -51,6 +51,9 @@ pub enum BootError {
     /// An ELF without the PVH entry note.
     #[error("{0} has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): build the kernel with CONFIG_PVH=y, or boot its bzImage")]
     NoPvhNote(PathBuf),
+    /// An ELF64 with a multiboot header and no PVH note.
+    #[error("{0} is an ELF64 multiboot kernel; multiboot kernels boot as ELF32 (as under QEMU): convert it with `objcopy -O elf32-i386`")]
+    Elf64Multiboot(PathBuf),
     /// linux-loader refused the image.
     #[error("Cannot load kernel {path}: {source} (is it truncated, or larger than --memory?)")]
     Load {
@@ -214,6 +217,14 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
             let res = loader::Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
                 .map_err(load_err)?;
             let PvhBootCapability::PvhEntryPresent(entry) = res.pvh_boot_cap else {
+                let mut head = vec![0u8; multiboot::HEADER_SEARCH];
+                let n = file
+                    .seek(SeekFrom::Start(0))
+                    .and_then(|_| read_up_to(&mut file, &mut head))
+                    .unwrap_or(0);
+                if multiboot::find_header(&head[..n]).is_some() {
+                    return Err(BootError::Elf64Multiboot(path.to_path_buf()));
+                }
                 return Err(BootError::NoPvhNote(path.to_path_buf()));
             };
             let mode = EntryMode::Pvh {

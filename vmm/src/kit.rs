@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a Linux guest needs on a host whose KVM is PVM-based (software virtualization with
 /// guest kernel code emulated): CPU features the emulator lacks but CPUID leaks from the host.
-pub const PVM_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,rdtscp,smap,xsave mitigations=off";
+/// `tsc=reliable` spares Linux's clocksource watchdog, which emulated CPL0 code makes flag the
+/// TSC as unstable.
+pub const PVM_CMDLINE: &str =
+    "noxsave clearcpuid=cx16,popcnt,rdtscp,smap,xsave mitigations=off tsc=reliable";
 
 /// The kit or the default guest is missing.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +46,8 @@ pub struct DefaultGuest {
     pub initramfs: Option<PathBuf>,
     /// Its base command line (`linux/cmdline`), if the kit has one.
     pub cmdline: Option<String>,
+    /// Its PVM-host workarounds (`linux/cmdline.pvm`), if the kit has them.
+    pub cmdline_pvm: Option<String>,
 }
 
 /// The default guest: the kit's Linux kernel, its initramfs and its command line.
@@ -52,24 +57,31 @@ pub fn default_guest() -> Result<DefaultGuest, KitError> {
     if !kernel.is_file() {
         return Err(KitError::NoDefaultGuest(kernel));
     }
-    let initramfs = linux.join("initramfs.cpio.gz");
-    let cmdline = std::fs::read_to_string(linux.join("cmdline"))
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty());
+    // The uncompressed archive first: inflating gzip is minutes of emulated CPL0 on PVM hosts.
+    let initramfs = ["initramfs.cpio", "initramfs.cpio.gz"]
+        .iter()
+        .map(|name| linux.join(name))
+        .find(|p| p.is_file());
+    let read = |name: &str| {
+        std::fs::read_to_string(linux.join(name))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
     Ok(DefaultGuest {
         kernel,
-        initramfs: initramfs.is_file().then_some(initramfs),
-        cmdline,
+        initramfs,
+        cmdline: read("cmdline"),
+        cmdline_pvm: read("cmdline.pvm"),
     })
 }
 
-/// The command line for a guest when the user gave none: `base` (or [`BASE_CMDLINE`]) plus
-/// [`PVM_CMDLINE`] on a PVM host.
-pub fn default_cmdline(base: Option<&str>, pvm: bool) -> String {
+/// The command line for a guest when the user gave none: `base` (or [`BASE_CMDLINE`]) plus,
+/// on a PVM host, `pvm_extra` (or [`PVM_CMDLINE`]).
+pub fn default_cmdline(base: Option<&str>, pvm_extra: Option<&str>, pvm: bool) -> String {
     let base = base.unwrap_or(BASE_CMDLINE);
     if pvm {
-        format!("{base} {PVM_CMDLINE}")
+        format!("{base} {}", pvm_extra.unwrap_or(PVM_CMDLINE))
     } else {
         base.to_string()
     }

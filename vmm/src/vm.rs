@@ -192,11 +192,11 @@ pub struct RunOutcome {
 /// The kernel, initramfs and command line to boot.
 fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), VmError> {
     let pvm = kit::host_is_pvm();
-    let (kernel, kit_initramfs, kit_cmdline) = match &cfg.kernel {
-        Some(k) => (k.clone(), None, None),
+    let (kernel, kit_initramfs, kit_cmdline, kit_pvm) = match &cfg.kernel {
+        Some(k) => (k.clone(), None, None, None),
         None => {
             let g = kit::default_guest()?;
-            (g.kernel, g.initramfs, g.cmdline)
+            (g.kernel, g.initramfs, g.cmdline, g.cmdline_pvm)
         }
     };
     let initramfs = cfg.initramfs.clone().or(kit_initramfs);
@@ -214,7 +214,7 @@ fn resolve_guest(cfg: &VmConfig) -> Result<(PathBuf, Option<PathBuf>, String), V
         // A multiboot test image gets what QEMU's -kernel gives it without -append: no
         // arguments (kvm-unit-tests take their argv as test names).
         None if format == boot::KernelFormat::Multiboot => String::new(),
-        None => kit::default_cmdline(kit_cmdline.as_deref(), pvm),
+        None => kit::default_cmdline(kit_cmdline.as_deref(), kit_pvm.as_deref(), pvm),
     };
     Ok((kernel, initramfs, cmdline))
 }

@@ -130,7 +130,13 @@ fn initramfs_too_large_for_memory_is_bad_input() -> Result<(), Failed> {
 /// Boots the kit's Linux kernel with `cpus` vCPUs in irqchip `mode` to its /init line and
 /// the reset that follows the panic (panic=-1, reboot=k: the i8042 reset ends lull with 0).
 fn linux_boots_to_init(mode: &'static str, cpus: u32) -> Result<(), Failed> {
-    let kernel = kit_file("linux/vmlinux")?.display().to_string();
+    linux_image_boots_to_init("linux/vmlinux", mode, cpus)
+}
+
+/// The same with the kernel image `image` of the kit (vmlinux through PVH, or the bzImage
+/// through the Linux 64-bit boot protocol).
+fn linux_image_boots_to_init(image: &str, mode: &'static str, cpus: u32) -> Result<(), Failed> {
+    let kernel = kit_file(image)?.display().to_string();
     let initramfs = kit_file("linux/initramfs.cpio")
         .or_else(|_| kit_file("linux/initramfs.cpio.gz"))?
         .display()
@@ -379,6 +385,9 @@ fn main() {
         }),
         kvm_trial("linux_user_irqchip_2_cpus_boots_to_init", || {
             linux_boots_to_init("user", 2)
+        }),
+        kvm_trial("linux_bzimage_boots_to_init", || {
+            linux_image_boots_to_init("linux/bzImage", "user", 1)
         }),
     ];
     trials.extend(guest_matrix());

@@ -93,11 +93,12 @@ mod tests {
 
     #[test]
     fn pvm_adds_workarounds() {
-        assert_eq!(default_cmdline(None, false), BASE_CMDLINE);
-        assert!(default_cmdline(None, true).ends_with(PVM_CMDLINE));
+        assert_eq!(default_cmdline(None, None, false), BASE_CMDLINE);
+        assert!(default_cmdline(None, None, true).ends_with(PVM_CMDLINE));
         assert_eq!(
-            default_cmdline(Some("console=ttyS0 x"), false),
+            default_cmdline(Some("console=ttyS0 x"), Some("y"), false),
             "console=ttyS0 x"
         );
+        assert_eq!(default_cmdline(Some("a"), Some("y"), true), "a y");
     }
 }

@@ -10,7 +10,7 @@ use kvm_bindings::{kvm_msr_entry, Msrs};
 use timer::{Clock, CpuTimers, HostTimer, ModelKind, TimerModel, Waker};
 
 use super::clock::VmClock;
-use super::host_timer::{CentralHostTimer, SharedTimerFd, ThreadTickTimer};
+use super::host_timer::{CentralHostTimer, ThreadTickTimer, TimerThreadAlarm};
 use super::kick;
 use super::mailbox::Mailbox;
 use super::router::{InterruptRouter, IoapicEdgeTrigger};
@@ -48,7 +48,7 @@ pub struct UserIrqchip {
     pub idle: Arc<IdleShared>,
     clock: VmClock,
     parts: Mutex<Option<VcpuParts>>,
-    central: Option<Arc<SharedTimerFd>>,
+    central: Option<Arc<TimerThreadAlarm>>,
     kind: ModelKind,
 }
 
@@ -129,7 +129,7 @@ impl UserIrqchip {
             TimerModelKind::Central => ModelKind::Central,
         };
         let central = match kind {
-            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(thread_err)?)),
+            ModelKind::Central => Some(Arc::new(TimerThreadAlarm::new(clock))),
             _ => None,
         };
         let nodes = vec![0; lapics.len()];
@@ -212,25 +212,25 @@ impl UserIrqchip {
             let idle = self.idle.clone();
             std::thread::Builder::new()
                 .name("timers".into())
-                .spawn(move || loop {
-                    if let Err(e) = fd.wait() {
-                        if e.kind() != std::io::ErrorKind::Interrupted {
-                            shared
-                                .stop
-                                .request(StopReason::VmmError(format!("timer thread: {e}")));
-                            return;
-                        }
-                    }
-                    if shared.stop.is_requested() {
+                .spawn(move || {
+                    if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Timers) {
+                        shared.stop.request(StopReason::VmmError(e.to_string()));
                         return;
                     }
-                    let mut summary = FiredSummary::default();
-                    model.service(clock.now(), &mut |fired| {
-                        on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
-                    });
-                    if let Some(g) = &idle.global {
-                        for _ in 0..summary.own_global + summary.remote_global {
-                            g.timer_thread_fired();
+                    fd.bind_current_thread();
+                    loop {
+                        fd.wait();
+                        if shared.stop.is_requested() {
+                            return;
+                        }
+                        let mut summary = FiredSummary::default();
+                        model.service(clock.now(), &mut |fired| {
+                            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+                        });
+                        if let Some(g) = &idle.global {
+                            for _ in 0..summary.own_global + summary.remote_global {
+                                g.timer_thread_fired();
+                            }
                         }
                     }
                 })
@@ -245,7 +245,7 @@ impl UserIrqchip {
             m.flag_control();
         }
         if let Some(fd) = &self.central {
-            let _ = fd.arm_at(0);
+            fd.arm_at(0);
         }
     }
 }

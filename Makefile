@@ -17,6 +17,7 @@ help:
 	@echo "make test           format check, clippy, unit, property and integration tests"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
+	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -52,7 +53,7 @@ unit-tests:
 integration-tests: build kit
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
 
-test: fmt-check clippy unit-tests integration-tests
+test: fmt-check clippy unit-tests integration-tests fuzz-smoke
 
 bench-timer:
 	resources/bench/bench-timer.sh
@@ -62,3 +63,44 @@ clean:
 
 clean-kit:
 	rm -rf $(KIT)
+
+# Fuzzing (fuzz/, a cargo-fuzz crate outside the workspace; see docs/RELIABILITY.md). cargo-fuzz
+# passes nightly-only flags (sanitizer, coverage); RUSTC_BOOTSTRAP=1 lets the stable toolchain
+# accept them. `make fuzz` runs each target FUZZ_TIME seconds; `make test` a FUZZ_SMOKE_TIME
+# smoke of each. A crash stops the run and leaves its input in fuzz/artifacts/<target>/.
+FUZZ_TIME       ?= 600
+FUZZ_SMOKE_TIME ?= 20
+FUZZ_TARGETS    ?= lapic ioapic serial timer loader cli
+FUZZ_ENV        := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(CURDIR)/target/fuzz
+
+.PHONY: fuzz fuzz-smoke fuzz-tool
+
+fuzz-tool:
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+
+fuzz: fuzz-tool
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  $(FUZZ_ENV) $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_TIME) || exit 1; done
+
+fuzz-smoke: fuzz-tool
+	cd fuzz && $(FUZZ_ENV) $(CARGO) fuzz build
+	mkdir -p target/fuzz
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  log=$(CURDIR)/target/fuzz/smoke-$$t.log; \
+	  if $(FUZZ_ENV) $(CARGO) fuzz run $$t -- -max_total_time=$(FUZZ_SMOKE_TIME) >$$log 2>&1; \
+	  then echo "fuzz $$t: `grep -E '^Done [0-9]+ runs' $$log`"; \
+	  else tail -40 $$log; echo "fuzz $$t: FAILED (input in fuzz/artifacts/$$t/)"; exit 1; fi; \
+	done
+
+# lull bench: density (lull's modes and QEMU side by side), global-timer load, wake-up latency.
+# Tables, JSON and the plot land in docs/bench/ (read in docs/PERFORMANCE.md).
+.PHONY: bench
+bench: build-release guests
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench density --vms 1,8,32,64 --cpus 2 --duration 30s \
+	    --json docs/bench/density.json --plot docs/bench/density.svg | tee docs/bench/density.txt
+	LULL_KIT=$(KIT) target/release/lull bench density --vms 1 --cpus 2 --duration 10s \
+	    --modes pull,push,central --global-timers 4 --guest-args busy=1 \
+	    --json docs/bench/global-timers.json | tee docs/bench/global-timers.txt
+	LULL_KIT=$(KIT) target/release/lull bench wakeup --json docs/bench/wakeup.json \
+	    | tee docs/bench/wakeup.txt

@@ -114,6 +114,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
 
+    /// Seccomp filters on the vCPU, timer and VMM threads, installed before they run guest-
+    /// driven code. `on`: a syscall outside each thread's allow-list kills lull (SIGSYS);
+    /// `log`: it is allowed and logged by the kernel (find what a new path needs); `off`: no
+    /// filter. Default: on.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub seccomp: Option<crate::seccomp::SeccompMode>,
+
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, idle_inject,
     /// cpu_quota, global_timers, serial, metrics);
@@ -171,6 +178,9 @@ impl RunArgs {
         }
         if let Some(v) = &self.metrics {
             cfg.metrics = Some(v.clone());
+        }
+        if let Some(v) = self.seccomp {
+            cfg.seccomp = v;
         }
         cfg.validate()?;
         Ok(cfg)

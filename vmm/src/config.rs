@@ -150,6 +150,8 @@ pub struct VmConfig {
     pub serial: SerialMode,
     /// Write run metrics as JSON to this file at exit.
     pub metrics: Option<PathBuf>,
+    /// Seccomp filters on lull's threads (`on`: a syscall outside the allow-list kills lull).
+    pub seccomp: crate::seccomp::SeccompMode,
 }
 
 impl Default for VmConfig {
@@ -168,6 +170,7 @@ impl Default for VmConfig {
             global_timers: None,
             serial: SerialMode::Stdio,
             metrics: None,
+            seccomp: crate::seccomp::SeccompMode::On,
         }
     }
 }

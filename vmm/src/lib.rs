@@ -15,6 +15,7 @@ pub mod kvm_vm;
 pub mod layout;
 pub mod metrics;
 pub mod ratelimit;
+pub mod seccomp;
 pub mod size;
 pub mod test_devices;
 pub mod vcpu;

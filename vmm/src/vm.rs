@@ -378,6 +378,7 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     });
 
     let signal = install_signal_handlers()?;
+    crate::seccomp::prepare(cfg.seccomp).map_err(|e| VmError::EventLoop(e.to_string()))?;
     let stdin_is_console = cfg.serial == SerialMode::Stdio;
     let raw_terminal = if stdin_is_console {
         RawTerminal::enable()
@@ -409,6 +410,8 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         filter: EscapeFilter::default(),
         pending: Vec::new(),
     })));
+    crate::seccomp::apply(crate::seccomp::ThreadKind::Vmm)
+        .map_err(|e| VmError::EventLoop(e.to_string()))?;
     let reason = loop {
         if let Some(reason) = shared.stop.reason() {
             break reason;

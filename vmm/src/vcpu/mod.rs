@@ -80,6 +80,10 @@ pub fn run_loop(mut vcpu: VcpuFd, id: u32, shared: Arc<VmShared>) {
             .request(StopReason::VmmError(format!("no counters for vCPU {id}")));
         return;
     };
+    if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
+        shared.stop_from_thread(StopReason::VmmError(e.to_string()));
+        return;
+    }
     loop {
         if shared.stop.is_requested() {
             return;

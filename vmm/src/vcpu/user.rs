@@ -164,6 +164,11 @@ impl<E: LapicEvents> UserVcpu<E> {
             return;
         };
         mailbox.bind_current_thread();
+        if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
+            self.shared
+                .stop_from_thread(StopReason::VmmError(e.to_string()));
+            return;
+        }
         kick::register_vcpu_thread(self.vcpu.get_kvm_run());
         let reason = self.run_loop(&mailbox);
         kick::unregister_vcpu_thread();

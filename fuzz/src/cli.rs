@@ -1,0 +1,126 @@
+//! The `cli` target: `lull run` argument vectors (real flags with arbitrary values, and
+//! arbitrary words), JSON `--config` documents, memory sizes and serial modes.
+//!
+//! Checks: nothing panics; a configuration `to_config` accepts passes `validate`; a JSON config
+//! that parses survives a serialize/parse round trip; sizes and serial modes that parse print
+//! back to something that parses to the same value. `--config` itself is never passed (it would
+//! read files); its parser is fuzzed through the JSON input instead.
+
+use arbitrary::{Arbitrary, Unstructured};
+use clap::Parser;
+use vmm::cli::{Cli, Command};
+use vmm::config::{SerialMode, VmConfig};
+use vmm::size::ByteSize;
+
+const FLAGS: &[&str] = &[
+    "--kernel",
+    "--initramfs",
+    "--cmdline",
+    "--cpus",
+    "--memory",
+    "--irqchip",
+    "--timer-model",
+    "--serial",
+    "--metrics",
+    "-v",
+    "-vv",
+    "--help",
+    "run",
+];
+
+#[derive(Arbitrary, Debug)]
+enum Word {
+    Flag(u8),
+    Value(String),
+    Number(u64),
+    Size(u32, u8),
+}
+
+impl Word {
+    fn text(&self) -> String {
+        match self {
+            Word::Flag(i) => FLAGS[usize::from(*i) % FLAGS.len()].to_string(),
+            Word::Value(s) => s.clone(),
+            Word::Number(n) => n.to_string(),
+            Word::Size(n, unit) => format!(
+                "{n}{}",
+                ["", "K", "M", "G", "k", "MiB", "b"][usize::from(*unit) % 7]
+            ),
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum Input {
+    Args(Vec<Word>),
+    Json(Vec<u8>),
+    Size(String),
+    Serial(String),
+}
+
+fn args(words: &[Word]) {
+    let mut argv = vec!["lull".to_string(), "run".to_string()];
+    argv.extend(
+        words
+            .iter()
+            .map(Word::text)
+            .filter(|w| !w.starts_with("--config")),
+    );
+    let Ok(cli) = Cli::try_parse_from(&argv) else {
+        return;
+    };
+    let Command::Run(run) = cli.command else {
+        return;
+    };
+    assert!(run.config.is_none(), "--config was filtered out: {argv:?}");
+    if let Ok(cfg) = run.to_config() {
+        if let Err(e) = cfg.validate() {
+            panic!("to_config accepted an invalid configuration ({e}): {argv:?}");
+        }
+    }
+}
+
+fn json(bytes: &[u8]) {
+    let Ok(cfg) = serde_json::from_slice::<VmConfig>(bytes) else {
+        return;
+    };
+    let _ = cfg.validate();
+    let text = serde_json::to_string(&cfg)
+        .unwrap_or_else(|e| panic!("a parsed config does not serialize: {e}"));
+    let back: VmConfig = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("config does not round-trip ({e}): {text}"));
+    assert_eq!(back, cfg, "config changed in a round trip: {text}");
+}
+
+fn size(s: &str) {
+    if let Ok(v) = s.parse::<ByteSize>() {
+        let printed = v.to_string();
+        assert_eq!(
+            printed.parse::<ByteSize>(),
+            Ok(v),
+            "{s:?} printed as {printed:?}"
+        );
+    }
+}
+
+fn serial(s: &str) {
+    if let Ok(v) = s.parse::<SerialMode>() {
+        let printed = v.to_string();
+        assert_eq!(
+            printed.parse::<SerialMode>(),
+            Ok(v),
+            "{s:?} printed as {printed:?}"
+        );
+    }
+}
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    match Input::arbitrary_take_rest(Unstructured::new(data)) {
+        Ok(Input::Args(words)) => args(&words),
+        Ok(Input::Json(bytes)) => json(&bytes),
+        Ok(Input::Size(s)) => size(&s),
+        Ok(Input::Serial(s)) => serial(&s),
+        Err(_) => {}
+    }
+}

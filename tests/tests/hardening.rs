@@ -1,0 +1,301 @@
+//! Hardening tests: a hostile guest (`storm`: minimum-period LAPIC timers on every CPU, an IPI
+//! flood, unclaimed ports and reserved LAPIC registers) against lull with its seccomp filters
+//! on (the default). lull must clamp the timer, keep its log short, stay responsive to SIGTERM
+//! and run every thread under its filter.
+//!
+//! Measurements are printed (`--nocapture` is not needed: libtest-mimic shows stderr of
+//! failed tests only, so they also go to the failure message when a check fails).
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lull_tests::{kit_file, kvm_trial, lull_bin, run_lull, Arguments, Failed};
+
+const GUEST_DEADLINE: Duration = Duration::from_secs(60);
+/// lull's LAPIC timer clamp (`devices::lapic::TimerLimits::default().min_period_ns`).
+const MIN_PERIOD_NS: u64 = 100_000;
+/// How long the flood runs before SIGTERM: a measurement window, not a synchronisation.
+const STORM_WINDOW: Duration = Duration::from_secs(3);
+/// How fast lull must end after SIGTERM while the storm runs.
+const SIGTERM_DEADLINE: Duration = Duration::from_secs(3);
+
+fn temp_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("lull-hardening-{}-{name}", std::process::id()))
+}
+
+fn json_u64(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Total CPU time of lull's threads in the metrics (ns).
+fn threads_cpu_ns(metrics: &serde_json::Value) -> u64 {
+    metrics["threads"]
+        .as_array()
+        .map_or(0, |t| t.iter().map(|t| json_u64(&t["cpu_ns"])).sum())
+}
+
+/// A timer-only storm: every vCPU arms a periodic LAPIC timer with initial count 1 (1 ns) and
+/// halts between ticks. lull must run it at the 100 us clamp: at most 10,000 timer events per
+/// second per vCPU, so the host CPU the guest can make lull burn on timers is bounded.
+fn timer_storm_is_clamped() -> Result<(), Failed> {
+    let kernel = kit_file("guests/storm.elf")?.display().to_string();
+    let metrics = temp_path("timer-storm.json");
+    let metrics_arg = metrics.display().to_string();
+    let max_rate = 1_000_000_000 / MIN_PERIOD_NS * 105 / 100;
+    let cmdline = format!("ms=2000 ipi=0 noise=0 max_rate={max_rate}");
+    let r = run_lull(
+        &[
+            "run",
+            "--kernel",
+            &kernel,
+            "--cpus",
+            "2",
+            "--irqchip",
+            "user",
+            "--cmdline",
+            &cmdline,
+            "--metrics",
+            &metrics_arg,
+        ],
+        GUEST_DEADLINE,
+    )?;
+    r.expect_stdout("storm: PASS")?;
+    r.expect_code(1)?;
+    let json = std::fs::read_to_string(&metrics).map_err(|e| format!("metrics: {e}"))?;
+    let _ = std::fs::remove_file(&metrics);
+    let m: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+    let run_ns = json_u64(&m["run_time_ms"]) * 1_000_000;
+    let vcpus = m["vcpus"].as_array().cloned().unwrap_or_default();
+    let mut fires = 0;
+    for v in &vcpus {
+        let f = json_u64(&v["lapic_timer_fires"]);
+        // One fire per clamped period, plus the arming write's own first expiry.
+        if f > run_ns / MIN_PERIOD_NS + 2 {
+            return Err(format!("{f} timer fires in {run_ns} ns beat the clamp: {json}").into());
+        }
+        fires += f;
+    }
+    if json_u64(&m["lapic_timer_clamps"]) == 0 || fires == 0 {
+        return Err(format!("the storm was not clamped or never fired: {json}").into());
+    }
+    let cpu = threads_cpu_ns(&m);
+    eprintln!(
+        "timer storm: {} vCPUs, {fires} timer fires in {} ms ({} /s per vCPU), lull CPU {} ms \
+         ({}% of one core, {} ns per fire)",
+        vcpus.len(),
+        run_ns / 1_000_000,
+        fires * 1_000_000_000 / run_ns.max(1) / (vcpus.len() as u64).max(1),
+        cpu / 1_000_000,
+        cpu * 100 / run_ns.max(1),
+        cpu / fires.max(1)
+    );
+    Ok(())
+}
+
+/// Reads `/proc/<pid>/task/*/{comm,status}`: (thread name, seccomp mode) of every thread.
+fn seccomp_of_threads(pid: u32) -> Result<Vec<(String, String)>, Failed> {
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(&dir)
+        .map_err(|e| format!("{dir}: {e}"))?
+        .flatten()
+    {
+        let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+        let mode = read("status")
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
+            .unwrap_or_default();
+        out.push((read("comm").trim().to_string(), mode));
+    }
+    Ok(out)
+}
+
+/// Total utime + stime of a process in clock ticks (`/proc/<pid>/stat` fields 14 and 15).
+fn process_cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // After the comm field, state is index 0, so utime (14) and stime (15) are 11 and 12.
+    field(11) + field(12)
+}
+
+fn kill(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status();
+}
+
+/// Waits for `child` to exit for up to `deadline`; kills it after that (`None`).
+fn wait_with_deadline(mut child: Child, deadline: Duration) -> Option<std::process::ExitStatus> {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait().ok();
+        let _ = tx.send(());
+        status
+    });
+    let in_time = rx.recv_timeout(deadline).is_ok();
+    if !in_time {
+        kill(pid, "-KILL");
+    }
+    let status = waiter.join().ok().flatten();
+    if in_time {
+        status
+    } else {
+        None
+    }
+}
+
+/// The full storm on 2 vCPUs (timers at the clamp, IPI flood, unclaimed ports, reserved
+/// registers) with `--seccomp on`: every lull thread runs under its filter, lull answers
+/// SIGTERM within a few seconds with status 12, and its log stays logarithmic in the number
+/// of guest misdeeds.
+fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
+    let kernel = kit_file("guests/storm.elf")?.display().to_string();
+    let metrics = temp_path("flood.json");
+    let mut child = Command::new(lull_bin())
+        .args([
+            "run",
+            "--kernel",
+            &kernel,
+            "--cpus",
+            "2",
+            "--irqchip",
+            "user",
+            "--seccomp",
+            "on",
+            "--cmdline",
+            "ms=0 ipi=1 noise=1",
+        ])
+        .args(["--metrics".as_ref(), metrics.as_os_str()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start lull: {e}"))?;
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let console = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut stderr = child.stderr.take().ok_or("no stderr")?;
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let started = Instant::now();
+    let mut flooding = false;
+    while let Some(left) = GUEST_DEADLINE.checked_sub(started.elapsed()) {
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("storm: flooding") => {
+                flooding = true;
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    if !flooding {
+        kill(pid, "-KILL");
+        let _ = child.wait();
+        return Err(format!(
+            "the storm never started\n--- console:\n{}\n--- log:\n{}",
+            console.join().unwrap_or_default(),
+            log.join().unwrap_or_default()
+        )
+        .into());
+    }
+    let ticks_before = process_cpu_ticks(pid);
+    let window_start = Instant::now();
+    std::thread::sleep(STORM_WINDOW);
+    let threads = seccomp_of_threads(pid)?;
+    let ticks = process_cpu_ticks(pid).saturating_sub(ticks_before);
+    let window = window_start.elapsed();
+    let term_sent = Instant::now();
+    kill(pid, "-TERM");
+    let status = wait_with_deadline(child, SIGTERM_DEADLINE);
+    let answered = term_sent.elapsed();
+    let console = console.join().unwrap_or_default();
+    let log = log.join().unwrap_or_default();
+    let json = std::fs::read_to_string(&metrics).unwrap_or_default();
+    let _ = std::fs::remove_file(&metrics);
+    let context = format!(
+        "\n--- threads: {threads:?}\n--- console:\n{console}\n--- log:\n{log}\n--- metrics:\n{json}"
+    );
+    let Some(status) = status else {
+        return Err(
+            format!("lull did not answer SIGTERM within {SIGTERM_DEADLINE:?}{context}").into(),
+        );
+    };
+    if status.code() != Some(12) {
+        return Err(format!("expected status 12 after SIGTERM, got {status:?}{context}").into());
+    }
+    for (name, mode) in &threads {
+        let ours = name == "lull" || name.starts_with("vcpu") || name == "timers";
+        if ours && mode != "2" {
+            return Err(format!("thread {name} runs without a seccomp filter{context}").into());
+        }
+    }
+    if !threads.iter().any(|(n, _)| n.starts_with("vcpu")) {
+        return Err(format!("no vCPU thread seen{context}").into());
+    }
+    let m: serde_json::Value =
+        serde_json::from_str(&json).map_err(|e| format!("metrics JSON: {e}{context}"))?;
+    let misdeeds = json_u64(&m["unknown_port_accesses"]) + json_u64(&m["lapic_invalid_accesses"]);
+    let log_lines = log.lines().count();
+    // Each kind of misdeed logs its 1st, 2nd, 4th, ... occurrence: log2(n) lines per kind.
+    let bound = 4 * (64 - misdeeds.leading_zeros() as usize) + 16;
+    if misdeeds < 64 || log_lines > bound {
+        return Err(format!(
+            "{log_lines} log lines for {misdeeds} guest misdeeds (bound {bound}){context}"
+        )
+        .into());
+    }
+    let run_ns = json_u64(&m["run_time_ms"]) * 1_000_000;
+    let fires: u64 = m["vcpus"].as_array().map_or(0, |v| {
+        v.iter().map(|v| json_u64(&v["lapic_timer_fires"])).sum()
+    });
+    if fires > 2 * (run_ns / MIN_PERIOD_NS + 2) {
+        return Err(format!("{fires} timer fires beat the clamp{context}").into());
+    }
+    // /proc clock ticks are USER_HZ = 100 per second on Linux x86-64.
+    let cpu_ms = ticks * 10;
+    eprintln!(
+        "flood: {} ms window, lull CPU {cpu_ms} ms ({}% of one core) for 2 vCPUs; {fires} timer \
+         fires, {} IPIs, {misdeeds} misdeeds -> {log_lines} log lines; SIGTERM answered in \
+         {} ms",
+        window.as_millis(),
+        u128::from(cpu_ms) * 100 / window.as_millis().max(1),
+        json_u64(&m["ipis"]),
+        answered.as_millis()
+    );
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        kvm_trial("timer_storm_is_clamped", timer_storm_is_clamped),
+        kvm_trial(
+            "flood_stays_responsive_under_seccomp",
+            flood_stays_responsive_under_seccomp,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,276 @@
+//! Seccomp filters for lull's threads: each thread that runs guest-driven code (vCPU threads,
+//! the `central` timer thread, the VMM thread's event loop) installs an allow-list right before
+//! its loop, so a guest that took over a thread through a bug in lull can do little more than
+//! lull itself does there.
+//!
+//! ```text
+//!   vm::run: prepare(mode) ── builds the three BPF programs once, before any thread starts
+//!   vCPU thread:   apply(ThreadKind::Vcpu)   then its first KVM_RUN
+//!   timer thread:  apply(ThreadKind::Timers) then its first wait on the timerfd
+//!   VMM thread:    apply(ThreadKind::Vmm)    then its event loop (and lull's exit path)
+//! ```
+//!
+//! What every thread may do: read/write/close on descriptors it already has, futexes, memory
+//! management without `PROT_EXEC`, signals to threads of this process only (`tgkill` with
+//! lull's own pid), its own exit, clocks and sleeps, `getrandom`, and open files read-only
+//! (`O_RDONLY|O_CLOEXEC`: its `/proc/thread-self` statistics at exit), and program timerfds and
+//! POSIX timers (host ticks; the `central` model's alarm is armed by whichever thread arms a
+//! guest timer). Beyond that:
+//! - **vCPU**: `ioctl` with KVM's ioctl type (0xAE) only;
+//! - **timers**: nothing more;
+//! - **VMM**: epoll, directory reads (`/proc/self/task` at exit),
+//!   creating the `--metrics` file (`O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC`), the terminal's
+//!   `TCGETS`/`TCSETS` (restoring it at exit).
+//!
+//! No thread may `execve`, `fork`/`clone`, open sockets, `ptrace`, signal other processes,
+//! `mmap` executable memory or open a file for writing (the VMM thread: only by creating one).
+//!
+//! `--seccomp on` (the default) kills the whole process (`SECCOMP_RET_KILL_PROCESS`, status
+//! 128 + SIGSYS = 159 in a shell) at the first syscall outside the list: a thread that makes
+//! one is not doing what lull does, so it is treated as taken over, and returning an error to
+//! it could let it probe. `--seccomp log` allows the syscall and has the kernel log it
+//! (`SECCOMP_RET_LOG`, visible with `dmesg` or the audit log) to find what a new code path
+//! needs; `--seccomp off` installs nothing.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use serde::{Deserialize, Serialize};
+
+/// What `--seccomp` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum SeccompMode {
+    /// No filter.
+    Off,
+    /// Allow-list; other syscalls are allowed and logged by the kernel.
+    Log,
+    /// Allow-list; any other syscall kills the process.
+    #[default]
+    On,
+}
+
+impl SeccompMode {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Log => "log",
+            Self::On => "on",
+        }
+    }
+}
+
+/// Which of lull's threads a filter is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// A vCPU thread (either irqchip mode).
+    Vcpu,
+    /// The `central` timer model's thread.
+    Timers,
+    /// The VMM thread: event loop, then lull's exit path.
+    Vmm,
+}
+
+/// Why a filter could not be built or installed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The filter does not compile (a lull bug).
+    #[error("Cannot build the seccomp filter: {0}; run with --seccomp off and report it")]
+    Build(#[from] seccompiler::BackendError),
+    /// The kernel refused the filter.
+    #[error(
+        "Cannot install the seccomp filter: {0}; the kernel may lack seccomp (use --seccomp off)"
+    )]
+    Install(#[from] seccompiler::Error),
+}
+
+/// The programs [`prepare`] built for this process.
+struct Prepared {
+    mode: SeccompMode,
+    vcpu: BpfProgram,
+    timers: BpfProgram,
+    vmm: BpfProgram,
+}
+
+static PREPARED: OnceLock<Prepared> = OnceLock::new();
+
+const KVMIO: u64 = 0xAE;
+const TCGETS: u64 = 0x5401;
+const TCSETS: u64 = 0x5402;
+
+fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
+    Ok(SeccompCondition::new(
+        arg,
+        SeccompCmpArgLen::Dword,
+        op,
+        value,
+    )?)
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
+    Ok(SeccompRule::new(conditions)?)
+}
+
+fn flag(value: libc::c_int) -> u64 {
+    u64::from(value.unsigned_abs())
+}
+
+/// The allow-list of `kind`: syscall number to the rules of which one must match (an empty
+/// list allows every call).
+fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let any = [
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_writev,
+        libc::SYS_close,
+        libc::SYS_futex,
+        libc::SYS_sched_yield,
+        libc::SYS_clock_gettime,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_nanosleep,
+        libc::SYS_munmap,
+        libc::SYS_mremap,
+        libc::SYS_madvise,
+        libc::SYS_brk,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_sigaltstack,
+        libc::SYS_restart_syscall,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        libc::SYS_getpid,
+        libc::SYS_gettid,
+        libc::SYS_getrandom,
+        libc::SYS_statx,
+        libc::SYS_newfstatat,
+        libc::SYS_fstat,
+        libc::SYS_lseek,
+        libc::SYS_pread64,
+        libc::SYS_fcntl,
+        // The central model's timerfd: armed by the vCPU that arms a timer, the timer thread
+        // and the VMM thread at stop.
+        libc::SYS_timerfd_settime,
+        libc::SYS_timerfd_gettime,
+        // POSIX timers: each vCPU's host tick, and the timer thread's alarm, which the VMM
+        // thread also arms to stop it.
+        libc::SYS_timer_create,
+        libc::SYS_timer_settime,
+        libc::SYS_timer_gettime,
+        libc::SYS_timer_delete,
+    ];
+    for sys in any {
+        map.insert(sys, Vec::new());
+    }
+    // Memory is never made executable.
+    let prot_exec = flag(libc::PROT_EXEC);
+    for sys in [libc::SYS_mmap, libc::SYS_mprotect] {
+        let no_exec = cond(2, SeccompCmpOp::MaskedEq(prot_exec), 0)?;
+        map.insert(sys, vec![rule(vec![no_exec])?]);
+    }
+    // Signals only to threads of this process (kicks).
+    let pid = u64::from(std::process::id());
+    map.insert(
+        libc::SYS_tgkill,
+        vec![rule(vec![cond(0, SeccompCmpOp::Eq, pid)?])?],
+    );
+    // Files: read-only opens everywhere (thread statistics in /proc).
+    let mut opens = vec![rule(vec![cond(
+        2,
+        SeccompCmpOp::Eq,
+        flag(libc::O_RDONLY | libc::O_CLOEXEC),
+    )?])?];
+    match kind {
+        ThreadKind::Vcpu => {
+            let kvm = cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?;
+            map.insert(libc::SYS_ioctl, vec![rule(vec![kvm])?]);
+        }
+        ThreadKind::Timers => {}
+        ThreadKind::Vmm => {
+            for sys in [
+                libc::SYS_epoll_wait,
+                libc::SYS_epoll_pwait,
+                libc::SYS_epoll_ctl,
+                libc::SYS_getdents64,
+            ] {
+                map.insert(sys, Vec::new());
+            }
+            let terminal = [TCGETS, TCSETS]
+                .into_iter()
+                .map(|request| rule(vec![cond(1, SeccompCmpOp::Eq, request)?]))
+                .collect::<Result<Vec<_>, _>>()?;
+            map.insert(libc::SYS_ioctl, terminal);
+            for flags in [
+                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+            ] {
+                opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
+            }
+        }
+    }
+    map.insert(libc::SYS_openat, opens);
+    Ok(map)
+}
+
+/// Builds the BPF program for `kind` in `mode` (`None` for [`SeccompMode::Off`]).
+pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>, SeccompError> {
+    let mismatch = match mode {
+        SeccompMode::Off => return Ok(None),
+        SeccompMode::Log => SeccompAction::Log,
+        SeccompMode::On => SeccompAction::KillProcess,
+    };
+    let filter = SeccompFilter::new(
+        rules(kind)?,
+        mismatch,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )?;
+    Ok(Some(filter.try_into()?))
+}
+
+/// Builds every thread's program for `mode`; call once, before any lull thread starts. A
+/// second call (a second VM in one process) keeps the first mode.
+pub fn prepare(mode: SeccompMode) -> Result<(), SeccompError> {
+    if mode == SeccompMode::Off || PREPARED.get().is_some() {
+        return Ok(());
+    }
+    let build =
+        |kind| -> Result<BpfProgram, SeccompError> { Ok(program(kind, mode)?.unwrap_or_default()) };
+    let prepared = Prepared {
+        mode,
+        vcpu: build(ThreadKind::Vcpu)?,
+        timers: build(ThreadKind::Timers)?,
+        vmm: build(ThreadKind::Vmm)?,
+    };
+    let _ = PREPARED.set(prepared);
+    Ok(())
+}
+
+/// Installs the prepared filter of `kind` on the calling thread (nothing if [`prepare`] was
+/// not called or the mode is off). It stays for the thread's life and cannot be removed.
+pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
+    let Some(prepared) = PREPARED.get() else {
+        return Ok(());
+    };
+    let program = match kind {
+        ThreadKind::Vcpu => &prepared.vcpu,
+        ThreadKind::Timers => &prepared.timers,
+        ThreadKind::Vmm => &prepared.vmm,
+    };
+    tracing::debug!(
+        ?kind,
+        mode = prepared.mode.name(),
+        "installing seccomp filter"
+    );
+    seccompiler::apply_filter(program)?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "seccomp_tests.rs"]
+mod tests;

@@ -213,6 +213,10 @@ impl UserIrqchip {
             std::thread::Builder::new()
                 .name("timers".into())
                 .spawn(move || {
+                    if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Timers) {
+                        shared.stop.request(StopReason::VmmError(e.to_string()));
+                        return;
+                    }
                     fd.bind_current_thread();
                     loop {
                         fd.wait();

@@ -24,6 +24,7 @@ use crate::idle::IdleShared;
 use crate::kvm_vm::KvmError;
 use crate::metrics::LapicNoise;
 use crate::ratelimit::LogLimiter;
+use crate::vcpu::exit::StopReason;
 use crate::vcpu::user::{on_timer_fired, FiredSummary, UserVcpu, VcpuTimer};
 use crate::vm::{CreatedVcpu, VmError, VmShared};
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use devices::lapic::{InitSipiState, LapicEvents};
 use timer::{Clock, Nanos, TimerKind, NEVER};
 
-use super::user::{FiredSummary, UserVcpu, VcpuTimer};
+use super::user::{UserVcpu, VcpuTimer};
 use crate::idle::halt_poll::WakeKind;
 use crate::irqchip::mailbox::{Mailbox, WakeCause};
 
@@ -44,15 +44,12 @@ impl<E: LapicEvents> UserVcpu<E> {
         let mut poll_won = false;
         let mut blocked = false;
         let mut last_wake = WakeKind::Other;
-        let mut fired = FiredSummary::default();
         loop {
             // A kick that arrived while blocked is answered by the service() below: clear it
             // so that the next KVM_RUN does not return at once.
             self.vcpu.set_kvm_immediate_exit(0);
             let now = self.clock.now();
-            let more = self.service(mailbox, now);
-            fired.own_pinned += more.own_pinned;
-            if more.own_pinned > 0 {
+            if self.service(mailbox, now).own_pinned > 0 {
                 last_wake = WakeKind::OwnTimer;
             }
             if self.shared.stop.is_requested() {
@@ -61,13 +58,8 @@ impl<E: LapicEvents> UserVcpu<E> {
             let runnable = (interrupts_enabled && self.lapic.has_pending_interrupt())
                 || self.lapic.init_sipi_state() != InitSipiState::Running;
             if runnable {
-                let kind = if fired.own_pinned > 0 && !blocked_by_interrupt(last_wake) {
-                    WakeKind::OwnTimer
-                } else {
-                    WakeKind::Other
-                };
                 self.poller
-                    .record(now.saturating_sub(start), poll_won && !blocked, kind);
+                    .record(now.saturating_sub(start), poll_won && !blocked, last_wake);
                 return Halt::Resume;
             }
             if !polled {
@@ -259,8 +251,4 @@ impl<E: LapicEvents> UserVcpu<E> {
             self.quota_timer = None;
         }
     }
-}
-
-fn blocked_by_interrupt(kind: WakeKind) -> bool {
-    kind == WakeKind::Other
 }

@@ -41,6 +41,10 @@ pub enum Command {
     /// x to stop the VM.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Measure lull against the alternatives on this host: `density` (many idle VMs per mode:
+    /// host CPU, wake-ups, exits, guest timer lateness, RSS) and `wakeup` (IPI wake-up latency
+    /// of a halted vCPU per halt-polling mode). Tables on stdout, progress on stderr.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Flags of `lull run`. Each one overrides the same field of `--config`.
@@ -212,7 +216,9 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let Command::Run(args) = cli.command;
+        let Command::Run(args) = cli.command else {
+            panic!("expected the run subcommand");
+        };
         let cfg = args.to_config().unwrap();
         assert_eq!(cfg.cpus, 2);
         assert_eq!(cfg.memory, ByteSize::mib(512));
@@ -225,7 +231,9 @@ mod tests {
         assert!(Cli::try_parse_from(["lull", "run", "--memory", "lots"]).is_err());
         assert!(Cli::try_parse_from(["lull", "run", "--serial", "tty"]).is_err());
         let cli = Cli::try_parse_from(["lull", "run", "--cpus", "0"]).unwrap();
-        let Command::Run(args) = cli.command;
+        let Command::Run(args) = cli.command else {
+            panic!("expected the run subcommand");
+        };
         assert!(matches!(args.to_config(), Err(ConfigError::Cpus(0))));
     }
 }

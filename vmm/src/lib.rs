@@ -1,6 +1,7 @@
 //! The lull VMM library: CLI and configuration, KVM set-up, guest loading, vCPU threads and
 //! the VMM thread. Every `unsafe` of the project lives in this crate.
 
+pub mod bench;
 pub mod boot;
 pub mod cli;
 pub mod config;

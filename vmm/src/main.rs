@@ -31,7 +31,10 @@ fn status(code: i32) -> ExitCode {
 fn main() -> ExitCode {
     let started = Instant::now();
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Bench(args) => return vmm::bench::main(&args),
+    };
     init_logging(args.verbose);
     let cfg = match args.to_config() {
         Ok(cfg) => cfg,

@@ -1,0 +1,216 @@
+//! Integration tests of `lull bench` and its guests (`idle-sim`, `wake-ipi`): they run, every
+//! VM passes, and the JSON carries the documented fields. No test asserts a timing.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lull_tests::{kit_dir, kit_file, kvm_trial, run_lull, Arguments, Failed, Trial};
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(300);
+
+fn temp_dir(name: &str) -> Result<PathBuf, Failed> {
+    let dir = std::env::temp_dir().join(format!("lull-bench-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+fn read_json(path: &std::path::Path) -> Result<Value, Failed> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+fn arg(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+fn idle_sim_reports_its_statistics() -> Result<(), Failed> {
+    let kernel = arg(&kit_file("guests/idle-sim.elf")?);
+    for irqchip in ["kernel", "user"] {
+        let r = run_lull(
+            &[
+                "run",
+                "--kernel",
+                &kernel,
+                "--cpus",
+                "2",
+                "--irqchip",
+                irqchip,
+                "--cmdline",
+                "duration_ms=1000 mix=50:1,50:2-20 ipi_pct=50",
+            ],
+            DEADLINE,
+        )?;
+        r.expect_code(1)?;
+        for line in [
+            "idle-sim: cpu 0: events ",
+            "idle-sim: cpu 1: events ",
+            "idle-sim: lateness_ns n=",
+            "idle-sim: hist lateness ",
+            "idle-sim: ipi_ns n=",
+            "idle-sim: PASS",
+        ] {
+            r.expect_stdout(line)?;
+        }
+    }
+    Ok(())
+}
+
+fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let dir = temp_dir("density")?;
+    let json = dir.join("density.json");
+    let svg = dir.join("density.svg");
+    let r = run_lull(
+        &[
+            "bench",
+            "density",
+            "--vms",
+            "1,2",
+            "--cpus",
+            "2",
+            "--duration",
+            "3s",
+            "--modes",
+            "kernel,pull",
+            "--kit",
+            &arg(&kit_dir()),
+            "--json",
+            &arg(&json),
+            "--plot",
+            &arg(&svg),
+            "--work-dir",
+            &arg(&dir),
+        ],
+        DEADLINE,
+    )?;
+    r.expect_code(0)?;
+    r.expect_stdout("wake/ev")?;
+    let v = read_json(&json)?;
+    if v["schema"] != "lull-bench-density/1" || v["params"]["cpus_per_vm"] != 2 {
+        return Err(format!("unexpected header: {v}").into());
+    }
+    let rows = v["results"].as_array().cloned().unwrap_or_default();
+    if rows.len() != 4 {
+        return Err(format!("expected 4 rows (2 modes x 2 counts), got {}", rows.len()).into());
+    }
+    for row in &rows {
+        for field in [
+            "mode",
+            "vms",
+            "vcpus",
+            "vms_ok",
+            "window_s",
+            "host_cpu_percent_per_vcpu",
+            "host_cpu_percent_total",
+            "host_wakeups_per_vcpu_s",
+            "host_ctxt_switches_per_vcpu_s",
+            "guest_timer_events_per_vcpu_s",
+            "host_wakeups_per_timer_event",
+            "halted_vcpu_wakeups_per_timer_event",
+            "global_timer_wakeups",
+            "global_timer_fires",
+            "vm_exits_per_vcpu_s",
+            "lateness",
+            "ipi_latency",
+            "early_interrupts",
+            "rss_kib_per_vm",
+            "guest_ram_rss_kib_per_vm",
+            "vmm_rss_kib_per_vm",
+            "failures",
+        ] {
+            if row.get(field).is_none() {
+                return Err(format!("row lacks {field}: {row}").into());
+            }
+        }
+        if row["vms_ok"] != row["vms"] || row["lateness"]["n"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("a VM failed or reported no timer events: {row}").into());
+        }
+        if row["rss_kib_per_vm"].as_f64().unwrap_or(0.0) <= 0.0 {
+            return Err(format!("no RSS sampled: {row}").into());
+        }
+    }
+    let plot = std::fs::read_to_string(&svg).map_err(|e| e.to_string())?;
+    if !plot.starts_with("<svg") || !plot.contains("pull") {
+        return Err("the plot is not an SVG with the modes".into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn wakeup_measures_each_mode() -> Result<(), Failed> {
+    kit_file("guests/wake-ipi.elf")?;
+    let dir = temp_dir("wakeup")?;
+    let json = dir.join("wakeup.json");
+    let r = run_lull(
+        &[
+            "bench",
+            "wakeup",
+            "--count",
+            "10",
+            "--modes",
+            "kernel,user-off",
+            "--delays",
+            "1,50",
+            "--kit",
+            &arg(&kit_dir()),
+            "--json",
+            &arg(&json),
+            "--work-dir",
+            &arg(&dir),
+        ],
+        DEADLINE,
+    )?;
+    r.expect_code(0)?;
+    let v = read_json(&json)?;
+    let rows = v["results"].as_array().cloned().unwrap_or_default();
+    if v["schema"] != "lull-bench-wakeup/1" || rows.len() != 4 {
+        return Err(format!("unexpected wake-up report: {v}").into());
+    }
+    for row in &rows {
+        if row["latency"]["n"] != 10 || !row["failure"].is_null() {
+            return Err(format!("a wake-up run failed: {row}").into());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn bench_help_names_the_experiments() -> Result<(), Failed> {
+    let r = run_lull(&["bench", "--help"], Duration::from_secs(30))?;
+    r.expect_code(0)?;
+    r.expect_stdout("density")?;
+    r.expect_stdout("wakeup")?;
+    let r = run_lull(&["bench", "density", "--help"], Duration::from_secs(30))?;
+    for flag in [
+        "--vms",
+        "--modes",
+        "--duration",
+        "--global-timers",
+        "--json",
+        "--plot",
+    ] {
+        r.expect_stdout(flag)?;
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test(
+            "bench_help_names_the_experiments",
+            bench_help_names_the_experiments,
+        ),
+        kvm_trial(
+            "idle_sim_reports_its_statistics",
+            idle_sim_reports_its_statistics,
+        ),
+        kvm_trial(
+            "density_writes_the_documented_json_and_plot",
+            density_writes_the_documented_json_and_plot,
+        ),
+        kvm_trial("wakeup_measures_each_mode", wakeup_measures_each_mode),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,263 @@
+//! Parsing what the benchmark guests print on their serial console (`idle-sim`, `wake-ipi`;
+//! formats in `resources/guests/src/*.c`) and merging the histograms of many VMs.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// A latency histogram over nanoseconds: bucket `[lo, hi)` -> count, plus exact extremes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// Counts by bucket bounds in ns.
+    pub buckets: BTreeMap<(u64, u64), u64>,
+    /// Samples.
+    pub n: u64,
+    /// Exact largest sample (ns).
+    pub max: u64,
+    /// Sum of the samples (ns), from the guest's exact mean.
+    pub sum: u128,
+}
+
+/// Percentiles of a [`Histogram`] (field names are part of the bench JSON schema).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Samples.
+    pub n: u64,
+    /// Median: upper bound of the bucket holding it, ns.
+    pub p50_ns: u64,
+    /// 99th percentile: upper bound of the bucket holding it, ns.
+    pub p99_ns: u64,
+    /// Largest sample, exact, ns.
+    pub max_ns: u64,
+    /// Mean, exact, ns.
+    pub mean_ns: u64,
+}
+
+impl Histogram {
+    /// Adds every sample of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (k, v) in &other.buckets {
+            *self.buckets.entry(*k).or_insert(0) += v;
+        }
+        self.n += other.n;
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+    }
+
+    /// The upper bound (ns, capped at the maximum) of the bucket holding quantile `q` (0..=1).
+    pub fn quantile(&self, q: f64) -> u64 {
+        let total: u64 = self.buckets.values().sum();
+        if total == 0 {
+            return 0;
+        }
+        // Rank of the quantile sample, 1-based: ceil(q * total), at least 1.
+        let mut rank = 1;
+        while (rank as f64) < q * total as f64 && rank < total {
+            rank += 1;
+        }
+        let mut seen = 0;
+        for ((_, hi), count) in &self.buckets {
+            seen += count;
+            if seen >= rank {
+                return (*hi).min(self.max);
+            }
+        }
+        self.max
+    }
+
+    /// p50, p99, max and mean.
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            n: self.n,
+            p50_ns: self.quantile(0.5),
+            p99_ns: self.quantile(0.99),
+            max_ns: self.max,
+            mean_ns: if self.n == 0 {
+                0
+            } else {
+                u64::try_from(self.sum / u128::from(self.n)).unwrap_or(u64::MAX)
+            },
+        }
+    }
+}
+
+/// What one `idle-sim` run reported.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IdleSimReport {
+    /// Timer events over all CPUs.
+    pub events: u64,
+    /// IPIs sent between CPUs.
+    pub ipis_sent: u64,
+    /// IPIs received.
+    pub ipis_received: u64,
+    /// Timer interrupts that came before their deadline (beyond the guest's tolerance).
+    pub early: u64,
+    /// Timer lateness.
+    pub lateness: Histogram,
+    /// IPI latency.
+    pub ipi: Histogram,
+    /// The guest printed its PASS line.
+    pub passed: bool,
+}
+
+fn word_after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == key {
+            return words.next();
+        }
+        if let Some(v) = w.strip_prefix(key).and_then(|r| r.strip_prefix('=')) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn num_after(line: &str, key: &str) -> u64 {
+    word_after(line, key)
+        .and_then(|v| v.parse::<i64>().ok())
+        .map_or(0, |v| u64::try_from(v).unwrap_or(0))
+}
+
+fn parse_summary(line: &str, h: &mut Histogram) {
+    h.n = num_after(line, "n");
+    h.max = num_after(line, "max");
+    h.sum = u128::from(num_after(line, "mean")) * u128::from(h.n);
+}
+
+fn parse_buckets(rest: &str, h: &mut Histogram) {
+    for item in rest.split_whitespace() {
+        let parsed = item.split_once(':').and_then(|(range, count)| {
+            let (lo, hi) = range.split_once('-')?;
+            Some((
+                (lo.parse::<u64>().ok()?, hi.parse::<u64>().ok()?),
+                count.parse::<u64>().ok()?,
+            ))
+        });
+        if let Some((k, v)) = parsed {
+            *h.buckets.entry(k).or_insert(0) += v;
+        }
+    }
+}
+
+/// Parses an `idle-sim` console log.
+pub fn parse_idle_sim(log: &str) -> IdleSimReport {
+    let mut r = IdleSimReport::default();
+    for line in log.lines() {
+        let Some(body) = line.trim_end().strip_prefix("idle-sim: ") else {
+            continue;
+        };
+        if body.starts_with("cpu ") {
+            r.events += num_after(body, "events");
+            r.ipis_sent += num_after(body, "ipis_sent");
+            r.ipis_received += num_after(body, "ipis_received");
+            r.early += num_after(body, "early");
+        } else if body.starts_with("lateness_ns ") {
+            parse_summary(body, &mut r.lateness);
+        } else if body.starts_with("ipi_ns ") {
+            parse_summary(body, &mut r.ipi);
+        } else if let Some(rest) = body.strip_prefix("hist lateness") {
+            parse_buckets(rest, &mut r.lateness);
+        } else if let Some(rest) = body.strip_prefix("hist ipi") {
+            parse_buckets(rest, &mut r.ipi);
+        } else if body == "PASS" {
+            r.passed = true;
+        }
+    }
+    r
+}
+
+/// What one `wake-ipi` run reported (ns).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct WakeIpiReport {
+    /// Samples.
+    pub n: u64,
+    /// Smallest latency.
+    pub min_ns: u64,
+    /// Median.
+    pub p50_ns: u64,
+    /// 90th percentile.
+    pub p90_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Largest latency.
+    pub max_ns: u64,
+    /// Mean.
+    pub mean_ns: u64,
+}
+
+/// Parses a `wake-ipi` console log; `None` without its result line.
+pub fn parse_wake_ipi(log: &str) -> Option<WakeIpiReport> {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("wake-ipi: delay_us") && l.contains("latency ns"))?;
+    let body = line.split_once("latency ns")?.1;
+    Some(WakeIpiReport {
+        n: num_after(line, "n"),
+        min_ns: num_after(body, "min"),
+        p50_ns: num_after(body, "p50"),
+        p90_ns: num_after(body, "p90"),
+        p99_ns: num_after(body, "p99"),
+        max_ns: num_after(body, "max"),
+        mean_ns: num_after(body, "mean"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "\
+idle-sim: 2 CPUs, tsc-deadline, duration 3000 ms, mix 30:1,30:4,40:10-500, ipi 5%
+idle-sim: cpu 0: events 30 ipis_sent 2 ipis_received 1 early 0
+idle-sim: cpu 1: events 35 ipis_sent 1 ipis_received 2 early 1
+idle-sim: lateness_ns n=65 min 56517 p50 2393488 p99 115875233 max 115875233 mean 7072620
+idle-sim: hist lateness 55206-56987:1 60549-64111:63
+idle-sim: hist lateness 113063846-116711067:1
+idle-sim: ipi_ns n=3 min 82486 p50 185210 p99 103913617 max 103913617 mean 34724889
+idle-sim: hist ipi 81920-85481:1 178086-185210:1 102122184-105769405:1
+idle-sim: PASS
+";
+
+    #[test]
+    fn idle_sim_log_parses() {
+        let r = parse_idle_sim(LOG);
+        assert!(r.passed);
+        assert_eq!(
+            (r.events, r.ipis_sent, r.ipis_received, r.early),
+            (65, 3, 3, 1)
+        );
+        assert_eq!(r.lateness.n, 65);
+        assert_eq!(r.lateness.buckets.len(), 3);
+        assert_eq!(r.lateness.max, 115_875_233);
+        let s = r.lateness.summary();
+        assert_eq!(s.p50_ns, 64111);
+        assert_eq!(s.p99_ns, 115_875_233); // capped at the exact max
+        assert_eq!(s.mean_ns, 7_072_620);
+        assert_eq!(r.ipi.summary().p50_ns, 185_210);
+    }
+
+    #[test]
+    fn histograms_merge() {
+        let a = parse_idle_sim(LOG);
+        let mut m = Histogram::default();
+        m.merge(&a.lateness);
+        m.merge(&a.lateness);
+        assert_eq!(m.n, 130);
+        assert_eq!(m.buckets[&(60549, 64111)], 126);
+        assert_eq!(m.summary().mean_ns, 7_072_620);
+    }
+
+    #[test]
+    fn wake_ipi_line_parses() {
+        let log = "wake-ipi: count 200 delay_us 1 gap_us 1000\n\
+            wake-ipi: delay_us 1: n=200 latency ns min 10 p50 20 p90 30 p99 40 max 50 mean 21\n\
+            wake-ipi: PASS\n";
+        let r = parse_wake_ipi(log).unwrap();
+        assert_eq!(
+            (r.n, r.min_ns, r.p50_ns, r.p99_ns, r.max_ns),
+            (200, 10, 20, 40, 50)
+        );
+        assert!(parse_wake_ipi("nothing").is_none());
+    }
+}

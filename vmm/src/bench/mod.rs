@@ -1,0 +1,178 @@
+//! `lull bench`: density and wake-up latency experiments that run lull (and QEMU, where it is
+//! installed) side by side on this host and report tables, JSON and an SVG plot.
+//!
+//! Every VM is a child process (`lull run ...` or `qemu-system-x86_64 ...`) booting a guest of
+//! the kit; the numbers come from the guests' own reports on their serial console, lull's
+//! `--metrics` JSON and `/proc`. The JSON schemas are documented in `docs/PERFORMANCE.md`
+//! ("`lull bench` JSON").
+//!
+//! ```text
+//! density: for N in --vms, for mode in --modes: start N VMs of --cpus vCPUs of idle-sim for
+//!          --duration, sample /proc of every VMM, keep the window where all N run, parse the
+//!          guests' histograms and lull's metrics -> one row per (mode, N), printed at once
+//! wakeup:  for mode in --modes, for delay in --delays: one 2-vCPU VM of wake-ipi -> one row
+//! ```
+
+mod density;
+mod fleet;
+mod guest_output;
+mod host;
+mod plot;
+mod procfs;
+mod report;
+mod wakeup;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+pub use density::{DensityArgs, Mode};
+pub use report::{DensityReport, DensityRow, WakeupReport, WakeupRow};
+pub use wakeup::{WakeMode, WakeupArgs};
+
+/// `lull bench` exit status: everything ran and every VM passed.
+pub const EXIT_OK: u8 = 0;
+/// `lull bench` exit status: bad input (guest, lull binary, output path).
+pub const EXIT_BAD_INPUT: u8 = 4;
+/// `lull bench` exit status: it ran, but some VM failed (its row lists why).
+pub const EXIT_VM_FAILED: u8 = 8;
+
+/// Flags of `lull bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The experiment to run.
+    #[command(subcommand)]
+    pub experiment: Experiment,
+}
+
+/// The experiments of `lull bench`.
+#[derive(Debug, Subcommand)]
+pub enum Experiment {
+    /// Many idle VMs at once: host CPU, wake-ups, exits, guest timer lateness and RSS per mode.
+    Density(DensityArgs),
+    /// Wake-up latency of a halted vCPU to an IPI, per halt-polling mode.
+    Wakeup(WakeupArgs),
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A file could not be written or read.
+    #[error("Cannot use {0}: {1}; check that the directory exists and is writable")]
+    Io(PathBuf, #[source] std::io::Error),
+    /// A VMM process could not be started.
+    #[error("Cannot start {0}: {1}; check that it is installed (or pass --lull / --qemu)")]
+    Spawn(String, #[source] std::io::Error),
+    /// The guest ELF is missing.
+    #[error("Guest {0} not found: build the kit with `make guests`, or pass --guest PATH")]
+    NoGuest(PathBuf),
+    /// lull cannot find its own binary.
+    #[error("Cannot find the lull binary to launch VMs ({0}); pass --lull PATH")]
+    NoLull(#[source] std::io::Error),
+    /// A duration flag does not parse.
+    #[error("Bad duration {0:?}: write a number with a unit, e.g. 30s, 500ms or 2m")]
+    Duration(String),
+    /// The JSON report could not be encoded.
+    #[error("Cannot encode the JSON report: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Nothing to run.
+    #[error("No mode can run here: {0}")]
+    NoModes(String),
+}
+
+/// Parses `30s`, `500ms`, `2m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, BenchError> {
+    let bad = || BenchError::Duration(s.to_string());
+    let t = s.trim();
+    let (num, scale_ms) = if let Some(v) = t.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = t.strip_suffix('s') {
+        (v, 1000.0)
+    } else if let Some(v) = t.strip_suffix('m') {
+        (v, 60_000.0)
+    } else {
+        (t, 1000.0)
+    };
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(v * scale_ms / 1000.0))
+}
+
+/// The lull binary to launch: `--lull`, else this very executable.
+fn lull_binary(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    match flag {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe().map_err(BenchError::NoLull),
+    }
+}
+
+/// A guest given by name (looked up in the kit's `guests/`) or by path.
+fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    let direct = PathBuf::from(name);
+    let path = if name.contains('/') || name.ends_with(".elf") {
+        direct
+    } else {
+        kit.cloned()
+            .unwrap_or_else(crate::kit::kit_dir)
+            .join("guests")
+            .join(format!("{name}.elf"))
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BenchError::NoGuest(path))
+    }
+}
+
+/// Whether `lull run --help` of `lull` offers `flag` (the idle manager's flags arrive
+/// separately; the bench leaves out what the binary lacks and says so).
+fn lull_has_flag(lull: &std::path::Path, flag: &str) -> bool {
+    std::process::Command::new(lull)
+        .args(["run", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+}
+
+/// Runs `lull bench ...`; the return value is the process exit status.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let result = match &args.experiment {
+        Experiment::Density(a) => density::run(a),
+        Experiment::Wakeup(a) => wakeup::run(a),
+    };
+    match result {
+        Ok(true) => ExitCode::from(EXIT_OK),
+        Ok(false) => {
+            eprintln!("bench: some VMs failed; their rows say why (logs kept in the work dir)");
+            ExitCode::from(EXIT_VM_FAILED)
+        }
+        Err(e) => {
+            let mut msg = format!("lull bench: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("{msg}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! `lull bench wakeup`: how long an IPI takes to wake a halted vCPU, per halt-polling mode.
+//!
+//! One 2-vCPU VM of the `wake-ipi` guest per (mode, delay): vCPU 1 announces its halt and
+//! halts; vCPU 0 sends it an IPI `delay` later; the target's handler measures the delay with
+//! rdtsc. Short delays land inside a halt-polling window, long ones after it.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::Value;
+
+use super::fleet::{self, VmSpec, Watch};
+use super::guest_output::parse_wake_ipi;
+use super::report::{self, WakeupReport, WakeupRow, WAKEUP_SCHEMA};
+use super::{guest_path, host, lull_binary, lull_has_flag, BenchError};
+
+/// A VM configuration of the wake-up experiment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WakeMode {
+    /// `--irqchip kernel`: KVM's in-kernel LAPIC and KVM's own halt polling.
+    Kernel,
+    /// `--irqchip user --halt-poll VALUE` (`off`, `adaptive` or a window such as `200us`).
+    User(String),
+}
+
+impl WakeMode {
+    /// The name in tables and JSON (`kernel`, `user-off`, `user-200us`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Self::Kernel => "kernel".into(),
+            Self::User(p) => format!("user-{p}"),
+        }
+    }
+}
+
+/// A `--modes` word that is neither `kernel` nor `user-<halt-poll>`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "Bad wake-up mode {0:?}: use kernel, user-off, user-adaptive or user-<window> (user-200us)"
+)]
+pub struct WakeModeError(String);
+
+impl FromStr for WakeMode {
+    type Err = WakeModeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "kernel" => Ok(Self::Kernel),
+            other => match other.strip_prefix("user-") {
+                Some(p) if !p.is_empty() => Ok(Self::User(p.to_string())),
+                _ => Err(WakeModeError(s.to_string())),
+            },
+        }
+    }
+}
+
+/// Flags of `lull bench wakeup`.
+#[derive(Debug, Args)]
+pub struct WakeupArgs {
+    /// Modes, comma-separated: kernel, user-off, user-<window> (e.g. user-200us), user-adaptive.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kernel,user-off,user-200us,user-adaptive"
+    )]
+    pub modes: Vec<WakeMode>,
+    /// Delays between the target's halt and the IPI, microseconds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,50")]
+    pub delays: Vec<u64>,
+    /// Samples per run.
+    #[arg(long, default_value_t = 200)]
+    pub count: u32,
+    /// Timer model of the user-irqchip modes.
+    #[arg(long, default_value = "pull")]
+    pub timer_model: String,
+    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// lull binary for the VMs. Default: this one.
+    #[arg(long, value_name = "PATH")]
+    pub lull: Option<PathBuf>,
+    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
+    #[arg(long, value_name = "DIR")]
+    pub kit: Option<PathBuf>,
+    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+}
+
+fn thread_per_sample(metrics: &Value, thread: &str, field: &str, count: u32) -> Option<f64> {
+    metrics["threads"]
+        .as_array()?
+        .iter()
+        .find(|t| t["name"] == thread)?[field]
+        .as_u64()
+        .map(|v| v as f64 / f64::from(count.max(1)))
+}
+
+/// Runs the wake-up experiment; `Ok(false)` if some run failed.
+pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
+    let lull = lull_binary(args.lull.as_ref())?;
+    let guest = guest_path("wake-ipi", args.kit.as_ref())?;
+    let has_halt_poll = lull_has_flag(&lull, "--halt-poll");
+    if !has_halt_poll {
+        eprintln!(
+            "bench: {} has no --halt-poll yet: the user modes run without it",
+            lull.display()
+        );
+    }
+    let work = args
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&work).map_err(|e| BenchError::Io(work.clone(), e))?;
+    eprintln!("bench: wakeup, logs in {}", work.display());
+    let mut report = WakeupReport {
+        schema: WAKEUP_SCHEMA,
+        host: host::host_info(),
+        count: args.count,
+        halt_poll_applied: has_halt_poll,
+        results: Vec::new(),
+    };
+    println!(
+        "wakeup: IPI to a halted vCPU, {} samples per run (KVM halt_poll_ns = {})",
+        args.count,
+        report
+            .host
+            .kvm_halt_poll_ns
+            .map_or_else(|| "?".to_string(), |v| v.to_string())
+    );
+    println!("{}", report::wakeup_header());
+    let mut all_ok = true;
+    for mode in &args.modes {
+        for &delay in &args.delays {
+            let stem = work.join(format!("wakeup-{}-d{delay}", mode.name()));
+            let serial = stem.with_extension("console");
+            let metrics = stem.with_extension("json");
+            let _ = std::fs::remove_file(&serial);
+            let mut c = std::process::Command::new(&lull);
+            c.arg("run")
+                .arg("--kernel")
+                .arg(&guest)
+                .args(["--cpus", "2", "--memory", "64M"])
+                .arg("--cmdline")
+                .arg(format!("count={} delay_us={delay}", args.count))
+                .arg("--serial")
+                .arg(format!("file={}", serial.display()))
+                .arg("--metrics")
+                .arg(&metrics);
+            let mut halt_poll = None;
+            match mode {
+                WakeMode::Kernel => {
+                    c.args(["--irqchip", "kernel"]);
+                }
+                WakeMode::User(p) => {
+                    c.args(["--irqchip", "user", "--timer-model", &args.timer_model]);
+                    if has_halt_poll {
+                        c.args(["--halt-poll", p]);
+                        halt_poll = Some(p.clone());
+                    }
+                }
+            }
+            let label = format!("{} delay {delay} us", mode.name());
+            eprintln!("bench: wakeup {label}");
+            let watch = Watch {
+                boot_marker: "wake-ipi: ".into(),
+                end_marker: None,
+                guest_bytes: 64 << 20,
+                deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
+                settle: Duration::from_secs(0),
+                label,
+            };
+            let spec = VmSpec {
+                command: c,
+                serial,
+                stderr: stem.with_extension("stderr"),
+            };
+            let run = fleet::run(vec![spec], &watch)?;
+            let vm = &run.vms[0];
+            let latency = parse_wake_ipi(&vm.console);
+            let passed = vm.code == Some(1) && vm.console.contains("wake-ipi: PASS");
+            let m: Option<Value> = std::fs::read_to_string(&metrics)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            let row = WakeupRow {
+                mode: mode.name(),
+                halt_poll,
+                delay_us: delay,
+                latency,
+                target_cpu_us_per_sample: m
+                    .as_ref()
+                    .and_then(|m| thread_per_sample(m, "vcpu1", "cpu_ns", args.count))
+                    .map(|ns| ns / 1000.0),
+                target_wakeups_per_sample: m.as_ref().and_then(|m| {
+                    thread_per_sample(m, "vcpu1", "voluntary_ctxt_switches", args.count)
+                }),
+                failure: (!passed).then(|| {
+                    format!(
+                        "status {:?}: {}",
+                        vm.code,
+                        vm.console
+                            .lines()
+                            .chain(vm.stderr.lines())
+                            .last()
+                            .unwrap_or("")
+                    )
+                }),
+            };
+            all_ok &= passed;
+            println!("{}", report::wakeup_line(&row));
+            report.results.push(row);
+            if let Some(path) = &args.json {
+                report::write_json(path, &report)?;
+            }
+        }
+    }
+    Ok(all_ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("kernel".parse(), Ok(WakeMode::Kernel));
+        assert_eq!("user-off".parse(), Ok(WakeMode::User("off".into())));
+        assert_eq!(
+            "user-200us".parse::<WakeMode>().map(|m| m.name()),
+            Ok("user-200us".to_string())
+        );
+        assert!("user-".parse::<WakeMode>().is_err());
+        assert!("qemu".parse::<WakeMode>().is_err());
+    }
+}

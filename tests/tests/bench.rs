@@ -134,6 +134,29 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
     if !plot.starts_with("<svg") || !plot.contains("pull") {
         return Err("the plot is not an SVG with the modes".into());
     }
+    // The JSON reads back: the same table and plot without running anything.
+    let again = dir.join("again.svg");
+    let r2 = run_lull(
+        &[
+            "bench",
+            "density",
+            "--from-json",
+            &arg(&json),
+            "--plot",
+            &arg(&again),
+        ],
+        Duration::from_secs(30),
+    )?;
+    r2.expect_code(0)?;
+    let table = |out: &str| {
+        out.lines()
+            .filter(|l| !l.starts_with("density:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if table(&r2.stdout) != table(&r.stdout) || std::fs::read_to_string(&again).ok() != Some(plot) {
+        return Err(r2.failure("--from-json did not reproduce the table and the plot"));
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -104,6 +104,9 @@ pub struct DensityArgs {
     /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
+    /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
+    #[arg(long, value_name = "PATH")]
+    pub from_json: Option<PathBuf>,
 }
 
 fn qemu_installed(qemu: &str) -> bool {
@@ -339,8 +342,26 @@ fn modes(args: &DensityArgs) -> Result<Vec<Mode>, BenchError> {
     Ok(modes)
 }
 
+/// Prints the table of an earlier run and draws its plot.
+fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
+    let text = std::fs::read_to_string(json).map_err(|e| BenchError::Io(json.into(), e))?;
+    let report: DensityReport = serde_json::from_str(&text)?;
+    if let Some(path) = svg {
+        std::fs::write(path, plot::density_svg(&report))
+            .map_err(|e| BenchError::Io(path.clone(), e))?;
+    }
+    println!("{}", report::density_header());
+    for r in &report.results {
+        println!("{}", report::density_line(r));
+    }
+    Ok(report.results.iter().all(|r| r.failures.is_empty()))
+}
+
 /// Runs the density experiment; `Ok(false)` if some VM failed.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
+    if let Some(json) = &args.from_json {
+        return replot(json, args.plot.as_ref());
+    }
     let duration = parse_duration(&args.duration)?;
     let lull = lull_binary(args.lull.as_ref())?;
     let guest = guest_path(&args.guest, args.kit.as_ref())?;
@@ -365,7 +386,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         work: work_dir(args.work_dir.as_ref())?,
     };
     let mut report = DensityReport {
-        schema: DENSITY_SCHEMA,
+        schema: DENSITY_SCHEMA.into(),
         host: host::host_info(),
         params: DensityParams {
             vms: args.vms.clone(),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A latency histogram over nanoseconds: bucket `[lo, hi)` -> count, plus exact extremes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -19,7 +19,7 @@ pub struct Histogram {
 }
 
 /// Percentiles of a [`Histogram`] (field names are part of the bench JSON schema).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Samples.
     pub n: u64,
@@ -168,7 +168,7 @@ pub fn parse_idle_sim(log: &str) -> IdleSimReport {
 }
 
 /// What one `wake-ipi` run reported (ns).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct WakeIpiReport {
     /// Samples.
     pub n: u64,

@@ -1,9 +1,9 @@
 //! The host a benchmark ran on, as recorded in the JSON reports.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Facts about the host that change the numbers.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HostInfo {
     /// Host CPUs lull may run on.
     pub cpus: usize,

@@ -74,8 +74,8 @@ pub enum BenchError {
     /// A duration flag does not parse.
     #[error("Bad duration {0:?}: write a number with a unit, e.g. 30s, 500ms or 2m")]
     Duration(String),
-    /// The JSON report could not be encoded.
-    #[error("Cannot encode the JSON report: {0}")]
+    /// The JSON report could not be encoded or decoded.
+    #[error("Cannot encode or decode the JSON report: {0}; check that it is a lull bench JSON")]
     Json(#[from] serde_json::Error),
     /// Nothing to run.
     #[error("No mode can run here: {0}")]

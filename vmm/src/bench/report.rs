@@ -2,7 +2,7 @@
 //! `lull-bench-density/1` and `lull-bench-wakeup/1`, documented in `docs/PERFORMANCE.md`)
 //! and the text tables printed as rows complete.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::guest_output::{LatencySummary, WakeIpiReport};
 use super::host::HostInfo;
@@ -13,7 +13,7 @@ pub const DENSITY_SCHEMA: &str = "lull-bench-density/1";
 pub const WAKEUP_SCHEMA: &str = "lull-bench-wakeup/1";
 
 /// What `lull bench density` was asked to do.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DensityParams {
     /// VM counts, in run order.
     pub vms: Vec<u32>,
@@ -36,7 +36,7 @@ pub struct DensityParams {
 }
 
 /// One (mode, VM count) of the density experiment. Rates are per vCPU.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DensityRow {
     /// `kernel`, `pull`, `push`, `central`, `qemu-on`, `qemu-off`.
     pub mode: String,
@@ -87,10 +87,10 @@ pub struct DensityRow {
 }
 
 /// The density JSON document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DensityReport {
     /// Always [`DENSITY_SCHEMA`].
-    pub schema: &'static str,
+    pub schema: String,
     /// The host.
     pub host: HostInfo,
     /// The request.
@@ -100,7 +100,7 @@ pub struct DensityReport {
 }
 
 /// One (mode, delay) of the wake-up experiment.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WakeupRow {
     /// `kernel`, or `user-<halt-poll>` (`user-off`, `user-200us`, `user-adaptive`).
     pub mode: String,
@@ -119,10 +119,10 @@ pub struct WakeupRow {
 }
 
 /// The wake-up JSON document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WakeupReport {
     /// Always [`WAKEUP_SCHEMA`].
-    pub schema: &'static str,
+    pub schema: String,
     /// The host.
     pub host: HostInfo,
     /// Samples per run.

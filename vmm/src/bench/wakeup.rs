@@ -115,7 +115,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
     std::fs::create_dir_all(&work).map_err(|e| BenchError::Io(work.clone(), e))?;
     eprintln!("bench: wakeup, logs in {}", work.display());
     let mut report = WakeupReport {
-        schema: WAKEUP_SCHEMA,
+        schema: WAKEUP_SCHEMA.into(),
         host: host::host_info(),
         count: args.count,
         halt_poll_applied: has_halt_poll,

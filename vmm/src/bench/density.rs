@@ -425,7 +425,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 boot_marker: format!("{}: ", guest_stem(&plan.guest)),
                 end_marker: Some(format!("{}: cpu 0: ", guest_stem(&plan.guest))),
                 guest_bytes: args.memory.0,
-                deadline: duration + Duration::from_secs(60 + u64::from(n)),
+                deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
                 label,
             };

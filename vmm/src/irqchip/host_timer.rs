@@ -1,13 +1,10 @@
 //! Host timers behind `timer::HostTimer`: each vCPU's host tick is a POSIX timer that sends
 //! the kick signal to the vCPU's own thread (`SIGEV_THREAD_ID`), armed at absolute
-//! CLOCK_MONOTONIC deadlines; the `central` model's thread sleeps on a futex with a timeout.
+//! CLOCK_MONOTONIC deadlines; the `central` model's thread waits on a timerfd.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::thread::Thread;
-use std::time::Duration;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use timer::{Clock, HostTimer, HostTimerError, Nanos, NEVER};
+use timer::{HostTimer, HostTimerError, Nanos};
 
 use super::clock::{timespec, VmClock};
 use super::kick;
@@ -97,98 +94,82 @@ impl Drop for ThreadTickTimer {
     }
 }
 
-/// The `central` model's timer thread alarm: any thread may move its deadline; the timer
-/// thread sleeps until it (a futex wait with a timeout). Arming costs an atomic store, and a
-/// wake-up of the timer thread only when the deadline moves earlier, so the model never makes
-/// a system call while it holds its queue lock for a later deadline.
-pub struct TimerThreadAlarm {
-    deadline: AtomicU64,
-    thread: OnceLock<Thread>,
+/// An absolute CLOCK_MONOTONIC timerfd that one thread waits on and any thread may arm.
+pub struct SharedTimerFd {
+    fd: OwnedFd,
     clock: VmClock,
 }
 
-impl TimerThreadAlarm {
-    /// A disarmed alarm on `clock`'s time base.
-    pub fn new(clock: VmClock) -> Self {
-        Self {
-            deadline: AtomicU64::new(NEVER),
-            thread: OnceLock::new(),
-            clock,
+impl SharedTimerFd {
+    /// A disarmed timerfd on `clock`'s time base.
+    pub fn new(clock: VmClock) -> std::io::Result<Self> {
+        // SAFETY: timerfd_create has no memory arguments; the result is checked.
+        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(Self { fd, clock })
     }
 
-    /// Called by the timer thread when it starts.
-    pub fn bind_current_thread(&self) {
-        let _ = self.thread.set(std::thread::current());
-    }
-
-    /// Sets the deadline (VM clock); wakes the timer thread if it moved earlier.
-    pub fn arm_at(&self, deadline: Nanos) {
-        let old = self.deadline.swap(deadline, Ordering::SeqCst);
-        if deadline < old {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
+    fn settime(&self, value: libc::timespec, flags: libc::c_int) -> Result<(), HostTimerError> {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: value,
+        };
+        // SAFETY: the fd is a timerfd owned by self and `spec` is a valid itimerspec.
+        let rc = unsafe {
+            libc::timerfd_settime(self.fd.as_raw_fd(), flags, &spec, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(last_os_error());
         }
+        Ok(())
     }
 
-    /// Disarms (the timer thread sleeps until armed again).
-    pub fn disarm_now(&self) {
-        self.deadline.store(NEVER, Ordering::SeqCst);
+    /// Arms for an absolute VM-clock deadline.
+    pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        let at = self.clock.to_monotonic(deadline).max(1);
+        self.settime(timespec(at), libc::TFD_TIMER_ABSTIME)
     }
 
-    /// Blocks the timer thread until the deadline has passed.
-    pub fn wait(&self) {
-        loop {
-            let deadline = self.deadline.load(Ordering::SeqCst);
-            let now = self.clock.now();
-            if deadline <= now {
-                return;
-            }
-            if deadline == NEVER {
-                std::thread::park();
-            } else {
-                std::thread::park_timeout(Duration::from_nanos(deadline - now));
-            }
+    /// Disarms.
+    pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        self.settime(
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            0,
+        )
+    }
+
+    /// Blocks until the timer expires.
+    pub fn wait(&self) -> std::io::Result<u64> {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into `count` from a timerfd owned by self.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), std::ptr::addr_of_mut!(count).cast(), 8) };
+        if n == 8 {
+            Ok(count)
+        } else {
+            Err(std::io::Error::last_os_error())
         }
     }
 }
 
-/// The `central` timer thread's host timer, a handle on the shared alarm.
-pub struct CentralHostTimer(pub std::sync::Arc<TimerThreadAlarm>);
+/// The `central` timer thread's host timer, a handle on a shared timerfd.
+pub struct CentralHostTimer(pub std::sync::Arc<SharedTimerFd>);
 
 impl HostTimer for CentralHostTimer {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
-        self.0.arm_at(deadline);
-        Ok(())
+        self.0.arm_at(deadline)
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
-        self.0.disarm_now();
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn alarm_wakes_its_thread_at_the_deadline_and_earlier_when_moved() {
-        let clock = VmClock::new();
-        let alarm = std::sync::Arc::new(TimerThreadAlarm::new(clock));
-        alarm.arm_at(clock.now() + 5_000_000);
-        let waiter = {
-            let alarm = alarm.clone();
-            std::thread::spawn(move || {
-                alarm.bind_current_thread();
-                alarm.wait();
-                clock.now()
-            })
-        };
-        // Moving the deadline earlier (to now) ends the wait without waiting 5 ms more.
-        alarm.arm_at(clock.now());
-        let woke = waiter.join().unwrap();
-        assert!(woke >= alarm.deadline.load(Ordering::SeqCst));
+        self.0.disarm_now()
     }
 }

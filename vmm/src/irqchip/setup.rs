@@ -10,7 +10,7 @@ use kvm_bindings::{kvm_msr_entry, Msrs};
 use timer::{Clock, CpuTimers, HostTimer, ModelKind, TimerModel, Waker};
 
 use super::clock::VmClock;
-use super::host_timer::{CentralHostTimer, ThreadTickTimer, TimerThreadAlarm};
+use super::host_timer::{CentralHostTimer, SharedTimerFd, ThreadTickTimer};
 use super::kick;
 use super::mailbox::Mailbox;
 use super::router::{InterruptRouter, IoapicEdgeTrigger};
@@ -48,7 +48,7 @@ pub struct UserIrqchip {
     pub idle: Arc<IdleShared>,
     clock: VmClock,
     parts: Mutex<Option<VcpuParts>>,
-    central: Option<Arc<TimerThreadAlarm>>,
+    central: Option<Arc<SharedTimerFd>>,
     kind: ModelKind,
 }
 
@@ -129,7 +129,7 @@ impl UserIrqchip {
             TimerModelKind::Central => ModelKind::Central,
         };
         let central = match kind {
-            ModelKind::Central => Some(Arc::new(TimerThreadAlarm::new(clock))),
+            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(thread_err)?)),
             _ => None,
         };
         let nodes = vec![0; lapics.len()];
@@ -217,9 +217,17 @@ impl UserIrqchip {
                         shared.stop.request(StopReason::VmmError(e.to_string()));
                         return;
                     }
-                    fd.bind_current_thread();
                     loop {
-                        fd.wait();
+                        // One wake-up per expiry: a timerfd re-armed while the thread blocks
+                        // in read() fires at the new deadline.
+                        if let Err(e) = fd.wait() {
+                            if e.kind() != std::io::ErrorKind::Interrupted {
+                                shared
+                                    .stop
+                                    .request(StopReason::VmmError(format!("timer thread: {e}")));
+                                return;
+                            }
+                        }
                         if shared.stop.is_requested() {
                             return;
                         }
@@ -245,7 +253,7 @@ impl UserIrqchip {
             m.flag_control();
         }
         if let Some(fd) = &self.central {
-            fd.arm_at(0);
+            let _ = fd.arm_at(0);
         }
     }
 }

@@ -25,8 +25,13 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 MARKERS = ("smp: Brought up", "Run /init as init process")
 
 
+QBOOT = "/usr/share/qemu/qboot.rom"
+
+
 def qemu_base(mem_mb, smp):
-    return ["qemu-system-x86_64", "-enable-kvm", "-cpu", "host,+invtsc,vmware-cpuid-freq=on",
+    # qboot writes one MP-table entry per vCPU, as lull does (SeaBIOS lists one per socket).
+    bios = ["-bios", QBOOT] if os.path.exists(QBOOT) else []
+    return ["qemu-system-x86_64", "-enable-kvm"] + bios + ["-cpu", "host,+invtsc,vmware-cpuid-freq=on",
             "-smp", str(smp), "-m", str(mem_mb), "-nographic", "-no-reboot",
             "-serial", "stdio", "-monitor", "none", "-display", "none", "-net", "none",
             "-device", "isa-debug-exit,iobase=0xf4,iosize=4"]
@@ -87,6 +92,9 @@ def main():
 
     hello = os.path.join(args.kit, "guests", "hello.elf")
     linux = os.path.join(args.kit, "linux")
+    initrd = os.path.join(linux, "initramfs.cpio")
+    if not os.path.exists(initrd):
+        initrd = os.path.join(linux, "initramfs.cpio.gz")
     cmdline = open(os.path.join(linux, "cmdline")).read().strip()
     if os.path.exists("/sys/module/kvm_pvm"):
         cmdline += " " + open(os.path.join(linux, "cmdline.pvm")).read().strip()
@@ -106,25 +114,22 @@ def main():
         rss.append(guest_ram_excess_kib(pid, 128 << 20))
         os.kill(pid, 15)
     timed_run([args.lull, "run", "--kernel", os.path.join(linux, "vmlinux"),
-               "--initramfs", os.path.join(linux, "initramfs.cpio.gz"),
+               "--initramfs", initrd,
                "--cpus", "1", "--memory", "128M", "--cmdline", cmdline],
               MARKERS[:1], on_marker=sample_and_stop)
 
     for _ in range(args.linux_reps):
-        lull_cmd = [args.lull, "run", "--kernel", os.path.join(linux, "vmlinux"),
-                    "--initramfs", os.path.join(linux, "initramfs.cpio.gz"),
-                    "--cpus", "2", "--memory", "128M", "--cmdline", cmdline]
-        t, seen, code = timed_run(lull_cmd, MARKERS)
-        results.setdefault("linux lull exit", []).append(t)
-        for m in MARKERS:
-            results.setdefault(f"linux lull '{m}'", []).append(seen.get(m, float("nan")))
-        qemu_cmd = qemu_base(128, 2) + ["-kernel", os.path.join(linux, "vmlinux"),
-                                         "-initrd", os.path.join(linux, "initramfs.cpio.gz"),
-                                         "-append", cmdline]
-        t, seen, code = timed_run(qemu_cmd, MARKERS)
-        results.setdefault("linux qemu exit", []).append(t)
-        for m in MARKERS:
-            results.setdefault(f"linux qemu '{m}'", []).append(seen.get(m, float("nan")))
+        base = [args.lull, "run", "--kernel", os.path.join(linux, "vmlinux"), "--initramfs", initrd,
+                "--cpus", "2", "--memory", "128M", "--cmdline", cmdline]
+        runs = [("lull-user", base + ["--irqchip", "user"]),
+                ("lull-kernel", base + ["--irqchip", "kernel"]),
+                ("qemu", qemu_base(128, 2) + ["-kernel", os.path.join(linux, "vmlinux"),
+                                              "-initrd", initrd, "-append", cmdline])]
+        for name, cmd in runs:
+            t, seen, code = timed_run(cmd, MARKERS)
+            results.setdefault(f"linux {name} exit", []).append(t)
+            for m in MARKERS:
+                results.setdefault(f"linux {name} '{m}'", []).append(seen.get(m, float("nan")))
 
     print(f"{'measurement':45} {'median s':>10}  runs")
     for k, v in results.items():
@@ -132,9 +137,10 @@ def main():
     print()
     print(f"ratio hello (lull/qemu): {med(results['hello lull']) / med(results['hello qemu']):.3f}")
     if args.linux_reps:
-        for m in MARKERS:
-            a, b = med(results[f"linux lull '{m}'"]), med(results[f"linux qemu '{m}'"])
-            print(f"ratio linux to '{m}' (lull/qemu): {a / b:.3f}")
+        for name in ("lull-user", "lull-kernel"):
+            for m in MARKERS:
+                a, b = med(results[f"linux {name} '{m}'"]), med(results[f"linux qemu '{m}'"])
+                print(f"ratio linux to '{m}' ({name}/qemu): {a / b:.3f}")
     for excess, guest, total in rss:
         print(f"lull RSS, 1 vCPU, 128 MiB guest, after 'smp: Brought up': total {total} KiB, "
               f"guest RAM {guest} KiB, lull's own {excess} KiB")

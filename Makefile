@@ -38,7 +38,9 @@ run: build-release kit
 ifeq ($(GUEST),)
 	target/release/lull run $(ARGS)
 else
-	target/release/lull run --kernel $(KIT)/guests/$(GUEST).elf $(ARGS)
+	@# A test guest that passes writes 0 to the test-exit port: lull exits with status 1.
+	target/release/lull run --kernel $(KIT)/guests/$(GUEST).elf $(ARGS); \
+	    status=$$?; [ $$status -eq 1 ] || { echo "lull exited with status $$status"; exit $$status; }
 endif
 
 fmt-check:

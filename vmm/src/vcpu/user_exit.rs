@@ -134,45 +134,55 @@ mod tests {
     use devices::pio::PioBus;
     use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
 
-    fn setup() -> (
-        Lapic,
-        InterruptRouter,
-        PioBus,
-        VcpuCounters,
-        GuestNoise,
-        LogLimiter,
-    ) {
-        let lapic = Lapic::new(LapicConfig {
-            bsp: true,
-            ..LapicConfig::default()
-        })
-        .unwrap();
-        let router = InterruptRouter::new(vec![lapic.destination_info()], vec![], IoApic::new(1));
-        (
-            lapic,
-            router,
-            PioBus::new(),
-            VcpuCounters::default(),
-            GuestNoise::default(),
-            LogLimiter::new(),
-        )
+    /// What a user exit context borrows, owned by the test.
+    struct Fixture {
+        lapic: Lapic,
+        router: InterruptRouter,
+        bus: PioBus,
+        counters: VcpuCounters,
+        noise: GuestNoise,
+        unknown_msr: LogLimiter,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let lapic = Lapic::new(LapicConfig {
+                bsp: true,
+                ..LapicConfig::default()
+            })
+            .unwrap();
+            let router =
+                InterruptRouter::new(vec![lapic.destination_info()], vec![], IoApic::new(1));
+            Self {
+                lapic,
+                router,
+                bus: PioBus::new(),
+                counters: VcpuCounters::default(),
+                noise: GuestNoise::default(),
+                unknown_msr: LogLimiter::new(),
+            }
+        }
+
+        fn ctx(&mut self) -> UserExitContext<'_, devices::lapic::NoopLapicEvents> {
+            UserExitContext {
+                base: ExitContext {
+                    vcpu: 0,
+                    pio: &self.bus,
+                    counters: &self.counters,
+                    noise: &self.noise,
+                },
+                lapic: &mut self.lapic,
+                router: &self.router,
+                now: 0,
+                unknown_msr: &self.unknown_msr,
+            }
+        }
     }
 
     #[test]
     fn lapic_mmio_arms_the_timer() {
-        let (mut lapic, router, bus, counters, noise, msr) = setup();
-        let mut ctx = UserExitContext {
-            base: ExitContext {
-                vcpu: 0,
-                pio: &bus,
-                counters: &counters,
-                noise: &noise,
-            },
-            lapic: &mut lapic,
-            router: &router,
-            now: 0,
-            unknown_msr: &msr,
-        };
+        let mut fixture = Fixture::new();
+        let mut ctx = fixture.ctx();
         let base = 0xfee0_0000;
         handle_user_exit(
             VcpuExit::MmioWrite(base + 0xf0, &0x1ffu32.to_le_bytes()),
@@ -199,24 +209,14 @@ mod tests {
         let mut id = [0u8; 4];
         handle_user_exit(VcpuExit::MmioRead(base + 0x30, &mut id), &mut ctx);
         assert_eq!(u32::from_le_bytes(id) & 0xff, 0x14);
-        assert_eq!(counters.mmio_write.load(Ordering::Relaxed), 4);
+        drop(ctx);
+        assert_eq!(fixture.counters.mmio_write.load(Ordering::Relaxed), 4);
     }
 
     #[test]
     fn unknown_msrs_fault_and_lapic_msrs_do_not() {
-        let (mut lapic, router, bus, counters, noise, msr_log) = setup();
-        let mut ctx = UserExitContext {
-            base: ExitContext {
-                vcpu: 0,
-                pio: &bus,
-                counters: &counters,
-                noise: &noise,
-            },
-            lapic: &mut lapic,
-            router: &router,
-            now: 0,
-            unknown_msr: &msr_log,
-        };
+        let mut fixture = Fixture::new();
+        let mut ctx = fixture.ctx();
         let (mut error, mut data) = (0u8, 0u64);
         let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
             error: &mut error,
@@ -245,6 +245,7 @@ mod tests {
         let out = handle_user_exit(exit, &mut ctx);
         assert_eq!(error, 0);
         assert!(out.effects.is_some());
-        assert_eq!(msr_log.count(), 1);
+        drop(ctx);
+        assert_eq!(fixture.unknown_msr.count(), 1);
     }
 }

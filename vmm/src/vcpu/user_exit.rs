@@ -209,7 +209,6 @@ mod tests {
         let mut id = [0u8; 4];
         handle_user_exit(VcpuExit::MmioRead(base + 0x30, &mut id), &mut ctx);
         assert_eq!(u32::from_le_bytes(id) & 0xff, 0x14);
-        drop(ctx);
         assert_eq!(fixture.counters.mmio_write.load(Ordering::Relaxed), 4);
     }
 
@@ -245,7 +244,6 @@ mod tests {
         let out = handle_user_exit(exit, &mut ctx);
         assert_eq!(error, 0);
         assert!(out.effects.is_some());
-        drop(ctx);
         assert_eq!(fixture.unknown_msr.count(), 1);
     }
 }

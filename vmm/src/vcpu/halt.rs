@@ -132,7 +132,9 @@ impl<E: LapicEvents> UserVcpu<E> {
             None if fired.own_pinned > 0 || self.lapic.has_pending_interrupt() => {
                 (&c.wake_timer, WakeKind::OwnTimer)
             }
-            None if fired.own_global > 0 => (&c.wake_global_timer, WakeKind::Other),
+            None if fired.own_global + fired.remote_global > 0 => {
+                (&c.wake_global_timer, WakeKind::Other)
+            }
             None => (&c.wake_other, WakeKind::Other),
         };
         counter.fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,7 @@
 //! the tests look in `target/debug/lull` and `target/kit`.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -43,6 +43,24 @@ pub fn kit_file(relative: &str) -> Result<PathBuf, Failed> {
         )
         .into())
     }
+}
+
+/// A path in the temp directory unique to this test process and `name`.
+pub fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("lull-test-{}-{name}", std::process::id()))
+}
+
+/// Reads and parses a JSON file (lull's `--metrics`, `lull bench --json`).
+pub fn read_json(path: &Path) -> Result<serde_json::Value, Failed> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+/// Reads lull's `--metrics` JSON and removes the file.
+pub fn take_metrics(path: &Path) -> Result<serde_json::Value, Failed> {
+    let metrics = read_json(path);
+    let _ = std::fs::remove_file(path);
+    metrics
 }
 
 /// Why tests that boot guests cannot run here, if they cannot.

@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lull_tests::{kit_dir, kit_file, kvm_trial, run_lull, Arguments, Failed, Trial};
-use serde_json::Value;
+use lull_tests::{kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed, Trial};
 
 const DEADLINE: Duration = Duration::from_secs(300);
 
@@ -13,11 +12,6 @@ fn temp_dir(name: &str) -> Result<PathBuf, Failed> {
     let dir = std::env::temp_dir().join(format!("lull-bench-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(dir)
-}
-
-fn read_json(path: &std::path::Path) -> Result<Value, Failed> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
 }
 
 fn arg(p: &std::path::Path) -> String {

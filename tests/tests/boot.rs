@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed, Trial};
+use lull_tests::{
+    kit_file, kvm_trial, read_json, run_lull, take_metrics, temp_path, Arguments, Failed, Trial,
+};
 
 const GUEST_DEADLINE: Duration = Duration::from_secs(60);
 /// The tiny Linux kernel needs ~2-3 minutes to reach /init on a PVM host; allow 10.
@@ -15,10 +17,6 @@ fn guest(name: &str) -> Result<String, Failed> {
     Ok(kit_file(&format!("guests/{name}.elf"))?
         .display()
         .to_string())
-}
-
-fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("lull-test-{}-{name}", std::process::id()))
 }
 
 fn hello_boots_and_exits_through_the_test_port() -> Result<(), Failed> {
@@ -60,15 +58,13 @@ fn serial_file_and_metrics_capture_the_run() -> Result<(), Failed> {
     if !text.contains("hello: PASS") {
         return Err(format!("console file lacks the guest's output: {text:?}").into());
     }
-    let json = std::fs::read_to_string(&metrics).map_err(|e| format!("metrics file: {e}"))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&json).map_err(|e| format!("metrics JSON: {e}"))?;
+    let v = read_json(&metrics)?;
     let bytes = v["serial_bytes_out"].as_u64().unwrap_or(0);
     if v["exit_status"] != 1
         || bytes < text.len() as u64
         || v["vcpus"][0]["io_out"].as_u64() < Some(bytes)
     {
-        return Err(format!("metrics do not match the run: {json}").into());
+        return Err(format!("metrics do not match the run: {v}").into());
     }
     let _ = std::fs::remove_file(&console);
     let _ = std::fs::remove_file(&metrics);
@@ -260,11 +256,7 @@ fn guest_matrix() -> Vec<Trial> {
                         r.expect_stdout(line)?;
                     }
                     r.expect_code(1)?;
-                    let json =
-                        std::fs::read_to_string(&metrics).map_err(|e| format!("metrics: {e}"))?;
-                    let _ = std::fs::remove_file(&metrics);
-                    let v: serde_json::Value =
-                        serde_json::from_str(&json).map_err(|e| format!("metrics JSON: {e}"))?;
+                    let v = take_metrics(&metrics)?;
                     if mode.starts_with("user") && *name == "lapic-timer" {
                         // Every guest timer event goes through lull's timers, and every block of
                         // the halted vCPU ends with exactly one counted wake-up. (A slow guest may
@@ -281,7 +273,7 @@ fn guest_matrix() -> Vec<Trial> {
                             || wakeups != blocks
                             || blocks > n(&vcpu["hlt"])
                         {
-                            return Err(format!("timer/halt metrics inconsistent: {json}").into());
+                            return Err(format!("timer/halt metrics inconsistent: {v}").into());
                         }
                     }
                     Ok(())

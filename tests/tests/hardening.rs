@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lull_tests::{kit_file, kvm_trial, lull_bin, run_lull, Arguments, Failed};
+use lull_tests::{
+    kit_file, kvm_trial, lull_bin, run_lull, take_metrics, temp_path, Arguments, Failed,
+};
 
 const GUEST_DEADLINE: Duration = Duration::from_secs(60);
 /// lull's LAPIC timer clamp (`devices::lapic::TimerLimits::default().min_period_ns`).
@@ -20,10 +22,6 @@ const MIN_PERIOD_NS: u64 = 100_000;
 const STORM_WINDOW: Duration = Duration::from_secs(3);
 /// How fast lull must end after SIGTERM while the storm runs.
 const SIGTERM_DEADLINE: Duration = Duration::from_secs(3);
-
-fn temp_path(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("lull-hardening-{}-{name}", std::process::id()))
-}
 
 fn json_u64(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or(0)
@@ -63,9 +61,7 @@ fn timer_storm_is_clamped() -> Result<(), Failed> {
     )?;
     r.expect_stdout("storm: PASS")?;
     r.expect_code(1)?;
-    let json = std::fs::read_to_string(&metrics).map_err(|e| format!("metrics: {e}"))?;
-    let _ = std::fs::remove_file(&metrics);
-    let m: serde_json::Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+    let m = take_metrics(&metrics)?;
     let run_ns = json_u64(&m["run_time_ms"]) * 1_000_000;
     let vcpus = m["vcpus"].as_array().cloned().unwrap_or_default();
     let mut fires = 0;
@@ -73,12 +69,12 @@ fn timer_storm_is_clamped() -> Result<(), Failed> {
         let f = json_u64(&v["lapic_timer_fires"]);
         // One fire per clamped period, plus the arming write's own first expiry.
         if f > run_ns / MIN_PERIOD_NS + 2 {
-            return Err(format!("{f} timer fires in {run_ns} ns beat the clamp: {json}").into());
+            return Err(format!("{f} timer fires in {run_ns} ns beat the clamp: {m}").into());
         }
         fires += f;
     }
     if json_u64(&m["lapic_timer_clamps"]) == 0 || fires == 0 {
-        return Err(format!("the storm was not clamped or never fired: {json}").into());
+        return Err(format!("the storm was not clamped or never fired: {m}").into());
     }
     let cpu = threads_cpu_ns(&m);
     eprintln!(

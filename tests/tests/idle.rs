@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed};
+use lull_tests::{kit_file, kvm_trial, run_lull, take_metrics, temp_path, Arguments, Failed};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -13,9 +13,8 @@ fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<Value, F
     let kernel = kit_file(&format!("guests/{guest}.elf"))?
         .display()
         .to_string();
-    let metrics = std::env::temp_dir().join(format!(
-        "lull-idle-{}-{guest}-{}.json",
-        std::process::id(),
+    let metrics = temp_path(&format!(
+        "idle-{guest}-{}.json",
         args.join("_").replace(['/', ','], "-")
     ));
     let metrics_arg = metrics.display().to_string();
@@ -32,9 +31,7 @@ fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<Value, F
     let r = run_lull(&all, DEADLINE)?;
     r.expect_stdout(expect)?;
     r.expect_code(1)?;
-    let json = std::fs::read_to_string(&metrics).map_err(|e| format!("metrics: {e}"))?;
-    let _ = std::fs::remove_file(&metrics);
-    serde_json::from_str(&json).map_err(|e| format!("metrics JSON: {e}").into())
+    take_metrics(&metrics)
 }
 
 fn sum(v: &Value, field: &str) -> u64 {

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed, RunResult, Trial};
+use lull_tests::{kit_file, kvm_trial, run_lull, temp_path, Arguments, Failed, RunResult, Trial};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const MODES: &[&str] = &["kernel", "user"];
@@ -18,10 +18,6 @@ fn image(name: &str) -> Result<String, Failed> {
     Ok(kit_file(&format!("multiboot/{name}.elf"))?
         .display()
         .to_string())
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("lull-mb-test-{}-{name}", std::process::id()))
 }
 
 fn run(args: &[&str]) -> Result<RunResult, Failed> {

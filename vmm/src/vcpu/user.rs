@@ -301,21 +301,10 @@ impl<E: LapicEvents> UserVcpu<E> {
         }
         mailbox.take_recheck();
         self.rearm_global_load(now);
-        let router = self.router.clone();
-        let idle = self.idle.clone();
-        let mut summary = FiredSummary::default();
-        self.timers.run(now, &mut |fired| {
-            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
-        });
-        let global_fires = u64::from(summary.own_global + summary.remote_global);
-        if global_fires > 0 {
-            self.counters()
-                .global_timer_fires
-                .fetch_add(global_fires, Ordering::Relaxed);
-            // Re-arm what just fired at once, and cover it with the host tick.
-            if self.rearm_global_load(now) {
-                self.sync_host_tick(now);
-            }
+        let summary = self.run_timers(now);
+        // Re-arm the global timers that just fired at once, and cover them with the host tick.
+        if summary.own_global + summary.remote_global > 0 && self.rearm_global_load(now) {
+            self.sync_host_tick(now);
         }
         self.idle_timers_fired(now);
         if mailbox.take_timer_due() {
@@ -338,12 +327,25 @@ impl<E: LapicEvents> UserVcpu<E> {
     /// Runs the timer pass again (after arming a timer outside [`Self::service`]), so that
     /// the host tick covers the new deadline.
     pub(crate) fn sync_host_tick(&mut self, now: Nanos) {
+        self.run_timers(now);
+    }
+
+    /// One pass of the timer model: expires what is due (this vCPU's timers, and other
+    /// vCPUs' global ones if it is a migrator), programs the host tick, counts global fires.
+    fn run_timers(&mut self, now: Nanos) -> FiredSummary {
         let router = self.router.clone();
         let idle = self.idle.clone();
         let mut summary = FiredSummary::default();
         self.timers.run(now, &mut |fired| {
             on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
         });
+        let global_fires = u64::from(summary.own_global + summary.remote_global);
+        if global_fires > 0 {
+            self.counters()
+                .global_timer_fires
+                .fetch_add(global_fires, Ordering::Relaxed);
+        }
+        summary
     }
 
     /// Arms this vCPU's share of the global-timer load once it runs, and re-arms the load's

@@ -13,8 +13,9 @@ pub struct Metrics {
     wakeups_requested: AtomicU64,
 }
 
-/// A copy of the counters at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A copy of the counters at one moment (serialized with these field names in lull's
+/// `--metrics` JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MetricsSnapshot {
     /// Host timers programmed (timerfd/POSIX timer syscalls, or fakes).
     pub host_timer_arms: u64,

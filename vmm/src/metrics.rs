@@ -258,7 +258,7 @@ pub struct RunReport {
     /// Timer model (user irqchip only).
     pub timer_model: Option<String>,
     /// Timer-model counters (user irqchip only).
-    pub timers: Option<TimerModelSnapshot>,
+    pub timers: Option<timer::MetricsSnapshot>,
     /// Halt-polling mode (user irqchip).
     pub halt_poll: Option<String>,
     /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.
@@ -292,36 +292,6 @@ pub struct GlobalTimersReport {
     pub config: String,
     /// Global timers expired by the `central` model's timer thread.
     pub timer_thread_fires: u64,
-}
-
-/// The timer model's counters (a serializable copy of `timer::MetricsSnapshot`).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
-pub struct TimerModelSnapshot {
-    /// Host timers programmed.
-    pub host_timer_arms: u64,
-    /// Host timer programming failures.
-    pub host_timer_errors: u64,
-    /// Timers expired by their own CPU.
-    pub local_expiries: u64,
-    /// Timers expired on another CPU's (or the timer thread's) behalf.
-    pub remote_expiries: u64,
-    /// Remote-expiry passes.
-    pub remote_runs: u64,
-    /// Kicks requested for owners of remotely expired timers.
-    pub wakeups_requested: u64,
-}
-
-impl From<timer::MetricsSnapshot> for TimerModelSnapshot {
-    fn from(m: timer::MetricsSnapshot) -> Self {
-        Self {
-            host_timer_arms: m.host_timer_arms,
-            host_timer_errors: m.host_timer_errors,
-            local_expiries: m.local_expiries,
-            remote_expiries: m.remote_expiries,
-            remote_runs: m.remote_runs,
-            wakeups_requested: m.wakeups_requested,
-        }
-    }
 }
 
 #[cfg(test)]

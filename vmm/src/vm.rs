@@ -450,7 +450,7 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
         device_interrupts: rc(|r| &r.device_interrupts),
         irqchip: cfg.irqchip.name().to_string(),
         timer_model: user.then(|| cfg.timer_model.name().to_string()),
-        timers: irqchip.as_ref().map(|c| c.model.metrics().into()),
+        timers: irqchip.as_ref().map(|c| c.model.metrics()),
         halt_poll: irqchip.as_ref().map(|c| c.idle.halt_poll.to_string()),
         idle_inject: irqchip
             .as_ref()

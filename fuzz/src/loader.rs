@@ -39,7 +39,7 @@ struct Input {
 fn memory() -> &'static GuestMemoryMmap {
     static MEM: OnceLock<GuestMemoryMmap> = OnceLock::new();
     MEM.get_or_init(|| {
-        vmm::kvm_vm::create_guest_memory(MEMORY)
+        vmm::vm::kvm::create_guest_memory(MEMORY)
             .unwrap_or_else(|e| panic!("cannot allocate guest memory: {e}"))
     })
 }

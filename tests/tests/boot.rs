@@ -306,6 +306,19 @@ const BAD_INPUT_CASES: &[(&[&str], i32, &str)] = &[
         4,
         "Cannot read config file",
     ),
+    // The cause is said once, not once per error in the chain.
+    (&["run", "--kernel", "/"], 4, "Is a directory (os error 21)"),
+    // Output files are checked before the guest runs, not after.
+    (
+        &["run", "--metrics", "/nonexistent/m.json"],
+        4,
+        "Cannot write the metrics file /nonexistent/m.json",
+    ),
+    (
+        &["run", "--serial", "file=/nonexistent/serial.log"],
+        4,
+        "Cannot open serial output file /nonexistent/serial.log",
+    ),
 ];
 
 fn bad_input_cases() -> Vec<Trial> {
@@ -318,10 +331,10 @@ fn bad_input_cases() -> Vec<Trial> {
                 move || {
                     let r = run_lull(args, GUEST_DEADLINE)?;
                     r.expect_code(*code)?;
-                    if r.stderr.contains(text) {
-                        Ok(())
-                    } else {
-                        Err(r.failure(&format!("stderr lacks {text:?}")))
+                    match r.stderr.matches(text).count() {
+                        1 => Ok(()),
+                        0 => Err(r.failure(&format!("stderr lacks {text:?}"))),
+                        _ => Err(r.failure(&format!("stderr repeats {text:?}"))),
                     }
                 },
             )

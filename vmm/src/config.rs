@@ -120,6 +120,24 @@ impl<'de> Deserialize<'de> for SerialMode {
     }
 }
 
+/// A feature that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Switch {
+    /// Enabled.
+    #[default]
+    On,
+    /// Disabled.
+    Off,
+}
+
+impl Switch {
+    /// True for [`Switch::On`].
+    pub fn is_on(self) -> bool {
+        self == Self::On
+    }
+}
+
 /// Everything lull needs to build and run one VM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -152,6 +170,8 @@ pub struct VmConfig {
     pub metrics: Option<PathBuf>,
     /// Seccomp filters on lull's threads (`on`: a syscall outside the allow-list kills lull).
     pub seccomp: crate::seccomp::SeccompMode,
+    /// Offer KVM's paravirtual EOI to the guest (user irqchip).
+    pub pv_eoi: Switch,
 }
 
 impl Default for VmConfig {
@@ -171,6 +191,7 @@ impl Default for VmConfig {
             serial: SerialMode::Stdio,
             metrics: None,
             seccomp: crate::seccomp::SeccompMode::On,
+            pv_eoi: Switch::On,
         }
     }
 }

@@ -22,7 +22,9 @@ const LEAF_HV_FEATURES: u32 = 0x4000_0001;
 /// KVM paravirtual features that need KVM's in-kernel LAPIC: ASYNC_PF (4), PV_EOI (6),
 /// PV_UNHALT (7), PV_SEND_IPI (11), POLL_CONTROL (12), PV_SCHED_YIELD (13), ASYNC_PF_INT (14).
 const PV_NEEDS_KERNEL_LAPIC: u32 =
-    (1 << 4) | (1 << 6) | (1 << 7) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
+    (1 << 4) | PV_EOI | (1 << 7) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
+/// KVM_FEATURE_PV_EOI, which lull's LAPIC implements itself (`irqchip::user::pv_eoi`).
+const PV_EOI: u32 = 1 << 6;
 /// KVM hint that makes Linux use haltpoll idle instead of HLT.
 const PV_HINT_REALTIME: u32 = 1;
 
@@ -37,6 +39,8 @@ pub struct CpuidParams {
     pub tsc_khz: u32,
     /// lull emulates the LAPIC (no in-kernel irqchip): hide the PV features that need KVM's.
     pub user_lapic: bool,
+    /// With `user_lapic`: advertise PV EOI, which lull implements.
+    pub pv_eoi: bool,
 }
 
 fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mut kvm_cpuid_entry2 {
@@ -100,6 +104,9 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
     if p.user_lapic {
         if let Some(features) = entries.iter_mut().find(|e| e.function == LEAF_HV_FEATURES) {
             features.eax &= !PV_NEEDS_KERNEL_LAPIC;
+            if p.pv_eoi {
+                features.eax |= PV_EOI;
+            }
             features.edx &= !PV_HINT_REALTIME;
         }
     }
@@ -151,6 +158,7 @@ mod tests {
                 cpus: 4,
                 tsc_khz: 2_100_000,
                 user_lapic: false,
+                pv_eoi: false,
             },
         );
         let l1 = find(&v, 1);
@@ -185,11 +193,16 @@ mod tests {
             cpus: 1,
             tsc_khz: 1_000_000,
             user_lapic: true,
+            pv_eoi: false,
         };
         let f = find(&adjust(&supported, p), LEAF_HV_FEATURES);
         assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, 0);
         assert_ne!(f.eax & 1, 0); // kvmclock stays
         assert_eq!(f.edx, 0);
+        // PV EOI is lull's own: advertised when asked for, alone of the LAPIC features.
+        let with_pv_eoi = CpuidParams { pv_eoi: true, ..p };
+        let f = find(&adjust(&supported, with_pv_eoi), LEAF_HV_FEATURES);
+        assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, PV_EOI);
         let p = CpuidParams {
             user_lapic: false,
             ..p

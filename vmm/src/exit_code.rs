@@ -2,7 +2,8 @@
 //! come from the guest's test-exit port; even ones are lull's own.
 
 use crate::config::ConfigError;
-use crate::vcpu::exit::StopReason;
+use crate::state::StopReason;
+use crate::vm::kvm::KvmError;
 use crate::vm::VmError;
 
 /// The guest reset or powered off the machine.
@@ -27,7 +28,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::TestExit(status) => i32::from(*status),
         StopReason::TripleFault | StopReason::GuestCrash(_) => GUEST_CRASH,
         StopReason::VmmError(_) => VMM_FAILURE,
-        StopReason::User => USER_STOP,
+        StopReason::User | StopReason::Signal(_) => USER_STOP,
     }
 }
 
@@ -39,13 +40,19 @@ pub fn for_config_error(_e: &ConfigError) -> i32 {
 /// The status for a VM that could not be built or run.
 pub fn for_vm_error(e: &VmError) -> i32 {
     match e {
-        VmError::Kit(_) | VmError::Boot(_) | VmError::SerialFile { .. } => BAD_INPUT,
+        VmError::Guest(_)
+        | VmError::Boot(_)
+        | VmError::SerialFile { .. }
+        | VmError::MetricsFile { .. } => BAD_INPUT,
         VmError::Kvm(k) if k.is_unavailable() => KVM_UNAVAILABLE,
-        VmError::Kvm(crate::kvm_vm::KvmError::TooManyCpus { .. }) => BAD_INPUT,
-        VmError::Kvm(crate::kvm_vm::KvmError::AllocMemory { .. }) => BAD_INPUT,
-        VmError::Kvm(_) | VmError::Bus(_) | VmError::EventLoop(_) | VmError::Thread(_) => {
-            VMM_FAILURE
-        }
+        VmError::Kvm(KvmError::TooManyCpus { .. } | KvmError::AllocMemory { .. }) => BAD_INPUT,
+        VmError::Kvm(_)
+        | VmError::Vcpu(_)
+        | VmError::IrqChip(_)
+        | VmError::Bus(_)
+        | VmError::Host { .. }
+        | VmError::EventLoop(_)
+        | VmError::Seccomp(_) => VMM_FAILURE,
     }
 }
 

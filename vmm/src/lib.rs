@@ -1,5 +1,16 @@
-//! The lull VMM library: CLI and configuration, KVM set-up, guest loading, vCPU threads and
-//! the VMM thread. Every `unsafe` of the project lives in this crate.
+//! The lull VMM library: CLI and configuration, KVM set-up, guest loading, the irqchip in both
+//! modes, the idle core, vCPU threads and the VMM thread. Every `unsafe` of the project lives
+//! in [`sys`].
+//!
+//! Layers, each importing only the ones below it:
+//!
+//! ```text
+//!  main ─► vm (build, run, report) ─► vcpu (state machine, KVM adapter, generic exits)
+//!     ─► irqchip (IrqChip/VcpuIrq: kernel | user) ─► idle (pure decisions: core, halt_poll,
+//!     inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
+//! ```
+//! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
+//! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `kit`.
 
 pub mod bench;
 pub mod boot;
@@ -12,13 +23,12 @@ pub mod host_stats;
 pub mod idle;
 pub mod irqchip;
 pub mod kit;
-pub mod kvm_vm;
 pub mod layout;
 pub mod metrics;
 pub mod ratelimit;
 pub mod seccomp;
 pub mod size;
-pub mod test_devices;
+pub mod state;
+pub mod sys;
 pub mod vcpu;
 pub mod vm;
-pub mod vmm_loop;

@@ -24,6 +24,22 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+/// `e` and its causes, each said once: lull's messages already name their direct cause, so a
+/// source whose text is already in the message is not repeated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        source = s.source();
+    }
+    msg
+}
+
 fn status(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
 }
@@ -49,9 +65,9 @@ fn main() -> ExitCode {
             outcome.report.exit_status = code;
             if !matches!(
                 outcome.reason,
-                vmm::vcpu::exit::StopReason::Reset
-                    | vmm::vcpu::exit::StopReason::PowerOff
-                    | vmm::vcpu::exit::StopReason::TestExit(_)
+                vmm::state::StopReason::Reset
+                    | vmm::state::StopReason::PowerOff
+                    | vmm::state::StopReason::TestExit(_)
             ) {
                 eprintln!("lull: {}", outcome.reason);
             }
@@ -69,13 +85,7 @@ fn main() -> ExitCode {
             status(code)
         }
         Err(e) => {
-            let mut msg = format!("lull: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                msg.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            eprintln!("{msg}");
+            eprintln!("lull: {}", error_chain(&e));
             status(exit_code::for_vm_error(&e))
         }
     }

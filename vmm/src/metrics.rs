@@ -29,6 +29,8 @@ pub struct VcpuCounters {
     pub irq_window: AtomicU64,
     /// Interrupts injected with KVM_INTERRUPT (user irqchip).
     pub injected: AtomicU64,
+    /// EOIs the guest signalled through the PV EOI flag, without an exit (user irqchip).
+    pub pv_eois: AtomicU64,
     /// Times the vCPU blocked in HLT (user irqchip).
     pub blocks: AtomicU64,
     /// Wake-ups from a block because its own timer was due.
@@ -103,6 +105,8 @@ pub struct VcpuSnapshot {
     pub irq_window: u64,
     /// Interrupts injected by lull.
     pub injected: u64,
+    /// EOIs signalled through the PV EOI flag (no exit).
+    pub pv_eois: u64,
     /// Blocks in HLT.
     pub blocks: u64,
     /// Wake-ups by cause.
@@ -158,6 +162,7 @@ impl VcpuCounters {
             msr: g(&self.msr),
             irq_window: g(&self.irq_window),
             injected: g(&self.injected),
+            pv_eois: g(&self.pv_eois),
             blocks: g(&self.blocks),
             wakeups: WakeupSnapshot {
                 timer: g(&self.wake_timer),
@@ -227,7 +232,7 @@ impl devices::lapic::LapicEvents for LapicNoise {
 }
 
 /// The JSON written to `--metrics` at exit. Field names are stable.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RunReport {
     /// lull's exit status.
     pub exit_status: i32,

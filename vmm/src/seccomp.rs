@@ -270,7 +270,3 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
     seccompiler::apply_filter(program)?;
     Ok(())
 }
-
-#[cfg(test)]
-#[path = "seccomp_tests.rs"]
-mod tests;

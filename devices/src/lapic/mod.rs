@@ -55,6 +55,7 @@
 mod access;
 mod events;
 mod icr;
+mod pv_eoi;
 pub mod regs;
 mod route;
 mod timer;

@@ -8,13 +8,18 @@
 //!   periods start at a random phase so VMs started together interleave.
 //! - [`global_load`]: a synthetic load of device/housekeeping deadlines (global timers), to
 //!   exercise the timer models.
+//! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
+//!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
+//!   vCPU's timers carry.
 //!
 //! Each knob has a textual form shared by the command line and the JSON config.
 
+pub mod core;
 pub mod global_load;
 pub mod halt_poll;
 pub mod inject;
 pub mod quota;
+pub mod vcpu_timer;
 
 use global_load::GlobalLoad;
 use halt_poll::HaltPollMode;

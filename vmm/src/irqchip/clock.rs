@@ -3,19 +3,7 @@
 
 use timer::{Clock, Nanos};
 
-/// Raw CLOCK_MONOTONIC in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for clock_gettime to fill; CLOCK_MONOTONIC exists on
-    // every Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
-    secs * 1_000_000_000 + nanos
-}
+use crate::sys::clock::monotonic_ns;
 
 /// Nanoseconds since the VM's epoch, read from CLOCK_MONOTONIC.
 #[derive(Debug, Clone, Copy)]
@@ -49,14 +37,6 @@ impl Clock for VmClock {
     }
 }
 
-/// A `timespec` for an absolute CLOCK_MONOTONIC time in nanoseconds.
-pub fn timespec(ns: u64) -> libc::timespec {
-    libc::timespec {
-        tv_sec: libc::time_t::try_from(ns / 1_000_000_000).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::try_from(ns % 1_000_000_000).unwrap_or(0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,7 +49,5 @@ mod tests {
         assert!(a < 1_000_000_000);
         assert!(b >= a);
         assert!(c.to_monotonic(5) >= 5);
-        let ts = timespec(3_000_000_123);
-        assert_eq!((ts.tv_sec, ts.tv_nsec), (3, 123));
     }
 }

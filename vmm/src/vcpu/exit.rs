@@ -1,43 +1,14 @@
-//! What a vCPU does about one KVM exit: a free function over the exit, testable without a guest.
+//! What a vCPU does about one KVM exit the irqchip did not take: port I/O to the device bus,
+//! unclaimed MMIO, HLT, shutdown and system events, KVM's failures. A free function over the
+//! exit, testable without a guest.
+
+use std::sync::atomic::Ordering;
 
 use devices::pio::{MachineRequest, PioBus, PioOutcome};
 use kvm_ioctls::VcpuExit;
-use std::sync::atomic::Ordering;
 
 use crate::metrics::{GuestNoise, VcpuCounters};
-
-/// Why a VM stops.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// The guest reset the machine (i8042, KVM system event).
-    Reset,
-    /// The guest powered the machine off.
-    PowerOff,
-    /// The guest wrote to the test-exit port; this is the exit status.
-    TestExit(u8),
-    /// Triple fault (KVM shutdown exit).
-    TripleFault,
-    /// KVM could not emulate something or enter the guest.
-    GuestCrash(String),
-    /// A KVM call failed in lull.
-    VmmError(String),
-    /// The user asked to stop (Ctrl-A x, SIGINT, SIGTERM).
-    User,
-}
-
-impl std::fmt::Display for StopReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Reset => f.write_str("guest reset"),
-            Self::PowerOff => f.write_str("guest power-off"),
-            Self::TestExit(s) => write!(f, "guest test exit (status {s})"),
-            Self::TripleFault => f.write_str("guest triple fault"),
-            Self::GuestCrash(why) => write!(f, "guest crashed: {why}"),
-            Self::VmmError(why) => write!(f, "lull error: {why}"),
-            Self::User => f.write_str("stopped by the user"),
-        }
-    }
-}
+use crate::state::StopReason;
 
 /// What the vCPU loop does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +94,7 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &ExitContext<'_>) -> VcpuAction {
         VcpuExit::FailEntry(reason, cpu) => VcpuAction::Stop(StopReason::GuestCrash(format!(
             "KVM could not enter the guest (hardware reason {reason:#x}, cpu {cpu})"
         ))),
-        VcpuExit::IrqWindowOpen | VcpuExit::Intr => {
+        VcpuExit::IrqWindowOpen | VcpuExit::Intr | VcpuExit::SetTpr => {
             c.other.fetch_add(1, Ordering::Relaxed);
             VcpuAction::Continue
         }

@@ -1,132 +1,141 @@
-//! vCPU set-up and the thread that runs one vCPU.
+//! vCPUs: their set-up (CPUID, MSRs, boot state), the thread that runs each one, and the one
+//! run loop both irqchip modes share.
+//!
+//! - [`configure`]: CPUID, MSRs and, for the boot CPU, the entry state.
+//! - [`spawn`]: starts a vCPU's thread; the [`VcpuHandle`] names it.
+//! - [`run`]: the vCPU state machine (runnable, halted, waiting for SIPI, stopped).
+//! - [`exit`]: the exits the irqchip does not take, as a free function.
+//! - [`kvm_port`]: the KVM adapter the irqchip acts through.
 
-pub mod apic_base;
 pub mod exit;
-pub mod halt;
-pub mod user;
-pub mod user_exit;
+pub mod kvm_port;
+pub mod run;
 
 use std::sync::Arc;
 
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, Msrs};
-use kvm_ioctls::{VcpuExit, VcpuFd};
+use kvm_ioctls::VcpuFd;
 
 use crate::boot::cpu_state::{self, EntryMode};
 use crate::cpuid;
-use crate::kvm_vm::{ioctl_err, KvmError};
-use crate::vm::VmShared;
-use exit::{handle_exit, ExitContext, StopReason, VcpuAction};
+use crate::irqchip::VcpuIrq;
+use crate::state::VmShared;
+pub use kvm_port::KvmPort;
 
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 const MISC_ENABLE_FAST_STRING: u64 = 1;
+
+/// Why a vCPU could not be set up or started.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    /// A KVM call failed.
+    #[error("KVM call {call} on vCPU {id} failed: {source}")]
+    Kvm {
+        /// Which vCPU.
+        id: u32,
+        /// Which call.
+        call: &'static str,
+        /// Why.
+        source: kvm_ioctls::Error,
+    },
+    /// The CPUID table has more entries than KVM takes (a lull bug).
+    #[error("The CPUID table of vCPU {0} is too large for KVM")]
+    CpuidTooLarge(u32),
+    /// The vCPU's thread could not be started.
+    #[error("Cannot start the thread of vCPU {id}: {source}")]
+    Thread {
+        /// Which vCPU.
+        id: u32,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What a vCPU's CPUID and boot state are made from.
+#[derive(Debug, Clone, Copy)]
+pub struct VcpuSetup<'a> {
+    /// KVM's supported CPUID entries.
+    pub supported_cpuid: &'a [kvm_bindings::kvm_cpuid_entry2],
+    /// vCPUs in the VM.
+    pub cpus: u32,
+    /// The guest TSC frequency.
+    pub tsc_khz: u32,
+    /// lull emulates the LAPIC (`--irqchip user`).
+    pub user_lapic: bool,
+    /// With `user_lapic`: lull offers PV EOI.
+    pub pv_eoi: bool,
+}
 
 /// Gives vCPU `id` its CPUID and MSRs, and for the boot CPU, its entry state.
 pub fn configure(
     vcpu: &VcpuFd,
     id: u32,
-    supported_cpuid: &[kvm_bindings::kvm_cpuid_entry2],
-    cpus: u32,
-    tsc_khz: u32,
-    user_lapic: bool,
+    setup: &VcpuSetup<'_>,
     entry: Option<EntryMode>,
-) -> Result<(), KvmError> {
+) -> Result<(), VcpuError> {
+    let kvm = |call: &'static str| move |source| VcpuError::Kvm { id, call, source };
     let entries = cpuid::adjust(
-        supported_cpuid,
+        setup.supported_cpuid,
         cpuid::CpuidParams {
             apic_id: id,
-            cpus,
-            tsc_khz,
-            user_lapic,
+            cpus: setup.cpus,
+            tsc_khz: setup.tsc_khz,
+            user_lapic: setup.user_lapic,
+            pv_eoi: setup.pv_eoi,
         },
     );
-    let kvm_cpuid = cpuid::to_kvm(&entries).map_err(|_| KvmError::Ioctl {
-        call: "building the CPUID table",
-        source: kvm_ioctls::Error::new(libc::E2BIG),
-    })?;
-    vcpu.set_cpuid2(&kvm_cpuid)
-        .map_err(ioctl_err("KVM_SET_CPUID2"))?;
-    let msrs = Msrs::from_entries(&[kvm_msr_entry {
+    let kvm_cpuid = cpuid::to_kvm(&entries).map_err(|_| VcpuError::CpuidTooLarge(id))?;
+    vcpu.set_cpuid2(&kvm_cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    let misc_enable = kvm_msr_entry {
         index: MSR_IA32_MISC_ENABLE,
         data: MISC_ENABLE_FAST_STRING,
         ..Default::default()
-    }])
-    .map_err(|_| KvmError::Ioctl {
-        call: "building the MSR list",
-        source: kvm_ioctls::Error::new(libc::E2BIG),
-    })?;
-    vcpu.set_msrs(&msrs).map_err(ioctl_err("KVM_SET_MSRS"))?;
+    };
+    // One entry always fits the MSR list.
+    if let Ok(msrs) = Msrs::from_entries(&[misc_enable]) {
+        vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+    }
     if let Some(mode) = entry {
         let fpu = kvm_fpu {
             fcw: 0x37f,
             mxcsr: 0x1f80,
             ..Default::default()
         };
-        vcpu.set_fpu(&fpu).map_err(ioctl_err("KVM_SET_FPU"))?;
-        let mut sregs = vcpu.get_sregs().map_err(ioctl_err("KVM_GET_SREGS"))?;
+        vcpu.set_fpu(&fpu).map_err(kvm("KVM_SET_FPU"))?;
+        let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
         cpu_state::configure_sregs(&mut sregs, mode);
-        vcpu.set_sregs(&sregs).map_err(ioctl_err("KVM_SET_SREGS"))?;
+        vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
         vcpu.set_regs(&cpu_state::boot_regs(mode))
-            .map_err(ioctl_err("KVM_SET_REGS"))?;
+            .map_err(kvm("KVM_SET_REGS"))?;
     }
     Ok(())
 }
 
-/// Runs vCPU `id` until the VM stops. Meant to be the body of the vCPU's thread.
-pub fn run_loop(mut vcpu: VcpuFd, id: u32, shared: Arc<VmShared>) {
-    let index = usize::try_from(id).unwrap_or(usize::MAX);
-    let Some(counters) = shared.vcpu_counters.get(index) else {
-        shared
-            .stop
-            .request(StopReason::VmmError(format!("no counters for vCPU {id}")));
-        return;
-    };
-    if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
-        shared.stop_from_thread(StopReason::VmmError(e.to_string()));
-        return;
-    }
-    loop {
-        if shared.stop.is_requested() {
-            return;
-        }
-        let action = match vcpu.run() {
-            Ok(VcpuExit::InternalError) => {
-                VcpuAction::Stop(StopReason::GuestCrash(internal_error_detail(&mut vcpu)))
-            }
-            Ok(exit) => {
-                let ctx = ExitContext {
-                    vcpu: id,
-                    pio: &shared.pio,
-                    counters,
-                    noise: &shared.noise,
-                };
-                handle_exit(exit, &ctx)
-            }
-            Err(e) if e.errno() == libc::EINTR => {
-                counters
-                    .interrupted
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                VcpuAction::Continue
-            }
-            Err(e) if e.errno() == libc::EAGAIN => VcpuAction::Continue,
-            Err(e) => VcpuAction::Stop(StopReason::VmmError(format!("KVM_RUN on vCPU {id}: {e}"))),
-        };
-        match action {
-            VcpuAction::Continue | VcpuAction::Halted => {}
-            VcpuAction::BootComplete => shared.mark_booted(),
-            VcpuAction::Stop(reason) => {
-                shared.stop_from_thread(reason);
-                return;
-            }
-        }
-    }
+/// A running vCPU thread.
+#[derive(Debug)]
+pub struct VcpuHandle {
+    /// The vCPU's index.
+    pub id: u32,
+    /// Its thread (detached: the VM's stop ends it).
+    pub thread: std::thread::JoinHandle<()>,
 }
 
-/// Describes a KVM internal error: its sub-error and where the guest was.
-fn internal_error_detail(vcpu: &mut VcpuFd) -> String {
-    let run = vcpu.get_kvm_run();
-    // SAFETY: KVM_RUN just returned KVM_EXIT_INTERNAL_ERROR, for which `internal` is the
-    // member of the exit union KVM filled in.
-    let suberror = unsafe { run.__bindgen_anon_1.internal.suberror };
-    let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
-    format!("KVM internal error, suberror {suberror} (1 = instruction emulation failed) at rip {rip:#x}")
+/// Starts vCPU `port.id`'s thread: it installs its seccomp filter and runs [`run::run`].
+pub fn spawn(
+    port: KvmPort,
+    irq: Box<dyn VcpuIrq>,
+    shared: Arc<VmShared>,
+) -> Result<VcpuHandle, VcpuError> {
+    let id = port.id;
+    let thread = std::thread::Builder::new()
+        .name(format!("vcpu{id}"))
+        .spawn(move || {
+            if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
+                shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
+                return;
+            }
+            run::run(port, irq, &shared);
+        })
+        .map_err(|source| VcpuError::Thread { id, source })?;
+    Ok(VcpuHandle { id, thread })
 }

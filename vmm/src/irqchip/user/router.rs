@@ -142,3 +142,14 @@ impl Trigger for IoapicEdgeTrigger {
         Ok(())
     }
 }
+
+/// Level-driven device lines into lull's IOAPIC (pc-testdev's IRQ ports).
+pub struct UserIrqLines(pub Arc<InterruptRouter>);
+
+impl devices::testdev::IrqLines for UserIrqLines {
+    fn set_level(&self, line: u32, asserted: bool) {
+        if let Ok(pin) = usize::try_from(line) {
+            self.0.set_irq_line(pin, asserted);
+        }
+    }
+}

@@ -5,30 +5,20 @@
 //! blocked in HLT. The owner drains the mailbox before every entry and after every wake-up.
 //! Ordering: the sender publishes the mail, then reads the target's state; the target
 //! publishes its state, then checks the mail (both SeqCst), so a wake-up is never lost.
-
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::thread::Thread;
+//! `vmm/tests/loom_mailbox.rs` checks this with loom, every interleaving of a sender and a
+//! vCPU that enters KVM_RUN or blocks in HLT (there the kick signal is a flag the model's
+//! KVM_RUN reads, as the real signal handler sets `kvm_run.immediate_exit`).
 
 use devices::lapic::Ipi;
 
-use super::kick;
+use super::sync::{current_thread, AtomicBool, AtomicI32, AtomicU8, Mutex, Ordering, ThreadSlot};
+use crate::idle::core::WakeCause;
+use crate::sys::kick;
 
 /// The vCPU is executing (in KVM_RUN or handling an exit).
 const RUNNING: u8 = 0;
 /// The vCPU is blocked in HLT (or waiting for SIPI).
 const BLOCKED: u8 = 1;
-
-/// Why a vCPU was woken, for metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakeCause {
-    /// An interrupt (IPI or device) was posted.
-    Interrupt,
-    /// One of its timers fired on another thread.
-    Timer,
-    /// VM control (stop).
-    Control,
-}
 
 /// One vCPU's mailbox.
 #[derive(Debug, Default)]
@@ -40,14 +30,17 @@ pub struct Mailbox {
     control: AtomicBool,
     state: AtomicU8,
     tid: AtomicI32,
-    thread: OnceLock<Thread>,
+    thread: ThreadSlot,
+    /// Under loom: the kick signal's effect (`immediate_exit`), for the model's KVM_RUN.
+    #[cfg(loom)]
+    signalled: AtomicBool,
 }
 
 impl Mailbox {
     /// Called by the owning thread when it starts.
     pub fn bind_current_thread(&self) {
         self.tid.store(kick::current_tid(), Ordering::SeqCst);
-        let _ = self.thread.set(std::thread::current());
+        self.thread.set(current_thread());
     }
 
     /// Posts an interrupt message and wakes the owner.
@@ -89,14 +82,34 @@ impl Mailbox {
     /// Wakes the owner wherever it is.
     pub fn kick(&self) {
         if self.state.load(Ordering::SeqCst) == RUNNING {
-            let tid = self.tid.load(Ordering::SeqCst);
-            if tid > 0 && tid != kick::current_tid() {
-                kick::kick_thread(tid);
-            }
+            self.signal();
         }
-        if let Some(t) = self.thread.get() {
-            t.unpark();
+        self.thread.unpark();
+    }
+
+    /// Interrupts the owner's KVM_RUN (or makes its next one return at once).
+    #[cfg(not(loom))]
+    fn signal(&self) {
+        let tid = self.tid.load(Ordering::SeqCst);
+        if tid > 0 && tid != kick::current_tid() {
+            kick::kick_thread(tid);
         }
+    }
+
+    #[cfg(loom)]
+    fn signal(&self) {
+        self.signalled.store(true, Ordering::SeqCst);
+    }
+
+    /// Under loom: takes the kick signal's effect, as KVM_RUN consumes `immediate_exit`.
+    #[cfg(loom)]
+    pub fn take_signal(&self) -> bool {
+        self.signalled.swap(false, Ordering::SeqCst)
+    }
+
+    /// Whether the owner has bound its thread.
+    pub fn is_bound(&self) -> bool {
+        self.thread.is_set()
     }
 
     /// Takes the posted messages (owner only).
@@ -195,7 +208,7 @@ mod tests {
             })
         };
         // The owner may or may not be parked yet: the unpark token covers both cases.
-        while m.thread.get().is_none() {
+        while !m.is_bound() {
             std::thread::yield_now();
         }
         m.post(fixed(0x30));

@@ -1,14 +1,15 @@
 //! Exits that only reach lull without an in-kernel irqchip: LAPIC and IOAPIC MMIO, LAPIC and
-//! other MSRs. A free function over the exit, testable with a real `Lapic` and no KVM.
+//! other MSRs, interrupt windows. A free function over the exit, testable with a real `Lapic`
+//! and no KVM; every other exit is given back to the generic handler (`vcpu::exit`).
 
 use std::sync::atomic::Ordering;
 
 use devices::lapic::{is_lapic_msr, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::VcpuExit;
 
-use super::exit::{handle_exit, ExitContext, VcpuAction};
-use crate::irqchip::router::InterruptRouter;
+use super::router::InterruptRouter;
 use crate::layout::IOAPIC_ADDR;
+use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
 
 /// Size of the IOAPIC's MMIO window.
@@ -18,8 +19,10 @@ pub const LAPIC_WINDOW: u64 = 0x1000;
 
 /// The state a user-irqchip exit handler may touch.
 pub struct UserExitContext<'a, E: LapicEvents> {
-    /// What every exit handler gets.
-    pub base: ExitContext<'a>,
+    /// vCPU index, for log lines.
+    pub vcpu: u32,
+    /// This vCPU's counters.
+    pub counters: &'a VcpuCounters,
     /// This vCPU's LAPIC.
     pub lapic: &'a mut Lapic<E>,
     /// The VM's interrupt fabric.
@@ -30,35 +33,13 @@ pub struct UserExitContext<'a, E: LapicEvents> {
     pub unknown_msr: &'a LogLimiter,
 }
 
-/// What the run loop must do after a user-irqchip exit.
-#[derive(Debug, Default)]
-pub struct UserOutcome {
-    /// The generic action.
-    pub action: Option<VcpuAction>,
-    /// LAPIC side effects to apply (timer, IPI, EOI, routing change).
-    pub effects: Option<LapicEffects>,
-}
-
-fn done(action: VcpuAction) -> UserOutcome {
-    UserOutcome {
-        action: Some(action),
-        effects: None,
-    }
-}
-
-fn lapic_effects(effects: LapicEffects) -> UserOutcome {
-    UserOutcome {
-        action: Some(VcpuAction::Continue),
-        effects: Some(effects),
-    }
-}
-
-/// Handles one exit in `--irqchip user` mode.
-pub fn handle_user_exit<E: LapicEvents>(
-    exit: VcpuExit<'_>,
+/// Handles one exit in `--irqchip user` mode: `Ok` with the LAPIC's side effects to apply
+/// (timer, IPI, EOI, routing change), or the exit back if it is not the irqchip's.
+pub fn handle_user_exit<'a, E: LapicEvents>(
+    exit: VcpuExit<'a>,
     ctx: &mut UserExitContext<'_, E>,
-) -> UserOutcome {
-    let counters = ctx.base.counters;
+) -> Result<Option<LapicEffects>, VcpuExit<'a>> {
+    let counters = ctx.counters;
     let lapic_base = ctx.lapic.base_address();
     let in_lapic = |addr: u64| addr >= lapic_base && addr - lapic_base < LAPIC_WINDOW;
     let in_ioapic = |addr: u64| addr >= IOAPIC_ADDR && addr - IOAPIC_ADDR < IOAPIC_WINDOW;
@@ -66,21 +47,21 @@ pub fn handle_user_exit<E: LapicEvents>(
         VcpuExit::MmioRead(addr, data) if in_lapic(addr) => {
             counters.mmio_read.fetch_add(1, Ordering::Relaxed);
             ctx.lapic.read_mmio(addr - lapic_base, data, ctx.now);
-            done(VcpuAction::Continue)
+            Ok(None)
         }
         VcpuExit::MmioWrite(addr, data) if in_lapic(addr) => {
             counters.mmio_write.fetch_add(1, Ordering::Relaxed);
-            lapic_effects(ctx.lapic.write_mmio(addr - lapic_base, data, ctx.now))
+            Ok(Some(ctx.lapic.write_mmio(addr - lapic_base, data, ctx.now)))
         }
         VcpuExit::MmioRead(addr, data) if in_ioapic(addr) => {
             counters.mmio_read.fetch_add(1, Ordering::Relaxed);
             ctx.router.ioapic_read(addr - IOAPIC_ADDR, data);
-            done(VcpuAction::Continue)
+            Ok(None)
         }
         VcpuExit::MmioWrite(addr, data) if in_ioapic(addr) => {
             counters.mmio_write.fetch_add(1, Ordering::Relaxed);
             ctx.router.ioapic_write(addr - IOAPIC_ADDR, data);
-            done(VcpuAction::Continue)
+            Ok(None)
         }
         VcpuExit::X86Rdmsr(msr) => {
             counters.msr.fetch_add(1, Ordering::Relaxed);
@@ -93,34 +74,34 @@ pub fn handle_user_exit<E: LapicEvents>(
                 unknown_msr(ctx, msr.index, "read");
                 *msr.error = 1;
             }
-            done(VcpuAction::Continue)
+            Ok(None)
         }
         VcpuExit::X86Wrmsr(msr) => {
             counters.msr.fetch_add(1, Ordering::Relaxed);
             if is_lapic_msr(msr.index) {
                 match ctx.lapic.write_msr(msr.index, msr.data, ctx.now) {
-                    Ok(effects) => return lapic_effects(effects),
+                    Ok(effects) => return Ok(Some(effects)),
                     Err(_) => *msr.error = 1,
                 }
             } else {
                 unknown_msr(ctx, msr.index, "write");
                 *msr.error = 1;
             }
-            done(VcpuAction::Continue)
+            Ok(None)
         }
         VcpuExit::IrqWindowOpen => {
             counters.irq_window.fetch_add(1, Ordering::Relaxed);
-            done(VcpuAction::Continue)
+            Ok(None)
         }
-        other => done(handle_exit(other, &ctx.base)),
+        other => Err(other),
     }
 }
 
 fn unknown_msr<E: LapicEvents>(ctx: &UserExitContext<'_, E>, index: u32, dir: &str) {
     if let Some(n) = ctx.unknown_msr.hit() {
         tracing::warn!(
-            vcpu = ctx.base.vcpu,
-            "guest {dir} of unimplemented MSR {index:#x}: #GP injected ({n} so far)"
+            vcpu = ctx.vcpu,
+            "guest {dir} of MSR {index:#x}, which neither KVM nor lull implements: #GP injected ({n} so far)"
         );
     }
 }
@@ -128,19 +109,15 @@ fn unknown_msr<E: LapicEvents>(ctx: &UserExitContext<'_, E>, index: u32, dir: &s
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{GuestNoise, VcpuCounters};
     use devices::ioapic::IoApic;
     use devices::lapic::{LapicConfig, LapicTimerChange};
-    use devices::pio::PioBus;
     use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
 
     /// What a user exit context borrows, owned by the test.
     struct Fixture {
         lapic: Lapic,
         router: InterruptRouter,
-        bus: PioBus,
         counters: VcpuCounters,
-        noise: GuestNoise,
         unknown_msr: LogLimiter,
     }
 
@@ -156,21 +133,15 @@ mod tests {
             Self {
                 lapic,
                 router,
-                bus: PioBus::new(),
                 counters: VcpuCounters::default(),
-                noise: GuestNoise::default(),
                 unknown_msr: LogLimiter::new(),
             }
         }
 
         fn ctx(&mut self) -> UserExitContext<'_, devices::lapic::NoopLapicEvents> {
             UserExitContext {
-                base: ExitContext {
-                    vcpu: 0,
-                    pio: &self.bus,
-                    counters: &self.counters,
-                    noise: &self.noise,
-                },
+                vcpu: 0,
+                counters: &self.counters,
                 lapic: &mut self.lapic,
                 router: &self.router,
                 now: 0,
@@ -184,30 +155,31 @@ mod tests {
         let mut fixture = Fixture::new();
         let mut ctx = fixture.ctx();
         let base = 0xfee0_0000;
-        handle_user_exit(
+        assert!(handle_user_exit(
             VcpuExit::MmioWrite(base + 0xf0, &0x1ffu32.to_le_bytes()),
             &mut ctx,
-        );
-        handle_user_exit(
+        )
+        .is_ok());
+        assert!(handle_user_exit(
             VcpuExit::MmioWrite(base + 0x320, &0x40u32.to_le_bytes()),
             &mut ctx,
-        );
-        handle_user_exit(
+        )
+        .is_ok());
+        assert!(handle_user_exit(
             VcpuExit::MmioWrite(base + 0x3e0, &0xbu32.to_le_bytes()),
             &mut ctx,
-        );
-        let out = handle_user_exit(
-            VcpuExit::MmioWrite(base + 0x380, &1_000_000u32.to_le_bytes()),
-            &mut ctx,
-        );
+        )
+        .is_ok());
+        let count = 1_000_000u32.to_le_bytes();
+        let out = handle_user_exit(VcpuExit::MmioWrite(base + 0x380, &count), &mut ctx);
         assert_eq!(
-            out.effects.unwrap().timer,
+            out.unwrap().unwrap().timer,
             LapicTimerChange::Arm {
                 deadline_ns: 1_000_000
             }
         );
         let mut id = [0u8; 4];
-        handle_user_exit(VcpuExit::MmioRead(base + 0x30, &mut id), &mut ctx);
+        assert!(handle_user_exit(VcpuExit::MmioRead(base + 0x30, &mut id), &mut ctx).is_ok());
         assert_eq!(u32::from_le_bytes(id) & 0xff, 0x14);
         assert_eq!(fixture.counters.mmio_write.load(Ordering::Relaxed), 4);
     }
@@ -223,7 +195,7 @@ mod tests {
             index: 0x1234,
             data: &mut data,
         });
-        handle_user_exit(exit, &mut ctx);
+        assert!(handle_user_exit(exit, &mut ctx).is_ok());
         assert_eq!(error, 1);
         let (mut error, mut data) = (0u8, 0u64);
         let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
@@ -232,7 +204,7 @@ mod tests {
             index: 0x1b,
             data: &mut data,
         });
-        handle_user_exit(exit, &mut ctx);
+        assert!(handle_user_exit(exit, &mut ctx).is_ok());
         assert_eq!((error, data & 0xffff_f000), (0, 0xfee0_0000));
         let mut error = 0u8;
         let exit = VcpuExit::X86Wrmsr(WriteMsrExit {
@@ -242,8 +214,19 @@ mod tests {
             data: 5,
         });
         let out = handle_user_exit(exit, &mut ctx);
+        assert!(matches!(out, Ok(Some(_))));
         assert_eq!(error, 0);
-        assert!(out.effects.is_some());
         assert_eq!(fixture.unknown_msr.count(), 1);
+    }
+
+    #[test]
+    fn other_exits_are_given_back() {
+        let mut fixture = Fixture::new();
+        let mut ctx = fixture.ctx();
+        let given_back = handle_user_exit(VcpuExit::IoOut(0xf4, &[1]), &mut ctx);
+        assert!(matches!(given_back, Err(VcpuExit::IoOut(0xf4, _))));
+        let mut m = [0u8; 4];
+        let unclaimed = handle_user_exit(VcpuExit::MmioRead(0xd000_0000, &mut m), &mut ctx);
+        assert!(matches!(unclaimed, Err(VcpuExit::MmioRead(0xd000_0000, _))));
     }
 }

@@ -1,65 +1,83 @@
-//! The VMM thread: its event loop over console input, stop requests and SIGINT/SIGTERM.
+//! The VMM thread: its event loop over console input, stop requests and SIGINT/SIGTERM. It
+//! runs until the first stop request (from any thread) and returns its reason.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use event_manager::{EventOps, Events, MutEventSubscriber};
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
+use super::devices::{Console, ConsoleParts};
+use super::VmError;
+use crate::config::{SerialMode, VmConfig};
 use crate::console::{self, EscapeFilter};
-use crate::vcpu::exit::StopReason;
-use crate::vm::{Console, VmError, VmShared};
+use crate::state::{lock, StopReason, VmShared};
+use crate::sys::stop_signals;
+use crate::sys::terminal::RawTerminal;
 
-/// Eventfd the SIGINT/SIGTERM handler writes to (-1 until set).
-static SIGNAL_EVENT_FD: AtomicI32 = AtomicI32::new(-1);
-
-extern "C" fn on_stop_signal(
-    _num: libc::c_int,
-    _info: *mut libc::siginfo_t,
-    _ctx: *mut libc::c_void,
-) {
-    let fd = SIGNAL_EVENT_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        let one: u64 = 1;
-        // SAFETY: write(2) is async-signal-safe; `fd` is an eventfd that lives for the whole
-        // process (leaked on purpose), and `one` is 8 readable bytes.
-        unsafe { libc::write(fd, std::ptr::addr_of!(one).cast(), 8) };
-    }
+/// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
+pub struct EventLoop {
+    manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
+    shared: Arc<VmShared>,
+    _raw_terminal: Option<RawTerminal>,
 }
 
-/// Installs SIGINT/SIGTERM handlers that wake the VMM thread; returns the eventfd they write.
-pub fn install_signal_handlers() -> Result<EventFd, VmError> {
-    let evt = EventFd::new(EFD_NONBLOCK).map_err(|e| VmError::EventLoop(e.to_string()))?;
-    let raw = evt
-        .try_clone()
-        .map_err(|e| VmError::EventLoop(e.to_string()))?;
-    SIGNAL_EVENT_FD.store(raw.as_raw_fd(), Ordering::Relaxed);
-    std::mem::forget(raw); // the handler may run until the process exits
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        vmm_sys_util::signal::register_signal_handler(sig, on_stop_signal)
-            .map_err(|e| VmError::EventLoop(format!("signal handler: {e}")))?;
+impl EventLoop {
+    /// The VMM thread's loop for a VM configured by `cfg`.
+    pub fn new(
+        cfg: &VmConfig,
+        shared: Arc<VmShared>,
+        console: &ConsoleParts,
+    ) -> Result<Self, VmError> {
+        let host = |what| move |source| VmError::Host { what, source };
+        let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+        let stdin_is_console = cfg.serial == SerialMode::Stdio;
+        let mut manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+            EventManager::new().map_err(VmError::EventLoop)?;
+        manager.add_subscriber(Arc::new(Mutex::new(VmmEvents {
+            shared: shared.clone(),
+            console: console.console.clone(),
+            signal,
+            drained: console.drained.clone(),
+            stdin_open: stdin_is_console,
+            filter: EscapeFilter::default(),
+            pending: Vec::new(),
+        })));
+        Ok(Self {
+            manager,
+            shared,
+            _raw_terminal: stdin_is_console.then(RawTerminal::enable).flatten(),
+        })
     }
-    Ok(evt)
+
+    /// Runs until the VM stops; the terminal is restored when this returns.
+    pub fn run(mut self) -> Result<StopReason, VmError> {
+        crate::seccomp::apply(crate::seccomp::ThreadKind::Vmm)?;
+        loop {
+            if let Some(reason) = self.shared.stop.reason() {
+                return Ok(reason);
+            }
+            if let Err(e) = self.manager.run() {
+                return Ok(StopReason::VmmError(format!("event loop: {e:?}")));
+            }
+        }
+    }
 }
 
 /// The VMM thread's subscriber: console input, stop requests and signals.
 pub struct VmmEvents {
-    /// Shared VM state.
-    pub shared: Arc<VmShared>,
-    /// The serial console.
-    pub console: Arc<Mutex<Console>>,
+    shared: Arc<VmShared>,
+    console: Arc<Mutex<Console>>,
     /// Written by the SIGINT/SIGTERM handler.
-    pub signal: EventFd,
+    signal: EventFd,
     /// Written when the guest has drained the console's input FIFO.
-    pub drained: Arc<EventFd>,
+    drained: Arc<EventFd>,
     /// Whether stdin is still read.
-    pub stdin_open: bool,
-    /// The Ctrl-A escape filter.
-    pub filter: EscapeFilter,
+    stdin_open: bool,
+    filter: EscapeFilter,
     /// Input not yet taken by the guest.
-    pub pending: Vec<u8>,
+    pending: Vec<u8>,
 }
 
 impl VmmEvents {
@@ -71,11 +89,7 @@ impl VmmEvents {
         if self.pending.is_empty() {
             return;
         }
-        let taken = self
-            .console
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .enqueue_input(&self.pending);
+        let taken = lock(&self.console).enqueue_input(&self.pending);
         self.pending.drain(..taken);
     }
 
@@ -108,7 +122,8 @@ impl MutEventSubscriber for VmmEvents {
         let fd = events.fd();
         if fd == self.signal.as_raw_fd() {
             let _ = self.signal.read();
-            self.shared.stop.request(StopReason::User);
+            let signal = stop_signals::last_signal().unwrap_or(libc::SIGTERM);
+            self.shared.stop.request(StopReason::Signal(signal));
         } else if fd == self.shared.stop.event().as_raw_fd() {
             let _ = self.shared.stop.event().read();
         } else if fd == self.drained.as_raw_fd() {

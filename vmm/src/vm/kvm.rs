@@ -1,12 +1,13 @@
 //! Opening KVM, creating the VM, its memory slots and (in `kernel` mode) its in-kernel irqchip.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use kvm_bindings::{kvm_enable_cap, kvm_userspace_memory_region, KVM_CAP_X86_USER_SPACE_MSR};
+use kvm_bindings::{kvm_enable_cap, KVM_CAP_X86_USER_SPACE_MSR};
 use kvm_ioctls::{
     Cap, Kvm, MsrExitReason, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd,
 };
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::layout::{self, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
 
@@ -36,6 +37,9 @@ pub enum KvmError {
         /// KVM's limit.
         max: usize,
     },
+    /// The VM has no vCPU (a lull bug: the CPU count is validated before).
+    #[error("The VM has no vCPU")]
+    NoVcpus,
     /// Guest memory could not be allocated.
     #[error("Cannot allocate {size} bytes of guest memory: {source}")]
     AllocMemory {
@@ -126,30 +130,12 @@ pub fn create_guest_memory(memory: u64) -> Result<GuestMemoryMmap, KvmError> {
 /// in-kernel LAPIC/IOAPIC/PIC.
 pub fn create_vm(
     kvm: &Kvm,
-    mem: &GuestMemoryMmap,
+    mem: &Arc<GuestMemoryMmap>,
     in_kernel_irqchip: bool,
 ) -> Result<VmFd, KvmError> {
     let vm = kvm.create_vm().map_err(ioctl_err("KVM_CREATE_VM"))?;
-    for (slot, region) in mem.iter().enumerate() {
-        let host = mem
-            .get_host_address(region.start_addr())
-            .map_err(|_| KvmError::Ioctl {
-                call: "guest memory host address",
-                source: kvm_ioctls::Error::new(libc::EFAULT),
-            })?;
-        let entry = kvm_userspace_memory_region {
-            slot: u32::try_from(slot).unwrap_or(u32::MAX),
-            flags: 0,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-        };
-        // SAFETY: `host` points to a live anonymous mapping of `region.len()` bytes owned by
-        // `mem`, which outlives the VM (the caller keeps both for the whole run), and slots
-        // do not overlap because `layout::ram_ranges` returns disjoint ranges.
-        unsafe { vm.set_user_memory_region(entry) }
-            .map_err(ioctl_err("KVM_SET_USER_MEMORY_REGION"))?;
-    }
+    crate::sys::kvm::register_guest_memory(&vm, mem)
+        .map_err(ioctl_err("KVM_SET_USER_MEMORY_REGION"))?;
     let tss = usize::try_from(KVM_TSS_ADDR).unwrap_or(usize::MAX);
     vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDR)
         .map_err(ioctl_err("KVM_SET_IDENTITY_MAP_ADDR"))?;
@@ -165,9 +151,13 @@ pub fn create_vm(
 /// MSRs whose accesses must reach lull's LAPIC although KVM knows them: IA32_APIC_BASE and
 /// IA32_TSC_DEADLINE. (x2APIC MSRs 0x800-0x8ff reach user space as invalid without a filter.)
 const FILTERED_MSRS: [u32; 2] = [0x1b, 0x6e0];
+/// MSR_KVM_PV_EOI_EN: KVM would store it and do nothing (it drives PV EOI only for its own
+/// LAPIC); lull implements PV EOI itself.
+const MSR_KVM_PV_EOI_EN: u32 = 0x4b56_4d04;
 
-/// Sends LAPIC MSRs (and every MSR KVM would fault on) to user space, for `--irqchip user`.
-pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
+/// Sends LAPIC MSRs (and every MSR KVM would fault on) to user space, for `--irqchip user`;
+/// with `pv_eoi`, MSR_KVM_PV_EOI_EN too.
+pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd, pv_eoi: bool) -> Result<(), KvmError> {
     for cap in [Cap::X86UserSpaceMsr, Cap::X86MsrFilter] {
         if !kvm.check_extension(cap) {
             return Err(KvmError::MissingCap(cap));
@@ -183,9 +173,12 @@ pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
         .map_err(ioctl_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
     // A bitmap bit of 0 denies the access, which makes it exit with reason FILTER.
     let deny = [0u8; 1];
+    let pv_eoi_msr = pv_eoi.then_some(MSR_KVM_PV_EOI_EN);
     let ranges: Vec<MsrFilterRange<'_>> = FILTERED_MSRS
         .iter()
-        .map(|&base| MsrFilterRange {
+        .copied()
+        .chain(pv_eoi_msr)
+        .map(|base| MsrFilterRange {
             flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
             base,
             msr_count: 1,
@@ -194,27 +187,4 @@ pub fn enable_user_msr_exits(kvm: &Kvm, vm: &VmFd) -> Result<(), KvmError> {
         .collect();
     vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &ranges)
         .map_err(ioctl_err("KVM_X86_SET_MSR_FILTER"))
-}
-
-/// KVM_GET_STATS_FD, which kvm-ioctls does not wrap.
-mod raw {
-    #[allow(unused_imports)]
-    use ioctl_ioc_nr as _;
-    use vmm_sys_util::{ioctl_io_nr, ioctl_ioc_nr};
-
-    const KVMIO: u32 = 0xAE;
-    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
-}
-
-/// A binary statistics fd for a VM or vCPU fd (Linux 5.14+); `None` where KVM has none.
-pub fn stats_fd(fd: &impl std::os::fd::AsRawFd) -> Option<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1; `fd` is a live
-    // KVM VM or vCPU fd.
-    let raw = unsafe { vmm_sys_util::ioctl::ioctl(fd, raw::KVM_GET_STATS_FD()) };
-    if raw < 0 {
-        return None;
-    }
-    // SAFETY: `raw` is a fresh descriptor returned to us and owned by nobody else.
-    Some(unsafe { std::fs::File::from_raw_fd(raw) })
 }

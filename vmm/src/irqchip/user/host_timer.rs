@@ -1,0 +1,97 @@
+//! Host timers behind `timer::HostTimer`: each vCPU's host tick is a POSIX timer that sends
+//! the kick signal to the vCPU's own thread, armed at absolute CLOCK_MONOTONIC deadlines and
+//! created on first use by that thread; the `central` model's thread waits on a timerfd.
+
+use std::sync::Arc;
+
+use timer::{HostTimer, HostTimerError, Nanos};
+
+use crate::irqchip::clock::VmClock;
+use crate::sys::posix_timer::PosixTimer;
+use crate::sys::timerfd::TimerFd;
+
+fn host_err(e: std::io::Error) -> HostTimerError {
+    HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(
+        e.raw_os_error().unwrap_or(0),
+    ))
+}
+
+/// A vCPU thread's host tick: a POSIX timer created by the thread that first arms it.
+pub struct ThreadTickTimer {
+    clock: VmClock,
+    timer: Option<PosixTimer>,
+}
+
+impl ThreadTickTimer {
+    /// A timer on `clock`'s time base, not yet created.
+    pub fn new(clock: VmClock) -> Self {
+        Self { clock, timer: None }
+    }
+
+    fn timer(&mut self) -> Result<&mut PosixTimer, HostTimerError> {
+        match &mut self.timer {
+            Some(t) => Ok(t),
+            slot @ None => Ok(slot.insert(PosixTimer::for_current_thread().map_err(host_err)?)),
+        }
+    }
+}
+
+impl HostTimer for ThreadTickTimer {
+    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
+        let at = self.clock.to_monotonic(deadline);
+        self.timer()?.arm_at(at).map_err(host_err)
+    }
+
+    fn disarm(&mut self) -> Result<(), HostTimerError> {
+        match &mut self.timer {
+            Some(t) => t.disarm().map_err(host_err),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An absolute VM-clock timerfd that one thread waits on and any thread may arm.
+pub struct SharedTimerFd {
+    fd: TimerFd,
+    clock: VmClock,
+}
+
+impl SharedTimerFd {
+    /// A disarmed timerfd on `clock`'s time base.
+    pub fn new(clock: VmClock) -> std::io::Result<Self> {
+        Ok(Self {
+            fd: TimerFd::new()?,
+            clock,
+        })
+    }
+
+    /// Arms for an absolute VM-clock deadline.
+    pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        self.fd
+            .arm_at(self.clock.to_monotonic(deadline))
+            .map_err(host_err)
+    }
+
+    /// Disarms.
+    pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        self.fd.disarm().map_err(host_err)
+    }
+
+    /// Blocks until the timer expires.
+    pub fn wait(&self) -> std::io::Result<u64> {
+        self.fd.wait()
+    }
+}
+
+/// The `central` timer thread's host timer, a handle on a shared timerfd.
+pub struct CentralHostTimer(pub Arc<SharedTimerFd>);
+
+impl HostTimer for CentralHostTimer {
+    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
+        self.0.arm_at(deadline)
+    }
+
+    fn disarm(&mut self) -> Result<(), HostTimerError> {
+        self.0.disarm_now()
+    }
+}

@@ -1,0 +1,328 @@
+//! `--irqchip user`: lull's own LAPICs, IOAPIC and HLT, with the timer model and the idle
+//! manager; how vCPU threads, devices and timers hand each other interrupts without KVM's
+//! in-kernel LAPIC.
+//!
+//! ```text
+//!  vCPU thread i (UserVcpuIrq i)          other threads (vCPU j, VMM, timer thread)
+//!  ─────────────────────────────          ─────────────────────────────────────────
+//!  owns Lapic i + CpuTimers i             route(ipi) ─> Mailbox i ─> kick i
+//!  before KVM_RUN: drain Mailbox i,         kick = tgkill(SIGRTMIN+1) if i may be in KVM_RUN
+//!    run timers, idle hold, inject                 (handler sets kvm_run.immediate_exit)
+//!  HLT: poll, then CpuTimers::idle ->            + unpark if i may be blocked in HLT
+//!    park until timeout or kick; wake
+//!  host tick: POSIX timer -> SIGRTMIN+1 to its own thread
+//! ```
+//!
+//! - [`router`]: the routing table and the IOAPIC; delivers messages to mailboxes.
+//! - [`mailbox`]: one per vCPU; posts and kicks without touching the target's LAPIC.
+//! - [`vcpu`]: the per-vCPU half ([`UserVcpuIrq`]), generic over the clock.
+//! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
+//! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks.
+
+pub mod exit;
+pub mod host_timer;
+pub mod mailbox;
+pub mod pv_eoi;
+pub mod router;
+mod sync;
+pub mod timers;
+pub mod vcpu;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use devices::ioapic::IoApic;
+use devices::lapic::{Lapic, LapicConfig, TimerLimits, TscMap};
+use devices::testdev::IrqLines;
+use timer::{Clock, CpuTimers, HostTimer, ModelKind, TimerModel, Waker};
+use vm_memory::GuestMemoryMmap;
+
+use super::clock::VmClock;
+use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
+use crate::cpuid::APIC_BUS_KHZ;
+use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
+use crate::idle::halt_poll::HaltPollMode;
+use crate::idle::inject::{IdleInjectConfig, IdleInjector};
+use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
+use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
+use crate::idle::IdleShared;
+use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
+use crate::ratelimit::LogLimiter;
+use crate::state::{lock, StopReason, VmShared};
+use host_timer::{CentralHostTimer, SharedTimerFd, ThreadTickTimer};
+use mailbox::Mailbox;
+use router::{InterruptRouter, IoapicEdgeTrigger};
+use timers::on_timer_fired;
+use vcpu::{UserVcpuIrq, UserVcpuParts};
+
+/// What the user-space irqchip is built from.
+#[derive(Debug, Clone)]
+pub struct UserChipConfig {
+    /// vCPUs.
+    pub cpus: u32,
+    /// Timer model.
+    pub model: ModelKind,
+    /// The guest's TSC frequency.
+    pub tsc_khz: u32,
+    /// Halt polling.
+    pub halt_poll: HaltPollMode,
+    /// Synchronized idle injection.
+    pub idle_inject: Option<IdleInjectConfig>,
+    /// Per-VM CPU quota.
+    pub cpu_quota: Option<CpuQuotaConfig>,
+    /// Synthetic global-timer load.
+    pub global_timers: Option<GlobalTimersConfig>,
+    /// Offer KVM's PV EOI to the guest.
+    pub pv_eoi: bool,
+}
+
+/// The per-vCPU parts handed out by [`IrqChip::vcpu`].
+type VcpuParts = (Lapic<Arc<LapicNoise>>, Box<dyn CpuTimers<VcpuTimer>>);
+
+/// The user-space irqchip of one VM.
+pub struct UserIrqChip {
+    router: Arc<InterruptRouter>,
+    model: Arc<dyn TimerModel<VcpuTimer>>,
+    idle: Arc<IdleShared>,
+    unknown_msr: Arc<LogLimiter>,
+    noise: Arc<LapicNoise>,
+    clock: VmClock,
+    parts: Mutex<Vec<Option<VcpuParts>>>,
+    central: Option<Arc<SharedTimerFd>>,
+    mem: Arc<GuestMemoryMmap>,
+    pv_eoi: bool,
+}
+
+/// The guest TSC at VM-clock time 0, from a TSC read just before `after` (VM clock): biased
+/// so that converted deadlines are never early.
+fn tsc_map(tsc: u64, after: u64, tsc_khz: u64) -> TscMap {
+    let elapsed_ticks = u128::from(after) * u128::from(tsc_khz) / 1_000_000;
+    let at0 = u128::from(tsc).saturating_sub(elapsed_ticks);
+    TscMap {
+        tsc_khz,
+        tsc_at_ns0: u64::try_from(at0).unwrap_or(0),
+    }
+}
+
+impl UserIrqChip {
+    /// Builds the chip; `read_guest_tsc` reads the boot CPU's TSC (IA32_TSC) once.
+    pub fn new(
+        cfg: &UserChipConfig,
+        mem: Arc<GuestMemoryMmap>,
+        read_guest_tsc: impl FnOnce() -> Result<u64, IrqChipError>,
+    ) -> Result<Self, IrqChipError> {
+        crate::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
+            what: "the kick signal handler",
+            source: std::io::Error::from_raw_os_error(e.errno()),
+        })?;
+        let clock = VmClock::new();
+        let tsc = read_guest_tsc()?;
+        let tsc = tsc_map(tsc, clock.now(), u64::from(cfg.tsc_khz));
+        let noise = Arc::new(LapicNoise::default());
+        let lapics = (0..cfg.cpus)
+            .map(|id| {
+                let config = LapicConfig {
+                    apic_id: id,
+                    bsp: id == 0,
+                    bus_hz: u64::from(APIC_BUS_KHZ) * 1000,
+                    tsc,
+                    limits: TimerLimits::default(),
+                    x2apic_supported: true,
+                };
+                Lapic::with_events(config, noise.clone())
+                    .map_err(|source| IrqChipError::Lapic { id, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mailboxes: Vec<Arc<Mailbox>> = lapics.iter().map(|_| Arc::default()).collect();
+        let router = Arc::new(InterruptRouter::new(
+            lapics.iter().map(|l| l.destination_info()).collect(),
+            mailboxes.clone(),
+            IoApic::new(u8::try_from(cfg.cpus).unwrap_or(u8::MAX)),
+        ));
+        let waker: Arc<dyn Waker> = Arc::new(move |cpu: usize| {
+            if let Some(m) = mailboxes.get(cpu) {
+                m.kick();
+            }
+        });
+        let central = match cfg.model {
+            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
+                IrqChipError::Host {
+                    what: "the central timer thread's timerfd",
+                    source,
+                }
+            })?)),
+            _ => None,
+        };
+        let nodes = vec![0; lapics.len()];
+        let mut host = |cpu: Option<usize>| -> Box<dyn HostTimer> {
+            match (cpu, &central) {
+                (None, Some(fd)) => Box::new(CentralHostTimer(fd.clone())),
+                _ => Box::new(ThreadTickTimer::new(clock)),
+            }
+        };
+        let model = timer::build::<VcpuTimer>(cfg.model, &nodes, &mut host, waker)?;
+        let idle = Arc::new(IdleShared {
+            halt_poll: cfg.halt_poll,
+            inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
+            quota: cfg
+                .cpu_quota
+                .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
+            global: cfg.global_timers.map(GlobalLoad::new),
+        });
+        let parts = lapics.into_iter().zip(model.cpus).map(Some).collect();
+        Ok(Self {
+            router,
+            model: model.shared,
+            idle,
+            unknown_msr: Arc::new(LogLimiter::new()),
+            noise,
+            clock,
+            parts: Mutex::new(parts),
+            central,
+            mem,
+            pv_eoi: cfg.pv_eoi,
+        })
+    }
+
+    /// The central model's timer thread: expires every timer at the timerfd's deadline.
+    fn central_thread(&self, fd: Arc<SharedTimerFd>, shared: Arc<VmShared>) -> impl FnOnce() {
+        let model = self.model.clone();
+        let router = self.router.clone();
+        let clock = self.clock;
+        let idle = self.idle.clone();
+        move || {
+            if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Timers) {
+                shared.stop.request(StopReason::VmmError(e.to_string()));
+                return;
+            }
+            loop {
+                // One wake-up per expiry: a timerfd re-armed while the thread blocks in
+                // read() fires at the new deadline.
+                if let Err(e) = fd.wait() {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        let why = format!("timer thread: {e}");
+                        shared.stop.request(StopReason::VmmError(why));
+                        return;
+                    }
+                }
+                if shared.stop.is_requested() {
+                    return;
+                }
+                let mut summary = FiredSummary::default();
+                model.service(clock.now(), &mut |fired| {
+                    on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+                });
+                if let Some(g) = &idle.global {
+                    for _ in 0..summary.global() {
+                        g.timer_thread_fired();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl IrqChip for UserIrqChip {
+    fn name(&self) -> &'static str {
+        "user"
+    }
+
+    fn vcpu(&self, id: u32, shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
+        let taken = usize::try_from(id)
+            .ok()
+            .and_then(|i| lock(&self.parts).get_mut(i).and_then(Option::take));
+        let (lapic, timers) = taken.ok_or(IrqChipError::NoVcpuPart(id))?;
+        let unit = UserVcpuIrq::new(UserVcpuParts {
+            id,
+            lapic,
+            timers,
+            router: self.router.clone(),
+            clock: self.clock,
+            idle: self.idle.clone(),
+            shared: shared.clone(),
+            unknown_msr: self.unknown_msr.clone(),
+            mem: self.mem.clone(),
+            pv_eoi: self.pv_eoi,
+        })
+        .ok_or(IrqChipError::NoVcpuPart(id))?;
+        Ok(Box::new(unit))
+    }
+
+    fn edge_irq(&self, gsi: u32) -> Result<EdgeIrq, IrqChipError> {
+        Ok(EdgeIrq::Ioapic(IoapicEdgeTrigger {
+            router: self.router.clone(),
+            pin: usize::try_from(gsi).unwrap_or(usize::MAX),
+        }))
+    }
+
+    fn irq_lines(&self) -> Arc<dyn IrqLines> {
+        Arc::new(router::UserIrqLines(self.router.clone()))
+    }
+
+    fn start(&self, shared: &Arc<VmShared>) -> Result<(), IrqChipError> {
+        if let Some(fd) = &self.central {
+            std::thread::Builder::new()
+                .name("timers".into())
+                .spawn(self.central_thread(fd.clone(), shared.clone()))
+                .map_err(|source| IrqChipError::Host {
+                    what: "the timer thread",
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    fn kick_all(&self) {
+        for m in self.router.mailboxes() {
+            m.flag_control();
+        }
+        if let Some(fd) = &self.central {
+            let _ = fd.arm_at(0);
+        }
+    }
+
+    fn report(&self, report: &mut RunReport) {
+        let now = self.clock.now();
+        let counters = &self.router.counters;
+        report.unknown_msr_accesses = self.unknown_msr.count();
+        report.lapic_invalid_accesses = self.noise.invalid_access.count();
+        report.lapic_timer_clamps = self.noise.timer_clamped.count();
+        report.ipis = counters.ipis.load(Ordering::Relaxed);
+        report.device_interrupts = counters.device_interrupts.load(Ordering::Relaxed);
+        report.timer_model = Some(model_name(self.model.kind()).to_string());
+        report.timers = Some(self.model.metrics());
+        report.halt_poll = Some(self.idle.halt_poll.to_string());
+        report.idle_inject = self.idle.inject.as_ref().map(|inj| IdleInjectReport {
+            config: inj.config().to_string(),
+            all_idle_together_ns: inj.all_idle_together_ns(now),
+        });
+        report.cpu_quota = self.idle.quota.as_ref().map(CpuQuota::report);
+        report.global_timers = self.idle.global.as_ref().map(|g| GlobalTimersReport {
+            config: g.config().to_string(),
+            timer_thread_fires: g.timer_thread_fires.load(Ordering::Relaxed),
+        });
+    }
+}
+
+/// The `--timer-model` name of a model.
+fn model_name(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Pull => "pull",
+        ModelKind::Push => "push",
+        ModelKind::Central => "central",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tsc_map_is_never_early() {
+        // 1 GHz: 1 tick per ns. TSC 5000 read before VM-clock time 3000: tick 2000 at 0.
+        let m = tsc_map(5_000, 3_000, 1_000_000);
+        assert_eq!((m.tsc_khz, m.tsc_at_ns0), (1_000_000, 2_000));
+        // A TSC below the elapsed ticks clamps at zero instead of wrapping.
+        assert_eq!(tsc_map(10, 3_000, 1_000_000).tsc_at_ns0, 0);
+    }
+}

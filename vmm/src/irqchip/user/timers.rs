@@ -1,0 +1,52 @@
+//! What happens when a vCPU's timer fires, on whichever thread expired it (its own, a
+//! migrator vCPU's, or the `central` model's timer thread).
+//!
+//! Pinned timers flag their owner's mailbox (and the model kicks the owner if they fired on
+//! another thread); global ones are queued for re-arming and wake nobody.
+
+use timer::{AfterFire, Fired};
+
+use super::mailbox::Mailbox;
+use super::router::InterruptRouter;
+use crate::idle::global_load::GlobalLoad;
+use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
+
+/// The expiry callback every thread uses; counts what fired into `summary`.
+pub fn on_timer_fired(
+    router: &InterruptRouter,
+    global: Option<&GlobalLoad>,
+    summary: &mut FiredSummary,
+    fired: Fired<VcpuTimer>,
+) -> AfterFire {
+    let notify = |flag: fn(&Mailbox)| {
+        if let Some(mailbox) = router.mailbox(fired.cpu) {
+            flag(mailbox);
+        }
+        if fired.remote {
+            AfterFire::NotifyOwner
+        } else {
+            AfterFire::Done
+        }
+    };
+    match fired.payload {
+        VcpuTimer::Lapic => {
+            summary.own_pinned += 1;
+            notify(Mailbox::flag_timer)
+        }
+        VcpuTimer::IdleInject | VcpuTimer::QuotaCheck => {
+            summary.own_pinned += 1;
+            notify(Mailbox::flag_recheck)
+        }
+        VcpuTimer::Global(slot) => {
+            if fired.remote {
+                summary.remote_global += 1;
+            } else {
+                summary.own_global += 1;
+            }
+            if let Some(g) = global {
+                g.fired(slot);
+            }
+            AfterFire::Done
+        }
+    }
+}

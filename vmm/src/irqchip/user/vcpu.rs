@@ -1,0 +1,524 @@
+//! The per-vCPU half of the user-space irqchip: lull's LAPIC, the vCPU's timers and its idle
+//! manager, driven by the vCPU thread through [`VcpuIrq`].
+//!
+//! Before every entry: drain the mailbox into the LAPIC, run due timers, let the idle core
+//! hold the vCPU (injection window, quota), inject the highest pending interrupt or ask for an
+//! interrupt window. At HLT: the idle core's [`HaltSession`] says poll, block or resume; a
+//! block idles the vCPU in the timer model (so that in `pull` running vCPUs expire its global
+//! timers) until its own deadline, mail, or VM control. The clock is a type parameter and the
+//! vCPU is reached only through [`CpuPort`], so all of this runs in tests without KVM.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
+use kvm_ioctls::VcpuExit;
+use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
+use vm_memory::GuestMemoryMmap;
+
+use super::exit::{handle_user_exit, UserExitContext};
+use super::mailbox::Mailbox;
+use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
+use super::router::InterruptRouter;
+use super::timers::on_timer_fired;
+use crate::idle::core::{
+    block_deadline, classify_wake, HaltSession, HaltStep, Hold, HoldReason, IdleCore, WakeCount,
+};
+use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
+use crate::idle::IdleShared;
+use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, VcpuIrq};
+use crate::metrics::VcpuCounters;
+use crate::ratelimit::LogLimiter;
+use crate::state::VmShared;
+
+/// IA32_APIC_BASE.
+const MSR_IA32_APIC_BASE: u32 = 0x1b;
+
+/// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report).
+pub trait VmTime: Clock + Clone + 'static {
+    /// The CLOCK_MONOTONIC value of VM-clock time `t`.
+    fn to_monotonic(&self, t: Nanos) -> u64;
+}
+
+impl VmTime for crate::irqchip::clock::VmClock {
+    fn to_monotonic(&self, t: Nanos) -> u64 {
+        crate::irqchip::clock::VmClock::to_monotonic(self, t)
+    }
+}
+
+/// What a [`UserVcpuIrq`] is built from.
+pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
+    /// The vCPU's index (= APIC ID).
+    pub id: u32,
+    /// Its LAPIC.
+    pub lapic: Lapic<E>,
+    /// Its timers, in the VM's timer model.
+    pub timers: Box<dyn CpuTimers<VcpuTimer>>,
+    /// The interrupt fabric (holds its mailbox).
+    pub router: Arc<InterruptRouter>,
+    /// The VM clock.
+    pub clock: C,
+    /// The idle manager's VM-wide state.
+    pub idle: Arc<IdleShared>,
+    /// Shared VM state (stop request, counters).
+    pub shared: Arc<VmShared>,
+    /// Unimplemented-MSR log limiter (VM-wide).
+    pub unknown_msr: Arc<LogLimiter>,
+    /// Guest memory (the PV EOI flag lives there).
+    pub mem: Arc<GuestMemoryMmap>,
+    /// Whether the guest may use PV EOI (advertised in CPUID).
+    pub pv_eoi: bool,
+}
+
+/// One vCPU's LAPIC, timers and idle state, owned by its thread.
+pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
+    id: u32,
+    lapic: Lapic<E>,
+    timers: Box<dyn CpuTimers<VcpuTimer>>,
+    lapic_timer: Option<TimerHandle>,
+    global_armed: bool,
+    mailbox: Arc<Mailbox>,
+    router: Arc<InterruptRouter>,
+    clock: C,
+    idle: Arc<IdleShared>,
+    core: IdleCore,
+    shared: Arc<VmShared>,
+    counters: Arc<VcpuCounters>,
+    unknown_msr: Arc<LogLimiter>,
+    entered: Nanos,
+    effects: Option<LapicEffects>,
+    mem: Arc<GuestMemoryMmap>,
+    /// PV EOI state, if the guest may use it.
+    pv_eoi: Option<PvEoi>,
+}
+
+impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
+    /// The per-vCPU irqchip of vCPU `parts.id`; `None` if the router has no mailbox or the
+    /// VM no counters for it.
+    pub fn new(parts: UserVcpuParts<E, C>) -> Option<Self> {
+        let index = usize::try_from(parts.id).ok()?;
+        let mailbox = parts.router.mailbox(index)?.clone();
+        let counters = parts.shared.counters(parts.id)?.clone();
+        let cpus = parts.router.mailboxes().len();
+        Some(Self {
+            id: parts.id,
+            core: IdleCore::new(&parts.idle, cpus),
+            lapic: parts.lapic,
+            timers: parts.timers,
+            lapic_timer: None,
+            global_armed: false,
+            mailbox,
+            router: parts.router,
+            clock: parts.clock,
+            idle: parts.idle,
+            shared: parts.shared,
+            counters,
+            unknown_msr: parts.unknown_msr,
+            entered: 0,
+            effects: None,
+            mem: parts.mem,
+            pv_eoi: parts.pv_eoi.then(PvEoi::default),
+        })
+    }
+
+    /// The LAPIC (tests and reports).
+    pub fn lapic(&self) -> &Lapic<E> {
+        &self.lapic
+    }
+
+    fn counters(&self) -> &VcpuCounters {
+        &self.counters
+    }
+
+    fn stop_requested(&self) -> bool {
+        self.shared.stop.is_requested()
+    }
+
+    /// Drains the mailbox, runs due timers and the LAPIC timer, re-arms queued global timers.
+    fn service(&mut self, cpu: &mut dyn CpuPort, now: Nanos) -> FiredSummary {
+        for ipi in self.mailbox.take_mail() {
+            self.lapic.receive(&ipi);
+        }
+        self.mailbox.take_recheck();
+        self.rearm_global_load(now);
+        let summary = self.run_timers(now);
+        // Re-arm the global timers that just fired at once, and cover them with the host tick.
+        if summary.global() > 0 && self.rearm_global_load(now) {
+            self.run_timers(now);
+        }
+        self.core.timers_fired(now);
+        if self.mailbox.take_timer_due() {
+            self.lapic_timer = None;
+            if let Some(deadline) = self.lapic.timer_deadline() {
+                if deadline <= now {
+                    self.counters().record_lateness(now - deadline);
+                }
+            }
+            if let Some(next) = self.lapic.timer_fired(now) {
+                self.arm_lapic_timer(next);
+            }
+        }
+        if self.lapic.take_nmi() {
+            let _ = cpu.inject_nmi();
+        }
+        summary
+    }
+
+    /// One pass of the timer model: expires what is due (this vCPU's timers, and other
+    /// vCPUs' global ones if it is a migrator), programs the host tick, counts global fires.
+    fn run_timers(&mut self, now: Nanos) -> FiredSummary {
+        let router = self.router.clone();
+        let idle = self.idle.clone();
+        let mut summary = FiredSummary::default();
+        self.timers.run(now, &mut |fired| {
+            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+        });
+        if summary.global() > 0 {
+            self.counters()
+                .global_timer_fires
+                .fetch_add(u64::from(summary.global()), Ordering::Relaxed);
+        }
+        summary
+    }
+
+    /// Arms this vCPU's share of the global-timer load once it runs, and re-arms the load's
+    /// fired timers on this vCPU's base. True if anything was armed.
+    fn rearm_global_load(&mut self, now: Nanos) -> bool {
+        let Some(global) = self.idle.global.as_ref() else {
+            return false;
+        };
+        let mut slots = global.take_pending();
+        if !self.global_armed && self.lapic.init_sipi_state() == InitSipiState::Running {
+            self.global_armed = true;
+            slots.extend(global.initial_slots(self.id));
+        }
+        let armed = !slots.is_empty();
+        for slot in slots {
+            let deadline = global.next_deadline(slot, now);
+            self.timers
+                .arm(TimerKind::Global, deadline, VcpuTimer::Global(slot));
+        }
+        armed
+    }
+
+    fn arm_lapic_timer(&mut self, deadline: Nanos) {
+        if let Some(h) = self.lapic_timer {
+            if self.timers.rearm(h, deadline) {
+                return;
+            }
+        }
+        self.lapic_timer = Some(
+            self.timers
+                .arm(TimerKind::Pinned, deadline, VcpuTimer::Lapic),
+        );
+    }
+
+    /// Applies what a LAPIC access asks for.
+    fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
+        match effects.timer {
+            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
+            LapicTimerChange::Cancel => {
+                if let Some(h) = self.lapic_timer.take() {
+                    self.timers.cancel(h);
+                }
+            }
+            LapicTimerChange::Unchanged => {}
+        }
+        if effects.destination_changed {
+            if let Ok(index) = usize::try_from(self.id) {
+                self.router
+                    .update_destination(index, self.lapic.destination_info());
+            }
+        }
+        if let Some(ipi) = effects.ipi {
+            self.router.send_ipi(&ipi);
+        }
+        if effects.base_change.is_some() {
+            if let Ok(value) = self.lapic.read_msr(MSR_IA32_APIC_BASE, self.clock.now()) {
+                cpu.set_apic_base(value);
+            }
+        }
+        if let Some(eoi) = effects.eoi {
+            if eoi.level_triggered {
+                self.router.end_of_interrupt(eoi.vector);
+            }
+        }
+    }
+
+    /// Injects the highest pending interrupt if the guest can take it, else asks KVM for an
+    /// interrupt window.
+    fn inject(&mut self, cpu: &mut dyn CpuPort) {
+        let Some(vector) = self.lapic.next_interrupt() else {
+            cpu.request_interrupt_window(false);
+            return;
+        };
+        if !cpu.can_inject() {
+            cpu.request_interrupt_window(true);
+            return;
+        }
+        if cpu.inject(vector).is_ok() {
+            self.lapic.interrupt_injected(vector);
+            self.counters().injected.fetch_add(1, Ordering::Relaxed);
+        }
+        let more = self.lapic.next_interrupt().is_some();
+        cpu.request_interrupt_window(more);
+    }
+
+    /// Holds the vCPU out of the guest until `until` (an injection window or a used-up
+    /// quota); interrupts and timers wait for the end.
+    fn hold_until(&mut self, now: Nanos, until: Nanos, reason: HoldReason) {
+        let idle = self.idle.clone();
+        let inject = idle
+            .inject
+            .as_ref()
+            .filter(|_| reason == HoldReason::Inject);
+        if let Some(inj) = inject {
+            inj.enter_forced(now);
+        }
+        self.block_until(Some(until), false);
+        let left = self.clock.now();
+        if let Some(inj) = inject {
+            inj.leave_forced(left);
+        }
+        let counter = match reason {
+            HoldReason::Inject => &self.counters().injected_idle_ns,
+            HoldReason::Quota => &self.counters().throttled_ns,
+        };
+        counter.fetch_add(left.saturating_sub(now), Ordering::Relaxed);
+    }
+
+    /// Spins until a wake-up comes, `deadline` (its own timer) passes, or `until`; true if
+    /// the poll saw a wake-up.
+    fn poll(&mut self, until: Nanos, deadline: Option<Nanos>) -> bool {
+        let start = self.clock.now();
+        self.counters().polls.fetch_add(1, Ordering::Relaxed);
+        let won = loop {
+            if self.mailbox.has_work() || self.stop_requested() {
+                break true;
+            }
+            let t = self.clock.now();
+            if deadline.is_some_and(|d| d <= t) {
+                break true;
+            }
+            if t >= until {
+                break false;
+            }
+            std::hint::spin_loop();
+        };
+        let c = self.counters();
+        c.poll_ns
+            .fetch_add(self.clock.now().saturating_sub(start), Ordering::Relaxed);
+        if won {
+            c.polls_won.fetch_add(1, Ordering::Relaxed);
+        }
+        won
+    }
+
+    /// One block of a halted vCPU; counts what woke it.
+    fn halt_block(&mut self, cpu: &mut dyn CpuPort) -> WakeCount {
+        self.counters().blocks.fetch_add(1, Ordering::Relaxed);
+        let idle = self.idle.clone();
+        if let Some(inj) = &idle.inject {
+            inj.enter_blocked(self.clock.now());
+        }
+        self.block_until(None, true);
+        let now = self.clock.now();
+        if let Some(inj) = &idle.inject {
+            inj.leave_blocked(now);
+        }
+        let cause = self.mailbox.wake_cause();
+        cpu.clear_immediate_exit();
+        let fired = self.service(cpu, now);
+        let count = classify_wake(cause, fired, self.lapic.has_pending_interrupt());
+        let c = self.counters();
+        let counter = match count {
+            WakeCount::OwnTimer => &c.wake_timer,
+            WakeCount::Interrupt => &c.wake_interrupt,
+            WakeCount::Control => &c.wake_control,
+            WakeCount::GlobalTimer => &c.wake_global_timer,
+            WakeCount::Empty => &c.wake_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        count
+    }
+
+    /// Blocks the thread, idle in the timer model, until `until` (VM clock), VM control, and
+    /// (with `wake_on_work`) mail or the timer model's timeout. Without `wake_on_work`,
+    /// interrupts and timers wait in the mailbox and the timer queues until `until`.
+    fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
+        let mailbox = self.mailbox.clone();
+        mailbox.set_blocked();
+        let stop = |s: &Self| s.stop_requested() || mailbox.control_pending();
+        let woken = |s: &Self| stop(s) || (wake_on_work && mailbox.has_work());
+        if !woken(self) {
+            let timeout = self.timers.idle(self.clock.now());
+            loop {
+                let now = self.clock.now();
+                if woken(self) {
+                    break;
+                }
+                let model = timeout.min(self.timers.idle_timeout());
+                let deadline = block_deadline(model, until, wake_on_work);
+                if deadline <= now {
+                    break;
+                }
+                if deadline == NEVER {
+                    std::thread::park();
+                } else {
+                    std::thread::park_timeout(Duration::from_nanos(deadline - now));
+                }
+            }
+            self.timers.wake(self.clock.now());
+        }
+        mailbox.set_running();
+    }
+}
+
+impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
+    fn attach(&mut self, cpu: &mut dyn CpuPort) {
+        self.mailbox.bind_current_thread();
+        cpu.register_kick();
+    }
+
+    fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry {
+        loop {
+            if self.stop_requested() {
+                return Entry::Stop;
+            }
+            let now = self.clock.now();
+            self.service(cpu, now);
+            if self.lapic.init_sipi_state() != InitSipiState::Running {
+                return Entry::WaitForSipi;
+            }
+            let idle = self.idle.clone();
+            let clock = self.clock.clone();
+            let hold = self
+                .core
+                .hold(now, &idle, self.timers.as_mut(), |t| clock.to_monotonic(t));
+            match hold {
+                Hold::Run { armed } => {
+                    if armed {
+                        // Armed after this iteration's timer pass: program the host tick
+                        // for it now, or KVM_RUN would not be interrupted in time.
+                        self.run_timers(now);
+                    }
+                    break;
+                }
+                Hold::Until { until, reason } => self.hold_until(now, until, reason),
+            }
+        }
+        self.inject(cpu);
+        if let Some(pv) = &mut self.pv_eoi {
+            pv.before_entry(&self.lapic, &self.mem);
+        }
+        self.entered = self.clock.now();
+        Entry::Enter
+    }
+
+    fn after_run(&mut self) {
+        if let Some(quota) = &self.idle.quota {
+            let now = self.clock.now();
+            quota.charge(now, now.saturating_sub(self.entered));
+        }
+        if let Some(pv) = &mut self.pv_eoi {
+            if pv.after_exit(&mut self.lapic, &self.mem).is_some() {
+                self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
+        let exit = match (exit, &mut self.pv_eoi) {
+            (VcpuExit::X86Wrmsr(msr), Some(pv)) if msr.index == MSR_KVM_PV_EOI_EN => {
+                self.counters.msr.fetch_add(1, Ordering::Relaxed);
+                if pv.write_msr(msr.data, &self.mem).is_err() {
+                    *msr.error = 1;
+                }
+                return Ok(ChipExit::Continue);
+            }
+            (VcpuExit::X86Rdmsr(msr), Some(pv)) if msr.index == MSR_KVM_PV_EOI_EN => {
+                self.counters.msr.fetch_add(1, Ordering::Relaxed);
+                *msr.data = pv.msr();
+                return Ok(ChipExit::Continue);
+            }
+            (exit, _) => exit,
+        };
+        let mut ctx = UserExitContext {
+            vcpu: self.id,
+            counters: &self.counters,
+            lapic: &mut self.lapic,
+            router: &self.router,
+            now: self.clock.now(),
+            unknown_msr: &self.unknown_msr,
+        };
+        self.effects = handle_user_exit(exit, &mut ctx)?;
+        Ok(ChipExit::Continue)
+    }
+
+    fn exit_done(&mut self, cpu: &mut dyn CpuPort) {
+        cpu.clear_immediate_exit();
+        if let Some(effects) = self.effects.take() {
+            self.apply(effects, cpu);
+        }
+    }
+
+    fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
+        let interrupts_enabled = cpu.interrupts_enabled();
+        self.core.halt_begins(self.timers.as_mut());
+        let mut session: HaltSession = self.core.halt_session(self.clock.now());
+        loop {
+            // A kick that arrived while blocked is answered by the service() below: clear it
+            // so that the next KVM_RUN does not return at once.
+            cpu.clear_immediate_exit();
+            let now = self.clock.now();
+            if self.service(cpu, now).own_pinned > 0 {
+                session.woke(crate::idle::halt_poll::WakeKind::OwnTimer);
+            }
+            if self.stop_requested() {
+                return HaltEnd::Stop;
+            }
+            let runnable = (interrupts_enabled && self.lapic.has_pending_interrupt())
+                || self.lapic.init_sipi_state() != InitSipiState::Running;
+            let next_pinned = self.lapic.timer_deadline();
+            match self
+                .core
+                .halt_step(&mut session, now, runnable, next_pinned)
+            {
+                HaltStep::Resume => return HaltEnd::Resume,
+                HaltStep::Poll { until, deadline } => {
+                    let won = self.poll(until, deadline);
+                    session.polled(won);
+                }
+                HaltStep::Block => {
+                    let count = self.halt_block(cpu);
+                    session.woke(count.kind());
+                }
+            }
+        }
+    }
+
+    fn wait_for_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
+        loop {
+            if self.stop_requested() {
+                return None;
+            }
+            if let Some(vector) = self.lapic.take_sipi() {
+                return Some(vector);
+            }
+            // Idle in the timer model while waiting, so that in `pull` a vCPU that has not
+            // started never holds migrator duty; its timers still run when due.
+            self.block_until(None, true);
+            let now = self.clock.now();
+            self.service(cpu, now);
+        }
+    }
+
+    fn detach(&mut self, cpu: &mut dyn CpuPort) {
+        cpu.unregister_kick();
+    }
+}
+
+#[cfg(test)]
+#[path = "vcpu_tests.rs"]
+mod tests;

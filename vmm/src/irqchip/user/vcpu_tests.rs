@@ -1,0 +1,227 @@
+//! The per-vCPU user irqchip on a fake vCPU and a fake clock: what reaches the guest, and
+//! when, without `/dev/kvm`.
+
+use std::sync::Arc;
+
+use devices::ioapic::IoApic;
+use devices::lapic::{Ipi, LapicConfig, NoopLapicEvents};
+use devices::pio::PioBus;
+use proptest::prelude::*;
+use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
+
+use super::*;
+use crate::idle::halt_poll::HaltPollMode;
+
+impl VmTime for FakeClock {
+    fn to_monotonic(&self, t: Nanos) -> u64 {
+        t
+    }
+}
+
+/// A vCPU that records what the irqchip does to it.
+#[derive(Debug, Default)]
+struct FakePort {
+    /// The guest can take an interrupt (IF set, no shadow).
+    open: bool,
+    injected: Vec<u8>,
+    window_requested: bool,
+    nmis: u32,
+    apic_base: Option<u64>,
+}
+
+impl CpuPort for FakePort {
+    fn can_inject(&mut self) -> bool {
+        self.open
+    }
+    fn interrupts_enabled(&mut self) -> bool {
+        self.open
+    }
+    fn inject(&mut self, vector: u8) -> std::io::Result<()> {
+        self.injected.push(vector);
+        Ok(())
+    }
+    fn request_interrupt_window(&mut self, on: bool) {
+        self.window_requested = on;
+    }
+    fn clear_immediate_exit(&mut self) {}
+    fn inject_nmi(&mut self) -> std::io::Result<()> {
+        self.nmis += 1;
+        Ok(())
+    }
+    fn set_apic_base(&mut self, value: u64) {
+        self.apic_base = Some(value);
+    }
+    fn register_kick(&mut self) {}
+    fn unregister_kick(&mut self) {}
+}
+
+struct Rig {
+    irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,
+    router: Arc<InterruptRouter>,
+    clock: FakeClock,
+    shared: Arc<VmShared>,
+    port: FakePort,
+}
+
+const LAPIC: u64 = 0xfee0_0000;
+
+impl Rig {
+    /// vCPU 0 of a one-vCPU VM, its LAPIC software-enabled.
+    fn new(kind: ModelKind) -> Self {
+        let clock = FakeClock::new(0);
+        let lapic = Lapic::new(LapicConfig::default()).unwrap();
+        let router = Arc::new(InterruptRouter::new(
+            vec![lapic.destination_info()],
+            vec![Arc::default()],
+            IoApic::new(1),
+        ));
+        let waker = Arc::new(|_cpu: usize| {});
+        let mut host = |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>;
+        let model = build::<VcpuTimer>(kind, &[0], &mut host, waker).unwrap();
+        let idle = Arc::new(IdleShared {
+            halt_poll: HaltPollMode::Off,
+            inject: None,
+            quota: None,
+            global: None,
+        });
+        let shared =
+            Arc::new(VmShared::new(PioBus::new(), 1, std::time::Instant::now(), vec![]).unwrap());
+        let irq = UserVcpuIrq::new(UserVcpuParts {
+            id: 0,
+            lapic,
+            timers: model.cpus.into_iter().next().unwrap(),
+            router: router.clone(),
+            clock: clock.clone(),
+            idle,
+            shared: shared.clone(),
+            unknown_msr: Arc::new(LogLimiter::new()),
+            mem: Arc::new(
+                vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 0x10000)])
+                    .unwrap(),
+            ),
+            pv_eoi: true,
+        })
+        .unwrap();
+        let mut rig = Rig {
+            irq,
+            router,
+            clock,
+            shared,
+            port: FakePort::default(),
+        };
+        rig.mmio_write(0xf0, 0x1ff); // SVR: software enable, spurious vector 0xff
+        rig
+    }
+
+    fn mmio_write(&mut self, offset: u64, value: u32) {
+        let bytes = value.to_le_bytes();
+        let handled = self
+            .irq
+            .handle_exit(VcpuExit::MmioWrite(LAPIC + offset, &bytes));
+        assert!(matches!(handled, Ok(ChipExit::Continue)));
+        self.irq.exit_done(&mut self.port);
+    }
+
+    fn wrmsr(&mut self, index: u32, data: u64) {
+        let mut error = 0u8;
+        let exit = VcpuExit::X86Wrmsr(kvm_ioctls::WriteMsrExit {
+            error: &mut error,
+            reason: kvm_ioctls::MsrExitReason::Filter,
+            index,
+            data,
+        });
+        assert!(matches!(self.irq.handle_exit(exit), Ok(ChipExit::Continue)));
+        self.irq.exit_done(&mut self.port);
+        assert_eq!(error, 0, "MSR {index:#x} write faulted");
+    }
+
+    /// The guest handles the interrupt it was given and EOIs it.
+    fn eoi(&mut self) {
+        self.mmio_write(0xb0, 0);
+    }
+}
+
+proptest! {
+    /// Every interrupt posted to the vCPU reaches the guest exactly once, in priority order
+    /// at each entry, whatever the guest's interrupt window looks like at each entry.
+    #[test]
+    fn a_posted_interrupt_is_never_lost_or_doubled(
+        vectors in prop::collection::btree_set(0x20u8..=0xfe, 1..12),
+        windows in prop::collection::vec(any::<bool>(), 1..40),
+    ) {
+        let mut rig = Rig::new(ModelKind::Pull);
+        for &v in &vectors {
+            rig.router.send_ipi(&Ipi::fixed(v, 0));
+        }
+        let mut got = Vec::new();
+        // Entries with the window as given, then open ones until everything is delivered.
+        let opens = windows.into_iter().chain(std::iter::repeat(true)).take(400);
+        for open in opens {
+            rig.port.open = open;
+            prop_assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+            if let Some(v) = rig.port.injected.pop() {
+                prop_assert!(rig.port.injected.is_empty(), "two injections in one entry");
+                got.push(v);
+                rig.eoi();
+            } else if rig.irq.lapic().has_pending_interrupt() {
+                prop_assert!(!open);
+                prop_assert!(rig.port.window_requested, "pending with no window requested");
+            }
+            if got.len() == vectors.len() {
+                break;
+            }
+        }
+        let mut want: Vec<u8> = vectors.into_iter().collect();
+        want.sort_unstable_by(|a, b| b.cmp(a));
+        prop_assert_eq!(got, want);
+    }
+}
+
+#[test]
+fn a_tsc_deadline_interrupt_comes_at_its_deadline_never_before() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    rig.mmio_write(0x320, 0x4_0040); // LVT timer: TSC-deadline mode, vector 0x40
+                                     // The default TSC map is 1 tick per ns from 0.
+    let khz = LapicConfig::default().tsc.tsc_khz;
+    let deadline_ns = 2_000_000;
+    rig.wrmsr(0x6e0, deadline_ns * khz / 1_000_000);
+    rig.clock.set(deadline_ns - 1);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty(), "the interrupt came early");
+    rig.clock.set(deadline_ns + 500);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40]);
+    // Its lateness is recorded: 500 ns falls in the first bucket.
+    let c = rig.shared.counters(0).unwrap();
+    assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1);
+    assert_eq!(c.lateness_us_log2[0].load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_halt_with_a_takeable_interrupt_resumes_and_a_stop_ends_it() {
+    let mut rig = Rig::new(ModelKind::Push);
+    rig.port.open = true;
+    rig.router.send_ipi(&Ipi::fixed(0x50, 0));
+    assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x50]);
+    rig.shared.stop.request(crate::state::StopReason::Reset);
+    assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Stop);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Stop);
+}
+
+#[test]
+fn an_nmi_is_injected_and_an_apic_base_write_reaches_kvm() {
+    let mut rig = Rig::new(ModelKind::Central);
+    let nmi = Ipi {
+        delivery_mode: devices::lapic::DeliveryMode::Nmi,
+        ..Ipi::fixed(0, 0)
+    };
+    rig.router.send_ipi(&nmi);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.nmis, 1);
+    // Switch to x2APIC mode: KVM hears of the new IA32_APIC_BASE.
+    rig.wrmsr(0x1b, 0xfee0_0000 | 0x900 | 0x400);
+    assert_eq!(rig.port.apic_base, Some(0xfee0_0d00));
+}

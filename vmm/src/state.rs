@@ -1,0 +1,205 @@
+//! What every thread of a running VM shares, below the irqchip and the vCPUs: the stop
+//! request and its reason, the port-I/O bus, the counters, and when the guest booted.
+//!
+//! The first stop request wins: a vCPU thread (guest reset, crash, lull error), the VMM thread
+//! (Ctrl-A x, a signal) or the irqchip's timer thread records why, and the VMM thread, which
+//! waits on the stop eventfd, tears the VM down. Nobody polls a flag in a loop for it: vCPU
+//! threads read it once per iteration, and blocked ones are woken by the irqchip.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use devices::pio::PioBus;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::host_stats::{self, ThreadStat};
+use crate::metrics::{GuestNoise, VcpuCounters};
+
+/// Why a VM stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The guest reset the machine (i8042, port 0x92, KVM system event).
+    Reset,
+    /// The guest powered the machine off.
+    PowerOff,
+    /// The guest wrote to the test-exit port; this is the exit status.
+    TestExit(u8),
+    /// Triple fault (KVM shutdown exit).
+    TripleFault,
+    /// KVM could not emulate something or enter the guest.
+    GuestCrash(String),
+    /// A host call failed in lull while the VM ran (described, with the vCPU and the call).
+    VmmError(String),
+    /// The user asked to stop on the console (Ctrl-A x).
+    User,
+    /// lull received SIGINT or SIGTERM.
+    Signal(i32),
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Reset => f.write_str("guest reset"),
+            Self::PowerOff => f.write_str("guest power-off"),
+            Self::TestExit(s) => write!(f, "guest test exit (status {s})"),
+            Self::TripleFault => f.write_str("guest triple fault"),
+            Self::GuestCrash(why) => write!(f, "guest crashed: {why}"),
+            Self::VmmError(why) => write!(f, "lull error: {why}"),
+            Self::User => f.write_str("stopped by the user (Ctrl-A x)"),
+            Self::Signal(libc::SIGTERM) => f.write_str("stopped by SIGTERM"),
+            Self::Signal(libc::SIGINT) => f.write_str("stopped by SIGINT"),
+            Self::Signal(n) => write!(f, "stopped by signal {n}"),
+        }
+    }
+}
+
+/// The first stop request wins; the VMM thread waits on its eventfd.
+pub struct StopSignal {
+    reason: Mutex<Option<StopReason>>,
+    event: EventFd,
+}
+
+impl StopSignal {
+    /// A signal with no request yet.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            reason: Mutex::new(None),
+            event: EventFd::new(EFD_NONBLOCK)?,
+        })
+    }
+
+    /// Asks the VM to stop; later requests are ignored.
+    pub fn request(&self, reason: StopReason) {
+        let mut guard = lock(&self.reason);
+        if guard.is_none() {
+            *guard = Some(reason);
+            // A failed wake-up write leaves the reason set; the event loop also checks it.
+            let _ = self.event.write(1);
+        }
+    }
+
+    /// The eventfd written on the first request.
+    pub fn event(&self) -> &EventFd {
+        &self.event
+    }
+
+    /// True once a stop was requested.
+    pub fn is_requested(&self) -> bool {
+        lock(&self.reason).is_some()
+    }
+
+    /// The stop reason, if any.
+    pub fn reason(&self) -> Option<StopReason> {
+        lock(&self.reason).clone()
+    }
+}
+
+/// What every vCPU thread and the VMM thread share.
+pub struct VmShared {
+    /// Port I/O devices.
+    pub pio: PioBus,
+    /// Ignored guest accesses.
+    pub noise: GuestNoise,
+    /// One set of exit counters per vCPU.
+    pub vcpu_counters: Vec<Arc<VcpuCounters>>,
+    /// Stop requests.
+    pub stop: StopSignal,
+    /// When lull started.
+    pub started: Instant,
+    /// When the guest wrote its boot-complete marker (time since `started`).
+    pub booted: OnceLock<Duration>,
+    /// KVM's binary statistics of each vCPU.
+    pub kvm_stats: Vec<std::fs::File>,
+    /// Statistics of threads that have ended (recorded by each thread on its way out).
+    pub ended_threads: Mutex<Vec<ThreadStat>>,
+}
+
+impl VmShared {
+    /// Shared state for `cpus` vCPUs around `pio`.
+    pub fn new(
+        pio: PioBus,
+        cpus: u32,
+        started: Instant,
+        kvm_stats: Vec<std::fs::File>,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            pio,
+            noise: GuestNoise::default(),
+            vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
+            stop: StopSignal::new()?,
+            started,
+            booted: OnceLock::new(),
+            kvm_stats,
+            ended_threads: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The counters of vCPU `id` (a vCPU's own id is always in range).
+    pub fn counters(&self, id: u32) -> Option<&Arc<VcpuCounters>> {
+        self.vcpu_counters.get(usize::try_from(id).ok()?)
+    }
+
+    /// Records the calling thread's statistics and asks the VM to stop.
+    pub fn stop_from_thread(&self, reason: StopReason) {
+        self.thread_ended();
+        self.stop.request(reason);
+    }
+
+    /// Records the calling thread's statistics on its way out.
+    pub fn thread_ended(&self) {
+        lock(&self.ended_threads).push(host_stats::current_thread_stat());
+    }
+
+    /// KVM's counters summed over all vCPUs, if KVM offers binary statistics.
+    pub fn kvm_counters(&self) -> Option<BTreeMap<String, u64>> {
+        if self.kvm_stats.is_empty() {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        for fd in &self.kvm_stats {
+            host_stats::read_kvm_stats(fd, &mut out).ok()?;
+        }
+        Some(out)
+    }
+
+    /// Records the guest's boot-complete marker.
+    pub fn mark_booted(&self) {
+        let since = self.started.elapsed();
+        if self.booted.set(since).is_ok() {
+            tracing::info!(
+                "guest boot complete {} ms after lull started",
+                since.as_millis()
+            );
+        }
+    }
+}
+
+/// Locks `m`, taking over a poisoned lock (a panicked thread already stopped the VM).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_stop_request_wins() {
+        let s = StopSignal::new().unwrap();
+        assert!(!s.is_requested());
+        s.request(StopReason::TestExit(3));
+        s.request(StopReason::Reset);
+        assert_eq!(s.reason(), Some(StopReason::TestExit(3)));
+        assert_eq!(s.event().read().unwrap(), 1);
+    }
+
+    #[test]
+    fn signals_are_named() {
+        assert_eq!(
+            StopReason::Signal(libc::SIGTERM).to_string(),
+            "stopped by SIGTERM"
+        );
+        assert!(StopReason::User.to_string().contains("Ctrl-A"));
+    }
+}

@@ -1,0 +1,23 @@
+//! Every `unsafe` of lull, behind small safe functions. Nothing above this module calls libc
+//! or a raw ioctl directly, so an audit of lull's unsafety reads these files and nothing else.
+//!
+//! - [`clock`]: reading CLOCK_MONOTONIC.
+//! - [`kick`]: the real-time signal that kicks a vCPU thread out of KVM_RUN
+//!   (`kvm_run.immediate_exit` set from the handler), thread ids, `tgkill`.
+//! - [`posix_timer`]: a per-thread POSIX timer that signals its own thread (a vCPU's host tick).
+//! - [`timerfd`]: an absolute CLOCK_MONOTONIC timerfd (the `central` model's timer thread).
+//! - [`kvm`]: the KVM calls kvm-ioctls does not wrap (KVM_INTERRUPT, KVM_GET_STATS_FD), the
+//!   memory-slot registration and the exit union's internal-error member.
+//! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
+//! - [`terminal`]: raw mode for a terminal on stdin.
+
+pub mod clock;
+pub mod kick;
+pub mod kvm;
+pub mod posix_timer;
+pub mod stop_signals;
+pub mod terminal;
+pub mod timerfd;
+
+#[cfg(test)]
+mod seccomp_tests;

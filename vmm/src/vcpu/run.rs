@@ -1,0 +1,186 @@
+//! The vCPU state machine, one for both irqchip modes (after Firecracker's explicit vCPU
+//! states). Each state does one thing and names the next state:
+//!
+//! ```text
+//!            before_entry: Enter                 exit: HLT
+//!  Runnable ───────────────► KVM_RUN ─► exit ───────────────► Halted
+//!     ▲  │                             │ │                      │ halted: Resume
+//!     │  │ before_entry: WaitForSipi   │ └─ other exits ─► Runnable
+//!     │  ▼                             │    (or Stopped with a reason)
+//!  WaitingForSipi ─ SIPI ─► Runnable   ▼
+//!     (INIT state)                  Stopped ◄── stop requested anywhere
+//! ```
+//!
+//! The irqchip ([`VcpuIrq`]) decides everything about interrupts, timers and idling; this loop
+//! only enters the guest, hands exits out (the chip first, then [`handle_exit`]) and turns
+//! KVM's answers into states. The transitions are [`next_state`], a pure function.
+
+use std::sync::atomic::Ordering;
+
+use kvm_ioctls::VcpuExit;
+
+use super::exit::{handle_exit, ExitContext, VcpuAction};
+use super::kvm_port::KvmPort;
+use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
+use crate::state::{StopReason, VmShared};
+use crate::sys;
+
+/// Where a vCPU is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuState {
+    /// About to enter the guest.
+    Runnable,
+    /// Executed HLT; the irqchip polls or blocks.
+    Halted,
+    /// In INIT: waits for a start-up IPI.
+    WaitingForSipi,
+    /// Done; with the reason if this vCPU is the one that stops the VM.
+    Stopped(Option<StopReason>),
+}
+
+/// What happened in the current state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEvent {
+    /// The irqchip's verdict before an entry.
+    BeforeEntry(Entry),
+    /// The guest ran and exited; what the exit asks for.
+    Exited(VcpuAction),
+    /// A halt ended.
+    HaltEnded(HaltEnd),
+    /// The wait for SIPI ended: started (true) or the VM stops (false).
+    SipiWaitEnded(bool),
+    /// The VM is stopping (seen before doing anything).
+    StopRequested,
+}
+
+/// The transition function of the vCPU state machine.
+pub fn next_state(event: VcpuEvent) -> VcpuState {
+    match event {
+        VcpuEvent::BeforeEntry(Entry::Enter) => VcpuState::Runnable,
+        VcpuEvent::BeforeEntry(Entry::WaitForSipi) => VcpuState::WaitingForSipi,
+        VcpuEvent::BeforeEntry(Entry::Stop) | VcpuEvent::StopRequested => VcpuState::Stopped(None),
+        VcpuEvent::Exited(VcpuAction::Continue | VcpuAction::BootComplete) => VcpuState::Runnable,
+        VcpuEvent::Exited(VcpuAction::Halted) => VcpuState::Halted,
+        VcpuEvent::Exited(VcpuAction::Stop(reason)) => VcpuState::Stopped(Some(reason)),
+        VcpuEvent::HaltEnded(HaltEnd::Resume) | VcpuEvent::SipiWaitEnded(true) => {
+            VcpuState::Runnable
+        }
+        VcpuEvent::HaltEnded(HaltEnd::Stop) | VcpuEvent::SipiWaitEnded(false) => {
+            VcpuState::Stopped(None)
+        }
+    }
+}
+
+/// Runs the vCPU until the VM stops. The body of the vCPU's thread.
+pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VmShared) {
+    irq.attach(&mut port);
+    let mut state = VcpuState::Runnable;
+    let reason = loop {
+        let event = match state {
+            VcpuState::Stopped(reason) => break reason,
+            _ if shared.stop.is_requested() => VcpuEvent::StopRequested,
+            VcpuState::Runnable => match irq.before_entry(&mut port) {
+                Entry::Enter => VcpuEvent::Exited(enter_guest(&mut port, irq.as_mut(), shared)),
+                other => VcpuEvent::BeforeEntry(other),
+            },
+            VcpuState::Halted => VcpuEvent::HaltEnded(irq.halted(&mut port)),
+            VcpuState::WaitingForSipi => match wait_for_sipi(&mut port, irq.as_mut()) {
+                Ok(started) => VcpuEvent::SipiWaitEnded(started),
+                Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
+            },
+        };
+        if let VcpuEvent::Exited(VcpuAction::BootComplete) = event {
+            shared.mark_booted();
+        }
+        state = next_state(event);
+    };
+    irq.detach(&mut port);
+    match reason {
+        Some(reason) => shared.stop_from_thread(reason),
+        None => shared.thread_ended(),
+    }
+}
+
+/// INIT, then the wait for SIPI; true once started at the SIPI's vector.
+fn wait_for_sipi(port: &mut KvmPort, irq: &mut dyn VcpuIrq) -> Result<bool, StopReason> {
+    let id = port.id;
+    let failed = |call: &str, e: kvm_ioctls::Error| {
+        StopReason::VmmError(format!("{call} on vCPU {id}: {e}"))
+    };
+    port.reset_to_init()
+        .map_err(|e| failed("KVM_SET_REGS/SREGS (INIT)", e))?;
+    let Some(vector) = irq.wait_for_sipi(port) else {
+        return Ok(false);
+    };
+    port.start_at_sipi(vector)
+        .map_err(|e| failed("KVM_SET_REGS/SREGS (SIPI)", e))?;
+    Ok(true)
+}
+
+/// One KVM_RUN and the handling of its exit.
+fn enter_guest(port: &mut KvmPort, irq: &mut dyn VcpuIrq, shared: &VmShared) -> VcpuAction {
+    let id = port.id;
+    let Some(counters) = shared.counters(id) else {
+        return VcpuAction::Stop(StopReason::VmmError(format!("no counters for vCPU {id}")));
+    };
+    let result = port.fd.run();
+    irq.after_run();
+    let action = match result {
+        Ok(VcpuExit::InternalError) => VcpuAction::Stop(StopReason::GuestCrash(format!(
+            "KVM internal error on vCPU {id}, suberror {} (1 = instruction emulation failed)",
+            sys::kvm::internal_error_suberror(&mut port.fd)
+        ))),
+        Ok(exit) => match irq.handle_exit(exit) {
+            Ok(ChipExit::Continue) => VcpuAction::Continue,
+            Ok(ChipExit::Stop(reason)) => VcpuAction::Stop(reason),
+            Err(exit) => {
+                let ctx = ExitContext {
+                    vcpu: id,
+                    pio: &shared.pio,
+                    counters,
+                    noise: &shared.noise,
+                };
+                handle_exit(exit, &ctx)
+            }
+        },
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+            counters.interrupted.fetch_add(1, Ordering::Relaxed);
+            VcpuAction::Continue
+        }
+        Err(e) => VcpuAction::Stop(StopReason::VmmError(format!("KVM_RUN on vCPU {id}: {e}"))),
+    };
+    irq.exit_done(port);
+    action
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_and_halts_lead_where_the_diagram_says() {
+        use VcpuEvent as E;
+        use VcpuState as S;
+        assert_eq!(next_state(E::BeforeEntry(Entry::Enter)), S::Runnable);
+        assert_eq!(
+            next_state(E::BeforeEntry(Entry::WaitForSipi)),
+            S::WaitingForSipi
+        );
+        assert_eq!(next_state(E::Exited(VcpuAction::Halted)), S::Halted);
+        assert_eq!(next_state(E::Exited(VcpuAction::BootComplete)), S::Runnable);
+        assert_eq!(next_state(E::HaltEnded(HaltEnd::Resume)), S::Runnable);
+        assert_eq!(next_state(E::SipiWaitEnded(true)), S::Runnable);
+        assert_eq!(
+            next_state(E::Exited(VcpuAction::Stop(StopReason::Reset))),
+            S::Stopped(Some(StopReason::Reset))
+        );
+        for stop in [
+            E::StopRequested,
+            E::BeforeEntry(Entry::Stop),
+            E::HaltEnded(HaltEnd::Stop),
+            E::SipiWaitEnded(false),
+        ] {
+            assert_eq!(next_state(stop), S::Stopped(None));
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The VM's port-I/O devices and its serial console: the bus every vCPU thread dispatches
+//! port exits to, built once before the vCPUs start.
+
+use std::sync::{Arc, Mutex};
+
+use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
+use devices::i8042::{self, I8042};
+use devices::pio::{IgnoredPorts, PioBus, PioBusError};
+use devices::serial::{SerialPort, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
+use devices::test_exit::{
+    BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::test_devices;
+use super::VmError;
+use crate::config::{SerialMode, VmConfig};
+use crate::console::ConsoleSink;
+use crate::irqchip::{EdgeIrq, IrqChip};
+use crate::state::lock;
+
+/// The serial console device.
+pub type Console = SerialPort<EdgeIrq, ConsoleSink>;
+
+/// The console and the eventfd its input-drained hook writes.
+pub struct ConsoleParts {
+    /// The device.
+    pub console: Arc<Mutex<Console>>,
+    /// Written when the guest has drained the console's input FIFO.
+    pub drained: Arc<EventFd>,
+}
+
+/// Opens the console's sink (before anything else, so a bad `--serial file=` fails at once).
+pub fn console_sink(mode: &SerialMode) -> Result<ConsoleSink, VmError> {
+    match mode {
+        SerialMode::Stdio => Ok(ConsoleSink::Stdout(std::io::stdout())),
+        SerialMode::Off => Ok(ConsoleSink::Null),
+        SerialMode::File(path) => ConsoleSink::file(path).map_err(|source| VmError::SerialFile {
+            path: path.clone(),
+            source,
+        }),
+    }
+}
+
+/// The serial console on COM1, its interrupt on `chip`.
+pub fn console(chip: &dyn IrqChip, sink: ConsoleSink) -> Result<ConsoleParts, VmError> {
+    let irq = chip.edge_irq(COM1_IRQ)?;
+    let console = Arc::new(Mutex::new(SerialPort::new(irq, sink)));
+    let drained = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Host {
+        what: "the console's eventfd",
+        source,
+    })?);
+    let hook = drained.clone();
+    lock(&console).set_input_drained_hook(Box::new(move || {
+        let _ = hook.write(1);
+    }));
+    Ok(ConsoleParts { console, drained })
+}
+
+/// Every port-I/O device of the VM.
+pub fn pio_bus(
+    cfg: &VmConfig,
+    console: Arc<Mutex<Console>>,
+    chip: &dyn IrqChip,
+) -> Result<PioBus, PioBusError> {
+    let mut bus = PioBus::new();
+    bus.insert(COM1_PORT, COM_PORT_COUNT, console)?;
+    bus.insert(0x60, i8042::PORT_COUNT, Arc::new(Mutex::new(I8042)))?;
+    bus.insert(
+        TEST_EXIT_PORT,
+        TEST_EXIT_PORT_COUNT,
+        Arc::new(Mutex::new(TestExit)),
+    )?;
+    bus.insert(BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker)))?;
+    bus.insert(
+        CMOS_PORT,
+        CMOS_PORT_COUNT,
+        Arc::new(Mutex::new(Cmos::with_host_clock())),
+    )?;
+    let ignored = Arc::new(Mutex::new(IgnoredPorts));
+    bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none
+    bus.insert(0x80, 1, ignored.clone())?; // POST code / I/O delay
+                                           // No 8259 PIC: its mask registers read 0, so Linux's probe finds no PIC and uses the
+                                           // IOAPIC alone (with --irqchip kernel, KVM's PIC answers these ports before lull).
+    bus.insert(0x20, 2, ignored.clone())?;
+    bus.insert(0xa0, 2, ignored.clone())?;
+    bus.insert(0x4d0, 2, ignored)?; // ELCR
+    test_devices::add_to_bus(&mut bus, cfg.cpus, cfg.memory.0, chip.irq_lines())?;
+    Ok(bus)
+}

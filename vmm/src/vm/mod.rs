@@ -1,0 +1,194 @@
+//! Building a VM from a [`VmConfig`] and running it to its end, in named steps:
+//!
+//! ```text
+//!  guest::resolve ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
+//!    ─► devices: console, port bus ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► report::build
+//! ```
+//!
+//! Everything a step needs comes from the steps before it; nothing here decides anything about
+//! interrupts or idling (that is the irqchip's and the idle core's).
+
+pub mod devices;
+pub mod event_loop;
+pub mod guest;
+pub mod kvm;
+pub mod report;
+pub mod test_devices;
+pub mod vcpus;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ::devices::pio::PioBusError;
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::GuestMemoryMmap;
+
+use crate::boot::{self, BootError, BootSpec};
+use crate::config::{IrqchipMode, VmConfig};
+use crate::irqchip::{IrqChip, IrqChipError};
+use crate::metrics::RunReport;
+use crate::state::{lock, StopReason, VmShared};
+use crate::vcpu::{self, VcpuError};
+use guest::{GuestError, GuestImage};
+use kvm::KvmError;
+
+/// Why a VM could not be built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// The guest (kit, kernel, initramfs) cannot be used.
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    /// The guest could not be loaded into memory.
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    /// KVM refused.
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    /// A vCPU could not be set up or started.
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    /// The interrupt controller could not be built.
+    #[error(transparent)]
+    IrqChip(#[from] IrqChipError),
+    /// An output file cannot be written.
+    #[error("Cannot open serial output file {path}: {source}")]
+    SerialFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The metrics file cannot be written.
+    #[error("Cannot write the metrics file {path}: {source}")]
+    MetricsFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A device could not be placed on the port bus (a lull bug).
+    #[error("Device layout: {0}")]
+    Bus(#[from] PioBusError),
+    /// A host resource (eventfd, signal handler, event loop) could not be created.
+    #[error("Cannot create {what}: {source}")]
+    Host {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The event loop failed to start.
+    #[error("Cannot start the event loop: {0:?}")]
+    EventLoop(event_manager::Error),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// Why.
+    pub reason: StopReason,
+    /// The report written to `--metrics`.
+    pub report: RunReport,
+}
+
+/// KVM, the VM and its memory, with the guest loaded.
+struct LoadedVm {
+    kvm: Kvm,
+    vm: Arc<VmFd>,
+    mem: Arc<GuestMemoryMmap>,
+    entry: boot::cpu_state::EntryMode,
+}
+
+/// Opens KVM, creates the VM and its memory, loads the guest.
+fn load(cfg: &VmConfig, image: &GuestImage) -> Result<LoadedVm, VmError> {
+    let user = cfg.irqchip == IrqchipMode::User;
+    let kvm = kvm::open_kvm(cfg.cpus)?;
+    let mem: Arc<GuestMemoryMmap> = Arc::new(kvm::create_guest_memory(cfg.memory.0)?);
+    let vm = Arc::new(kvm::create_vm(&kvm, &mem, !user)?);
+    if user {
+        kvm::enable_user_msr_exits(&kvm, &vm, cfg.pv_eoi.is_on())?;
+    }
+    let spec = BootSpec {
+        kernel: &image.kernel,
+        initramfs: image.initramfs.as_deref(),
+        cmdline: &image.cmdline,
+        cpus: cfg.cpus,
+        memory: cfg.memory.0,
+    };
+    let entry = boot::load(&mem, &spec)?;
+    tracing::debug!(?image, ?entry, "guest loaded");
+    Ok(LoadedVm {
+        kvm,
+        vm,
+        mem,
+        entry,
+    })
+}
+
+/// Fails early if `--metrics PATH` cannot be written, rather than after a long run.
+fn check_metrics_path(cfg: &VmConfig) -> Result<(), VmError> {
+    let Some(path) = cfg.metrics.as_ref().filter(|p| p.as_os_str() != "-") else {
+        return Ok(());
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(drop)
+        .map_err(|source| VmError::MetricsFile {
+            path: path.clone(),
+            source,
+        })
+}
+
+/// Builds the VM described by `cfg` and runs it to the end.
+pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
+    check_metrics_path(cfg)?;
+    let sink = devices::console_sink(&cfg.serial)?;
+    let image = guest::resolve(cfg)?;
+    let loaded = load(cfg, &image)?;
+    let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
+    let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
+    let console = devices::console(chip.as_ref(), sink)?;
+    let serial_counters = lock(&console.console).counters();
+    let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
+    let kvm_stats = vcpus
+        .ports
+        .iter()
+        .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
+        .collect();
+    let shared =
+        VmShared::new(pio, cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
+            what: "the stop eventfd",
+            source,
+        })?;
+    let shared = Arc::new(shared);
+    let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
+    crate::seccomp::prepare(cfg.seccomp)?;
+    start_vcpus(vcpus, chip.as_ref(), &shared)?;
+    chip.start(&shared)?;
+    let reason = events.run()?;
+    let host = report::host_facts(&shared);
+    chip.kick_all();
+    let _ = lock(&console.console).flush();
+    let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
+    Ok(RunOutcome { reason, report })
+}
+
+/// Starts one thread per vCPU with its part of the irqchip.
+fn start_vcpus(
+    vcpus: vcpus::CreatedVcpus,
+    chip: &dyn IrqChip,
+    shared: &Arc<VmShared>,
+) -> Result<(), VmError> {
+    for port in vcpus.ports {
+        let irq = chip.vcpu(port.id, shared)?;
+        vcpu::spawn(port, irq, shared.clone())?;
+    }
+    Ok(())
+}

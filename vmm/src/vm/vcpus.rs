@@ -1,0 +1,114 @@
+//! Creating the vCPUs and the irqchip that serves them: all vCPUs are created first (the TSC
+//! frequency is read from the first), then configured; the irqchip is built for the mode.
+
+use std::sync::Arc;
+
+use kvm_bindings::{kvm_msr_entry, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::GuestMemoryMmap;
+
+use super::kvm::{ioctl_err, KvmError};
+use super::VmError;
+use crate::boot::cpu_state::EntryMode;
+use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
+use crate::idle::halt_poll::HaltPollMode;
+use crate::irqchip::kernel::KernelIrqChip;
+use crate::irqchip::user::{UserChipConfig, UserIrqChip};
+use crate::irqchip::{IrqChip, IrqChipError};
+use crate::vcpu::{self, KvmPort, VcpuSetup};
+
+const MSR_IA32_TSC: u32 = 0x10;
+
+/// The VM's vCPUs (not yet running) and the guest TSC frequency.
+pub struct CreatedVcpus {
+    /// One per vCPU, in APIC-ID order.
+    pub ports: Vec<KvmPort>,
+    /// The guest TSC frequency KVM reports.
+    pub tsc_khz: u32,
+}
+
+/// Creates `cfg.cpus` vCPUs and configures them; the boot CPU starts at `entry`.
+pub fn create(
+    kvm: &Kvm,
+    vm: &VmFd,
+    cfg: &VmConfig,
+    entry: EntryMode,
+) -> Result<CreatedVcpus, VmError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(ioctl_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let mut ports = Vec::new();
+    for id in 0..cfg.cpus {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(ioctl_err("KVM_CREATE_VCPU"))?;
+        let reset_regs = fd.get_regs().map_err(ioctl_err("KVM_GET_REGS"))?;
+        let reset_sregs = fd.get_sregs().map_err(ioctl_err("KVM_GET_SREGS"))?;
+        ports.push(KvmPort {
+            fd,
+            id,
+            reset_regs,
+            reset_sregs,
+        });
+    }
+    let bsp = ports.first().ok_or(KvmError::NoVcpus)?;
+    let tsc_khz = bsp.fd.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;
+    let setup = VcpuSetup {
+        supported_cpuid: supported.as_slice(),
+        cpus: cfg.cpus,
+        tsc_khz,
+        user_lapic: cfg.irqchip == IrqchipMode::User,
+        pv_eoi: cfg.pv_eoi.is_on(),
+    };
+    for port in &ports {
+        let boot_entry = (port.id == 0).then_some(entry);
+        vcpu::configure(&port.fd, port.id, &setup, boot_entry)?;
+    }
+    Ok(CreatedVcpus { ports, tsc_khz })
+}
+
+/// The irqchip `cfg` asks for, over `vm` and its created vCPUs.
+pub fn irqchip(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<GuestMemoryMmap>,
+    vcpus: &CreatedVcpus,
+) -> Result<Arc<dyn IrqChip>, IrqChipError> {
+    if cfg.irqchip == IrqchipMode::Kernel {
+        return Ok(Arc::new(KernelIrqChip::new(vm.clone())));
+    }
+    let chip_cfg = UserChipConfig {
+        cpus: cfg.cpus,
+        model: match cfg.timer_model {
+            TimerModelKind::Pull => timer::ModelKind::Pull,
+            TimerModelKind::Push => timer::ModelKind::Push,
+            TimerModelKind::Central => timer::ModelKind::Central,
+        },
+        tsc_khz: vcpus.tsc_khz,
+        halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
+        idle_inject: cfg.idle_inject,
+        cpu_quota: cfg.cpu_quota,
+        global_timers: cfg.global_timers,
+        pv_eoi: cfg.pv_eoi.is_on(),
+    };
+    let bsp = vcpus.ports.first().ok_or(IrqChipError::NoVcpuPart(0))?;
+    let read_tsc = || {
+        let kvm = |source| IrqChipError::Kvm {
+            call: "KVM_GET_MSRS(IA32_TSC)",
+            source,
+        };
+        let tsc = kvm_msr_entry {
+            index: MSR_IA32_TSC,
+            ..Default::default()
+        };
+        let mut msrs =
+            Msrs::from_entries(&[tsc]).map_err(|_| kvm(kvm_ioctls::Error::new(libc::E2BIG)))?;
+        bsp.fd.get_msrs(&mut msrs).map_err(kvm)?;
+        Ok(msrs.as_slice().first().map_or(0, |e| e.data))
+    };
+    Ok(Arc::new(UserIrqChip::new(
+        &chip_cfg,
+        mem.clone(),
+        read_tsc,
+    )?))
+}

@@ -38,12 +38,17 @@
 //!
 //! After a [`Violation`] the simulation is in an unknown state: stop using it.
 
-use std::collections::{HashMap, HashSet};
+mod ledger;
+mod violation;
+
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
+pub use self::ledger::ExpiryLog;
+use self::ledger::{Armed, Ledger};
+pub use self::violation::Violation;
+use crate::base::{AfterFire, CpuId, Fired, TimerKind};
 use crate::clock::{Nanos, NEVER};
-use crate::hierarchy::{HierarchyConfig, HierarchyError, NodeId, RemoteExpiry};
+use crate::hierarchy::{HierarchyConfig, NodeId};
 use crate::host::{FakeHostTimer, HostTimer};
 use crate::model::{CpuTimers, PullCpu, PullModel, Waker};
 
@@ -98,241 +103,6 @@ pub enum Op {
         /// How far.
         delta: Nanos,
     },
-}
-
-/// A promise of the pull model (or the harness's own consistency) that a step broke.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Violation {
-    /// The model refused the VM's shape.
-    #[error("the hierarchy refused the simulated VM: {0}")]
-    Build(#[from] HierarchyError),
-    /// A timer fired that was never armed or already fired.
-    #[error("timer {id} fired twice or was never armed")]
-    UnknownFire {
-        /// Timer id.
-        id: u64,
-    },
-    /// A cancelled timer fired.
-    #[error("cancelled timer {id} fired")]
-    FiredAfterCancel {
-        /// Timer id.
-        id: u64,
-    },
-    /// A timer fired before its deadline.
-    #[error("timer {id} fired early: at {now}, deadline {deadline}")]
-    Early {
-        /// Timer id.
-        id: u64,
-        /// Its deadline.
-        deadline: Nanos,
-        /// When it fired.
-        now: Nanos,
-    },
-    /// A timer fired with another owner, handle or deadline than it was armed with.
-    #[error("timer {id} fired as {fired}, armed as {armed}")]
-    WrongFire {
-        /// Timer id.
-        id: u64,
-        /// Owner, handle and deadline as armed.
-        armed: String,
-        /// Owner, handle and deadline as fired.
-        fired: String,
-    },
-    /// A timer was expired remotely although its owner was running, or by its owner.
-    #[error("timer {id} of CPU {owner} fired remotely on CPU {runner} while its owner was running or by itself")]
-    RemoteOfRunning {
-        /// Timer id.
-        id: u64,
-        /// The CPU that armed it.
-        owner: CpuId,
-        /// The CPU that expired it.
-        runner: CpuId,
-    },
-    /// Cancelling a pending timer, or re-arming one, failed; or a stale handle worked.
-    #[error("{what} of timer {id} returned the wrong result")]
-    Handle {
-        /// Timer id.
-        id: u64,
-        /// `cancel`, `rearm`, `stale cancel` or `stale rearm`.
-        what: &'static str,
-    },
-    /// A pending timer's base reports another deadline than it was armed for.
-    #[error("timer {id} armed for {armed}, its base says {reported:?}")]
-    Deadline {
-        /// Timer id.
-        id: u64,
-        /// The deadline armed.
-        armed: Nanos,
-        /// What the base reports.
-        reported: Option<Nanos>,
-    },
-    /// The hierarchy's structural invariants are broken.
-    #[error("hierarchy invariant broken: {0}")]
-    Hierarchy(String),
-    /// The hierarchy and the simulation disagree on whether a CPU is idle.
-    #[error("CPU {cpu}: idle in the hierarchy {hierarchy}, in the simulation {sim}")]
-    IdleState {
-        /// The CPU.
-        cpu: CpuId,
-        /// The hierarchy's view.
-        hierarchy: bool,
-        /// The simulation's view.
-        sim: bool,
-    },
-    /// A running CPU's host tick is later than something it must expire.
-    #[error("CPU {cpu} host tick at {tick} misses its deadline {due}")]
-    TickMisses {
-        /// The CPU.
-        cpu: CpuId,
-        /// Its host tick.
-        tick: Nanos,
-        /// The first local or remote deadline it is responsible for.
-        due: Nanos,
-    },
-    /// A halted CPU's first global timer is not (correctly) queued in its level-0 group.
-    #[error("CPU {cpu}'s global timer at {expiry} is not queued under it")]
-    NotQueued {
-        /// The CPU.
-        cpu: CpuId,
-        /// Its first global deadline.
-        expiry: Nanos,
-    },
-    /// An idle group's first event is later than a timer below it.
-    #[error("group {group} hides CPU {cpu}'s timer at {expiry}")]
-    Hidden {
-        /// The group.
-        group: usize,
-        /// The CPU.
-        cpu: CpuId,
-        /// Its first global deadline.
-        expiry: Nanos,
-    },
-    /// Nobody is running and no halted CPU wakes for the root's first event.
-    #[error("CPU {cpu}'s timer at {expiry} is unreachable: nobody wakes for root event {root}")]
-    Unreachable {
-        /// The CPU.
-        cpu: CpuId,
-        /// Its first global deadline.
-        expiry: Nanos,
-        /// The root's first event.
-        root: Nanos,
-    },
-    /// `quick_check` promised a later wake-up than `deactivate` gave.
-    #[error("quick_check forecast {forecast} is later than the wakeup {wakeup}")]
-    QuickCheckLate {
-        /// What `quick_check` said.
-        forecast: Nanos,
-        /// What the CPU got.
-        wakeup: Nanos,
-    },
-    /// A migrator that just ran still had remote work to do.
-    #[error("CPU {cpu} still has remote timers due at {now} after it ran")]
-    NoFixedPoint {
-        /// The migrator.
-        cpu: CpuId,
-        /// The time.
-        now: Nanos,
-    },
-    /// The vCPUs kept kicking each other.
-    #[error("kick storm: vCPUs keep kicking each other at {now}")]
-    KickStorm {
-        /// The time.
-        now: Nanos,
-    },
-    /// Time could not advance to the target.
-    #[error("no progress advancing to {target}")]
-    Stuck {
-        /// Where time was going.
-        target: Nanos,
-    },
-    /// Timers still pending after time passed all their deadlines.
-    #[error("lost timers (id: deadline): {0:?}")]
-    Lost(Vec<(u64, Nanos)>),
-    /// Timers that fired after their deadline although time stopped at it.
-    #[error("late timers (id, deadline, fired at): {0:?}")]
-    Late(Vec<(u64, Nanos, Nanos)>),
-}
-
-/// One armed timer as the ledger knows it.
-#[derive(Debug, Clone, Copy)]
-struct Armed {
-    cpu: CpuId,
-    deadline: Nanos,
-    handle: TimerHandle,
-}
-
-/// Every timer's fate: pending, fired (when) or cancelled.
-#[derive(Debug, Default)]
-struct Ledger {
-    /// Every timer ever armed, by id (ids are dense from 0); deadlines kept current.
-    armed: Vec<Armed>,
-    pending: HashSet<u64>,
-    fired: HashMap<u64, Nanos>,
-    cancelled: HashSet<u64>,
-    late: Vec<(u64, Nanos, Nanos)>,
-}
-
-impl Ledger {
-    /// Checks and records one fire on `runner` at `now`; `idle` is the simulation's view.
-    fn fire(
-        &mut self,
-        f: &Fired<u64>,
-        runner: CpuId,
-        now: Nanos,
-        idle: &[bool],
-    ) -> Result<(), Violation> {
-        let id = f.payload;
-        if self.cancelled.contains(&id) {
-            return Err(Violation::FiredAfterCancel { id });
-        }
-        if !self.pending.remove(&id) {
-            return Err(Violation::UnknownFire { id });
-        }
-        let t = usize::try_from(id)
-            .ok()
-            .and_then(|i| self.armed.get(i))
-            .copied()
-            .ok_or(Violation::UnknownFire { id })?;
-        if (t.cpu, t.handle, t.deadline) != (f.cpu, f.handle, f.deadline) {
-            return Err(Violation::WrongFire {
-                id,
-                armed: format!("{:?}", (t.cpu, t.handle, t.deadline)),
-                fired: format!("{:?}", (f.cpu, f.handle, f.deadline)),
-            });
-        }
-        if now < f.deadline {
-            return Err(Violation::Early {
-                id,
-                deadline: f.deadline,
-                now,
-            });
-        }
-        if f.remote && (f.cpu == runner || !idle.get(f.cpu).copied().unwrap_or(false)) {
-            return Err(Violation::RemoteOfRunning {
-                id,
-                owner: f.cpu,
-                runner,
-            });
-        }
-        if now > f.deadline {
-            self.late.push((id, f.deadline, now));
-        }
-        self.fired.insert(id, now);
-        Ok(())
-    }
-}
-
-/// A remote expiry that must never be needed: records whom it was asked to expire.
-#[derive(Default)]
-struct NothingLeft(Vec<CpuId>);
-
-impl RemoteExpiry for NothingLeft {
-    fn expire_remote(&mut self, cpu: CpuId, _now: Nanos) {
-        self.0.push(cpu);
-    }
-    fn next_global(&mut self, _cpu: CpuId) -> Nanos {
-        NEVER
-    }
 }
 
 /// The simulated VM: the pull model, its vCPUs, who is halted, the clock and the ledger.
@@ -391,16 +161,6 @@ impl Sim {
     /// Timers fired so far.
     pub fn fired(&self) -> usize {
         self.ledger.fired.len()
-    }
-
-    /// Timers armed so far.
-    pub fn armed(&self) -> usize {
-        self.ledger.armed.len()
-    }
-
-    /// Whether vCPU `cpu` is halted.
-    pub fn is_idle(&self, cpu: CpuId) -> bool {
-        self.idle[cpu]
     }
 
     /// The vCPU's exit path: expire its timers (and, as migrator, remote ones), re-arm its
@@ -644,7 +404,7 @@ impl Sim {
         if h.requires_handle_remote(c, self.now) {
             return Err(no_fixed_point);
         }
-        let mut left = NothingLeft::default();
+        let mut left = ExpiryLog::default();
         let again = h.handle_remote(c, self.now, &mut left);
         if again.cpus_expired != 0 || !left.0.is_empty() {
             return Err(no_fixed_point);

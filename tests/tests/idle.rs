@@ -114,20 +114,29 @@ fn cpu_quota_throttles_a_busy_vm() -> Result<(), Failed> {
     if parked + PERIOD_NS < recorded {
         return Err(format!("vCPU parked {parked} ns of {recorded} ns throttled: {m}").into());
     }
-    // And it ran less: the vCPU thread's CPU time (the kernel's, from /proc) stays well under
-    // the run time, where unthrottled it would spin through all of it. A quarter is allowed;
-    // half is the bound, for the overshoot before each quota check.
+    // The kernel's view of the vCPU thread (/proc, not lull's counters): it slept at least
+    // once per throttled period (a vCPU kept out of the guest by spinning in lull would not),
+    // and it used well under the run time in CPU, where unthrottled it would spin through
+    // all of it. A quarter is allowed; half is the bound, for the overshoot before each check.
+    let vcpu_thread = |field: &str| -> u64 {
+        m["threads"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("vcpu")))
+            .filter_map(|t| t[field].as_u64())
+            .sum()
+    };
+    let (slept, cpu_ns) = (
+        vcpu_thread("voluntary_ctxt_switches"),
+        vcpu_thread("cpu_ns"),
+    );
     let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
-    let vcpu_cpu_ns: u64 = m["threads"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("vcpu")))
-        .map(|t| t["cpu_ns"].as_u64().unwrap_or(0))
-        .sum();
-    if vcpu_cpu_ns == 0 || vcpu_cpu_ns > run_ns / 2 {
+    if slept < intervals.len() as u64 || cpu_ns == 0 || cpu_ns > run_ns / 2 {
         return Err(format!(
-            "vCPU used {vcpu_cpu_ns} ns of CPU in a {run_ns} ns run under a 25% quota: {m}"
+            "vCPU thread slept {slept} times for {} throttled periods and used {cpu_ns} ns of \
+             CPU in a {run_ns} ns run under a 25% quota: {m}",
+            intervals.len()
         )
         .into());
     }

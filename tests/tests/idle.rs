@@ -1,6 +1,7 @@
 //! Integration tests of the idle manager (`--irqchip user`): each knob does what it claims,
-//! shown by the guest's own output and lull's metrics. Timing-tolerant: they check that a
-//! mechanism engaged and its accounting is consistent, never a speed.
+//! shown by the guest's own output, lull's metrics and the kernel's view of lull's threads
+//! (`/proc`, in the metrics' `threads`). Timing-tolerant: they check that a mechanism engaged
+//! and that independent counters agree with it, never a speed.
 
 use std::time::Duration;
 

@@ -43,14 +43,22 @@ else
 	    status=$$?; [ $$status -eq 1 ] || { echo "lull exited with status $$status"; exit $$status; }
 endif
 
+# fuzz/ is outside the workspace (its own Cargo.lock): each gate runs there too. A plain build
+# (no sanitizer flags, hence no RUSTC_BOOTSTRAP) in target/fuzz, next to cargo-fuzz's.
+FUZZ_CHECK := cd fuzz && CARGO_TARGET_DIR=$(CURDIR)/target/fuzz
+
 fmt-check:
 	$(CARGO) fmt --all -- --check
+	$(FUZZ_CHECK) $(CARGO) fmt -- --check
 
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(FUZZ_CHECK) $(CARGO) clippy --all-targets -- -D warnings
 
+# Unit and property tests; in fuzz/, the replay of fuzz/regressions/ through every driver.
 unit-tests:
 	$(CARGO) test --workspace --exclude lull-tests
+	$(FUZZ_CHECK) $(CARGO) test
 
 integration-tests: build kit
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# build.sh OUT_LINK : build every test guest (src/*.c) into a content-addressed cache
-# directory and point OUT_LINK at it.
+# build.sh OUT_LINK : build every test guest (src/*.c) into the kit's content-addressed cache
+# (../lib/cache.sh) and point OUT_LINK at it.
 #
-#   cache dir = ${LULL_CACHE:-$HOME/.cache/lull}/guests/<sha256 of every input file, this
-#               script, the forbidden-instruction list, and gcc/ld/objcopy --version>
-#   outputs   = <name>.elf (ELF64, 32-bit PVH code at 1 MiB), <name>.map, <name>.dis
+#   cache dir = ${LULL_CACHE:-$HOME/.cache/lull}/guests/<sha256 of the manifest of every input
+#               file, this script, the instruction check and its list, the cache helper, and
+#               gcc/ld/objcopy versions>
+#   outputs   = <name>.elf (ELF64, 32-bit PVH code at 1 MiB), <name>.map, <name>.dis, inputs
 #
 # A cache hit skips the build. A miss builds in a temp dir next to the cache dir and renames
 # it into place, so a concurrent or interrupted build never leaves a half-filled cache entry.
@@ -13,7 +14,6 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out_link=${1:?usage: build.sh OUT_LINK (e.g. target/kit/guests)}
 case $out_link in /*) ;; *) out_link=$PWD/$out_link ;; esac # absolute (we cd below), not resolved
-cache_root=${LULL_CACHE:-$HOME/.cache/lull}/guests
 
 die() { echo "guests: error: $*" >&2; exit 1; }
 
@@ -22,42 +22,20 @@ for tool in gcc ld objcopy objdump readelf nm sha256sum; do
 done
 
 cd "$here"
+source ../lib/cache.sh
 mapfile -t inputs < <(find lib src -type f \( -name '*.c' -o -name '*.h' -o -name '*.S' -o -name '*.ld' \) | LC_ALL=C sort)
-inputs+=(build.sh check-insns.sh forbidden-insns.txt)
+inputs+=(build.sh check-insns.sh forbidden-insns.txt ../lib/cache.sh)
 mapfile -t guests < <(find src -maxdepth 1 -name '*.c' | LC_ALL=C sort)
 [ ${#guests[@]} -gt 0 ] || die "no guests in $here/src"
 
-hash=$(
-    {
-        for f in "${inputs[@]}"; do
-            printf '== %s\n' "$f"
-            cat "$f"
-        done
-        gcc --version
-        ld --version
-        objcopy --version
-    } | sha256sum | cut -d' ' -f1
-)
-dir=$cache_root/$hash
+cache_open guests "$out_link" "$(
+    cache_files "${inputs[@]}"
+    printf 'gcc %s\nld %s\nobjcopy %s\n' "$(gcc --version | head -n1)" \
+        "$(ld --version | head -n1)" "$(objcopy --version | head -n1)"
+)"
+cache_lookup && exit 0
 
-# Point OUT_LINK at the cache dir; replace an old link atomically (readers never see none).
-link_out() {
-    if [ -d "$out_link" ] && [ ! -L "$out_link" ]; then
-        die "$out_link is a real directory; remove it (it should be a symlink)"
-    fi
-    mkdir -p "$(dirname "$out_link")"
-    ln -sfn "$dir" "$out_link.tmp.$$"
-    mv -T "$out_link.tmp.$$" "$out_link"
-}
-
-if [ -d "$dir" ]; then
-    echo "guests: cached $dir"
-    link_out
-    exit 0
-fi
-
-mkdir -p "$cache_root"
-tmp=$(mktemp -d "$cache_root/.build.XXXXXX")
+tmp=$(cache_workdir)
 trap 'rm -rf "$tmp"' EXIT
 
 CFLAGS=(-m32 -march=i686 -O2 -Wall -Wextra -Wno-unused-parameter -Werror -std=gnu11
@@ -98,13 +76,5 @@ for src in "${guests[@]}"; do
         die "$name uses instructions our hosts cannot run at CPL0 (see forbidden-insns.txt)"
 done
 rm -rf "$tmp/obj"
-chmod 755 "$tmp"
-
-if ! mv -T "$tmp" "$dir" 2>/dev/null; then
-    [ -d "$dir" ] || die "cannot move $tmp to $dir"
-    echo "guests: another build finished first; using it"
-fi
+cache_publish "$tmp"
 trap - EXIT
-rm -rf "$tmp" 2>/dev/null || true
-echo "guests: built $dir"
-link_out

@@ -43,50 +43,22 @@ BUSYBOX=/bin/busybox
 # Kernel patches: every *.patch here, applied in name order.
 PATCHES=()
 for f in "$here"/*.patch; do PATCHES+=("$(basename "$f")"); done
-INPUT_FILES=(build.sh lull.config "${PATCHES[@]}" init)
+INPUT_FILES=(build.sh lull.config "${PATCHES[@]}" init ../lib/cache.sh)
 
+# The kit's content-addressed cache (resources/lib/cache.sh): the manifest below is the key.
+source "$here/../lib/cache.sh"
 inputs() {
-    local f
-    for f in "${INPUT_FILES[@]}"; do
-        printf 'file %s %s\n' "$f" "$(sha256sum <"$here/$f" | cut -d' ' -f1)"
-    done
+    (cd "$here" && cache_files "${INPUT_FILES[@]}")
     dpkg-query -W -f='package ${Package} ${Version}\n' linux-source-6.1 busybox-static
     printf 'gcc %s\n' "$(gcc --version | head -n1)"
     printf 'ld %s\n' "$(ld --version | head -n1)"
     printf 'arch %s\n' "$(uname -m)"
 }
-hash=$(inputs | sha256sum | cut -d' ' -f1)
-cache=${LULL_CACHE:-$HOME/.cache/lull}/linux
-out=$cache/$hash
+cache_open linux "$OUT_LINK" "$(inputs)"
+hash=$CACHE_KEY
+cache_lookup && exit 0
 
-link_out() {
-    mkdir -p "$(dirname "$OUT_LINK")"
-    local tmp_link
-    tmp_link="$OUT_LINK.tmp.$$"
-    ln -sfn "$out" "$tmp_link"
-    mv -T "$tmp_link" "$OUT_LINK"
-}
-
-if [ -f "$out/vmlinux" ]; then
-    echo "linux: cached $out"
-    link_out
-    exit 0
-fi
-
-mkdir -p "$cache"
-# One build per hash at a time; a second caller waits and then finds the cache.
-exec 9>"$cache/.lock-$hash"
-if ! flock -n 9; then
-    phase "another build of $hash is running, waiting"
-    flock 9
-fi
-if [ -f "$out/vmlinux" ]; then
-    echo "linux: cached $out"
-    link_out
-    exit 0
-fi
-
-work=$(mktemp -d "$cache/work.$hash.XXXXXX")
+work=$(cache_workdir)
 log=$work/build.log
 : >"$log"
 on_exit() {
@@ -99,7 +71,7 @@ on_exit() {
 trap on_exit EXIT
 
 phase "building $hash in $work"
-inputs | sed 's/^/linux:   input: /'
+printf '%s\n' "$CACHE_MANIFEST" | sed 's/^/linux:   input: /'
 
 phase "extracting $SRC_TAR"
 tar -xJf "$SRC_TAR" -C "$work"
@@ -180,15 +152,12 @@ cp arch/x86/boot/bzImage "$work/out/bzImage"
 cp .config "$work/out/config"
 echo "$CMDLINE" >"$work/out/cmdline"
 echo "$CMDLINE_PVM" >"$work/out/cmdline.pvm"
-inputs >"$work/out/inputs"
 gzip -9 -n -c "$log" >"$work/out/build.log.gz"
 
 # Atomic publish: rename(2) of a complete directory.
-mv -T "$work/out" "$out"
-link_out
-phase "done: $out"
-ls -l "$out" | sed 's/^/linux:   /'
-rm -f "$cache/.lock-$hash"
+cache_publish "$work/out"
+phase "done: $CACHE_DIR"
+ls -l "$CACHE_DIR" | sed 's/^/linux:   /'
 cd /
 phase "removing the work dir"
 rm -rf "$work"

@@ -26,6 +26,9 @@
 //!   concurrent activate/deactivate, remote expiry vs. a new timer, root growth, and the
 //!   demonstration of why `seq` is needed. `LOOM_MAX_PREEMPTIONS=5` searches deeper (~2 s).
 //! * `resources/bench/bench-timer.sh` (`make bench-timer`): criterion benchmarks.
+//! * Feature `testing` (off by default; always on in the crate's own tests): `timer::testing`, a
+//!   simulated VMM that drives the pull model and checks every timer's fate. The property
+//!   tests and the `timer` fuzz target (`fuzz/`) both use it.
 //!
 //! # Example: a vCPU's idle timer is pulled by a running one
 //!
@@ -77,6 +80,8 @@ pub mod metrics;
 pub mod model;
 mod queue;
 mod sync;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
 pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, NEVER};

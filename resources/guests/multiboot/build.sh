@@ -2,9 +2,12 @@
 # build.sh OUT_LINK : build the multiboot test images (src/*.c) into a content-addressed cache
 # directory and point OUT_LINK at it (the same conventions as ../build.sh).
 #
-#   cache dir = ${LULL_CACHE:-$HOME/.cache/lull}/guests-multiboot/<sha256 of every input, the
-#               shared runtime ../lib, this script, the instruction check, and tool versions>
-#   outputs   = <name>.elf (ELF32 i386 with a multiboot v1 header, code at 1 MiB), .map, .dis
+#   cache dir = ${LULL_CACHE:-$HOME/.cache/lull}/guests-multiboot/<sha256 of the manifest of
+#               every input, the shared runtime ../lib, this script, the instruction check, the
+#               cache helper (../../lib/cache.sh), and tool versions>; paths in the manifest
+#               are relative to resources/guests, so every checkout of a commit shares one entry
+#   outputs   = <name>.elf (ELF32 i386 with a multiboot v1 header, code at 1 MiB), .map, .dis,
+#               inputs
 #
 # Images are ELF32 executables as QEMU's `-kernel` loads multiboot kernels (no PVH note, which
 # QEMU would prefer); they link the shared runtime (../lib) with mb-entry.S and mb-boot.c.
@@ -14,7 +17,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 lib=$(cd "$here/../lib" && pwd)
 out_link=${1:?usage: build.sh OUT_LINK (e.g. target/kit/multiboot)}
 case $out_link in /*) ;; *) out_link=$PWD/$out_link ;; esac
-cache_root=${LULL_CACHE:-$HOME/.cache/lull}/guests-multiboot
 
 die() { echo "multiboot: error: $*" >&2; exit 1; }
 
@@ -23,40 +25,20 @@ for tool in gcc ld objdump readelf nm sha256sum od; do
 done
 
 cd "$here"
-mapfile -t inputs < <(find "$lib" . -type f \( -name '*.c' -o -name '*.h' -o -name '*.S' -o -name '*.ld' \) | LC_ALL=C sort)
-inputs+=(build.sh ../check-insns.sh ../forbidden-insns.txt)
+source ../../lib/cache.sh
 mapfile -t guests < <(find src -maxdepth 1 -name '*.c' | LC_ALL=C sort)
 [ ${#guests[@]} -gt 0 ] || die "no images in $here/src"
 
-hash=$(
-    {
-        for f in "${inputs[@]}"; do
-            printf '== %s\n' "${f#"$here"/}"
-            cat "$f"
-        done
-        gcc --version
-        ld --version
-    } | sha256sum | cut -d' ' -f1
-)
-dir=$cache_root/$hash
+cache_open guests-multiboot "$out_link" "$(
+    cd ..
+    mapfile -t inputs < <(find lib multiboot -type f \( -name '*.c' -o -name '*.h' -o -name '*.S' -o -name '*.ld' \) | LC_ALL=C sort)
+    inputs+=(multiboot/build.sh check-insns.sh forbidden-insns.txt ../lib/cache.sh)
+    cache_files "${inputs[@]}"
+    printf 'gcc %s\nld %s\n' "$(gcc --version | head -n1)" "$(ld --version | head -n1)"
+)"
+cache_lookup && exit 0
 
-link_out() {
-    if [ -d "$out_link" ] && [ ! -L "$out_link" ]; then
-        die "$out_link is a real directory; remove it (it should be a symlink)"
-    fi
-    mkdir -p "$(dirname "$out_link")"
-    ln -sfn "$dir" "$out_link.tmp.$$"
-    mv -T "$out_link.tmp.$$" "$out_link"
-}
-
-if [ -d "$dir" ]; then
-    echo "multiboot: cached $dir"
-    link_out
-    exit 0
-fi
-
-mkdir -p "$cache_root"
-tmp=$(mktemp -d "$cache_root/.build.XXXXXX")
+tmp=$(cache_workdir)
 trap 'rm -rf "$tmp"' EXIT
 
 CFLAGS=(-m32 -march=i686 -O2 -Wall -Wextra -Wno-unused-parameter -Werror -std=gnu11
@@ -101,13 +83,5 @@ for src in "${guests[@]}"; do
         die "$name uses instructions our hosts cannot run at CPL0 (see forbidden-insns.txt)"
 done
 rm -rf "$tmp/obj"
-chmod 755 "$tmp"
-
-if ! mv -T "$tmp" "$dir" 2>/dev/null; then
-    [ -d "$dir" ] || die "cannot move $tmp to $dir"
-    echo "multiboot: another build finished first; using it"
-fi
+cache_publish "$tmp"
 trap - EXIT
-rm -rf "$tmp" 2>/dev/null || true
-echo "multiboot: built $dir"
-link_out

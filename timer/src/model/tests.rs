@@ -1,41 +1,17 @@
-//! The pull model driven by random operation sequences, checking the hierarchy's invariants
-//! and every timer's fate after each step; plus small tests of push and central.
+//! The pull model driven by random operation sequences through the simulated VMM of
+//! [`crate::testing`], which checks the hierarchy's invariants and every timer's fate after
+//! each step; plus small tests of push and central.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 use super::*;
+use crate::hierarchy::HierarchyConfig;
 use crate::host::FakeHostTimer;
-
-#[derive(Debug, Clone)]
-enum Op {
-    Arm {
-        cpu: usize,
-        pinned: bool,
-        delta: u64,
-    },
-    Cancel {
-        pick: usize,
-    },
-    Rearm {
-        pick: usize,
-        delta: u64,
-    },
-    Activate {
-        cpu: usize,
-    },
-    Deactivate {
-        cpu: usize,
-    },
-    HandleRemote {
-        cpu: usize,
-    },
-    Advance {
-        delta: u64,
-    },
-}
+use crate::testing::{Op, Sim};
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -49,358 +25,36 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Timer {
-    cpu: usize,
-    deadline: Nanos,
-    handle: TimerHandle,
+/// A VM shape and what happens to it: 1 to 70 vCPUs, groups of 8 (or 2, for deep trees).
+fn scenario() -> impl Strategy<Value = (usize, usize, Vec<Op>)> {
+    (
+        1usize..=70,
+        prop_oneof![3 => Just(8usize), 1 => Just(2usize)],
+        proptest::collection::vec(op(), 1..120),
+    )
 }
 
-/// A VMM in miniature: vCPUs run, go idle, wake at their timeouts and when kicked.
-struct Sim {
-    model: Arc<PullModel<u64>>,
-    cpus: Vec<PullCpu<u64>>,
-    idle: Vec<bool>,
-    now: Nanos,
-    pending: HashMap<u64, Timer>,
-    fired: HashMap<u64, Nanos>,
-    cancelled: Vec<u64>,
-    ids: Vec<u64>,
-    next_id: u64,
-    kicks: Arc<Mutex<Vec<CpuId>>>,
-    late: Vec<(u64, Nanos, Nanos)>,
+/// A simulated VM of `n` vCPUs, 24 per NUMA node.
+fn sim(n: usize, group_size: usize) -> Sim {
+    let config = HierarchyConfig {
+        group_size,
+        ..HierarchyConfig::default()
+    };
+    let nodes: Vec<usize> = (0..n).map(|i| i / 24).collect();
+    Sim::new(config, &nodes).unwrap()
 }
 
-impl Sim {
-    fn new(n: usize) -> Self {
-        Self::with_group_size(n, 8)
+/// Runs one scenario to the end; the first broken promise fails the case.
+fn play(n: usize, group_size: usize, ops: &[Op]) -> Result<Sim, TestCaseError> {
+    let mut sim = sim(n, group_size);
+    for &op in ops {
+        sim.step(op)
+            .map_err(|v| TestCaseError::fail(format!("{op:?}: {v}")))?;
     }
-
-    fn with_group_size(n: usize, group_size: usize) -> Self {
-        let kicks = Arc::new(Mutex::new(Vec::new()));
-        let k = Arc::clone(&kicks);
-        let waker: Arc<dyn Waker> = Arc::new(move |c: CpuId| k.lock().unwrap().push(c));
-        let nodes: Vec<usize> = (0..n).map(|i| i / 24).collect();
-        let cfg = crate::hierarchy::HierarchyConfig {
-            group_size,
-            ..Default::default()
-        };
-        let (model, cpus) = PullModel::with_config(
-            cfg,
-            &nodes,
-            &mut |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>,
-            waker,
-        )
-        .unwrap();
-        let mut s = Self {
-            model,
-            cpus,
-            idle: vec![false; n],
-            now: 1000,
-            pending: HashMap::new(),
-            fired: HashMap::new(),
-            cancelled: Vec::new(),
-            ids: Vec::new(),
-            next_id: 0,
-            kicks,
-            late: Vec::new(),
-        };
-        for c in 0..n {
-            s.run(c);
-        }
-        s
-    }
-
-    /// The vCPU's exit path: expire, handle remote, re-arm the tick.
-    fn run(&mut self, c: usize) {
-        let now = self.now;
-        let (pending, fired, cancelled, late) = (
-            &mut self.pending,
-            &mut self.fired,
-            &self.cancelled,
-            &mut self.late,
-        );
-        self.cpus[c].run(now, &mut |f: Fired<u64>| {
-            let id = f.payload;
-            let t = pending
-                .remove(&id)
-                .unwrap_or_else(|| panic!("timer {id} fired twice or unknown"));
-            assert!(!cancelled.contains(&id), "cancelled timer {id} fired");
-            assert_eq!(t.deadline, f.deadline);
-            assert_eq!(t.cpu, f.cpu);
-            assert!(
-                now >= f.deadline,
-                "timer {id} fired early: {now} < {}",
-                f.deadline
-            );
-            if now > f.deadline {
-                late.push((id, f.deadline, now));
-            }
-            assert!(fired.insert(id, now).is_none());
-            if f.remote && id.is_multiple_of(3) {
-                AfterFire::NotifyOwner
-            } else {
-                AfterFire::Done
-            }
-        });
-    }
-
-    /// Wakes an idle vCPU, runs it, and sends it back to idle (a timeout or a kick).
-    fn bounce(&mut self, c: usize) {
-        self.cpus[c].wake(self.now);
-        self.run(c);
-        self.cpus[c].idle(self.now);
-    }
-
-    fn service_kicks(&mut self) {
-        for _ in 0..10_000 {
-            let k: Vec<CpuId> = std::mem::take(&mut *self.kicks.lock().unwrap());
-            if k.is_empty() {
-                return;
-            }
-            for c in k {
-                if self.idle[c] {
-                    self.bounce(c);
-                } else {
-                    self.run(c);
-                }
-            }
-        }
-        panic!("kick storm");
-    }
-
-    /// When the next thing happens: an active vCPU's host tick or an idle one's timeout.
-    fn next_event(&self) -> Option<(Nanos, usize)> {
-        (0..self.cpus.len())
-            .map(|c| {
-                let t = if self.idle[c] {
-                    self.cpus[c].idle_timeout()
-                } else {
-                    self.cpus[c].next_deadline()
-                };
-                (t, c)
-            })
-            .filter(|&(t, _)| t != NEVER)
-            .min()
-    }
-
-    fn advance_to(&mut self, target: Nanos) {
-        for _ in 0..100_000 {
-            self.service_kicks();
-            match self.next_event() {
-                Some((t, c)) if t <= target => {
-                    self.now = self.now.max(t);
-                    if self.idle[c] {
-                        self.bounce(c);
-                    } else {
-                        self.run(c);
-                    }
-                }
-                _ => {
-                    self.now = self.now.max(target);
-                    return;
-                }
-            }
-        }
-        panic!("no progress advancing to {target}");
-    }
-
-    fn pick(&self, pick: usize) -> Option<u64> {
-        (!self.ids.is_empty()).then(|| self.ids[pick % self.ids.len()])
-    }
-
-    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
-        let n = self.cpus.len();
-        let model = Arc::clone(&self.model);
-        let h = model.hierarchy();
-        match *op {
-            Op::Arm { cpu, pinned, delta } => {
-                let c = cpu % n;
-                let kind = if pinned {
-                    TimerKind::Pinned
-                } else {
-                    TimerKind::Global
-                };
-                let id = self.next_id;
-                self.next_id += 1;
-                let deadline = self.now + delta;
-                let handle = self.cpus[c].arm(kind, deadline, id);
-                self.pending.insert(
-                    id,
-                    Timer {
-                        cpu: c,
-                        deadline,
-                        handle,
-                    },
-                );
-                self.ids.push(id);
-                if !self.idle[c] {
-                    self.run(c);
-                }
-            }
-            Op::Cancel { pick } => {
-                if let Some(id) = self.pick(pick) {
-                    let t = self.pending.get(&id).copied();
-                    let h = t.map(|t| t.handle);
-                    if let Some(t) = t {
-                        prop_assert_eq!(self.cpus[t.cpu].cancel(t.handle), Some(id));
-                        self.pending.remove(&id);
-                        self.cancelled.push(id);
-                    } else {
-                        // Already fired or cancelled: a stale handle does nothing.
-                        let _ = h;
-                    }
-                }
-            }
-            Op::Rearm { pick, delta } => {
-                if let Some(id) = self.pick(pick) {
-                    if let Some(t) = self.pending.get_mut(&id) {
-                        t.deadline = self.now + delta;
-                        let (c, hd, d) = (t.cpu, t.handle, t.deadline);
-                        prop_assert!(self.cpus[c].rearm(hd, d));
-                        if !self.idle[c] {
-                            self.run(c);
-                        }
-                    }
-                }
-            }
-            Op::Activate { cpu } => {
-                let c = cpu % n;
-                if self.idle[c] {
-                    self.idle[c] = false;
-                    self.cpus[c].wake(self.now);
-                    self.run(c);
-                }
-            }
-            Op::Deactivate { cpu } => {
-                let c = cpu % n;
-                if !self.idle[c] {
-                    self.run(c);
-                    let b = self.cpus[c].base();
-                    let reported = if b.next_global() < b.next_pinned() {
-                        b.next_global()
-                    } else {
-                        NEVER
-                    };
-                    let forecast = h.quick_check(c, reported);
-                    self.idle[c] = true;
-                    self.cpus[c].idle(self.now);
-                    let truth = self.model.hierarchy().wakeup(c);
-                    prop_assert!(
-                        forecast <= truth,
-                        "quick_check {} later than wakeup {}",
-                        forecast,
-                        truth
-                    );
-                }
-            }
-            Op::HandleRemote { cpu } => {
-                let c = cpu % n;
-                if !self.idle[c] {
-                    self.run(c);
-                    prop_assert!(!h.requires_handle_remote(c, self.now), "no fixed point");
-                    struct Nothing;
-                    impl crate::hierarchy::RemoteExpiry for Nothing {
-                        fn expire_remote(&mut self, cpu: CpuId, now: Nanos) {
-                            panic!("CPU {cpu} still had due remote timers at {now}");
-                        }
-                        fn next_global(&mut self, _cpu: CpuId) -> Nanos {
-                            NEVER
-                        }
-                    }
-                    let again = h.handle_remote(c, self.now, &mut Nothing);
-                    prop_assert_eq!(again.cpus_expired, 0);
-                }
-            }
-            Op::Advance { delta } => self.advance_to(self.now + delta),
-        }
-        self.service_kicks();
-        self.check()
-    }
-
-    /// Every pending global timer of an idle CPU is reachable; every running CPU's tick covers
-    /// what it must expire; the tree is consistent.
-    fn check(&self) -> Result<(), TestCaseError> {
-        let h = self.model.hierarchy();
-        let snap = h.snapshot();
-        snap.check().map_err(TestCaseError::fail)?;
-        for c in 0..self.cpus.len() {
-            prop_assert_eq!(snap.cpus[c].idle, self.idle[c]);
-            let b = self.cpus[c].base();
-            if !self.idle[c] {
-                let must = b.next_expiry().min(h.remote_deadline(c));
-                prop_assert!(
-                    self.cpus[c].next_deadline() <= must,
-                    "CPU {} tick {} misses {}",
-                    c,
-                    self.cpus[c].next_deadline(),
-                    must
-                );
-                continue;
-            }
-            let g = b.next_global();
-            if g == NEVER || self.cpus[c].idle_timeout() <= g {
-                continue;
-            }
-            // Queued at level 0 under its true owner, no later than the timer ...
-            let cs = snap.cpus[c];
-            let g0 = &snap.groups[cs.group];
-            let e = g0.events.iter().find(|e| e.slot == cs.slot);
-            prop_assert!(
-                e.is_some_and(|e| e.cpu == c && e.expiry <= g),
-                "CPU {} timer {} not queued: {:?}",
-                c,
-                g,
-                e
-            );
-            // ... and up to a group with an active migrator, or the root's wakeup.
-            let mut grp = g0;
-            loop {
-                if grp.state.active != 0 {
-                    break;
-                }
-                prop_assert!(grp.next_expiry <= g);
-                match grp.parent {
-                    Some((p, _)) => grp = &snap.groups[p],
-                    None => {
-                        let covered = (0..self.cpus.len()).any(|i| {
-                            self.idle[i] && self.cpus[i].idle_timeout() <= grp.next_expiry
-                        });
-                        prop_assert!(
-                            covered,
-                            "CPU {} timer {} unreachable: nobody wakes for root {}",
-                            c,
-                            g,
-                            grp.next_expiry
-                        );
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs time forward until nothing is pending; every timer must have fired exactly once.
-    fn drain(&mut self) -> Result<(), TestCaseError> {
-        let last = self
-            .pending
-            .values()
-            .map(|t| t.deadline)
-            .max()
-            .unwrap_or(self.now);
-        self.advance_to(last + 1);
-        prop_assert!(self.pending.is_empty(), "lost timers: {:?}", self.pending);
-        prop_assert_eq!(
-            self.fired.len() + self.cancelled.len(),
-            usize::try_from(self.next_id).unwrap()
-        );
-        Ok(())
-    }
+    sim.drain()
+        .map_err(|v| TestCaseError::fail(v.to_string()))?;
+    Ok(sim)
 }
-
-type Stat = (usize, usize, usize, u64, u64);
-static STATS: Mutex<Vec<Stat>> = Mutex::new(Vec::new());
 
 proptest! {
     #![proptest_config(ProptestConfig {
@@ -408,37 +62,55 @@ proptest! {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256), max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn pull_model_never_loses_a_timer(
-        n in 1usize..=70,
-        group_size in prop_oneof![3 => Just(8usize), 1 => Just(2usize)],
-        ops in proptest::collection::vec(op(), 1..120),
-    ) {
-        let mut sim = Sim::with_group_size(n, group_size);
-        for op in &ops {
-            sim.step(op)?;
-        }
-        sim.drain()?;
-        prop_assert!(sim.late.is_empty(), "late timers: {:?}", sim.late);
-        let m = sim.model.metrics();
-        STATS.lock().unwrap().push((n, ops.len(), sim.fired.len(), m.remote_expiries, m.wakeups_requested));
+    fn pull_model_never_loses_a_timer((n, group_size, ops) in scenario()) {
+        play(n, group_size, &ops)?;
     }
+}
+
+/// The random scenarios are only worth something if they reach the pull model's point: idle
+/// vCPUs' global timers expired by a running migrator (also across levels of a deep tree)
+/// and the owners notified. 64 scenarios from a fixed seed must get there.
+#[test]
+fn random_scenarios_make_migrators_pull_timers() {
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let (mut fired, mut remote, mut deep_remote, mut notified) = (0, 0, 0, 0);
+    for _ in 0..64 {
+        let (n, group_size, ops) = scenario().new_tree(&mut runner).unwrap().current();
+        let sim = play(n, group_size, &ops).unwrap();
+        let m = sim.model().metrics();
+        fired += sim.fired() as u64;
+        remote += m.remote_expiries;
+        notified += m.wakeups_requested;
+        if sim.model().hierarchy().num_levels() > 1 {
+            deep_remote += m.remote_expiries;
+        }
+    }
+    let stats =
+        format!("fired {fired} remote {remote} (multi-level {deep_remote}) wakeups {notified}");
+    // Measured with this seed: 893 fired, 124 of them pulled (107 in multi-level trees).
+    assert!(fired > 0 && remote * 20 >= fired, "{stats}");
+    assert!(deep_remote > 0, "{stats}");
+    assert!(notified > 0, "{stats}");
 }
 
 #[test]
 fn remote_expiry_runs_on_the_migrator_and_notifies_the_owner() {
-    let mut sim = Sim::new(2);
+    let mut sim = sim(2, 8);
     // CPU 1 arms a global timer (id 0: notify) and goes idle; CPU 0 stays up.
-    sim.step(&Op::Arm {
+    sim.step(Op::Arm {
         cpu: 1,
         pinned: false,
         delta: 100,
     })
     .unwrap();
-    sim.step(&Op::Deactivate { cpu: 1 }).unwrap();
-    let kicks_before = sim.model.metrics().wakeups_requested;
-    sim.step(&Op::Advance { delta: 200 }).unwrap();
-    assert_eq!(sim.fired.get(&0), Some(&1100));
-    let m = sim.model.metrics();
+    sim.step(Op::Deactivate { cpu: 1 }).unwrap();
+    let kicks_before = sim.model().metrics().wakeups_requested;
+    sim.step(Op::Advance { delta: 200 }).unwrap();
+    assert_eq!(sim.fired_at(0), Some(1100));
+    let m = sim.model().metrics();
     assert_eq!(m.remote_expiries, 1);
     assert!(m.wakeups_requested > kicks_before);
     assert!(m.host_timer_arms > 0);
@@ -496,22 +168,6 @@ fn push_wakes_for_every_timer_and_central_expires_everything() {
     assert_eq!(m.shared.kind(), ModelKind::Central);
     assert_eq!("pull".parse::<ModelKind>().unwrap(), ModelKind::Pull);
     assert!("x".parse::<ModelKind>().is_err());
-}
-
-#[test]
-#[ignore]
-fn stats() {
-    pull_model_never_loses_a_timer();
-    let s = STATS.lock().unwrap();
-    let tot = |f: fn(&Stat) -> u64| s.iter().map(f).sum::<u64>();
-    eprintln!(
-        "cases {} fired {} remote {} wakeups {} maxcpus {}",
-        s.len(),
-        tot(|x| x.2 as u64),
-        tot(|x| x.3),
-        tot(|x| x.4),
-        s.iter().map(|x| x.0).max().unwrap()
-    );
 }
 
 #[test]

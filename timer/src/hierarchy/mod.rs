@@ -87,6 +87,7 @@
 //! lock-free. The owner of a CPU id calls activate/deactivate/new_timer for it; any active CPU
 //! may call `handle_remote` for itself.
 
+mod duty;
 mod ops;
 mod snapshot;
 pub(crate) mod state;
@@ -119,11 +120,14 @@ pub trait RemoteExpiry {
 /// What an idle CPU learns from [`Hierarchy::deactivate`] or [`Hierarchy::new_timer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdleUpdate {
-    /// The system-wide first global expiry if this CPU was the last active one (it must wake
-    /// up by then), else `NEVER`.
+    /// The system-wide first global expiry if this CPU now holds the wake-up duty of an
+    /// all-idle tree (it must wake up by then), else `NEVER`. Live value: [`Hierarchy::wakeup`].
     pub wakeup: Nanos,
     /// A migrator whose remote deadline moved earlier and must re-arm its host tick.
     pub kick: Option<CpuId>,
+    /// A sleeping CPU that lost the wake-up duty to this one: its host wake-up must be moved
+    /// to its own next deadline (see [`Hierarchy::wakeup`]), without waking it.
+    pub retarget: Option<CpuId>,
 }
 
 /// What [`Hierarchy::handle_remote`] did.
@@ -174,7 +178,6 @@ struct Group {
 struct CpuState {
     idle: bool,
     remote: bool,
-    wakeup: Nanos,
     evt: Nanos,
 }
 
@@ -184,6 +187,9 @@ struct CpuNode {
     slot: u8,
     node: NodeId,
     state: Mutex<CpuState>,
+    /// The wake-up duty this CPU holds (`NEVER` unless it is the duty holder); written only
+    /// under [`Hierarchy::duty`], read lock-free by whoever (re-)arms its host wake-up.
+    wake: AtomicU64,
 }
 
 /// The tree of groups over all CPUs; shared by every vCPU thread (`Arc<Hierarchy>`).
@@ -194,6 +200,8 @@ pub struct Hierarchy {
     groups: Box<[OnceLock<Group>]>,
     cpus: Box<[OnceLock<CpuNode>]>,
     topo: std::sync::Mutex<topology::Topology>,
+    /// The CPU holding the wake-up duty of an all-idle tree (see `duty.rs`).
+    duty: Mutex<Option<CpuId>>,
     seq_step: u32,
 }
 
@@ -284,8 +292,9 @@ impl Hierarchy {
         crate::sync::lock(&self.cpu_node(cpu).state).idle
     }
 
-    /// The wake-up an idle `cpu` must honour (`NEVER` if none).
+    /// The wake-up duty an idle `cpu` must honour (`NEVER` if none). Another CPU may move it
+    /// at any time (it then names `cpu` for a retarget); read it again after that.
     pub fn wakeup(&self, cpu: CpuId) -> Nanos {
-        crate::sync::lock(&self.cpu_node(cpu).state).wakeup
+        self.cpu_node(cpu).wake.load(Ordering::SeqCst)
     }
 }

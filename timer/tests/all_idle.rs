@@ -116,8 +116,7 @@ impl Vm {
         }
         self.pending.extend(fired_global);
         for slot in std::mem::take(&mut self.pending) {
-            self.cpus[c]
-                .arm(TimerKind::Global, Self::jitter(slot, now), slot);
+            self.cpus[c].arm(TimerKind::Global, Self::jitter(slot, now), slot);
         }
         self.cpus[c].run(now, &mut |_| panic!("nothing is due twice"));
         self.cpus[c].idle(now);

@@ -198,7 +198,10 @@ impl Snapshot {
             }
         }
         if want.is_none() && self.duty_holder.is_some() {
-            return Err(format!("CPU {:?} holds a duty nobody needs", self.duty_holder));
+            return Err(format!(
+                "CPU {:?} holds a duty nobody needs",
+                self.duty_holder
+            ));
         }
         if want.is_some() && self.duty_holder.is_none() {
             return Err(format!("all idle, nobody wakes for {}", root.next_expiry));

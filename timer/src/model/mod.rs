@@ -35,6 +35,9 @@ mod central;
 mod pull;
 mod push;
 mod sleep;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod sleep_tests;
 
 use std::sync::Arc;
 

@@ -295,8 +295,8 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
             if armed <= now {
                 // Woken by its host wake-up: for an own timer, or for a remote expiry it
                 // now runs as migrator (the duty it held), else for nothing.
-                let busy = self.base.next_expiry() <= now
-                    || shared.hierarchy.remote_deadline(cpu) <= now;
+                let busy =
+                    self.base.next_expiry() <= now || shared.hierarchy.remote_deadline(cpu) <= now;
                 shared.metrics.woke(armed, now, busy);
             }
         }

@@ -89,6 +89,9 @@
 
 mod duty;
 mod ops;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod retarget_tests;
 mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]

@@ -47,12 +47,14 @@
 //! # Operations
 //!
 //! * [`Hierarchy::activate`]: the CPU sets its bit bottom-up; the walk stops at the first group
-//!   that already had a migrator.
+//!   that already had a migrator. If it turned the top group active it takes over the
+//!   wake-up duty (below) and names the sleeper that held it for a retarget.
 //! * [`Hierarchy::deactivate`]: the CPU queues its first global expiry in its group and
 //!   clears its bit; if the group became idle, the group's first event goes one level up, and
-//!   so on. If the top group became idle this CPU was the last active one and gets back the
-//!   system-wide first global expiry: the *wakeup* it must block with. If the walk stops at
-//!   an active group whose first event moved earlier, its migrator CPU is named for a kick.
+//!   so on. If the top group became idle this CPU was the last active one and claims the
+//!   *wake-up duty*: the system-wide first global expiry, which it must block with. If the
+//!   walk stops at an active group whose first event moved earlier, its migrator CPU is
+//!   named for a kick. On an idle CPU it re-reports the exact first expiry (later too).
 //! * [`Hierarchy::new_timer`]: an idle CPU armed an earlier global timer; the event is
 //!   re-propagated the same way.
 //! * [`Hierarchy::requires_handle_remote`]: lock-free check for the host tick: is this CPU a
@@ -65,10 +67,21 @@
 //! * [`Hierarchy::add_cpu`]: hot-add; may create groups and a new root above the old one
 //!   while other CPUs keep going idle and active (see `topology.rs`).
 //!
+//! # The wake-up duty (`duty.rs`)
+//!
+//! At most one idle CPU holds the duty to wake for the first event of an all-idle tree; its
+//! deadline is [`Hierarchy::wakeup`], every other CPU's is `NEVER`. An activation that makes
+//! the tree active takes the duty over, an idle CPU whose report reaches the idle top claims
+//! it; either names the CPU it took the duty from ([`IdleUpdate::retarget`], the return of
+//! [`Hierarchy::activate`]), whose host wake-up the caller re-arms without waking it.
+//!
 //! # Differences from Linux
 //!
 //! * Event queues are arrays with one slot per child, scanned linearly (at most 32 children),
 //!   instead of red-black timerqueues; `ignore` is a per-slot flag in the parent.
+//! * Linux lets the last idle CPU wake at its deadline even when another CPU has taken over
+//!   meanwhile (a sleeping CPU's clock event cannot be reprogrammed remotely). Here the duty
+//!   moves and the sleeper's host wake-up is re-armed from the CPU that moved it.
 //! * Linux's active CPUs notice new remote work at their periodic tick. A vCPU in KVM_RUN has
 //!   only a lazily armed host tick, so [`Hierarchy::deactivate`] and [`Hierarchy::new_timer`]
 //!   name the migrator to kick when its remote deadline moved earlier or the migrator role
@@ -83,7 +96,8 @@
 //!
 //! # Locking
 //!
-//! CPU state lock, then group queue locks bottom-up, child before parent. State words are
+//! CPU state lock, then group queue locks bottom-up, child before parent, then the duty lock
+//! (nothing is taken under it). State words are
 //! lock-free. The owner of a CPU id calls activate/deactivate/new_timer for it; any active CPU
 //! may call `handle_remote` for itself.
 

@@ -26,7 +26,11 @@ fn first_one_back_takes_the_duty_of_the_last_one_out() {
     // CPU 1 (the other group) becomes active: CPU 3 keeps sleeping, its duty is gone.
     assert_eq!(h.activate(1), Some(3));
     assert_eq!(h.wakeup(3), NEVER);
-    assert_eq!(h.remote_deadline(1), 100, "the new migrator covers the event");
+    assert_eq!(
+        h.remote_deadline(1),
+        100,
+        "the new migrator covers the event"
+    );
     h.snapshot().check().unwrap();
     // CPU 1 leaves again: it is the holder now, nobody to retarget.
     let out = h.deactivate(1, NEVER);

@@ -122,7 +122,7 @@ impl Sim {
             assert_eq!((t.cpu, deadline), (f.cpu, f.deadline));
             assert_eq!(now, deadline, "timer {} fired late or early", f.payload);
             fired += 1;
-            if f.remote && f.payload % 3 == 0 {
+            if f.remote && f.payload.is_multiple_of(3) {
                 AfterFire::NotifyOwner
             } else {
                 AfterFire::Done

@@ -76,7 +76,7 @@ impl Vm {
     fn idle(&self, c: CpuId, next_global: Nanos) {
         let upd = self.h.deactivate(c, next_global);
         self.retarget(upd.retarget);
-        self.sleepers[c].sleep(OWN[c], &|| self.h.wakeup(c), &self.m);
+        self.sleepers[c].sleep(OWN[c], &|| self.h.wakeup(c), Some(0), &self.m);
     }
 
     /// `c` wakes up and becomes active (`PullCpu::wake`).

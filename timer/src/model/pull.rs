@@ -195,8 +195,8 @@ impl<T: Send + 'static> PullCpu<T> {
 
     /// Reports an idle CPU's first global expiry (going idle, or after arming, cancelling or
     /// expiring while idle), then (re-)arms its host wake-up for its first pinned timer or
-    /// its wake-up duty.
-    fn update_idle(&mut self) {
+    /// its wake-up duty (`now`, if known, may spare the syscall, see [`Sleeper::sleep`]).
+    fn update_idle(&mut self, now: Option<Nanos>) {
         let shared = &*self.shared;
         let cpu = self.base.cpu();
         let upd = shared.hierarchy.deactivate(cpu, self.reported());
@@ -205,6 +205,7 @@ impl<T: Send + 'static> PullCpu<T> {
         shared.sleeper(cpu).sleep(
             self.base.next_pinned(),
             &|| shared.hierarchy.wakeup(cpu),
+            now,
             &shared.metrics,
         );
     }
@@ -223,7 +224,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
         let h = self.base.arm(kind, deadline, payload);
         if self.idle {
-            self.update_idle();
+            self.update_idle(None);
         }
         h
     }
@@ -233,7 +234,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         // Idle: the reported event and the wake-up may both move (later: nobody must wake
         // for a timer that is gone).
         if p.is_some() && self.idle {
-            self.update_idle();
+            self.update_idle(None);
         }
         p
     }
@@ -241,7 +242,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool {
         let ok = self.base.rearm(h, deadline);
         if ok && self.idle {
-            self.update_idle();
+            self.update_idle(None);
         }
         ok
     }
@@ -251,7 +252,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         let cpu = self.base.cpu();
         shared.metrics.local(self.base.expire(now, f));
         if self.idle {
-            self.update_idle();
+            self.update_idle(Some(now));
             return self.idle_timeout();
         }
         if shared.hierarchy.requires_handle_remote(cpu, now) {
@@ -267,11 +268,11 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         deadline
     }
 
-    fn idle(&mut self, _now: Nanos) -> Nanos {
+    fn idle(&mut self, now: Nanos) -> Nanos {
         if !self.idle {
             self.idle = true;
             self.base.share_globals();
-            self.update_idle();
+            self.update_idle(Some(now));
         }
         self.idle_timeout()
     }

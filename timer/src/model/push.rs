@@ -65,14 +65,18 @@ impl<T: Send + 'static> PushCpu<T> {
         self.tick
             .track(self.base.next_expiry(), &self.shared.metrics);
         if self.idle {
-            self.sleep();
+            self.sleep(None);
         }
     }
 
     /// Arms the wake-up for the head of the base: push wakes for every timer.
-    fn sleep(&self) -> Nanos {
-        self.sleeper
-            .sleep(self.base.next_expiry(), &|| NEVER, &self.shared.metrics)
+    fn sleep(&self, now: Option<Nanos>) -> Nanos {
+        self.sleeper.sleep(
+            self.base.next_expiry(),
+            &|| NEVER,
+            now,
+            &self.shared.metrics,
+        )
     }
 }
 
@@ -105,9 +109,9 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
         self.base.next_expiry()
     }
 
-    fn idle(&mut self, _now: Nanos) -> Nanos {
+    fn idle(&mut self, now: Nanos) -> Nanos {
         self.idle = true;
-        self.sleep()
+        self.sleep(Some(now))
     }
 
     fn idle_timeout(&self) -> Nanos {

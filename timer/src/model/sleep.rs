@@ -26,9 +26,8 @@ use crate::host::HostTimer;
 use crate::metrics::Metrics;
 use crate::sync::{lock, Mutex};
 
-/// `armed` after a wake-up: forces the next `sleep` to program the host timer, which also
-/// clears an expiry that happened while the CPU was awake.
-const STALE: Nanos = NEVER - 1;
+/// `armed` before anything was programmed: the first `sleep` programs the host timer.
+const UNSET: Nanos = NEVER - 1;
 
 /// One CPU's host wake-up (shared: the owner sleeps on it, others retarget it).
 pub struct Sleeper {
@@ -97,7 +96,7 @@ impl Sleeper {
             slot: Mutex::new(Slot {
                 asleep: false,
                 own: NEVER,
-                armed: STALE,
+                armed: UNSET,
                 timer: None,
             }),
         }
@@ -107,17 +106,31 @@ impl Sleeper {
     pub fn attach(&self, timer: Box<dyn HostTimer>) {
         let mut s = lock(&self.slot);
         s.timer = Some(timer);
-        s.armed = STALE;
+        s.armed = UNSET;
     }
 
     /// Owner: it sleeps (or, asleep already, its own deadline moved) with its own deadline
     /// `own`; `duty()` reads its current duty. Arms the host wake-up; returns its deadline.
-    pub fn sleep(&self, own: Nanos, duty: &dyn Fn() -> Nanos, m: &Metrics) -> Nanos {
+    /// `now` (if known) saves the syscall when the deadline is the one still pending from the
+    /// last sleep (a kick woke it early): a timer armed for after `now` has not fired yet.
+    /// Otherwise the timer is re-programmed, which clears an expiry that happened while the
+    /// CPU was awake.
+    pub fn sleep(
+        &self,
+        own: Nanos,
+        duty: &dyn Fn() -> Nanos,
+        now: Option<Nanos>,
+        m: &Metrics,
+    ) -> Nanos {
         let mut s = lock(&self.slot);
         s.asleep = true;
         s.own = own;
         let want = own.min(duty());
-        s.arm(want, false, m);
+        let pending = s.armed == NEVER || now.is_some_and(|n| s.armed > n && s.armed != UNSET);
+        if want != s.armed || !pending {
+            s.armed = UNSET;
+            s.arm(want, false, m);
+        }
         want
     }
 
@@ -134,17 +147,11 @@ impl Sleeper {
 
     /// Owner: it is awake. Returns the deadline its wake-up was armed for (`NEVER`: none; a
     /// huge value if it never slept), to tell a timer wake-up from a kick. The host timer is
-    /// left as is (no syscall): the next [`Sleeper::sleep`] re-programs an armed one, which
-    /// clears an expiry that happened meanwhile.
+    /// left as is (no syscall); the next [`Sleeper::sleep`] decides whether to re-program it.
     pub fn wake(&self) -> Nanos {
         let mut s = lock(&self.slot);
         s.asleep = false;
-        let armed = s.armed;
-        if armed != NEVER {
-            // It may fire while the CPU is awake; the next `sleep` must re-program it.
-            s.armed = STALE;
-        }
-        armed
+        s.armed
     }
 
     /// The deadline the wake-up is armed for while asleep (`NEVER`: none, or awake).
@@ -155,5 +162,59 @@ impl Sleeper {
         } else {
             NEVER
         }
+    }
+}
+
+#[cfg(test)]
+#[cfg(not(loom))]
+mod tests {
+    use super::*;
+    use crate::host::FakeHostTimer;
+
+    #[test]
+    fn programs_the_host_timer_only_when_needed() {
+        let (m, fake, s) = (Metrics::default(), FakeHostTimer::new(), Sleeper::new());
+        s.attach(Box::new(fake.clone()));
+        let duty = std::cell::Cell::new(NEVER);
+        let d = || duty.get();
+        assert_eq!(s.sleep(100, &d, Some(0), &m), 100);
+        assert_eq!((fake.deadline(), fake.arms()), (100, 1));
+        // Kicked at 50: the same deadline, still pending at 60, costs no syscall.
+        assert_eq!(s.wake(), 100);
+        s.sleep(100, &d, Some(60), &m);
+        assert_eq!(fake.arms(), 1);
+        // It fired at 100 while the CPU ran: re-programmed even for the same deadline.
+        s.wake();
+        s.sleep(100, &d, Some(100), &m);
+        assert_eq!(fake.arms(), 2);
+        // Without `now`, always re-programmed.
+        s.sleep(100, &d, None, &m);
+        assert_eq!(fake.arms(), 3);
+        // Another thread moves the duty earlier, then away: re-armed both times.
+        duty.set(40);
+        s.retarget(&d, &m);
+        assert_eq!(fake.deadline(), 40);
+        duty.set(NEVER);
+        s.retarget(&d, &m);
+        assert_eq!((fake.deadline(), fake.arms()), (100, 5));
+        // An awake CPU is left alone.
+        s.wake();
+        duty.set(10);
+        s.retarget(&d, &m);
+        assert_eq!((fake.deadline(), s.armed()), (100, NEVER));
+        let snap = m.snapshot();
+        assert_eq!((snap.wake_timer_arms, snap.wake_retargets), (5, 2));
+        assert_eq!(snap.host_timer_arms, 5);
+    }
+
+    #[test]
+    fn without_a_host_timer_a_retarget_cannot_move_the_wait() {
+        let (m, s) = (Metrics::default(), Sleeper::new());
+        s.sleep(100, &|| 50, Some(0), &m);
+        assert_eq!(s.armed(), 50);
+        // The owner blocks with 50 and only re-reads when it wakes.
+        s.retarget(&|| NEVER, &m);
+        assert_eq!(s.armed(), 50);
+        assert_eq!(m.snapshot().wake_timer_arms, 0);
     }
 }

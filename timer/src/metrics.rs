@@ -81,14 +81,12 @@ impl Metrics {
         }
     }
 
-    /// A CPU woke from idle at `now` with its wake-up armed for `armed`; `busy`: it found
+    /// A CPU woke from idle at or after its host wake-up's deadline; `busy`: it found
     /// something due.
-    pub(crate) fn woke(&self, armed: u64, now: u64, busy: bool) {
-        if armed <= now {
-            self.timer_wakeups.fetch_add(1, Ordering::Relaxed);
-            if !busy {
-                self.empty_wakeups.fetch_add(1, Ordering::Relaxed);
-            }
+    pub(crate) fn timer_wakeup(&self, busy: bool) {
+        self.timer_wakeups.fetch_add(1, Ordering::Relaxed);
+        if !busy {
+            self.empty_wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 

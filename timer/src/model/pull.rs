@@ -298,7 +298,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
                 // now runs as migrator (the duty it held), else for nothing.
                 let busy =
                     self.base.next_expiry() <= now || shared.hierarchy.remote_deadline(cpu) <= now;
-                shared.metrics.woke(armed, now, busy);
+                shared.metrics.timer_wakeup(busy);
             }
         }
     }

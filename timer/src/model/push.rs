@@ -121,9 +121,10 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
     fn wake(&mut self, now: Nanos) {
         if self.idle {
             self.idle = false;
-            let armed = self.sleeper.wake();
-            let busy = self.base.next_expiry() <= now;
-            self.shared.metrics.woke(armed, now, busy);
+            if self.sleeper.wake() <= now {
+                let busy = self.base.next_expiry() <= now;
+                self.shared.metrics.timer_wakeup(busy);
+            }
         }
     }
 

@@ -29,7 +29,10 @@
 //! ```
 //! All three models honour the contract (in `push` and `central` nobody else moves it).
 //! Between `wake` and the next `idle` the wake timer may still fire: `idle` re-programs it
-//! first, which for a timerfd also clears that stale expiry.
+//! unless its deadline is the same and still ahead (then it has not fired), and re-programming
+//! a timerfd clears a stale expiry. A wake timer must accept an absolute deadline in the
+//! model's clock, may be armed from any thread while its owner waits on it, and must fire at
+//! once for a deadline already past.
 
 mod central;
 mod pull;

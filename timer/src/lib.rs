@@ -12,8 +12,10 @@
 //!   is not woken for timers someone else can run. See the [`hierarchy`] module docs.
 //! * [`model`]: `pull`, `push` and `central` behind [`CpuTimers`] / [`TimerModel`], so a VM
 //!   picks one at start-up. Host timers sit behind [`HostTimer`] ([`TimerFdHost`] for real,
-//!   [`FakeHostTimer`] for tests); [`Metrics`] counts arms, expiries and kicks; the
-//!   [`Waker`] hook tells the VMM to kick a vCPU.
+//!   [`FakeHostTimer`] for tests); [`Metrics`] counts arms, expiries, kicks and empty
+//!   wake-ups; the [`Waker`] hook tells the VMM to kick a vCPU. A blocked vCPU waits on its
+//!   *wake timer* ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its
+//!   wake-up duty moves (see the [`model`] module docs).
 //!
 //! State transitions emit `tracing` events with target `timer::tmigr`.
 //!
@@ -25,6 +27,9 @@
 //! * `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom`: loom models of
 //!   concurrent activate/deactivate, remote expiry vs. a new timer, root growth, and the
 //!   demonstration of why `seq` is needed. `LOOM_MAX_PREEMPTIONS=5` searches deeper (~2 s).
+//!   `--test loom_retarget`: the wake-up duty's retarget race (a CPU going idle last while
+//!   another activates and re-arms the sleeper's host wake-up).
+//! * `tests/all_idle.rs`: the all-idle VM of issue 15 in simulation (pull vs. push wake-ups).
 //! * `resources/bench/bench-timer.sh` (`make bench-timer`): criterion benchmarks.
 //! * Feature `testing` (off by default; always on in the crate's own tests): `timer::testing`, a
 //!   simulated VMM that drives the pull model and checks every timer's fate. The property

@@ -11,6 +11,10 @@ pub struct Metrics {
     remote_expiries: AtomicU64,
     remote_runs: AtomicU64,
     wakeups_requested: AtomicU64,
+    wake_timer_arms: AtomicU64,
+    wake_retargets: AtomicU64,
+    timer_wakeups: AtomicU64,
+    empty_wakeups: AtomicU64,
 }
 
 /// A copy of the counters at one moment (serialized with these field names in lull's
@@ -29,6 +33,17 @@ pub struct MetricsSnapshot {
     pub remote_runs: u64,
     /// Kicks requested through the `Waker` (owner notifications and migrator kicks).
     pub wakeups_requested: u64,
+    /// Blocked CPUs' host wake-ups programmed (armed or disarmed; the arms are also counted
+    /// in `host_timer_arms`), by the sleeper going idle or by another thread moving it.
+    pub wake_timer_arms: u64,
+    /// Host wake-ups re-armed by another thread while their CPU slept (its wake-up duty was
+    /// taken over), without waking it.
+    pub wake_retargets: u64,
+    /// Wake-ups from idle at or after the deadline the CPU's host wake-up was armed for.
+    pub timer_wakeups: u64,
+    /// Of `timer_wakeups`, those that found nothing to do: no own timer due and no remote
+    /// expiry due as migrator. The pull model's goal is 0.
+    pub empty_wakeups: u64,
 }
 
 impl Metrics {
@@ -59,6 +74,22 @@ impl Metrics {
         self.wakeups_requested.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn wake_arm(&self, remote: bool) {
+        self.wake_timer_arms.fetch_add(1, Ordering::Relaxed);
+        if remote {
+            self.wake_retargets.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A CPU woke from idle at or after its host wake-up's deadline; `busy`: it found
+    /// something due.
+    pub(crate) fn timer_wakeup(&self, busy: bool) {
+        self.timer_wakeups.fetch_add(1, Ordering::Relaxed);
+        if !busy {
+            self.empty_wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Reads all counters.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -69,6 +100,10 @@ impl Metrics {
             remote_expiries: r(&self.remote_expiries),
             remote_runs: r(&self.remote_runs),
             wakeups_requested: r(&self.wakeups_requested),
+            wake_timer_arms: r(&self.wake_timer_arms),
+            wake_retargets: r(&self.wake_retargets),
+            timer_wakeups: r(&self.timer_wakeups),
+            empty_wakeups: r(&self.empty_wakeups),
         }
     }
 }

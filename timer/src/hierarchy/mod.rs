@@ -47,12 +47,14 @@
 //! # Operations
 //!
 //! * [`Hierarchy::activate`]: the CPU sets its bit bottom-up; the walk stops at the first group
-//!   that already had a migrator.
+//!   that already had a migrator. If it turned the top group active it takes over the
+//!   wake-up duty (below) and names the sleeper that held it for a retarget.
 //! * [`Hierarchy::deactivate`]: the CPU queues its first global expiry in its group and
 //!   clears its bit; if the group became idle, the group's first event goes one level up, and
-//!   so on. If the top group became idle this CPU was the last active one and gets back the
-//!   system-wide first global expiry: the *wakeup* it must block with. If the walk stops at
-//!   an active group whose first event moved earlier, its migrator CPU is named for a kick.
+//!   so on. If the top group became idle this CPU was the last active one and claims the
+//!   *wake-up duty*: the system-wide first global expiry, which it must block with. If the
+//!   walk stops at an active group whose first event moved earlier, its migrator CPU is
+//!   named for a kick. On an idle CPU it re-reports the exact first expiry (later too).
 //! * [`Hierarchy::new_timer`]: an idle CPU armed an earlier global timer; the event is
 //!   re-propagated the same way.
 //! * [`Hierarchy::requires_handle_remote`]: lock-free check for the host tick: is this CPU a
@@ -65,10 +67,21 @@
 //! * [`Hierarchy::add_cpu`]: hot-add; may create groups and a new root above the old one
 //!   while other CPUs keep going idle and active (see `topology.rs`).
 //!
+//! # The wake-up duty (`duty.rs`)
+//!
+//! At most one idle CPU holds the duty to wake for the first event of an all-idle tree; its
+//! deadline is [`Hierarchy::wakeup`], every other CPU's is `NEVER`. An activation that makes
+//! the tree active takes the duty over, an idle CPU whose report reaches the idle top claims
+//! it; either names the CPU it took the duty from ([`IdleUpdate::retarget`], the return of
+//! [`Hierarchy::activate`]), whose host wake-up the caller re-arms without waking it.
+//!
 //! # Differences from Linux
 //!
 //! * Event queues are arrays with one slot per child, scanned linearly (at most 32 children),
 //!   instead of red-black timerqueues; `ignore` is a per-slot flag in the parent.
+//! * Linux lets the last idle CPU wake at its deadline even when another CPU has taken over
+//!   meanwhile (a sleeping CPU's clock event cannot be reprogrammed remotely). Here the duty
+//!   moves and the sleeper's host wake-up is re-armed from the CPU that moved it.
 //! * Linux's active CPUs notice new remote work at their periodic tick. A vCPU in KVM_RUN has
 //!   only a lazily armed host tick, so [`Hierarchy::deactivate`] and [`Hierarchy::new_timer`]
 //!   name the migrator to kick when its remote deadline moved earlier or the migrator role
@@ -83,11 +96,16 @@
 //!
 //! # Locking
 //!
-//! CPU state lock, then group queue locks bottom-up, child before parent. State words are
+//! CPU state lock, then group queue locks bottom-up, child before parent, then the duty lock
+//! (nothing is taken under it). State words are
 //! lock-free. The owner of a CPU id calls activate/deactivate/new_timer for it; any active CPU
 //! may call `handle_remote` for itself.
 
+mod duty;
 mod ops;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod retarget_tests;
 mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]
@@ -119,11 +137,14 @@ pub trait RemoteExpiry {
 /// What an idle CPU learns from [`Hierarchy::deactivate`] or [`Hierarchy::new_timer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdleUpdate {
-    /// The system-wide first global expiry if this CPU was the last active one (it must wake
-    /// up by then), else `NEVER`.
+    /// The system-wide first global expiry if this CPU now holds the wake-up duty of an
+    /// all-idle tree (it must wake up by then), else `NEVER`. Live value: [`Hierarchy::wakeup`].
     pub wakeup: Nanos,
     /// A migrator whose remote deadline moved earlier and must re-arm its host tick.
     pub kick: Option<CpuId>,
+    /// A sleeping CPU that lost the wake-up duty to this one: its host wake-up must be moved
+    /// to its own next deadline (see [`Hierarchy::wakeup`]), without waking it.
+    pub retarget: Option<CpuId>,
 }
 
 /// What [`Hierarchy::handle_remote`] did.
@@ -174,7 +195,6 @@ struct Group {
 struct CpuState {
     idle: bool,
     remote: bool,
-    wakeup: Nanos,
     evt: Nanos,
 }
 
@@ -184,6 +204,9 @@ struct CpuNode {
     slot: u8,
     node: NodeId,
     state: Mutex<CpuState>,
+    /// The wake-up duty this CPU holds (`NEVER` unless it is the duty holder); written only
+    /// under [`Hierarchy::duty`], read lock-free by whoever (re-)arms its host wake-up.
+    wake: AtomicU64,
 }
 
 /// The tree of groups over all CPUs; shared by every vCPU thread (`Arc<Hierarchy>`).
@@ -194,6 +217,8 @@ pub struct Hierarchy {
     groups: Box<[OnceLock<Group>]>,
     cpus: Box<[OnceLock<CpuNode>]>,
     topo: std::sync::Mutex<topology::Topology>,
+    /// The CPU holding the wake-up duty of an all-idle tree (see `duty.rs`).
+    duty: Mutex<Option<CpuId>>,
     seq_step: u32,
 }
 
@@ -284,8 +309,9 @@ impl Hierarchy {
         crate::sync::lock(&self.cpu_node(cpu).state).idle
     }
 
-    /// The wake-up an idle `cpu` must honour (`NEVER` if none).
+    /// The wake-up duty an idle `cpu` must honour (`NEVER` if none). Another CPU may move it
+    /// at any time (it then names `cpu` for a retarget); read it again after that.
     pub fn wakeup(&self, cpu: CpuId) -> Nanos {
-        crate::sync::lock(&self.cpu_node(cpu).state).wakeup
+        self.cpu_node(cpu).wake.load(Ordering::SeqCst)
     }
 }

@@ -51,18 +51,21 @@ fn set_event(g: &Group, q: &mut GroupQueue, slot: u8, evt: Event) -> (Nanos, Nan
 
 impl Hierarchy {
     /// Marks `cpu` active (it is about to run guest code). Lock-free except for the CPU's own
-    /// state lock; the walk stops at the first group that already had a migrator.
-    pub fn activate(&self, cpu: CpuId) {
+    /// state lock; the walk stops at the first group that already had a migrator. If it
+    /// turned the top group active it takes over the wake-up duty of the all-idle tree and
+    /// returns the sleeping CPU that held it: re-arm that CPU's host wake-up (it reads
+    /// `NEVER` from [`Hierarchy::wakeup`] now), do not wake it.
+    pub fn activate(&self, cpu: CpuId) -> Option<CpuId> {
         let c = self.cpu_node(cpu);
         let mut st = lock(&c.state);
         if !st.idle {
-            return;
+            return None;
         }
         st.idle = false;
-        st.wakeup = NEVER;
         let mut g = self.group(c.group);
         g.ignore[usize::from(c.slot)].store(true, Ordering::Release);
         let mut slot = c.slot;
+        let mut retarget = None;
         loop {
             let t = state::set_active(&g.state, slot, self.seq_step);
             trace!(target: TRACE_TARGET, event = "group_set_cpu_active", cpu, group = g.id,
@@ -71,23 +74,27 @@ impl Hierarchy {
                 break;
             }
             let Some(p) = self.parent_of(g, t.new) else {
+                retarget = self.release_duty(cpu, g);
                 break;
             };
             slot = g.slot();
             p.ignore[usize::from(slot)].store(true, Ordering::Release);
             g = p;
         }
-        trace!(target: TRACE_TARGET, event = "cpu_active", cpu);
+        trace!(target: TRACE_TARGET, event = "cpu_active", cpu, retarget = ?retarget);
+        retarget
     }
 
     /// Marks `cpu` idle with `next_global` (its first global expiry, or `NEVER`; pass `NEVER`
-    /// when a pinned timer expires first, the CPU wakes for that anyway).
+    /// when a pinned timer expires first, the CPU wakes for that anyway). On a CPU that is
+    /// already idle it re-reports exactly `next_global`, later or earlier than before (after
+    /// the idle CPU armed, cancelled or moved timers), so that nobody wakes for a stale event.
     pub fn deactivate(&self, cpu: CpuId, next_global: Nanos) -> IdleUpdate {
         let c = self.cpu_node(cpu);
         let mut st = lock(&c.state);
         if st.idle {
             drop(st);
-            return self.new_timer(cpu, next_global);
+            return self.report(cpu, next_global, true);
         }
         st.idle = true;
         st.evt = next_global;
@@ -109,6 +116,7 @@ impl Hierarchy {
         let mut out = IdleUpdate {
             wakeup: NEVER,
             kick: None,
+            retarget: None,
         };
         loop {
             if t.new.active != 0 {
@@ -122,10 +130,8 @@ impl Hierarchy {
                 break;
             }
             let Some(p) = self.parent_of(g, t.new) else {
-                // Read under the queue lock: a concurrent new timer that queued its event
-                // here either did so before (we see it) or reads our idle state after.
-                let _q = lock(&g.queue);
-                out.wakeup = g.next_expiry.load(Ordering::SeqCst);
+                // The last one out: the wake-up duty of the all-idle tree (see `duty.rs`).
+                (out.wakeup, out.retarget) = self.claim_duty(cpu, g);
                 break;
             };
             (old_first, new_first) = self.propagate_group(p, g);
@@ -134,9 +140,8 @@ impl Hierarchy {
             self.trace_inactive(cpu, p, &t);
             g = p;
         }
-        st.wakeup = out.wakeup;
         trace!(target: TRACE_TARGET, event = "cpu_idle", cpu, next_global, wakeup = out.wakeup,
-            kick = ?out.kick);
+            kick = ?out.kick, retarget = ?out.retarget);
         out
     }
 
@@ -180,42 +185,53 @@ impl Hierarchy {
     }
 
     /// An idle `cpu` armed a global timer at `next_global` (its new first global expiry).
-    /// Returns the wake-up it must now honour (`NEVER` if none) and a migrator to kick.
-    /// Active CPUs need nothing.
+    /// Returns the wake-up it must now honour (`NEVER` if none), a migrator to kick and a
+    /// sleeper whose duty it took. Active CPUs need nothing; a later `next_global` than the
+    /// one reported changes nothing (use [`Hierarchy::deactivate`] to re-report exactly).
     pub fn new_timer(&self, cpu: CpuId, next_global: Nanos) -> IdleUpdate {
+        self.report(cpu, next_global, false)
+    }
+
+    /// Reports an idle `cpu`'s first global expiry: only if earlier than the last one, or
+    /// (`exact`) whenever it differs.
+    fn report(&self, cpu: CpuId, next_global: Nanos, exact: bool) -> IdleUpdate {
         let c = self.cpu_node(cpu);
         let mut st = lock(&c.state);
-        if !st.idle || next_global >= st.evt {
-            return IdleUpdate {
-                wakeup: st.wakeup,
-                kick: None,
-            };
+        let unchanged = IdleUpdate {
+            wakeup: c.wake.load(Ordering::SeqCst),
+            kick: None,
+            retarget: None,
+        };
+        if !st.idle || next_global == st.evt || (next_global > st.evt && !exact) {
+            return unchanged;
         }
         if st.remote {
             // The CPU handling it remotely re-reads the next expiry after we release the lock.
-            st.wakeup = NEVER;
-            return IdleUpdate {
-                wakeup: NEVER,
-                kick: None,
-            };
+            return unchanged;
         }
         st.evt = next_global;
         trace!(target: TRACE_TARGET, event = "cpu_new_timer", cpu, next_global);
-        let (wakeup, kick) = self.walk_events(c, cpu, next_global, false);
-        st.wakeup = wakeup;
-        IdleUpdate { wakeup, kick }
+        let (top, kick) = self.walk_events(c, cpu, next_global);
+        let (wakeup, retarget) = match top {
+            Some(g) => self.claim_duty(cpu, g),
+            None => (c.wake.load(Ordering::SeqCst), None),
+        };
+        IdleUpdate {
+            wakeup,
+            kick,
+            retarget,
+        }
     }
 
     /// Re-propagates `cpu`'s event bottom-up until a level above the first active group (the
-    /// `tmigr_new_timer_up` walk). Returns (first expiry of an idle top group, kicked CPU).
-    /// Caller holds the CPU's state lock.
+    /// `tmigr_new_timer_up` walk). Returns the top group if the walk reached it idle, and a
+    /// migrator to kick. Caller holds the CPU's state lock.
     fn walk_events(
         &self,
         c: &CpuNode,
         cpu: CpuId,
         expiry: Nanos,
-        remote: bool,
-    ) -> (Nanos, Option<CpuId>) {
+    ) -> (Option<&Group>, Option<CpuId>) {
         let mut g = self.group(c.group);
         let (mut old, mut new) = {
             let mut q = lock(&g.queue);
@@ -229,15 +245,10 @@ impl Hierarchy {
                 } else {
                     None
                 };
-                return (NEVER, kick);
+                return (None, kick);
             }
             let Some(p) = self.parent_of(g, gs) else {
-                let first = if remote {
-                    NEVER
-                } else {
-                    g.next_expiry.load(Ordering::SeqCst)
-                };
-                return (first, None);
+                return (Some(g), None);
             };
             (old, new) = self.propagate_group(p, g);
             g = p;
@@ -335,14 +346,14 @@ impl Hierarchy {
                 return false;
             }
             st.remote = true;
-            st.wakeup = NEVER;
         }
         exp.expire_remote(cpu, now);
         let mut st = lock(&c.state);
         if st.idle {
             let next = exp.next_global(cpu);
             st.evt = next;
-            let (_, kick) = self.walk_events(c, cpu, next, true);
+            // The walk stops at or below a group this (active) migrator keeps active.
+            let (_, kick) = self.walk_events(c, cpu, next);
             trace!(target: TRACE_TARGET, event = "remote_cpu_done", cpu, next, kick = ?kick);
         }
         st.remote = false;

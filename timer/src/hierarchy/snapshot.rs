@@ -61,7 +61,7 @@ pub struct CpuSnapshot {
     pub node: usize,
     /// Idle in the hierarchy.
     pub idle: bool,
-    /// Wake-up it must honour while idle.
+    /// Wake-up duty it must honour while idle (`NEVER` unless it is the duty holder).
     pub wakeup: Nanos,
     /// The global expiry it last reported.
     pub evt: Nanos,
@@ -78,6 +78,8 @@ pub struct Snapshot {
     pub groups: Vec<GroupSnapshot>,
     /// CPUs by id.
     pub cpus: Vec<CpuSnapshot>,
+    /// The CPU holding the wake-up duty of the all-idle tree.
+    pub duty_holder: Option<CpuId>,
 }
 
 impl Hierarchy {
@@ -134,7 +136,7 @@ impl Hierarchy {
                     slot: usize::from(n.slot),
                     node: n.node,
                     idle: st.idle,
-                    wakeup: st.wakeup,
+                    wakeup: n.wake.load(Ordering::SeqCst),
                     evt: st.evt,
                 }
             })
@@ -144,6 +146,7 @@ impl Hierarchy {
             crossnode_level: self.crossnode_level,
             groups,
             cpus,
+            duty_holder: self.duty_holder(),
         }
     }
 }
@@ -166,6 +169,42 @@ impl Snapshot {
         for g in &self.groups {
             self.check_group(g)
                 .map_err(|e| format!("group {}: {e}", g.id))?;
+        }
+        self.check_duty()
+    }
+
+    /// The wake-up duty (see `duty.rs`): an idle root with a first event has exactly one
+    /// holder, an idle CPU waking for exactly that event; otherwise nobody has a wake-up.
+    fn check_duty(&self) -> Result<(), String> {
+        let Some(root) = self.root().map(|r| &self.groups[r]) else {
+            return Ok(());
+        };
+        let want = if root.state.active == 0 && root.next_expiry != NEVER {
+            Some(root.next_expiry)
+        } else {
+            None
+        };
+        for (c, cpu) in self.cpus.iter().enumerate() {
+            let holds = self.duty_holder == Some(c);
+            let expect = if holds { want } else { None };
+            if (cpu.wakeup != NEVER).then_some(cpu.wakeup) != expect {
+                return Err(format!(
+                    "CPU {c} wakes at {} (holder {:?}), root first {:?}",
+                    cpu.wakeup, self.duty_holder, want
+                ));
+            }
+            if holds && !cpu.idle {
+                return Err(format!("active CPU {c} holds the wake-up duty"));
+            }
+        }
+        if want.is_none() && self.duty_holder.is_some() {
+            return Err(format!(
+                "CPU {:?} holds a duty nobody needs",
+                self.duty_holder
+            ));
+        }
+        if want.is_some() && self.duty_holder.is_none() {
+            return Err(format!("all idle, nobody wakes for {}", root.next_expiry));
         }
         Ok(())
     }

@@ -29,7 +29,7 @@ use super::state::{self, GroupState, MAX_GROUP_SIZE};
 use super::{Child, CpuNode, CpuState, Group, Hierarchy, NONE};
 use crate::base::CpuId;
 use crate::clock::NEVER;
-use crate::sync::{Mutex, Ordering};
+use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// A NUMA node number.
 pub type NodeId = usize;
@@ -113,6 +113,7 @@ impl Hierarchy {
             groups: (0..max_groups).map(|_| OnceLock::new()).collect(),
             cpus: (0..config.max_cpus).map(|_| OnceLock::new()).collect(),
             topo: std::sync::Mutex::new(Topology::default()),
+            duty: Mutex::new(None),
             seq_step: 1,
         };
         for &n in nodes {
@@ -157,9 +158,9 @@ impl Hierarchy {
             state: Mutex::new(CpuState {
                 idle: true,
                 remote: false,
-                wakeup: NEVER,
                 evt: NEVER,
             }),
+            wake: AtomicU64::new(NEVER),
         });
         let _ = g.members[usize::from(slot)].set(Child::Cpu(cpu));
         topo.ncpus += 1;

@@ -26,6 +26,8 @@ pub struct CentralModel<T> {
 pub struct CentralCpu<T> {
     cpu: CpuId,
     shared: Arc<CentralModel<T>>,
+    /// Never armed: the timer thread kicks the CPU for each of its timers.
+    wake_timer: Option<Box<dyn HostTimer>>,
 }
 
 impl<T: Send + 'static> CentralModel<T> {
@@ -47,6 +49,7 @@ impl<T: Send + 'static> CentralModel<T> {
             .map(|cpu| CentralCpu {
                 cpu,
                 shared: Arc::clone(&shared),
+                wake_timer: None,
             })
             .collect();
         (shared, cpus)
@@ -141,6 +144,10 @@ impl<T: Send + 'static> CpuTimers<T> for CentralCpu<T> {
     }
 
     fn wake(&mut self, _now: Nanos) {}
+
+    fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>) {
+        self.wake_timer = Some(timer);
+    }
 
     fn next_deadline(&self) -> Nanos {
         NEVER

@@ -11,16 +11,43 @@
 //! returns the timeout), [`CpuTimers::wake`] after blocking. The VMM keeps the shared
 //! [`TimerModel`] for metrics and, for `central`, to drive [`TimerModel::service`] from its
 //! timer thread.
+//!
+//! # Blocking on the host wake-up
+//!
+//! In `pull` the timeout of a blocked vCPU can move while it sleeps: when it went idle last
+//! it holds the wake-up duty of the all-idle VM, and a vCPU that becomes active takes that
+//! duty over (see `hierarchy/duty.rs`). A VMM that blocks with the timeout `idle` returned
+//! would wake for nothing. So a VMM gives each vCPU a *wake timer* with
+//! [`CpuTimers::set_wake_timer`] (a `HostTimer` any thread may arm, e.g. an absolute
+//! timerfd) and then blocks until that timer fires or it is kicked, ignoring the timeout:
+//!
+//! ```text
+//!   idle(now)          arms the wake timer for the timeout (it also returns it)
+//!   wait               until the wake timer fires or a kick; other threads may re-arm the
+//!                      wake timer meanwhile (later, earlier, or off) without waking it
+//!   wake(now)          before running guest code (counts the wake-up, empty or not)
+//! ```
+//! All three models honour the contract (in `push` and `central` nobody else moves it).
+//! Between `wake` and the next `idle` the wake timer may still fire: `idle` re-programs it
+//! unless its deadline is the same and still ahead (then it has not fired), and re-programming
+//! a timerfd clears a stale expiry. A wake timer must accept an absolute deadline in the
+//! model's clock, may be armed from any thread while its owner waits on it, and must fire at
+//! once for a deadline already past.
 
 mod central;
 mod pull;
 mod push;
+mod sleep;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod sleep_tests;
 
 use std::sync::Arc;
 
 pub use central::{CentralCpu, CentralModel};
 pub use pull::{PullCpu, PullModel};
 pub use push::{PushCpu, PushModel};
+pub use sleep::Sleeper;
 
 use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
@@ -97,6 +124,10 @@ pub trait CpuTimers<T>: Send {
     fn idle_timeout(&self) -> Nanos;
     /// Back from idle, before running guest code.
     fn wake(&mut self, now: Nanos);
+    /// Gives this CPU a host wake-up timer that [`CpuTimers::idle`] arms and that other
+    /// threads may re-arm while the CPU sleeps; the VMM then blocks until it fires or a kick
+    /// (see the module docs). Without one, the VMM blocks with the returned timeout.
+    fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>);
     /// The deadline the host tick is armed for (`NEVER` if none).
     fn next_deadline(&self) -> Nanos;
 }

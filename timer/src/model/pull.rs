@@ -1,8 +1,13 @@
 //! `pull`: global timers of idle CPUs are expired by a running migrator (see `Hierarchy`).
+//!
+//! An idle CPU sleeps until its first pinned timer or the wake-up duty the hierarchy gave it
+//! (its [`Sleeper`]). Whenever the hierarchy moves another CPU's duty (an activation takes it
+//! over, an idle CPU claims it), the CPU that moved it re-arms that sleeper's host wake-up
+//! on its own thread: a blocked vCPU is woken only for its own timers or a duty that is due.
 
 use std::sync::{Arc, OnceLock};
 
-use super::{CpuTimers, HostTick, ModelKind, OnFire, TimerModel, Waker};
+use super::{CpuTimers, HostTick, ModelKind, OnFire, Sleeper, TimerModel, Waker};
 use crate::base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, NodeId, RemoteExpiry};
@@ -13,6 +18,7 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 pub struct PullModel<T> {
     hierarchy: Hierarchy,
     globals: Box<[OnceLock<Arc<GlobalQueue<T>>>]>,
+    sleepers: Box<[OnceLock<Sleeper>]>,
     metrics: Metrics,
     waker: Arc<dyn Waker>,
 }
@@ -23,7 +29,6 @@ pub struct PullCpu<T> {
     shared: Arc<PullModel<T>>,
     tick: HostTick,
     idle: bool,
-    wakeup: Nanos,
 }
 
 impl<T: Send + 'static> PullModel<T> {
@@ -50,25 +55,28 @@ impl<T: Send + 'static> PullModel<T> {
         let bases: Vec<TimerBase<T>> = (0..nodes.len()).map(TimerBase::new).collect();
         let globals: Box<[OnceLock<Arc<GlobalQueue<T>>>]> =
             (0..max_cpus).map(|_| OnceLock::new()).collect();
+        let sleepers: Box<[OnceLock<Sleeper>]> = (0..max_cpus).map(|_| OnceLock::new()).collect();
         for b in &bases {
             let _ = globals[b.cpu()].set(Arc::clone(b.global()));
+            let _ = sleepers[b.cpu()].set(Sleeper::new());
         }
         let shared = Arc::new(Self {
             hierarchy,
             globals,
+            sleepers,
             metrics: Metrics::default(),
             waker,
         });
         let cpus = bases
             .into_iter()
             .map(|base| {
-                shared.hierarchy.activate(base.cpu());
+                let released = shared.hierarchy.activate(base.cpu());
+                shared.retarget(released);
                 PullCpu {
                     tick: HostTick::new(host(Some(base.cpu()))),
                     base,
                     shared: Arc::clone(&shared),
                     idle: false,
-                    wakeup: NEVER,
                 }
             })
             .collect();
@@ -85,13 +93,14 @@ impl<T: Send + 'static> PullModel<T> {
         let cpu = self.hierarchy.add_cpu(node)?;
         let base = TimerBase::new(cpu);
         let _ = self.globals[cpu].set(Arc::clone(base.global()));
-        self.hierarchy.activate(cpu);
+        let _ = self.sleepers[cpu].set(Sleeper::new());
+        let released = self.hierarchy.activate(cpu);
+        self.retarget(released);
         Ok(PullCpu {
             tick: HostTick::new(host),
             base,
             shared: Arc::clone(self),
             idle: false,
-            wakeup: NEVER,
         })
     }
 
@@ -114,6 +123,27 @@ impl<T> PullModel<T> {
             Some(g) => g,
             None => panic!("CPU {cpu} has no timer base"),
         }
+    }
+
+    fn sleeper(&self, cpu: CpuId) -> &Sleeper {
+        match self.sleepers.get(cpu).and_then(OnceLock::get) {
+            Some(s) => s,
+            None => panic!("CPU {cpu} has no sleeper"),
+        }
+    }
+
+    /// The hierarchy moved `cpu`'s wake-up duty: re-arm its host wake-up (not waking it).
+    fn retarget(&self, cpu: Option<CpuId>) {
+        if let Some(c) = cpu {
+            self.sleeper(c)
+                .retarget(&|| self.hierarchy.wakeup(c), &self.metrics);
+        }
+    }
+
+    /// The deadline `cpu`'s host wake-up is armed for while it sleeps (`NEVER` if none or
+    /// awake), for inspection and simulated VMMs.
+    pub fn armed_wakeup(&self, cpu: CpuId) -> Nanos {
+        self.sleeper(cpu).armed()
     }
 }
 
@@ -163,14 +193,21 @@ impl<T: Send + 'static> PullCpu<T> {
         }
     }
 
-    /// Re-reports an idle CPU's first global expiry (after arming or expiring while idle).
-    fn update_idle(&mut self) {
-        let upd = self
-            .shared
-            .hierarchy
-            .deactivate(self.base.cpu(), self.reported());
-        self.wakeup = upd.wakeup;
-        self.shared.kick(upd.kick);
+    /// Reports an idle CPU's first global expiry (going idle, or after arming, cancelling or
+    /// expiring while idle), then (re-)arms its host wake-up for its first pinned timer or
+    /// its wake-up duty (`now`, if known, may spare the syscall, see [`Sleeper::sleep`]).
+    fn update_idle(&mut self, now: Option<Nanos>) {
+        let shared = &*self.shared;
+        let cpu = self.base.cpu();
+        let upd = shared.hierarchy.deactivate(cpu, self.reported());
+        shared.kick(upd.kick);
+        shared.retarget(upd.retarget);
+        shared.sleeper(cpu).sleep(
+            self.base.next_pinned(),
+            &|| shared.hierarchy.wakeup(cpu),
+            now,
+            &shared.metrics,
+        );
     }
 
     /// The base, for inspection.
@@ -186,17 +223,18 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
 
     fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
         let h = self.base.arm(kind, deadline, payload);
-        if self.idle && kind == TimerKind::Global {
-            self.update_idle();
+        if self.idle {
+            self.update_idle(None);
         }
         h
     }
 
     fn cancel(&mut self, h: TimerHandle) -> Option<T> {
         let p = self.base.cancel(h);
-        // A cancelled pinned timer may have been the wake-up covering a global one.
-        if p.is_some() && self.idle && h.kind() == TimerKind::Pinned {
-            self.update_idle();
+        // Idle: the reported event and the wake-up may both move (later: nobody must wake
+        // for a timer that is gone).
+        if p.is_some() && self.idle {
+            self.update_idle(None);
         }
         p
     }
@@ -204,7 +242,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool {
         let ok = self.base.rearm(h, deadline);
         if ok && self.idle {
-            self.update_idle();
+            self.update_idle(None);
         }
         ok
     }
@@ -214,7 +252,7 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         let cpu = self.base.cpu();
         shared.metrics.local(self.base.expire(now, f));
         if self.idle {
-            self.update_idle();
+            self.update_idle(Some(now));
             return self.idle_timeout();
         }
         if shared.hierarchy.requires_handle_remote(cpu, now) {
@@ -230,26 +268,43 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         deadline
     }
 
-    fn idle(&mut self, _now: Nanos) -> Nanos {
+    fn idle(&mut self, now: Nanos) -> Nanos {
         if !self.idle {
             self.idle = true;
             self.base.share_globals();
-            self.update_idle();
+            self.update_idle(Some(now));
         }
         self.idle_timeout()
     }
 
     fn idle_timeout(&self) -> Nanos {
-        self.base.next_pinned().min(self.wakeup)
+        let cpu = self.base.cpu();
+        self.base
+            .next_pinned()
+            .min(self.shared.hierarchy.wakeup(cpu))
     }
 
-    fn wake(&mut self, _now: Nanos) {
+    fn wake(&mut self, now: Nanos) {
         if self.idle {
             self.idle = false;
-            self.wakeup = NEVER;
-            self.shared.hierarchy.activate(self.base.cpu());
+            let shared = &*self.shared;
+            let cpu = self.base.cpu();
+            let armed = shared.sleeper(cpu).wake();
+            let released = shared.hierarchy.activate(cpu);
+            shared.retarget(released);
             self.base.reclaim_globals();
+            if armed <= now {
+                // Woken by its host wake-up: for an own timer, or for a remote expiry it
+                // now runs as migrator (the duty it held), else for nothing.
+                let busy =
+                    self.base.next_expiry() <= now || shared.hierarchy.remote_deadline(cpu) <= now;
+                shared.metrics.timer_wakeup(busy);
+            }
         }
+    }
+
+    fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>) {
+        self.shared.sleeper(self.base.cpu()).attach(timer);
     }
 
     fn next_deadline(&self) -> Nanos {

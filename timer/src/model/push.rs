@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{CpuTimers, HostTick, ModelKind, OnFire, TimerModel, Waker};
+use super::{CpuTimers, HostTick, ModelKind, OnFire, Sleeper, TimerModel, Waker};
 use crate::base::{CpuId, TimerBase, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::host::HostTimer;
@@ -19,6 +19,8 @@ pub struct PushCpu<T> {
     base: TimerBase<T>,
     shared: Arc<PushModel>,
     tick: HostTick,
+    sleeper: Sleeper,
+    idle: bool,
 }
 
 impl PushModel {
@@ -36,6 +38,8 @@ impl PushModel {
                 base: TimerBase::new(cpu),
                 shared: Arc::clone(&shared),
                 tick: HostTick::new(host(Some(cpu))),
+                sleeper: Sleeper::new(),
+                idle: false,
             })
             .collect();
         (shared, cpus)
@@ -60,6 +64,19 @@ impl<T: Send + 'static> PushCpu<T> {
     fn sync(&mut self) {
         self.tick
             .track(self.base.next_expiry(), &self.shared.metrics);
+        if self.idle {
+            self.sleep(None);
+        }
+    }
+
+    /// Arms the wake-up for the head of the base: push wakes for every timer.
+    fn sleep(&self, now: Option<Nanos>) -> Nanos {
+        self.sleeper.sleep(
+            self.base.next_expiry(),
+            &|| NEVER,
+            now,
+            &self.shared.metrics,
+        )
     }
 }
 
@@ -92,15 +109,28 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
         self.base.next_expiry()
     }
 
-    fn idle(&mut self, _now: Nanos) -> Nanos {
-        self.base.next_expiry()
+    fn idle(&mut self, now: Nanos) -> Nanos {
+        self.idle = true;
+        self.sleep(Some(now))
     }
 
     fn idle_timeout(&self) -> Nanos {
         self.base.next_expiry()
     }
 
-    fn wake(&mut self, _now: Nanos) {}
+    fn wake(&mut self, now: Nanos) {
+        if self.idle {
+            self.idle = false;
+            if self.sleeper.wake() <= now {
+                let busy = self.base.next_expiry() <= now;
+                self.shared.metrics.timer_wakeup(busy);
+            }
+        }
+    }
+
+    fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>) {
+        self.sleeper.attach(timer);
+    }
 
     fn next_deadline(&self) -> Nanos {
         self.tick.armed

@@ -29,7 +29,8 @@
 //! - **Injection**: after every exit and every `receive`, when the guest can take an
 //!   interrupt, take [`Lapic::next_interrupt`], inject it with `KVM_INTERRUPT` and call
 //!   [`Lapic::interrupt_injected`]. Sync CR8 with [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs:
-//!   [`Lapic::take_nmi`]. A halted vCPU wakes when [`Lapic::has_pending_interrupt`].
+//!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each). A halted vCPU wakes when
+//!   [`Lapic::has_pending_interrupt`].
 //! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
 //!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) and route what it
 //!   re-delivers (EOIs are always broadcast: no EOI-broadcast suppression is advertised).
@@ -73,7 +74,7 @@ pub use route::{route, ApicDestinationInfo, DestinationSet, LogicalModel};
 pub use timer::{LapicTimerChange, TimerLimits, TimerMode, TscMap, DEFAULT_BUS_HZ};
 
 use regs::{class, low_byte, VectorBitmap};
-use timer::LapicTimer;
+use timer::{LapicTimer, TimerUpdate};
 
 /// Default physical address of the xAPIC MMIO page.
 pub const DEFAULT_APIC_BASE: u64 = 0xFEE0_0000;
@@ -83,8 +84,16 @@ pub const APIC_BASE_BSP: u64 = 1 << 8;
 pub const APIC_BASE_X2APIC: u64 = 1 << 10;
 /// IA32_APIC_BASE bit 11: global enable.
 pub const APIC_BASE_ENABLE: u64 = 1 << 11;
-/// IA32_APIC_BASE bits that hold the page address (a 52-bit physical address space).
+/// IA32_APIC_BASE bits that hold the page address (a 52-bit physical address space); bits at
+/// and above the guest's MAXPHYADDR are reserved ([`LapicConfig::max_phys_addr_bits`]).
 pub const APIC_BASE_ADDRESS: u64 = 0x000F_FFFF_FFFF_F000;
+/// The architectural maximum of MAXPHYADDR (CPUID 0x80000008 EAX[7:0]), the default of
+/// [`LapicConfig::max_phys_addr_bits`].
+pub const MAX_PHYS_ADDR_BITS: u8 = 52;
+/// How many NMIs a LAPIC holds for its vCPU between two [`Lapic::take_nmi`] calls: one the
+/// vCPU may take at once and one latched behind it, as on hardware (KVM keeps the same
+/// limit in `process_nmi`).
+pub const MAX_PENDING_NMIS: u32 = 2;
 
 /// Errors of the LAPIC model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -101,6 +110,10 @@ pub enum LapicError {
     /// The configuration has a zero frequency; give a bus and TSC frequency above zero.
     #[error("LAPIC bus and TSC frequencies must be above zero")]
     ZeroFrequency,
+    /// The configured MAXPHYADDR is outside 32..=52; give the guest's CPUID 0x80000008
+    /// EAX[7:0].
+    #[error("MAXPHYADDR {0} is outside 32..=52; give the guest's CPUID 0x80000008 EAX[7:0]")]
+    MaxPhysAddrOutOfRange(u8),
 }
 
 /// Construction parameters of a [`Lapic`].
@@ -116,8 +129,12 @@ pub struct LapicConfig {
     pub tsc: TscMap,
     /// Floors on timer deadlines.
     pub limits: TimerLimits,
-    /// Whether the guest may switch to x2APIC mode (advertise it in CPUID then).
+    /// Whether the guest may switch to x2APIC mode (advertise it in CPUID then). Without it
+    /// setting IA32_APIC_BASE.EXTD and every x2APIC MSR fault (#GP).
     pub x2apic_supported: bool,
+    /// The guest's physical-address width (CPUID 0x80000008 EAX[7:0], 32..=52): an
+    /// IA32_APIC_BASE write with an address bit at or above it faults (#GP).
+    pub max_phys_addr_bits: u8,
 }
 
 impl Default for LapicConfig {
@@ -129,6 +146,7 @@ impl Default for LapicConfig {
             tsc: TscMap::default(),
             limits: TimerLimits::default(),
             x2apic_supported: true,
+            max_phys_addr_bits: MAX_PHYS_ADDR_BITS,
         }
     }
 }
@@ -196,6 +214,8 @@ pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
     initial_id: u32,
     bsp: bool,
     x2apic_supported: bool,
+    /// The IA32_APIC_BASE address bits below MAXPHYADDR.
+    apic_base_address_mask: u64,
     apic_base: u64,
     xapic_id: u8,
     tpr: u8,
@@ -210,7 +230,8 @@ pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
     icr: u64,
     lvt: [u32; 6],
     timer: LapicTimer,
-    nmi_pending: bool,
+    /// NMIs accepted and not yet taken, at most [`MAX_PENDING_NMIS`].
+    nmis_pending: u32,
     init_sipi: InitSipiState,
     events: E,
 }
@@ -228,10 +249,15 @@ impl<E: LapicEvents> Lapic<E> {
         if config.bus_hz == 0 || config.tsc.tsc_khz == 0 {
             return Err(LapicError::ZeroFrequency);
         }
+        if !(32..=MAX_PHYS_ADDR_BITS).contains(&config.max_phys_addr_bits) {
+            return Err(LapicError::MaxPhysAddrOutOfRange(config.max_phys_addr_bits));
+        }
+        let below_max_phys = (1u64 << config.max_phys_addr_bits) - 1;
         let mut lapic = Lapic {
             initial_id: config.apic_id,
             bsp: config.bsp,
             x2apic_supported: config.x2apic_supported,
+            apic_base_address_mask: APIC_BASE_ADDRESS & below_max_phys,
             apic_base: 0,
             xapic_id: 0,
             tpr: 0,
@@ -246,7 +272,7 @@ impl<E: LapicEvents> Lapic<E> {
             icr: 0,
             lvt: [0; 6],
             timer: LapicTimer::new(config.bus_hz, config.tsc, config.limits),
-            nmi_pending: false,
+            nmis_pending: 0,
             init_sipi: InitSipiState::Running,
             events,
         };
@@ -261,7 +287,7 @@ impl<E: LapicEvents> Lapic<E> {
             DEFAULT_APIC_BASE | APIC_BASE_ENABLE | if self.bsp { APIC_BASE_BSP } else { 0 };
         self.xapic_id = low_byte(self.initial_id);
         self.reset_registers();
-        self.nmi_pending = false;
+        self.nmis_pending = 0;
         self.init_sipi = if self.bsp {
             InitSipiState::Running
         } else {
@@ -355,7 +381,9 @@ impl<E: LapicEvents> Lapic<E> {
         u64::from(self.tpr >> 4)
     }
 
-    /// Sets TPR from a guest CR8 value (`kvm_run.cr8` after an exit).
+    /// Sets TPR from a guest CR8 value (`kvm_run.cr8` after an exit): TPR[7:4] = CR8[3:0] and
+    /// TPR[3:0] = 0 (SDM 11.8.6.1). The PPR follows at once, so a pending interrupt whose
+    /// class is at or below the new priority is held.
     pub fn set_cr8(&mut self, cr8: u64) {
         self.tpr = low_byte(u32::try_from(cr8 & 0xF).unwrap_or(0)) << 4;
     }
@@ -430,7 +458,7 @@ impl<E: LapicEvents> Lapic<E> {
                 self.accept_interrupt(ipi.vector, ipi.trigger_mode == TriggerMode::Level)
             }
             DeliveryMode::Nmi => {
-                self.nmi_pending = true;
+                self.accept_nmi();
                 true
             }
             DeliveryMode::Init if ipi.is_init_deassert() => false,
@@ -466,7 +494,7 @@ impl<E: LapicEvents> Lapic<E> {
         match DeliveryMode::from_bits(u64::from(bits)) {
             Some(DeliveryMode::Fixed) => self.accept_interrupt(low_byte(lvt), lvt & (1 << 15) != 0),
             Some(DeliveryMode::Nmi) => {
-                self.nmi_pending = true;
+                self.accept_nmi();
                 true
             }
             _ => {
@@ -476,26 +504,30 @@ impl<E: LapicEvents> Lapic<E> {
         }
     }
 
-    /// Marks an NMI pending.
+    /// Accepts an NMI. Up to [`MAX_PENDING_NMIS`] wait for [`Lapic::take_nmi`]; more are
+    /// merged, as a CPU latches only one NMI behind the one it is taking.
     pub fn accept_nmi(&mut self) {
-        self.nmi_pending = true;
+        self.nmis_pending = (self.nmis_pending + 1).min(MAX_PENDING_NMIS);
     }
 
     /// Whether an NMI is pending.
     pub fn nmi_pending(&self) -> bool {
-        self.nmi_pending
+        self.nmis_pending > 0
     }
 
-    /// Takes the pending NMI, if any (inject it with `KVM_NMI`).
-    pub fn take_nmi(&mut self) -> bool {
-        std::mem::take(&mut self.nmi_pending)
+    /// Takes the pending NMIs: how many to inject, 0 to [`MAX_PENDING_NMIS`]. Inject each with
+    /// its own `KVM_NMI`; KVM queues them and keeps one latched while the guest handles the
+    /// other (its NMI blocking ends at the handler's IRET), so two sent before the guest took
+    /// the first are both taken.
+    pub fn take_nmi(&mut self) -> u32 {
+        std::mem::take(&mut self.nmis_pending)
     }
 
     /// INIT: resets the registers (ID and IA32_APIC_BASE are kept) and waits for a SIPI. The
     /// VMM must stop the vCPU and reset its CPU state; cancel the host timer too.
     pub fn accept_init(&mut self) {
         self.reset_registers();
-        self.nmi_pending = false;
+        self.nmis_pending = 0;
         self.init_sipi = InitSipiState::WaitForSipi;
     }
 
@@ -536,7 +568,7 @@ impl<E: LapicEvents> Lapic<E> {
 
     /// Whether an interrupt or NMI is waiting for injection (a halted vCPU wakes for it).
     pub fn has_pending_interrupt(&self) -> bool {
-        self.nmi_pending || self.next_interrupt().is_some()
+        self.nmi_pending() || self.next_interrupt().is_some()
     }
 
     /// The VMM injected `vector`: moves it from IRR to ISR. Ignored if it was not pending.
@@ -561,11 +593,28 @@ impl<E: LapicEvents> Lapic<E> {
     /// returns the next deadline to arm (periodic mode, or a call before the deadline).
     pub fn timer_fired(&mut self, now_ns: u64) -> Option<u64> {
         let (fired, next) = self.timer.fire(now_ns);
-        let lvt = self.lvt[0];
-        if fired && lvt & regs::LVT_MASKED == 0 {
-            let _ = self.accept_interrupt(low_byte(lvt), false);
+        if fired {
+            self.timer_interrupt();
         }
         next
+    }
+
+    /// The timer reached zero or its deadline: the LVT timer vector becomes pending unless
+    /// masked.
+    fn timer_interrupt(&mut self) {
+        let lvt = self.lvt[0];
+        if lvt & regs::LVT_MASKED == 0 {
+            let _ = self.accept_interrupt(low_byte(lvt), false);
+        }
+    }
+
+    /// Applies a timer write: an expiry on the spot raises the interrupt before the write
+    /// completes; the host-timer change goes to the VMM.
+    fn timer_update(&mut self, update: TimerUpdate) -> LapicTimerChange {
+        if update.expired {
+            self.timer_interrupt();
+        }
+        update.change
     }
 
     /// The timer mode selected by the LVT timer register.

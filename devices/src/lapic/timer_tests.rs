@@ -152,26 +152,107 @@ fn tsc_deadline_arm_rearm_cancel() {
 }
 
 #[test]
-fn tsc_deadline_in_the_past_fires_at_once() {
+fn tsc_deadline_at_or_before_now_is_pending_when_the_write_completes() {
     let mut lapic = tsc_lapic();
     let now = 5_000_000;
-    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 2_000, now).unwrap();
+    // TSC 1_000 + 2 per ns: now is TSC 10_001_000.
+    for tsc in [2_000, 10_001_000] {
+        let effects = lapic.write_msr(MSR_TSC_DEADLINE, tsc, now).unwrap();
+        assert_eq!(effects.timer, LapicTimerChange::Unchanged, "no host timer");
+        assert_eq!(lapic.next_interrupt(), Some(0xEF), "deadline {tsc}");
+        assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, now), Ok(0));
+        lapic.interrupt_injected(0xEF);
+        let _ = write(&mut lapic, EOI, 0, now);
+    }
+    // An armed future deadline moved into the past: the host timer is cancelled.
+    let _ = lapic.write_msr(MSR_TSC_DEADLINE, 1 << 40, now).unwrap();
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 5, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+    assert_eq!(
+        lapic.timer_fired(now + 1),
+        None,
+        "a stale host timer does nothing"
+    );
+    // Masked: it expires all the same, with no interrupt.
+    let mut lapic = tsc_lapic();
+    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | (2 << 17) | 0xEF, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 5, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, now), Ok(0));
+    assert_eq!(lapic.next_interrupt(), None);
+    // Just ahead of now: a future deadline, armed at the minimum delay, not early.
+    let mut lapic = Lapic::with_events(
+        LapicConfig {
+            tsc: TscMap {
+                tsc_khz: 2_000_000,
+                tsc_at_ns0: 1_000,
+            },
+            ..LapicConfig::default()
+        },
+        Counting::default(),
+    )
+    .unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, (2 << 17) | 0xEF, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 10_001_002, now).unwrap();
     let floor = now + TimerLimits::default().min_delay_ns;
     assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: floor });
-    assert_eq!(lapic.timer_fired(floor), None);
-    assert_eq!(lapic.next_interrupt(), Some(0xEF));
-    // With no floor, the deadline is "now".
+    assert_eq!(lapic.next_interrupt(), None);
+    assert_eq!(lapic.events().clamped.get(), 1);
+}
+
+#[test]
+fn one_shot_count_already_run_out_is_pending_at_once() {
+    // A 4 GHz bus at divide 1: a count of 1 is a quarter nanosecond, over before the write ends.
     let mut lapic = Lapic::new(LapicConfig {
-        limits: TimerLimits {
-            min_period_ns: 100_000,
-            min_delay_ns: 0,
-        },
+        bus_hz: 4_000_000_000,
         ..LapicConfig::default()
     })
     .unwrap();
-    let _ = write(&mut lapic, LVT_TIMER, 2 << 17, 0);
-    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 1, now).unwrap();
-    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: now });
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, 0x41, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let effects = write(&mut lapic, TIMER_INITIAL, 1, 100);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.next_interrupt(), Some(0x41));
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 100), 0);
+    assert_eq!(read(&mut lapic, TIMER_INITIAL, 100), 1);
+    // Periodic mode keeps its minimum period instead.
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x42, 0);
+    let effects = write(&mut lapic, TIMER_INITIAL, 1, 100);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 100 + TimerLimits::default().min_period_ns
+        }
+    );
+}
+
+#[test]
+fn one_shot_periodic_switches_keep_the_count() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut lapic, LVT_TIMER, 0x40, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    let effects = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 250_000);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(read(&mut lapic, TIMER_INITIAL, 250_000), 1_000_000);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 250_000), 750_000);
+    // Now periodic: it reloads at zero.
+    assert_eq!(lapic.timer_fired(1_000_000), Some(2_000_000));
+    assert_eq!(lapic.next_interrupt(), Some(0x40));
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 1_500_000), 500_000);
+    // Back to one-shot: the count runs out once more and stays at 0.
+    let effects = write(&mut lapic, LVT_TIMER, 0x40, 1_500_000);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.timer_fired(2_000_000), None);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 2_500_000), 0);
+    // Masking with the same mode keeps the timer too.
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000, 3_000_000);
+    let effects = write(&mut lapic, LVT_TIMER, LVT_MASKED | 0x40, 3_000_100);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 3_000_100), 900);
 }
 
 #[test]

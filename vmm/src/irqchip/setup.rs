@@ -103,6 +103,7 @@ impl UserIrqchip {
                 tsc,
                 limits: TimerLimits::default(),
                 x2apic_supported: true,
+                max_phys_addr_bits: devices::lapic::MAX_PHYS_ADDR_BITS,
             };
             let lapic = Lapic::with_events(config, noise.clone())
                 .map_err(|e| VmError::EventLoop(format!("LAPIC: {e}")))?;

@@ -318,7 +318,7 @@ impl<E: LapicEvents> UserVcpu<E> {
                 self.arm_lapic_timer(next);
             }
         }
-        if self.lapic.take_nmi() {
+        for _ in 0..self.lapic.take_nmi() {
             let _ = self.vcpu.nmi();
         }
         summary

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed, RunResult, Trial};
+use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed, RunResult};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const GUEST: &str = "lapic-conformance";
@@ -23,15 +23,27 @@ const KVM_DEVIATIONS: &[&str] = &[
     "esr_illegal_register",
     "isr_in_handler",
     "eoi_broadcast",
+    "tsc_deadline_past",
+    "x2apic_eoi_nonzero_gp",
 ];
 
 /// Checks that need the lead's vmm-side work and may still fail under `--irqchip user`;
-/// remove each entry when its vmm part lands (the test then holds lull to it):
-/// - `cr8_tpr`: sync CR8 and TPR through `kvm_run.cr8` and `KVM_EXIT_SET_TPR`
-///   (`Lapic::set_cr8` / `Lapic::cr8`).
-/// - `nmi_two_pending`: inject as many NMIs as `Lapic::take_nmi` returns.
-/// - `apic_base_maxphyaddr`: pass the guest's MAXPHYADDR in `LapicConfig::max_phys_addr_bits`.
-const PENDING_VMM_WORK: &[&str] = &["cr8_tpr", "nmi_two_pending", "apic_base_maxphyaddr"];
+/// lull's LAPIC (`devices`) is ready for each. Remove an entry when its vmm part lands (the
+/// test then holds lull to it):
+/// - `cr8_tpr`: keep CR8 and TPR one register: `Lapic::set_cr8` from `kvm_run.cr8` after
+///   every exit (and on `KVM_EXIT_SET_TPR`), `kvm_run.cr8 = Lapic::cr8()` before entry.
+/// - `nmi_delivery`, `nmi_two_pending`: a halted vCPU must wake for an NMI, with IF=0 too
+///   (`vcpu/halt.rs` looks at `has_pending_interrupt` only with IF=1, and only after
+///   `service()` has already taken the NMIs into KVM), and inject as many NMIs as
+///   `Lapic::take_nmi` returns.
+/// - `apic_base_maxphyaddr`: pass the guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]) in
+///   `LapicConfig::max_phys_addr_bits`.
+const PENDING_VMM_WORK: &[&str] = &[
+    "cr8_tpr",
+    "nmi_delivery",
+    "nmi_two_pending",
+    "apic_base_maxphyaddr",
+];
 
 /// One run's verdicts: check name -> `Ok(())` or `Err(detail)`.
 type Verdicts = BTreeMap<String, Result<(), String>>;
@@ -52,7 +64,10 @@ fn verdicts(r: &RunResult) -> Result<Verdicts, Failed> {
             }
         }
     }
-    if !r.stdout.contains(&format!("{prefix}{} checks, ", out.len())) {
+    if !r
+        .stdout
+        .contains(&format!("{prefix}{} checks, ", out.len()))
+    {
         return Err(r.failure("the guest did not finish its checks (no matching summary line)"));
     }
     Ok(out)

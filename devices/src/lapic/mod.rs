@@ -16,13 +16,15 @@
 //! (monotonic nanoseconds) and it tells its caller what to do through return values. How the
 //! VMM drives it:
 //! - **MMIO exit** in `[base, base + 4 KiB)`: [`Lapic::read_mmio`] / [`Lapic::write_mmio`] with
-//!   the offset from [`Lapic::base_address`]; apply the returned [`LapicEffects`].
+//!   the offset from [`Lapic::base_address`]; apply the returned [`LapicEffects`]. In x2APIC
+//!   mode or globally disabled the page is unbacked: reads return all ones, writes do nothing.
 //! - **MSR exit** for which [`is_lapic_msr`] holds (0x1B, 0x6E0, 0x800-0x8FF):
 //!   [`Lapic::read_msr`] / [`Lapic::write_msr`]; an `Err` means inject #GP (`error = 1`).
 //! - **Timer**: arm/cancel the vCPU's pinned host timer per [`LapicEffects::timer`]; when it
 //!   passes call [`Lapic::timer_fired`] and re-arm at the deadline it returns, if any. A stale
 //!   host timer is harmless: `timer_fired` on a disarmed timer does nothing, and before the
-//!   deadline it just returns the deadline again.
+//!   deadline it just returns the deadline again. A write whose TSC deadline or one-shot count
+//!   has already run out arms nothing: the interrupt is pending when the write returns.
 //! - **IPI**: [`route`] over every vCPU's [`Lapic::destination_info`] (refresh a vCPU's entry
 //!   when [`LapicEffects::destination_changed`], after INIT, and as often as lowest-priority
 //!   arbitration needs fresh priorities), then [`Lapic::receive`] on each target and kick it.

@@ -45,7 +45,7 @@
  *   lvt_mask                  a masked timer expires without setting IRR
  *   tmcct_counts_down         one-shot: TMCCT <= TMICT, falls, reaches 0 and stays there
  *   divide_configuration      TDCR reads back bits 0,1,3; TMCCT falls at bus / divisor (1, 2,
- *                             16, 128; within -25%/+5% of the TSC-measured time)
+ *                             16, 128; within 5% of the TSC time between the two reads)
  *   periodic_reload           periodic: interrupts keep coming, the count reloads
  *   timer_mode_switch         one-shot -> periodic keeps TMICT and the running count, which
  *                             then reloads; periodic -> one-shot stops at zero; into
@@ -838,27 +838,30 @@ static void check_timer(void)
     check("tmcct_counts_down", c1 <= init && c2 < c1 && c3 == 0 && c4 == 0,
           "init %u then %u %u %u %u", init, c1, c2, c3, c4);
 
-    /* Divide configuration: read-back and rate. */
+    /* Divide configuration: read-back, and the rate. Each TMCCT read is bracketed by TSC
+     * reads, so a vCPU descheduled during an exit widens the window instead of failing. */
     static const u32 dcr[] = { 0xB, 0x0, 0x3, 0xA };
     static const u32 div[] = { 1, 2, 16, 128 };
     int ok = 1;
-    char why[120] = "";
+    char why[160] = "";
     for (u32 i = 0; i < 4 && ok; i++) {
         xapic_write(APIC_TIMER_DIV, dcr[i] | 0xFFFFFFF4);
         u32 rb = xapic_read(APIC_TIMER_DIV);
         xapic_write(APIC_TIMER_INIT, 0xFFFFFFFF);
         u64 t0 = rdtsc();
         u32 a = xapic_read(APIC_TIMER_CUR);
-        delay_ns(3000000);
-        u32 b = xapic_read(APIC_TIMER_CUR);
         u64 t1 = rdtsc();
-        u64 ns = (u64)tsc_to_ns((s64)(t1 - t0));
-        u64 expect = ns * rt_bus_khz / 1000000 / div[i];
+        delay_ns(3000000);
+        u64 t2 = rdtsc();
+        u32 b = xapic_read(APIC_TIMER_CUR);
+        u64 t3 = rdtsc();
+        u64 shortest = (u64)tsc_to_ns((s64)(t2 - t1)) * rt_bus_khz / 1000000 / div[i];
+        u64 longest = (u64)tsc_to_ns((s64)(t3 - t0)) * rt_bus_khz / 1000000 / div[i];
         u64 got = a - b;
-        if (rb != dcr[i] || got * 4 < expect * 3 || got * 20 > expect * 21) {
+        if (rb != dcr[i] || got * 100 < shortest * 95 || got * 100 > longest * 105) {
             ok = 0;
-            snprintf(why, sizeof(why), "divide %u: TDCR %x, %llu ticks in %llu ns (expected ~%llu)",
-                     div[i], rb, got, ns, expect);
+            snprintf(why, sizeof(why), "divide %u: TDCR %x, %llu ticks, expected %llu..%llu",
+                     div[i], rb, got, shortest, longest);
         }
     }
     xapic_write(APIC_TIMER_INIT, 0);

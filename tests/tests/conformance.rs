@@ -11,7 +11,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lull_tests::{kit_file, kvm_trial, run_lull, Arguments, Failed, RunResult};
+use lull_tests::{
+    kit_file, kvm_trial, kvm_unavailable, run_lull, Arguments, Completion, Failed, RunResult, Trial,
+};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 const GUEST: &str = "lapic-conformance";
@@ -73,28 +75,38 @@ fn verdicts(r: &RunResult) -> Result<Verdicts, Failed> {
     Ok(out)
 }
 
-fn run_guest(irqchip: &str, cpus: u32, timer_model: &str) -> Result<RunResult, Failed> {
+/// How the guest is run besides the irqchip.
+#[derive(Clone, Copy)]
+struct Setup {
+    cpus: u32,
+    timer_model: &'static str,
+    /// `--x2apic off`: x2APIC hidden from the guest.
+    no_x2apic: bool,
+}
+
+fn run_guest(irqchip: &str, setup: Setup) -> Result<RunResult, Failed> {
     let kernel = kit_file(&format!("guests/{GUEST}.elf"))?
         .display()
         .to_string();
-    let cpus = cpus.to_string();
+    let cpus = setup.cpus.to_string();
     let cmdline = format!("cpus={cpus}");
-    run_lull(
-        &[
-            "run",
-            "--kernel",
-            &kernel,
-            "--irqchip",
-            irqchip,
-            "--timer-model",
-            timer_model,
-            "--cpus",
-            &cpus,
-            "--cmdline",
-            &cmdline,
-        ],
-        DEADLINE,
-    )
+    let mut args = vec![
+        "run",
+        "--kernel",
+        &kernel,
+        "--irqchip",
+        irqchip,
+        "--timer-model",
+        setup.timer_model,
+        "--cpus",
+        &cpus,
+        "--cmdline",
+        &cmdline,
+    ];
+    if setup.no_x2apic {
+        args.extend(["--x2apic", "off"]);
+    }
+    run_lull(&args, DEADLINE)
 }
 
 /// Failures outside `allowed`, as "name: detail" lines.
@@ -109,8 +121,8 @@ fn unexpected(verdicts: &Verdicts, allowed: &[&str]) -> Vec<String> {
 }
 
 /// Runs the guest under both irqchips and holds lull to everything KVM passes.
-fn conforms(cpus: u32, timer_model: &str) -> Result<(), Failed> {
-    let kernel_run = run_guest("kernel", cpus, timer_model)?;
+fn conforms(setup: Setup) -> Result<(), Failed> {
+    let kernel_run = run_guest("kernel", setup)?;
     let kvm = verdicts(&kernel_run)?;
     let wrong = unexpected(&kvm, KVM_DEVIATIONS);
     if !wrong.is_empty() {
@@ -119,7 +131,7 @@ fn conforms(cpus: u32, timer_model: &str) -> Result<(), Failed> {
             wrong.join("\n")
         )));
     }
-    let user_run = run_guest("user", cpus, timer_model)?;
+    let user_run = run_guest("user", setup)?;
     let lull = verdicts(&user_run)?;
     if lull.keys().ne(kvm.keys()) {
         return Err(user_run.failure(&format!(
@@ -127,6 +139,9 @@ fn conforms(cpus: u32, timer_model: &str) -> Result<(), Failed> {
             lull.keys().collect::<Vec<_>>(),
             kvm.keys().collect::<Vec<_>>()
         )));
+    }
+    if setup.no_x2apic && lull.get("x2apic_hidden") != Some(&Ok(())) {
+        return Err(user_run.failure("with --x2apic off, x2apic_hidden must run and pass"));
     }
     let failed = unexpected(&lull, PENDING_VMM_WORK);
     if !failed.is_empty() {
@@ -143,16 +158,50 @@ fn conforms(cpus: u32, timer_model: &str) -> Result<(), Failed> {
     Ok(())
 }
 
+/// Whether this lull has `--x2apic` (the vmm side of hiding x2APIC; the LAPIC's is
+/// `LapicConfig::x2apic_supported`).
+fn has_x2apic_flag() -> Result<bool, Failed> {
+    let help = run_lull(&["run", "--help"], Duration::from_secs(30))?;
+    Ok(help.stdout.contains("--x2apic"))
+}
+
+/// With x2APIC hidden the guest checks that it really is (EXTD and the x2APIC MSRs #GP).
+/// Reported as ignored, with the reason, while lull has no `--x2apic` flag.
+fn without_x2apic_trial() -> Trial {
+    Trial::ignorable_test("lapic_conforms_2_cpus_without_x2apic", || {
+        if let Some(reason) = kvm_unavailable() {
+            return Ok(Completion::ignored_with(reason));
+        }
+        if !has_x2apic_flag()? {
+            return Ok(Completion::ignored_with(
+                "lull run has no --x2apic flag yet (vmm work)",
+            ));
+        }
+        conforms(Setup {
+            cpus: 2,
+            timer_model: "pull",
+            no_x2apic: true,
+        })
+        .map(|()| Completion::Completed)
+    })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
     for cpus in [2, 4] {
-        for model in ["pull", "push", "central"] {
+        for timer_model in ["pull", "push", "central"] {
+            let setup = Setup {
+                cpus,
+                timer_model,
+                no_x2apic: false,
+            };
             trials.push(kvm_trial(
-                &format!("lapic_conforms_{cpus}_cpus_timer_model_{model}"),
-                move || conforms(cpus, model),
+                &format!("lapic_conforms_{cpus}_cpus_timer_model_{timer_model}"),
+                move || conforms(setup),
             ));
         }
     }
+    trials.push(without_x2apic_trial());
     libtest_mimic::run(&args, trials).exit();
 }

@@ -100,7 +100,6 @@
 #define VEC_IOAPIC 0x90
 #define VEC_X2 0xA0
 
-#define APIC_APR 0x090
 #define APIC_DFR 0x0E0
 #define APIC_LVT_THERMAL 0x330
 #define APIC_NMI (4u << 8)
@@ -112,15 +111,13 @@
 #define TESTDEV_IRQ_PORT 0x2000
 #define IOAPIC_PIN 14
 
-/* ---- fault and NMI catching (see the header) ---- */
+/* ---- #GP catching (see the header) ---- */
 volatile u32 fault_armed, fault_vector;
-volatile u32 vec3_taken;
 
 __asm__(".text\n"
         ".globl conf_gp_stub, conf_vec3_stub\n"
         "conf_vec3_stub:\n"          /* vector 3 as an interrupt (see esr_send_illegal_vector) */
-        "    movl $0, 0xFEE000B0\n"
-        "    incl vec3_taken\n"
+        "    movl $0, 0xFEE000B0\n"   /* EOI */
         "    jmp conf_return\n"
         "conf_gp_stub:\n"            /* [error, EIP, CS, EFLAGS] */
         "    cmpl $0, fault_armed\n"
@@ -157,7 +154,7 @@ struct idt_gate {
     u8 zero, type;
     u16 hi;
 } __attribute__((packed));
-struct idt_ptr {
+struct desc32 {
     u16 limit;
     u32 base;
 } __attribute__((packed));
@@ -175,7 +172,7 @@ static void set_gate(u32 vec, char *stub)
 /* Copy the runtime's IDT and take over vector 3 and #GP (BSP, once). */
 static void idt_build(void)
 {
-    struct idt_ptr p;
+    struct desc32 p;
     __asm__ volatile("sidt %0" : "=m"(p));
     memcpy(idt, (void *)p.base, sizeof(idt));
     set_gate(3, conf_vec3_stub);
@@ -184,12 +181,11 @@ static void idt_build(void)
 
 static void idt_load_own(void)
 {
-    struct idt_ptr p = { sizeof(idt) - 1, (u32)idt };
+    struct desc32 p = { sizeof(idt) - 1, (u32)idt };
     __asm__ volatile("lidt %0" ::"m"(p));
 }
 
 static u32 cpu_index_by_apic(void) { return lapic_id() < RT_MAX_CPUS ? lapic_id() : 0; }
-
 
 /* RDMSR/WRMSR that report a #GP instead of dying: returns the vector taken, 0 if none. */
 static u32 rdmsr_fault(u32 msr, u64 *value)
@@ -216,7 +212,7 @@ static u32 wrmsr_fault(u32 msr, u64 v)
  * ---- long mode, for what 32-bit code cannot do here ----
  * CR8 exists only in 64-bit mode (KVM's emulator has no LOCK MOV CR0 alias), and only IRET
  * ends NMI blocking, which this runtime cannot execute in 32-bit mode (README): so AP 1 runs
- * those checks in 64-bit mode, where IRETQ works, and stays there (HLT, IF=0) until an INIT.
+ * those checks in 64-bit mode, where IRETQ works, and stays there (HLT, IF=0) to the end.
  * Identity map of 4 GiB in 2 MiB pages; GDT = the runtime's three entries + 64-bit code 0x18;
  * a 64-bit IDT: NMI counts, vector VEC_CR8 counts, other vectors EOI, exceptions park.
  */
@@ -226,10 +222,6 @@ static u64 pdpt[512] __attribute__((aligned(4096)));
 static u64 pd[4][512] __attribute__((aligned(4096)));
 static u64 gdt64[4] __attribute__((aligned(8)));
 static u32 idt64[256 * 4] __attribute__((aligned(16)));
-struct desc32 {
-    u16 limit;
-    u32 base;
-} __attribute__((packed));
 struct desc64 {
     u16 limit;
     u32 base_lo, base_hi;
@@ -470,8 +462,8 @@ static u32 ncpus;
 struct regs_snapshot {
     u32 tpr, svr, ldr, dfr, esr, tmict, tmcct, tdcr, lvt[6], vec_any;
 };
-static struct regs_snapshot ap_reset[RT_MAX_CPUS + 4];
-static volatile u32 ap_ready[RT_MAX_CPUS + 4];
+static struct regs_snapshot ap_reset[RT_MAX_CPUS]; /* by arrival index (re-INIT: a new one) */
+static volatile u32 ap_ready[RT_MAX_CPUS];          /* by APIC ID */
 static volatile u32 reinit_index;
 
 static void snapshot(struct regs_snapshot *s)

@@ -30,7 +30,8 @@
 //!   arbitration needs fresh priorities), then [`Lapic::receive`] on each target and kick it.
 //! - **Injection**: after every exit and every `receive`, when the guest can take an
 //!   interrupt, take [`Lapic::next_interrupt`], inject it with `KVM_INTERRUPT` and call
-//!   [`Lapic::interrupt_injected`]. Sync CR8 with [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs:
+//!   [`Lapic::interrupt_injected`]. Keep CR8 and TPR one register: [`Lapic::sync_cr8`] with
+//!   `kvm_run.cr8` after every exit, `kvm_run.cr8 =` [`Lapic::cr8`] before every entry. NMIs:
 //!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each). A halted vCPU wakes when
 //!   [`Lapic::has_pending_interrupt`].
 //! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
@@ -388,6 +389,18 @@ impl<E: LapicEvents> Lapic<E> {
     /// class is at or below the new priority is held.
     pub fn set_cr8(&mut self, cr8: u64) {
         self.tpr = low_byte(u32::try_from(cr8 & 0xF).unwrap_or(0)) << 4;
+    }
+
+    /// Takes `kvm_run.cr8` after an exit: sets TPR from it only if the guest changed CR8, and
+    /// returns whether it did (re-evaluate injection then). `kvm_run.cr8` is a value, not a
+    /// write: taking it as one after every exit would clear TPR[3:0] that the guest set
+    /// through the TPR register. Before the next entry, give KVM [`Lapic::cr8`].
+    pub fn sync_cr8(&mut self, cr8: u64) -> bool {
+        if cr8 & 0xF == self.cr8() {
+            return false;
+        }
+        self.set_cr8(cr8);
+        true
     }
 
     /// This LAPIC's addressing state for [`route`].

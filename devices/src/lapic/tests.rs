@@ -641,6 +641,28 @@ fn cr8_is_tpr_bits_7_to_4() {
 }
 
 #[test]
+fn kvm_run_cr8_syncs_only_changes() {
+    let mut lapic = lapic();
+    // The guest set TPR through the register; kvm_run.cr8 then echoes its class.
+    let _ = write(&mut lapic, TPR, 0x3C, 0);
+    assert!(!lapic.sync_cr8(lapic.cr8()));
+    assert_eq!(
+        read(&mut lapic, TPR, 0),
+        0x3C,
+        "TPR[3:0] survive an unchanged CR8"
+    );
+    // The guest lowered CR8 (KVM_EXIT_SET_TPR): a held interrupt becomes deliverable.
+    assert!(lapic.accept_interrupt(0x35, false));
+    assert_eq!(lapic.next_interrupt(), None);
+    assert!(lapic.sync_cr8(2));
+    assert_eq!(read(&mut lapic, TPR, 0), 0x20);
+    assert_eq!(lapic.next_interrupt(), Some(0x35));
+    // Raised past it: held again.
+    assert!(lapic.sync_cr8(0xF));
+    assert_eq!(lapic.next_interrupt(), None);
+}
+
+#[test]
 fn xapic_page_is_unbacked_while_the_interface_is_off() {
     let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
     let _ = write(&mut lapic, SVR, 0x1FF, 0);

@@ -32,8 +32,8 @@ const KVM_DEVIATIONS: &[&str] = &[
 /// Checks that need the lead's vmm-side work and may still fail under `--irqchip user`;
 /// lull's LAPIC (`devices`) is ready for each. Remove an entry when its vmm part lands (the
 /// test then holds lull to it):
-/// - `cr8_tpr`: keep CR8 and TPR one register: `Lapic::set_cr8` from `kvm_run.cr8` after
-///   every exit (and on `KVM_EXIT_SET_TPR`), `kvm_run.cr8 = Lapic::cr8()` before entry.
+/// - `cr8_tpr`: keep CR8 and TPR one register: `Lapic::sync_cr8(kvm_run.cr8)` after every
+///   exit (`KVM_EXIT_SET_TPR` included), `kvm_run.cr8 = Lapic::cr8()` before every entry.
 /// - `nmi_delivery`, `nmi_two_pending`: a halted vCPU must wake for an NMI, with IF=0 too
 ///   (`vcpu/halt.rs` looks at `has_pending_interrupt` only with IF=1, and only after
 ///   `service()` has already taken the NMIs into KVM), and inject as many NMIs as

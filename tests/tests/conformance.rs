@@ -31,13 +31,20 @@ const KVM_DEVIATIONS: &[&str] = &[
 
 /// Checks that need the lead's vmm-side work and may still fail under `--irqchip user`;
 /// lull's LAPIC (`devices`) is ready for each. Remove an entry when its vmm part lands (the
-/// test then holds lull to it):
+/// test then holds lull to it). Measured with a throw-away vmm prototype of each:
 /// - `cr8_tpr`: keep CR8 and TPR one register: `Lapic::sync_cr8(kvm_run.cr8)` after every
-///   exit (`KVM_EXIT_SET_TPR` included), `kvm_run.cr8 = Lapic::cr8()` before every entry.
-/// - `nmi_delivery`, `nmi_two_pending`: a halted vCPU must wake for an NMI, with IF=0 too
-///   (`vcpu/halt.rs` looks at `has_pending_interrupt` only with IF=1, and only after
-///   `service()` has already taken the NMIs into KVM), and inject as many NMIs as
-///   `Lapic::take_nmi` returns.
+///   exit, before the exit is handled, and `kvm_run.cr8 = Lapic::cr8()` before every entry.
+///   That makes CR8 -> TPR, TPR -> CR8 and the hold pass; delivery after the guest lowers
+///   CR8 still waits for the next exit on our hosts: KVM raises `KVM_EXIT_SET_TPR` only from
+///   its VMX/SVM CR8 intercepts, never for a MOV CR8 its emulator runs (all guest CPL0 code
+///   here), so a held interrupt needs another way out (e.g. an interrupt-window exit while
+///   one is held only by TPR).
+/// - `nmi_delivery`, `nmi_two_pending`: a halted vCPU must wake for an NMI, IF=0 included
+///   (`vcpu/halt.rs` tests `has_pending_interrupt` only with IF=1, and after `service()` has
+///   already taken the NMIs into KVM), and inject as many as `Lapic::take_nmi` returns. When
+///   two go to KVM at once it holds the second until the first's IRET; a guest that HLTs
+///   right after exits with KVM_EXIT_HLT while that NMI is pending in KVM, so the vmm must
+///   not block then (`KVM_GET_VCPU_EVENTS`: `nmi.pending`).
 /// - `apic_base_maxphyaddr`: pass the guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]) in
 ///   `LapicConfig::max_phys_addr_bits`.
 const PENDING_VMM_WORK: &[&str] = &[

@@ -294,7 +294,7 @@ __asm__(".text\n"
         "    xorl %eax, %eax\n"
         "    .byte 0x44, 0x0f, 0x22, 0xc0\n"
         "    sti\n"
-        "    movl $20000, %ecx\n"
+        "    movl $5000, %ecx\n"
         "3:  cmpl $0, 16(%ebx)\n"
         "    jne 4f\n"
         "    pause\n"
@@ -741,7 +741,7 @@ static void check_long_mode(void)
     clear_counts();
     lm.go = 1;
     lapic_send_ipi(1, ICR_ASSERT | VEC_IPI);
-    u64 end = deadline_after_ms(timeout_ms * 2);
+    u64 end = deadline_after_ms(timeout_ms * 5);
     while (!lm.parked && !lm.fault && rdtsc() < end)
         cpu_relax();
     if (!lm.parked) {

@@ -243,7 +243,7 @@ impl<E: LapicEvents> Lapic<E> {
                 self.icr = (self.icr & 0xFFFF_FFFF) | (u64::from(low & 0xFF00_0000) << 32);
             }
             regs::LVT_TIMER..=regs::LVT_ERROR => match regs::lvt_index(offset) {
-                Some(index) => effects.timer = self.write_lvt(index, low, offset),
+                Some(index) => effects.timer = self.write_lvt(index, low, offset, now_ns),
                 None => return Write::Reserved,
             },
             regs::TIMER_INITIAL => {
@@ -273,7 +273,13 @@ impl<E: LapicEvents> Lapic<E> {
         }
     }
 
-    fn write_lvt(&mut self, index: usize, value: u32, offset: u32) -> LapicTimerChange {
+    fn write_lvt(
+        &mut self,
+        index: usize,
+        value: u32,
+        offset: u32,
+        now_ns: u64,
+    ) -> LapicTimerChange {
         let writable = regs::lvt_writable(index);
         let mut lvt = value & writable;
         if value & !writable & !(1 << 12) != 0 {
@@ -287,6 +293,10 @@ impl<E: LapicEvents> Lapic<E> {
         }
         let mut change = LapicTimerChange::Unchanged;
         if index == 0 {
+            // An expiry due before this write happened under the old LVT (vector, mask, mode),
+            // even if the host timer has not told us yet.
+            let settled = self.timer.settle(now_ns);
+            change = self.timer_update(settled);
             let mode = TimerMode::from_lvt(lvt).unwrap_or_else(|| {
                 self.events.invalid_access(InvalidAccess::ReservedBits {
                     offset,
@@ -295,7 +305,7 @@ impl<E: LapicEvents> Lapic<E> {
                 lvt &= !(3 << 17);
                 TimerMode::OneShot
             });
-            change = self.timer.set_mode(mode, &self.events);
+            change = change.then(self.timer.set_mode(mode, &self.events));
         }
         self.lvt[index] = lvt;
         change

@@ -40,6 +40,16 @@ pub enum LapicTimerChange {
     Cancel,
 }
 
+impl LapicTimerChange {
+    /// This change followed by `later`: the later one wins unless it is `Unchanged`.
+    pub(crate) fn then(self, later: LapicTimerChange) -> LapicTimerChange {
+        match later {
+            LapicTimerChange::Unchanged => self,
+            _ => later,
+        }
+    }
+}
+
 /// The outcome of a timer register write inside the LAPIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[must_use]
@@ -336,9 +346,27 @@ impl LapicTimer {
         }
     }
 
-    /// Switches mode. Into or out of TSC-deadline mode the timer is disarmed and the counts
-    /// cleared; between one-shot and periodic the running count goes on, and only what
-    /// happens at zero changes (reload, or stop), so the host timer stays as it is.
+    /// Expires the timer now if its deadline has passed (the host timer may be late), so that
+    /// a following change of mode or LVT applies from `now_ns` on and not to the past. A
+    /// periodic timer moves on to its next period; its host timer, due already, fires and
+    /// [`Lapic::timer_fired`](super::Lapic::timer_fired) re-arms it there.
+    pub(crate) fn settle(&mut self, now_ns: u64) -> TimerUpdate {
+        match self.fire(now_ns) {
+            (false, _) => LapicTimerChange::Unchanged.into(),
+            (true, next) => TimerUpdate {
+                change: match next {
+                    None => LapicTimerChange::Cancel,
+                    Some(_) => LapicTimerChange::Unchanged,
+                },
+                expired: true,
+            },
+        }
+    }
+
+    /// Switches mode (after [`LapicTimer::settle`]). Into or out of TSC-deadline mode the
+    /// timer is disarmed and the counts cleared; between one-shot and periodic the running
+    /// count goes on, and only what happens at zero changes (reload, or stop), so the host
+    /// timer stays as it is.
     pub(crate) fn set_mode(
         &mut self,
         mode: TimerMode,
@@ -599,11 +627,24 @@ mod tests {
                 let change = match op {
                     Op::Initial(count) => t.write_initial_count(count, now, &NoopLapicEvents).change,
                     Op::Divide(value) => t.write_divide(value, now, &NoopLapicEvents).change,
-                    Op::Mode(mode) => t.set_mode(match mode {
-                        0 => TimerMode::OneShot,
-                        1 => TimerMode::Periodic,
-                        _ => TimerMode::TscDeadline,
-                    }, &NoopLapicEvents),
+                    Op::Mode(mode) => {
+                        let mode = match mode {
+                            0 => TimerMode::OneShot,
+                            1 => TimerMode::Periodic,
+                            _ => TimerMode::TscDeadline,
+                        };
+                        let counting = t.mode() != TimerMode::TscDeadline;
+                        let settled = t.settle(now).change;
+                        let (initial, count) = (t.initial_count(), t.current_count(now));
+                        let change = settled.then(t.set_mode(mode, &NoopLapicEvents));
+                        if counting && mode != TimerMode::TscDeadline {
+                            // One-shot <-> periodic: the counts run on untouched.
+                            proptest::prop_assert_eq!(change, settled);
+                            proptest::prop_assert_eq!(t.initial_count(), initial);
+                            proptest::prop_assert_eq!(t.current_count(now), count);
+                        }
+                        change
+                    }
                     Op::Deadline(tsc) => {
                         let update = t.write_tsc_deadline(tsc, now, &NoopLapicEvents);
                         if update.expired {

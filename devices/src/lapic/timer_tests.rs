@@ -319,3 +319,58 @@ fn timer_through_x2apic_msrs() {
         Err(LapicError::GeneralProtection { msr: 0x839 })
     );
 }
+
+#[test]
+fn an_lvt_write_after_a_late_host_timer_sees_the_expiry_first() {
+    // One-shot ran out at 1 ms; the host timer is late; the guest switches to periodic at 2 ms.
+    let mut one_shot = lapic();
+    let _ = write(&mut one_shot, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut one_shot, LVT_TIMER, 0x40, 0);
+    let _ = write(&mut one_shot, TIMER_INITIAL, 1_000_000, 0);
+    let effects = write(&mut one_shot, LVT_TIMER, (1 << 17) | 0x41, 2_000_000);
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+    assert_eq!(
+        one_shot.next_interrupt(),
+        Some(0x40),
+        "expired under the old vector"
+    );
+    assert_eq!(
+        read(&mut one_shot, TIMER_CURRENT, 2_000_000),
+        0,
+        "a spent one-shot stays spent"
+    );
+    assert_eq!(
+        one_shot.timer_fired(2_000_001),
+        None,
+        "the late host timer finds nothing"
+    );
+    // Masked when it ran out: unmasking later raises nothing.
+    let mut masked = lapic_masked_one_shot();
+    let _ = write(&mut masked, LVT_TIMER, 0x40, 2_000_000);
+    assert_eq!(masked.next_interrupt(), None);
+    // Periodic with a late host timer, switched to one-shot: the missed tick is raised, the
+    // count goes on from its reload and stops at the next zero.
+    let mut periodic = lapic();
+    let _ = write(&mut periodic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut periodic, LVT_TIMER, (1 << 17) | 0x40, 0);
+    let _ = write(&mut periodic, TIMER_INITIAL, 1_000_000, 0);
+    let effects = write(&mut periodic, LVT_TIMER, 0x40, 1_250_000);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Unchanged,
+        "the due host timer re-arms"
+    );
+    assert_eq!(periodic.next_interrupt(), Some(0x40));
+    assert_eq!(read(&mut periodic, TIMER_CURRENT, 1_250_000), 750_000);
+    assert_eq!(periodic.timer_fired(1_250_001), Some(2_000_000));
+    assert_eq!(periodic.timer_fired(2_000_000), None);
+    assert_eq!(read(&mut periodic, TIMER_CURRENT, 2_500_000), 0);
+}
+
+fn lapic_masked_one_shot() -> Lapic {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | 0x40, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    lapic
+}

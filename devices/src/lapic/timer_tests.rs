@@ -231,10 +231,7 @@ fn one_shot_count_already_run_out_is_pending_at_once() {
 
 #[test]
 fn one_shot_periodic_switches_keep_the_count() {
-    let mut lapic = lapic();
-    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
-    let _ = write(&mut lapic, LVT_TIMER, 0x40, 0);
-    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    let mut lapic = counting(0x40);
     let effects = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 250_000);
     assert_eq!(effects.timer, LapicTimerChange::Unchanged);
     assert_eq!(read(&mut lapic, TIMER_INITIAL, 250_000), 1_000_000);
@@ -323,10 +320,7 @@ fn timer_through_x2apic_msrs() {
 #[test]
 fn an_lvt_write_after_a_late_host_timer_sees_the_expiry_first() {
     // One-shot ran out at 1 ms; the host timer is late; the guest switches to periodic at 2 ms.
-    let mut one_shot = lapic();
-    let _ = write(&mut one_shot, TIMER_DIVIDE, 0xB, 0);
-    let _ = write(&mut one_shot, LVT_TIMER, 0x40, 0);
-    let _ = write(&mut one_shot, TIMER_INITIAL, 1_000_000, 0);
+    let mut one_shot = counting(0x40);
     let effects = write(&mut one_shot, LVT_TIMER, (1 << 17) | 0x41, 2_000_000);
     assert_eq!(effects.timer, LapicTimerChange::Cancel);
     assert_eq!(
@@ -345,15 +339,12 @@ fn an_lvt_write_after_a_late_host_timer_sees_the_expiry_first() {
         "the late host timer finds nothing"
     );
     // Masked when it ran out: unmasking later raises nothing.
-    let mut masked = lapic_masked_one_shot();
+    let mut masked = counting(LVT_MASKED | 0x40);
     let _ = write(&mut masked, LVT_TIMER, 0x40, 2_000_000);
     assert_eq!(masked.next_interrupt(), None);
     // Periodic with a late host timer, switched to one-shot: the missed tick is raised, the
     // count goes on from its reload and stops at the next zero.
-    let mut periodic = lapic();
-    let _ = write(&mut periodic, TIMER_DIVIDE, 0xB, 0);
-    let _ = write(&mut periodic, LVT_TIMER, (1 << 17) | 0x40, 0);
-    let _ = write(&mut periodic, TIMER_INITIAL, 1_000_000, 0);
+    let mut periodic = counting((1 << 17) | 0x40);
     let effects = write(&mut periodic, LVT_TIMER, 0x40, 1_250_000);
     assert_eq!(
         effects.timer,
@@ -367,10 +358,11 @@ fn an_lvt_write_after_a_late_host_timer_sees_the_expiry_first() {
     assert_eq!(read(&mut periodic, TIMER_CURRENT, 2_500_000), 0);
 }
 
-fn lapic_masked_one_shot() -> Lapic {
+/// A LAPIC whose timer counts 1 ms (divide 1) from time 0 with this LVT timer value.
+fn counting(lvt_timer: u32) -> Lapic {
     let mut lapic = lapic();
     let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
-    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | 0x40, 0);
+    let _ = write(&mut lapic, LVT_TIMER, lvt_timer, 0);
     let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
     lapic
 }

@@ -344,6 +344,7 @@ impl Machine {
                 tsc,
                 limits,
                 x2apic_supported,
+                ..LapicConfig::default()
             };
             let lapic = Lapic::new(config).unwrap_or_else(|e| panic!("valid config refused: {e}"));
             Cpu {
@@ -558,7 +559,7 @@ impl Machine {
             Op::TakeNmi { cpu } => {
                 let lapic = &mut self.cpus[index(cpu)].lapic;
                 let pending = lapic.nmi_pending();
-                assert_eq!(lapic.take_nmi(), pending);
+                assert_eq!(lapic.take_nmi() > 0, pending);
                 assert!(!lapic.nmi_pending());
             }
         }

@@ -6,8 +6,8 @@ use super::icr::{decode_icr, IcrDecode};
 use super::regs::{self, low_byte};
 use super::timer::TimerMode;
 use super::{
-    ApicBaseChange, ApicMode, Lapic, LapicEffects, LapicError, LapicTimerChange, APIC_BASE_ADDRESS,
-    APIC_BASE_BSP, APIC_BASE_ENABLE, APIC_BASE_X2APIC,
+    ApicBaseChange, ApicMode, Lapic, LapicEffects, LapicError, LapicTimerChange, APIC_BASE_BSP,
+    APIC_BASE_ENABLE, APIC_BASE_X2APIC,
 };
 
 /// Whether `msr` is handled by [`Lapic::read_msr`] / [`Lapic::write_msr`].
@@ -39,14 +39,17 @@ enum Write {
 
 impl<E: LapicEvents> Lapic<E> {
     /// Reads `data.len()` bytes at `offset` from the MMIO base. Only aligned 1, 2 or 4 byte
-    /// reads inside one register return data; anything else reads zeros.
+    /// reads inside one register return data; anything else reads zeros. While the xAPIC
+    /// interface is off (x2APIC mode or globally disabled) the page is not the APIC: reads
+    /// return all ones, as unbacked MMIO does (KVM's LAPIC MMIO hole quirk does the same).
     pub fn read_mmio(&mut self, offset: u64, data: &mut [u8], now_ns: u64) {
-        data.fill(0);
         if self.mode() != ApicMode::XApic {
+            data.fill(0xFF);
             self.events
                 .invalid_access(InvalidAccess::MmioWhileDisabled { offset });
             return;
         }
+        data.fill(0);
         let within = usize::try_from(offset & 0xF).unwrap_or(usize::MAX);
         if !matches!(data.len(), 1 | 2 | 4) || within + data.len() > 4 {
             self.events.invalid_access(InvalidAccess::BadWidth {
@@ -68,7 +71,8 @@ impl<E: LapicEvents> Lapic<E> {
         }
     }
 
-    /// Writes `data` at `offset` from the MMIO base. Only aligned 4-byte writes take effect.
+    /// Writes `data` at `offset` from the MMIO base. Only aligned 4-byte writes take effect,
+    /// and none while the xAPIC interface is off.
     pub fn write_mmio(&mut self, offset: u64, data: &[u8], now_ns: u64) -> LapicEffects {
         if self.mode() != ApicMode::XApic {
             self.events
@@ -145,7 +149,8 @@ impl<E: LapicEvents> Lapic<E> {
                 let timer = if self.mode() == ApicMode::Disabled {
                     LapicTimerChange::Unchanged
                 } else {
-                    self.timer.write_tsc_deadline(value, now_ns, &self.events)
+                    let update = self.timer.write_tsc_deadline(value, now_ns, &self.events);
+                    self.timer_update(update)
                 };
                 return Ok(LapicEffects {
                     timer,
@@ -238,14 +243,16 @@ impl<E: LapicEvents> Lapic<E> {
                 self.icr = (self.icr & 0xFFFF_FFFF) | (u64::from(low & 0xFF00_0000) << 32);
             }
             regs::LVT_TIMER..=regs::LVT_ERROR => match regs::lvt_index(offset) {
-                Some(index) => effects.timer = self.write_lvt(index, low, offset),
+                Some(index) => effects.timer = self.write_lvt(index, low, offset, now_ns),
                 None => return Write::Reserved,
             },
             regs::TIMER_INITIAL => {
-                effects.timer = self.timer.write_initial_count(low, now_ns, &self.events);
+                let update = self.timer.write_initial_count(low, now_ns, &self.events);
+                effects.timer = self.timer_update(update);
             }
             regs::TIMER_DIVIDE => {
-                effects.timer = self.timer.write_divide(low, now_ns, &self.events);
+                let update = self.timer.write_divide(low, now_ns, &self.events);
+                effects.timer = self.timer_update(update);
             }
             regs::SELF_IPI if x2apic && value > 0xFF => return Write::Reserved,
             regs::SELF_IPI if x2apic => self.self_ipi(low_byte(low)),
@@ -266,7 +273,13 @@ impl<E: LapicEvents> Lapic<E> {
         }
     }
 
-    fn write_lvt(&mut self, index: usize, value: u32, offset: u32) -> LapicTimerChange {
+    fn write_lvt(
+        &mut self,
+        index: usize,
+        value: u32,
+        offset: u32,
+        now_ns: u64,
+    ) -> LapicTimerChange {
         let writable = regs::lvt_writable(index);
         let mut lvt = value & writable;
         if value & !writable & !(1 << 12) != 0 {
@@ -280,6 +293,10 @@ impl<E: LapicEvents> Lapic<E> {
         }
         let mut change = LapicTimerChange::Unchanged;
         if index == 0 {
+            // An expiry due before this write happened under the old LVT (vector, mask, mode),
+            // even if the host timer has not told us yet.
+            let settled = self.timer.settle(now_ns);
+            change = self.timer_update(settled);
             let mode = TimerMode::from_lvt(lvt).unwrap_or_else(|| {
                 self.events.invalid_access(InvalidAccess::ReservedBits {
                     offset,
@@ -288,7 +305,7 @@ impl<E: LapicEvents> Lapic<E> {
                 lvt &= !(3 << 17);
                 TimerMode::OneShot
             });
-            change = self.timer.set_mode(mode);
+            change = change.then(self.timer.set_mode(mode, &self.events));
         }
         self.lvt[index] = lvt;
         change
@@ -321,7 +338,8 @@ impl<E: LapicEvents> Lapic<E> {
 
     fn write_apic_base(&mut self, value: u64) -> Result<LapicEffects, LapicError> {
         let msr = regs::MSR_APIC_BASE;
-        let known = APIC_BASE_ADDRESS | APIC_BASE_BSP | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
+        let known =
+            self.apic_base_address_mask | APIC_BASE_BSP | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
         if value & !known != 0 || (value & APIC_BASE_X2APIC != 0 && !self.x2apic_supported) {
             return Err(self.fault(msr));
         }

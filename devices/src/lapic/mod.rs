@@ -16,20 +16,24 @@
 //! (monotonic nanoseconds) and it tells its caller what to do through return values. How the
 //! VMM drives it:
 //! - **MMIO exit** in `[base, base + 4 KiB)`: [`Lapic::read_mmio`] / [`Lapic::write_mmio`] with
-//!   the offset from [`Lapic::base_address`]; apply the returned [`LapicEffects`].
+//!   the offset from [`Lapic::base_address`]; apply the returned [`LapicEffects`]. In x2APIC
+//!   mode or globally disabled the page is unbacked: reads return all ones, writes do nothing.
 //! - **MSR exit** for which [`is_lapic_msr`] holds (0x1B, 0x6E0, 0x800-0x8FF):
 //!   [`Lapic::read_msr`] / [`Lapic::write_msr`]; an `Err` means inject #GP (`error = 1`).
 //! - **Timer**: arm/cancel the vCPU's pinned host timer per [`LapicEffects::timer`]; when it
 //!   passes call [`Lapic::timer_fired`] and re-arm at the deadline it returns, if any. A stale
 //!   host timer is harmless: `timer_fired` on a disarmed timer does nothing, and before the
-//!   deadline it just returns the deadline again.
+//!   deadline it just returns the deadline again. A write whose TSC deadline or one-shot count
+//!   has already run out arms nothing: the interrupt is pending when the write returns.
 //! - **IPI**: [`route`] over every vCPU's [`Lapic::destination_info`] (refresh a vCPU's entry
 //!   when [`LapicEffects::destination_changed`], after INIT, and as often as lowest-priority
 //!   arbitration needs fresh priorities), then [`Lapic::receive`] on each target and kick it.
 //! - **Injection**: after every exit and every `receive`, when the guest can take an
 //!   interrupt, take [`Lapic::next_interrupt`], inject it with `KVM_INTERRUPT` and call
-//!   [`Lapic::interrupt_injected`]. Sync CR8 with [`Lapic::set_cr8`] / [`Lapic::cr8`]. NMIs:
-//!   [`Lapic::take_nmi`]. A halted vCPU wakes when [`Lapic::has_pending_interrupt`].
+//!   [`Lapic::interrupt_injected`]. Keep CR8 and TPR one register: [`Lapic::sync_cr8`] with
+//!   `kvm_run.cr8` after every exit, `kvm_run.cr8 =` [`Lapic::cr8`] before every entry. NMIs:
+//!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each). A halted vCPU wakes when
+//!   [`Lapic::has_pending_interrupt`].
 //! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
 //!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) and route what it
 //!   re-delivers (EOIs are always broadcast: no EOI-broadcast suppression is advertised).
@@ -74,7 +78,7 @@ pub use route::{route, ApicDestinationInfo, DestinationSet, LogicalModel};
 pub use timer::{LapicTimerChange, TimerLimits, TimerMode, TscMap, DEFAULT_BUS_HZ};
 
 use regs::{class, low_byte, VectorBitmap};
-use timer::LapicTimer;
+use timer::{LapicTimer, TimerUpdate};
 
 /// Default physical address of the xAPIC MMIO page.
 pub const DEFAULT_APIC_BASE: u64 = 0xFEE0_0000;
@@ -84,8 +88,16 @@ pub const APIC_BASE_BSP: u64 = 1 << 8;
 pub const APIC_BASE_X2APIC: u64 = 1 << 10;
 /// IA32_APIC_BASE bit 11: global enable.
 pub const APIC_BASE_ENABLE: u64 = 1 << 11;
-/// IA32_APIC_BASE bits that hold the page address (a 52-bit physical address space).
+/// IA32_APIC_BASE bits that hold the page address (a 52-bit physical address space); bits at
+/// and above the guest's MAXPHYADDR are reserved ([`LapicConfig::max_phys_addr_bits`]).
 pub const APIC_BASE_ADDRESS: u64 = 0x000F_FFFF_FFFF_F000;
+/// The architectural maximum of MAXPHYADDR (CPUID 0x80000008 EAX[7:0]), the default of
+/// [`LapicConfig::max_phys_addr_bits`].
+pub const MAX_PHYS_ADDR_BITS: u8 = 52;
+/// How many NMIs a LAPIC holds for its vCPU between two [`Lapic::take_nmi`] calls: one the
+/// vCPU may take at once and one latched behind it, as on hardware (KVM keeps the same
+/// limit in `process_nmi`).
+pub const MAX_PENDING_NMIS: u32 = 2;
 
 /// Errors of the LAPIC model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +114,10 @@ pub enum LapicError {
     /// The configuration has a zero frequency; give a bus and TSC frequency above zero.
     #[error("LAPIC bus and TSC frequencies must be above zero")]
     ZeroFrequency,
+    /// The configured MAXPHYADDR is outside 32..=52; give the guest's CPUID 0x80000008
+    /// EAX[7:0].
+    #[error("MAXPHYADDR {0} is outside 32..=52; give the guest's CPUID 0x80000008 EAX[7:0]")]
+    MaxPhysAddrOutOfRange(u8),
 }
 
 /// Construction parameters of a [`Lapic`].
@@ -117,8 +133,12 @@ pub struct LapicConfig {
     pub tsc: TscMap,
     /// Floors on timer deadlines.
     pub limits: TimerLimits,
-    /// Whether the guest may switch to x2APIC mode (advertise it in CPUID then).
+    /// Whether the guest may switch to x2APIC mode (advertise it in CPUID then). Without it
+    /// setting IA32_APIC_BASE.EXTD and every x2APIC MSR fault (#GP).
     pub x2apic_supported: bool,
+    /// The guest's physical-address width (CPUID 0x80000008 EAX[7:0], 32..=52): an
+    /// IA32_APIC_BASE write with an address bit at or above it faults (#GP).
+    pub max_phys_addr_bits: u8,
 }
 
 impl Default for LapicConfig {
@@ -130,6 +150,7 @@ impl Default for LapicConfig {
             tsc: TscMap::default(),
             limits: TimerLimits::default(),
             x2apic_supported: true,
+            max_phys_addr_bits: MAX_PHYS_ADDR_BITS,
         }
     }
 }
@@ -197,6 +218,8 @@ pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
     initial_id: u32,
     bsp: bool,
     x2apic_supported: bool,
+    /// The IA32_APIC_BASE address bits below MAXPHYADDR.
+    apic_base_address_mask: u64,
     apic_base: u64,
     xapic_id: u8,
     tpr: u8,
@@ -211,7 +234,8 @@ pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
     icr: u64,
     lvt: [u32; 6],
     timer: LapicTimer,
-    nmi_pending: bool,
+    /// NMIs accepted and not yet taken, at most [`MAX_PENDING_NMIS`].
+    nmis_pending: u32,
     init_sipi: InitSipiState,
     events: E,
 }
@@ -229,10 +253,15 @@ impl<E: LapicEvents> Lapic<E> {
         if config.bus_hz == 0 || config.tsc.tsc_khz == 0 {
             return Err(LapicError::ZeroFrequency);
         }
+        if !(32..=MAX_PHYS_ADDR_BITS).contains(&config.max_phys_addr_bits) {
+            return Err(LapicError::MaxPhysAddrOutOfRange(config.max_phys_addr_bits));
+        }
+        let below_max_phys = (1u64 << config.max_phys_addr_bits) - 1;
         let mut lapic = Lapic {
             initial_id: config.apic_id,
             bsp: config.bsp,
             x2apic_supported: config.x2apic_supported,
+            apic_base_address_mask: APIC_BASE_ADDRESS & below_max_phys,
             apic_base: 0,
             xapic_id: 0,
             tpr: 0,
@@ -247,7 +276,7 @@ impl<E: LapicEvents> Lapic<E> {
             icr: 0,
             lvt: [0; 6],
             timer: LapicTimer::new(config.bus_hz, config.tsc, config.limits),
-            nmi_pending: false,
+            nmis_pending: 0,
             init_sipi: InitSipiState::Running,
             events,
         };
@@ -262,7 +291,7 @@ impl<E: LapicEvents> Lapic<E> {
             DEFAULT_APIC_BASE | APIC_BASE_ENABLE | if self.bsp { APIC_BASE_BSP } else { 0 };
         self.xapic_id = low_byte(self.initial_id);
         self.reset_registers();
-        self.nmi_pending = false;
+        self.nmis_pending = 0;
         self.init_sipi = if self.bsp {
             InitSipiState::Running
         } else {
@@ -356,9 +385,23 @@ impl<E: LapicEvents> Lapic<E> {
         u64::from(self.tpr >> 4)
     }
 
-    /// Sets TPR from a guest CR8 value (`kvm_run.cr8` after an exit).
+    /// Sets TPR from a guest CR8 value (`kvm_run.cr8` after an exit): TPR[7:4] = CR8[3:0] and
+    /// TPR[3:0] = 0 (SDM 11.8.6.1). The PPR follows at once, so a pending interrupt whose
+    /// class is at or below the new priority is held.
     pub fn set_cr8(&mut self, cr8: u64) {
         self.tpr = low_byte(u32::try_from(cr8 & 0xF).unwrap_or(0)) << 4;
+    }
+
+    /// Takes `kvm_run.cr8` after an exit: sets TPR from it only if the guest changed CR8, and
+    /// returns whether it did (re-evaluate injection then). `kvm_run.cr8` is a value, not a
+    /// write: taking it as one after every exit would clear TPR[3:0] that the guest set
+    /// through the TPR register. Before the next entry, give KVM [`Lapic::cr8`].
+    pub fn sync_cr8(&mut self, cr8: u64) -> bool {
+        if cr8 & 0xF == self.cr8() {
+            return false;
+        }
+        self.set_cr8(cr8);
+        true
     }
 
     /// This LAPIC's addressing state for [`route`].
@@ -431,7 +474,7 @@ impl<E: LapicEvents> Lapic<E> {
                 self.accept_interrupt(ipi.vector, ipi.trigger_mode == TriggerMode::Level)
             }
             DeliveryMode::Nmi => {
-                self.nmi_pending = true;
+                self.accept_nmi();
                 true
             }
             DeliveryMode::Init if ipi.is_init_deassert() => false,
@@ -467,7 +510,7 @@ impl<E: LapicEvents> Lapic<E> {
         match DeliveryMode::from_bits(u64::from(bits)) {
             Some(DeliveryMode::Fixed) => self.accept_interrupt(low_byte(lvt), lvt & (1 << 15) != 0),
             Some(DeliveryMode::Nmi) => {
-                self.nmi_pending = true;
+                self.accept_nmi();
                 true
             }
             _ => {
@@ -477,26 +520,30 @@ impl<E: LapicEvents> Lapic<E> {
         }
     }
 
-    /// Marks an NMI pending.
+    /// Accepts an NMI. Up to [`MAX_PENDING_NMIS`] wait for [`Lapic::take_nmi`]; more are
+    /// merged, as a CPU latches only one NMI behind the one it is taking.
     pub fn accept_nmi(&mut self) {
-        self.nmi_pending = true;
+        self.nmis_pending = (self.nmis_pending + 1).min(MAX_PENDING_NMIS);
     }
 
     /// Whether an NMI is pending.
     pub fn nmi_pending(&self) -> bool {
-        self.nmi_pending
+        self.nmis_pending > 0
     }
 
-    /// Takes the pending NMI, if any (inject it with `KVM_NMI`).
-    pub fn take_nmi(&mut self) -> bool {
-        std::mem::take(&mut self.nmi_pending)
+    /// Takes the pending NMIs: how many to inject, 0 to [`MAX_PENDING_NMIS`]. Inject each with
+    /// its own `KVM_NMI`; KVM queues them and keeps one latched while the guest handles the
+    /// other (its NMI blocking ends at the handler's IRET), so two sent before the guest took
+    /// the first are both taken.
+    pub fn take_nmi(&mut self) -> u32 {
+        std::mem::take(&mut self.nmis_pending)
     }
 
     /// INIT: resets the registers (ID and IA32_APIC_BASE are kept) and waits for a SIPI. The
     /// VMM must stop the vCPU and reset its CPU state; cancel the host timer too.
     pub fn accept_init(&mut self) {
         self.reset_registers();
-        self.nmi_pending = false;
+        self.nmis_pending = 0;
         self.init_sipi = InitSipiState::WaitForSipi;
     }
 
@@ -537,7 +584,7 @@ impl<E: LapicEvents> Lapic<E> {
 
     /// Whether an interrupt or NMI is waiting for injection (a halted vCPU wakes for it).
     pub fn has_pending_interrupt(&self) -> bool {
-        self.nmi_pending || self.next_interrupt().is_some()
+        self.nmi_pending() || self.next_interrupt().is_some()
     }
 
     /// The VMM injected `vector`: moves it from IRR to ISR. Ignored if it was not pending.
@@ -562,11 +609,28 @@ impl<E: LapicEvents> Lapic<E> {
     /// returns the next deadline to arm (periodic mode, or a call before the deadline).
     pub fn timer_fired(&mut self, now_ns: u64) -> Option<u64> {
         let (fired, next) = self.timer.fire(now_ns);
-        let lvt = self.lvt[0];
-        if fired && lvt & regs::LVT_MASKED == 0 {
-            let _ = self.accept_interrupt(low_byte(lvt), false);
+        if fired {
+            self.timer_interrupt();
         }
         next
+    }
+
+    /// The timer reached zero or its deadline: the LVT timer vector becomes pending unless
+    /// masked.
+    fn timer_interrupt(&mut self) {
+        let lvt = self.lvt[0];
+        if lvt & regs::LVT_MASKED == 0 {
+            let _ = self.accept_interrupt(low_byte(lvt), false);
+        }
+    }
+
+    /// Applies a timer write: an expiry on the spot raises the interrupt before the write
+    /// completes; the host-timer change goes to the VMM.
+    fn timer_update(&mut self, update: TimerUpdate) -> LapicTimerChange {
+        if update.expired {
+            self.timer_interrupt();
+        }
+        update.change
     }
 
     /// The timer mode selected by the LVT timer register.

@@ -111,6 +111,9 @@ proptest! {
                 Op::MmioRead(offset, len) => {
                     let mut data = vec![0u8; len];
                     lapic.read_mmio(u64::from(offset), &mut data, now);
+                    if lapic.mode() != ApicMode::XApic {
+                        prop_assert!(data.iter().all(|&b| b == 0xFF), "unbacked page reads ones");
+                    }
                 }
                 Op::MsrWrite(msr, value) => {
                     if let Ok(effects) = lapic.write_msr(msr, value, now) {
@@ -153,6 +156,8 @@ proptest! {
                 }
             }
             prop_assert_eq!(lapic.ppr(), derived_ppr(lapic.tpr, &lapic.isr));
+            prop_assert!(lapic.nmis_pending <= MAX_PENDING_NMIS);
+            prop_assert_eq!(u64::from(lapic.tpr >> 4), lapic.cr8());
             prop_assert_eq!(lapic.isr.word(0) & 0xFFFF, 0);
             prop_assert_eq!(lapic.irr.word(0) & 0xFFFF, 0);
             prop_assert_eq!(lapic.esr & !0xE0, 0);

@@ -340,8 +340,8 @@ fn x2apic_general_protection() {
     assert!(lapic.write_msr(0x80B, 0, 0).is_ok());
     assert!(lapic.write_msr(0x828, 0, 0).is_ok());
     assert_eq!(lapic.read_msr(0x10, 0), Err(LapicError::NotLapicMsr(0x10)));
-    // xAPIC MMIO is gone in x2APIC mode.
-    assert_eq!(read(&mut lapic, ID, 0), 0);
+    // xAPIC MMIO is gone in x2APIC mode: unbacked, it reads all ones.
+    assert_eq!(read(&mut lapic, ID, 0), u32::MAX);
     // And x2APIC MSRs fault in xAPIC mode.
     let mut xapic = self::lapic();
     assert_eq!(xapic.read_msr(0x802, 0), gp(0x802));
@@ -489,8 +489,9 @@ fn nmi_and_unsupported_modes() {
         ..Ipi::fixed(0, 0)
     }));
     assert!(lapic.has_pending_interrupt());
-    assert!(lapic.take_nmi());
+    assert_eq!(lapic.take_nmi(), 1);
     assert!(!lapic.nmi_pending());
+    assert_eq!(lapic.take_nmi(), 0);
     assert!(!lapic.receive(&Ipi {
         delivery_mode: DeliveryMode::Smi,
         ..Ipi::fixed(0, 0)
@@ -533,7 +534,7 @@ fn lint_pins_follow_their_lvt() {
     assert!(!lapic.assert_lint(1), "masked after reset");
     let _ = write(&mut lapic, LVT_LINT1, 0x400, 0);
     assert!(lapic.assert_lint(1));
-    assert!(lapic.take_nmi());
+    assert_eq!(lapic.take_nmi(), 1);
     let _ = write(&mut lapic, LVT_LINT0, 0x8033, 0);
     assert!(lapic.assert_lint(0));
     assert_eq!(lapic.next_interrupt(), Some(0x33));
@@ -583,4 +584,206 @@ fn illegal_lvt_vector_is_a_receive_error() {
     let _ = write(&mut lapic, ESR, 0, 0);
     assert_eq!(read(&mut lapic, ESR, 0), ESR_RECEIVE_ILLEGAL_VECTOR);
     assert_eq!(read(&mut lapic, IRR0, 0), 0);
+}
+
+#[test]
+fn two_nmis_before_a_service_pass_are_both_taken() {
+    let mut lapic = lapic();
+    let nmi = Ipi {
+        delivery_mode: DeliveryMode::Nmi,
+        ..Ipi::fixed(0, 0)
+    };
+    assert!(lapic.receive(&nmi));
+    assert!(lapic.receive(&nmi));
+    assert_eq!(lapic.take_nmi(), 2, "one taken, one latched behind it");
+    // A third one in the same pass merges: a CPU latches only one behind the one it takes.
+    for _ in 0..3 {
+        lapic.accept_nmi();
+    }
+    let _ = write(&mut lapic, LVT_LINT1, 0x400, 0);
+    assert!(lapic.assert_lint(1));
+    assert_eq!(lapic.take_nmi(), MAX_PENDING_NMIS);
+    assert_eq!(lapic.take_nmi(), 0);
+    // INIT drops pending NMIs.
+    lapic.accept_nmi();
+    lapic.accept_init();
+    assert!(!lapic.nmi_pending());
+}
+
+#[test]
+fn cr8_is_tpr_bits_7_to_4() {
+    let mut lapic = lapic();
+    for cr8 in 0..16u64 {
+        lapic.set_cr8(cr8);
+        assert_eq!(read(&mut lapic, TPR, 0), u32::try_from(cr8 << 4).unwrap());
+        assert_eq!(read(&mut lapic, PPR, 0), u32::try_from(cr8 << 4).unwrap());
+        assert_eq!(lapic.cr8(), cr8);
+    }
+    // A TPR write shows in CR8 (bits 3:0 of the TPR are not part of it).
+    let _ = write(&mut lapic, TPR, 0x7C, 0);
+    assert_eq!(lapic.cr8(), 7);
+    // A CR8 write clears TPR[3:0]; only CR8[3:0] exist.
+    lapic.set_cr8(0x1_0000_0006);
+    assert_eq!(read(&mut lapic, TPR, 0), 0x60);
+    // A pending interrupt at or below the new priority is held, released when CR8 drops.
+    assert!(lapic.accept_interrupt(0x65, false));
+    assert_eq!(lapic.next_interrupt(), None, "class 6 at CR8 6");
+    assert!(!lapic.has_pending_interrupt());
+    lapic.set_cr8(7);
+    assert_eq!(lapic.next_interrupt(), None, "class 6 under CR8 7");
+    lapic.set_cr8(5);
+    assert_eq!(lapic.next_interrupt(), Some(0x65));
+    // With a vector in service the PPR is the higher of the two.
+    lapic.interrupt_injected(0x65);
+    lapic.set_cr8(2);
+    assert_eq!(read(&mut lapic, PPR, 0), 0x60);
+    assert_eq!(lapic.cr8(), 2);
+}
+
+#[test]
+fn kvm_run_cr8_syncs_only_changes() {
+    let mut lapic = lapic();
+    // The guest set TPR through the register; kvm_run.cr8 then echoes its class.
+    let _ = write(&mut lapic, TPR, 0x3C, 0);
+    assert!(!lapic.sync_cr8(lapic.cr8()));
+    assert_eq!(
+        read(&mut lapic, TPR, 0),
+        0x3C,
+        "TPR[3:0] survive an unchanged CR8"
+    );
+    // The guest lowered CR8 (KVM_EXIT_SET_TPR): a held interrupt becomes deliverable.
+    assert!(lapic.accept_interrupt(0x35, false));
+    assert_eq!(lapic.next_interrupt(), None);
+    assert!(lapic.sync_cr8(2));
+    assert_eq!(read(&mut lapic, TPR, 0), 0x20);
+    assert_eq!(lapic.next_interrupt(), Some(0x35));
+    // Raised past it: held again.
+    assert!(lapic.sync_cr8(0xF));
+    assert_eq!(lapic.next_interrupt(), None);
+}
+
+#[test]
+fn xapic_page_is_unbacked_while_the_interface_is_off() {
+    let mut lapic = Lapic::with_events(LapicConfig::default(), Counting::default()).unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, TPR, 0x20, 0);
+    // Globally disabled: every offset and width reads all ones; writes do nothing.
+    let _ = lapic
+        .write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE, 0)
+        .unwrap();
+    for (offset, len) in [
+        (ID, 4),
+        (VERSION, 4),
+        (TPR, 1),
+        (0x2F0, 4),
+        (0xFFC, 4),
+        (TPR, 8),
+    ] {
+        let mut data = vec![0u8; len];
+        lapic.read_mmio(u64::from(offset), &mut data, 0);
+        assert!(
+            data.iter().all(|&b| b == 0xFF),
+            "offset {offset:#x} len {len}"
+        );
+    }
+    assert_eq!(
+        write(&mut lapic, ICR_LOW, 0x4_4040, 0),
+        LapicEffects::default()
+    );
+    assert_eq!(write(&mut lapic, SVR, 0x1FF, 0), LapicEffects::default());
+    let _ = lapic.write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE | APIC_BASE_ENABLE, 0);
+    assert_eq!(
+        read(&mut lapic, SVR, 0),
+        0xFF,
+        "the SVR write while disabled was dropped"
+    );
+    // No ESR error for the accesses while off.
+    let _ = write(&mut lapic, ESR, 0, 0);
+    assert_eq!(read(&mut lapic, ESR, 0), 0);
+    // x2APIC mode: the same, and the MSR view is unaffected by MMIO writes.
+    let x2 = DEFAULT_APIC_BASE | APIC_BASE_ENABLE | APIC_BASE_X2APIC;
+    let _ = lapic.write_msr(MSR_APIC_BASE, x2, 0).unwrap();
+    let _ = lapic.write_msr(0x808, 0x30, 0).unwrap();
+    assert_eq!(read(&mut lapic, TPR, 0), u32::MAX);
+    assert_eq!(write(&mut lapic, TPR, 0x50, 0), LapicEffects::default());
+    assert_eq!(lapic.read_msr(0x808, 0), Ok(0x30));
+    assert!(lapic.events().invalid.get() >= 8);
+}
+
+#[test]
+fn apic_base_address_bits_above_maxphyaddr_fault() {
+    let gp = Err(LapicError::GeneralProtection { msr: MSR_APIC_BASE });
+    for bits in [36u8, 39, 46, 52] {
+        let mut lapic = Lapic::new(LapicConfig {
+            max_phys_addr_bits: bits,
+            ..LapicConfig::default()
+        })
+        .unwrap();
+        let enabled = APIC_BASE_ENABLE;
+        // The highest page below MAXPHYADDR is a valid base.
+        let top = ((1u64 << bits) - 1) & APIC_BASE_ADDRESS;
+        let moved = lapic.write_msr(MSR_APIC_BASE, top | enabled, 0).unwrap();
+        assert_eq!(moved.base_change.unwrap().base_address, top);
+        for bit in u32::from(bits)..52 {
+            assert_eq!(
+                lapic.write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE | enabled | (1 << bit), 0),
+                gp,
+                "MAXPHYADDR {bits}, bit {bit}"
+            );
+        }
+        assert_eq!(
+            lapic.base_address(),
+            top,
+            "a faulting write changes nothing"
+        );
+    }
+    for bits in [0u8, 31, 53, 64] {
+        let config = LapicConfig {
+            max_phys_addr_bits: bits,
+            ..LapicConfig::default()
+        };
+        assert_eq!(
+            Lapic::new(config).err(),
+            Some(LapicError::MaxPhysAddrOutOfRange(bits))
+        );
+    }
+}
+
+#[test]
+fn without_x2apic_support_x2apic_is_hidden() {
+    let mut lapic = Lapic::new(LapicConfig {
+        x2apic_supported: false,
+        ..LapicConfig::default()
+    })
+    .unwrap();
+    let gp = |msr| Err(LapicError::GeneralProtection { msr });
+    let base = DEFAULT_APIC_BASE | APIC_BASE_ENABLE;
+    assert_eq!(
+        lapic
+            .write_msr(MSR_APIC_BASE, base | APIC_BASE_X2APIC, 0)
+            .map(|_| ()),
+        gp(MSR_APIC_BASE)
+    );
+    assert_eq!(lapic.mode(), ApicMode::XApic);
+    // From disabled too, and the disabled -> xAPIC path still works.
+    let _ = lapic
+        .write_msr(MSR_APIC_BASE, DEFAULT_APIC_BASE, 0)
+        .unwrap();
+    assert_eq!(
+        lapic
+            .write_msr(MSR_APIC_BASE, base | APIC_BASE_X2APIC, 0)
+            .map(|_| ()),
+        gp(MSR_APIC_BASE)
+    );
+    assert!(lapic.write_msr(MSR_APIC_BASE, base, 0).is_ok());
+    // Every x2APIC MSR faults, read or write.
+    for msr in regs::X2APIC_MSR_FIRST..=regs::X2APIC_MSR_LAST {
+        assert_eq!(lapic.read_msr(msr, 0).map(|_| ()), gp(msr), "read {msr:#x}");
+        assert_eq!(
+            lapic.write_msr(msr, 0, 0).map(|_| ()),
+            gp(msr),
+            "write {msr:#x}"
+        );
+    }
+    assert_eq!(lapic.read_msr(MSR_APIC_BASE, 0), Ok(base | APIC_BASE_BSP));
 }

@@ -4,7 +4,17 @@
 //! what the caller must do with its host timer ([`LapicTimerChange`]). The count runs at
 //! `bus_hz / divisor`, so a one-shot deadline is `now + initial * divisor * 1e9 / bus_hz` ns.
 //! Periodic mode re-arms from the previous deadline, so it never drifts. [`TimerLimits`] floors
-//! every deadline so a guest cannot drive the host into a timer storm.
+//! every future deadline so a guest cannot drive the host into a timer storm.
+//!
+//! A one-shot count that has already run out, or a TSC deadline at or before `now`, expires on
+//! the spot (SDM 11.5.4.1: the interrupt is pending when the write completes): the write
+//! reports [`TimerUpdate::expired`] and arms no host timer. That costs no storm protection:
+//! every such expiry needs a guest register write, which is already an exit.
+//!
+//! Mode switches (LVT timer bits 18:17) follow the SDM and KVM's `apic_update_lvtt`: only a
+//! switch into or out of TSC-deadline mode disarms the timer and clears the counts; between
+//! one-shot and periodic the initial count and the running count are kept, and the new mode
+//! decides what happens when the count reaches zero.
 
 use super::events::LapicEvents;
 
@@ -28,6 +38,35 @@ pub enum LapicTimerChange {
     },
     /// Disarm the host timer.
     Cancel,
+}
+
+impl LapicTimerChange {
+    /// This change followed by `later`: the later one wins unless it is `Unchanged`.
+    pub(crate) fn then(self, later: LapicTimerChange) -> LapicTimerChange {
+        match later {
+            LapicTimerChange::Unchanged => self,
+            _ => later,
+        }
+    }
+}
+
+/// The outcome of a timer register write inside the LAPIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use]
+pub(crate) struct TimerUpdate {
+    /// What to do with the host timer.
+    pub(crate) change: LapicTimerChange,
+    /// The timer expired on the spot: raise its interrupt now.
+    pub(crate) expired: bool,
+}
+
+impl From<LapicTimerChange> for TimerUpdate {
+    fn from(change: LapicTimerChange) -> Self {
+        TimerUpdate {
+            change,
+            expired: false,
+        }
+    }
 }
 
 /// Converts between guest TSC values and the caller's monotonic nanoseconds.
@@ -79,7 +118,7 @@ pub struct TimerLimits {
     /// Shortest period of a periodic timer (default 100 us). Shorter periods run at this one.
     pub min_period_ns: u64,
     /// Shortest delay from `now` of any one-shot or TSC-deadline arm (default 1 us). A deadline
-    /// already in the past fires after this delay.
+    /// closer than this runs at this delay; one at or before `now` expires at once, unarmed.
     pub min_delay_ns: u64,
 }
 
@@ -191,33 +230,31 @@ impl LapicTimer {
         saturate(ticks / (NS_PER_SEC * u128::from(self.divisor())))
     }
 
+    /// A deadline after `now_ns`, pushed out to the minimum delay if it is closer.
     fn floor(&self, now_ns: u64, deadline_ns: u64, events: &dyn LapicEvents) -> u64 {
         let floor = now_ns.saturating_add(self.limits.min_delay_ns);
         if deadline_ns >= floor {
             return deadline_ns;
         }
-        if deadline_ns > now_ns {
-            events.timer_clamped(deadline_ns, floor);
-        }
+        events.timer_clamped(deadline_ns, floor);
         floor
     }
 
-    /// Starts counting `count` ticks from `now_ns` (one-shot or periodic).
-    fn arm_count(&mut self, count: u32, now_ns: u64, events: &dyn LapicEvents) -> LapicTimerChange {
+    /// Starts counting `count` ticks from `now_ns` (one-shot or periodic). A one-shot count that
+    /// has already run out (zero duration) expires at once.
+    fn arm_count(&mut self, count: u32, now_ns: u64, events: &dyn LapicEvents) -> TimerUpdate {
         let duration = self.ticks_to_ns(u64::from(count));
         let (deadline_ns, period_ns) = if self.mode == TimerMode::Periodic {
-            let period = self.ticks_to_ns(u64::from(self.initial_count));
-            let clamped = period.max(self.limits.min_period_ns).max(1);
-            if clamped != period {
-                events.timer_clamped(period, clamped);
-            }
+            let period = self.period_ns(events);
             // A fresh start runs a whole (clamped) period; a rescaled count the remainder.
             let first = if count == self.initial_count {
-                clamped
+                period
             } else {
                 duration.max(self.limits.min_delay_ns).max(1)
             };
-            (now_ns.saturating_add(first), clamped)
+            (now_ns.saturating_add(first), period)
+        } else if duration == 0 {
+            return self.expire_now();
         } else {
             (
                 self.floor(now_ns, now_ns.saturating_add(duration), events),
@@ -228,7 +265,27 @@ impl LapicTimer {
             deadline_ns,
             period_ns,
         });
-        LapicTimerChange::Arm { deadline_ns }
+        LapicTimerChange::Arm { deadline_ns }.into()
+    }
+
+    /// The periodic reload interval of the initial count, clamped to the minimum period.
+    fn period_ns(&self, events: &dyn LapicEvents) -> u64 {
+        let period = self.ticks_to_ns(u64::from(self.initial_count));
+        let clamped = period.max(self.limits.min_period_ns).max(1);
+        if clamped != period {
+            events.timer_clamped(period, clamped);
+        }
+        clamped
+    }
+
+    /// The count ran out, or the TSC deadline passed, at the write itself: disarm (the
+    /// TSC-deadline MSR reads 0 after expiry) and tell the LAPIC to raise the interrupt.
+    fn expire_now(&mut self) -> TimerUpdate {
+        self.tsc_deadline = 0;
+        TimerUpdate {
+            change: self.disarm(),
+            expired: true,
+        }
     }
 
     pub(crate) fn write_initial_count(
@@ -236,13 +293,13 @@ impl LapicTimer {
         count: u32,
         now_ns: u64,
         events: &dyn LapicEvents,
-    ) -> LapicTimerChange {
+    ) -> TimerUpdate {
         if self.mode == TimerMode::TscDeadline {
-            return LapicTimerChange::Unchanged;
+            return LapicTimerChange::Unchanged.into();
         }
         self.initial_count = count;
         if count == 0 {
-            return self.disarm();
+            return self.disarm().into();
         }
         self.arm_count(count, now_ns, events)
     }
@@ -278,26 +335,62 @@ impl LapicTimer {
         value: u32,
         now_ns: u64,
         events: &dyn LapicEvents,
-    ) -> LapicTimerChange {
+    ) -> TimerUpdate {
         let remaining = self.current_count(now_ns);
         self.divide_config = value & 0xB;
         match self.armed {
             Some(_) if self.mode != TimerMode::TscDeadline && remaining > 0 => {
                 self.arm_count(remaining, now_ns, events)
             }
-            _ => LapicTimerChange::Unchanged,
+            _ => LapicTimerChange::Unchanged.into(),
         }
     }
 
-    /// Switches mode; any switch disarms the timer and clears the counts.
-    pub(crate) fn set_mode(&mut self, mode: TimerMode) -> LapicTimerChange {
+    /// Expires the timer now if its deadline has passed (the host timer may be late), so that
+    /// a following change of mode or LVT applies from `now_ns` on and not to the past. A
+    /// periodic timer moves on to its next period; its host timer, due already, fires and
+    /// [`Lapic::timer_fired`](super::Lapic::timer_fired) re-arms it there.
+    pub(crate) fn settle(&mut self, now_ns: u64) -> TimerUpdate {
+        match self.fire(now_ns) {
+            (false, _) => LapicTimerChange::Unchanged.into(),
+            (true, next) => TimerUpdate {
+                change: match next {
+                    None => LapicTimerChange::Cancel,
+                    Some(_) => LapicTimerChange::Unchanged,
+                },
+                expired: true,
+            },
+        }
+    }
+
+    /// Switches mode (after [`LapicTimer::settle`]). Into or out of TSC-deadline mode the
+    /// timer is disarmed and the counts cleared; between one-shot and periodic the running
+    /// count goes on, and only what happens at zero changes (reload, or stop), so the host
+    /// timer stays as it is.
+    pub(crate) fn set_mode(
+        &mut self,
+        mode: TimerMode,
+        events: &dyn LapicEvents,
+    ) -> LapicTimerChange {
         if mode == self.mode {
             return LapicTimerChange::Unchanged;
         }
+        let deadline_switch =
+            (mode == TimerMode::TscDeadline) != (self.mode == TimerMode::TscDeadline);
         self.mode = mode;
-        self.initial_count = 0;
-        self.tsc_deadline = 0;
-        self.disarm()
+        if deadline_switch {
+            self.initial_count = 0;
+            self.tsc_deadline = 0;
+            return self.disarm();
+        }
+        if let Some(mut armed) = self.armed {
+            armed.period_ns = match mode {
+                TimerMode::Periodic => self.period_ns(events),
+                _ => 0,
+            };
+            self.armed = Some(armed);
+        }
+        LapicTimerChange::Unchanged
     }
 
     pub(crate) fn write_tsc_deadline(
@@ -305,20 +398,24 @@ impl LapicTimer {
         tsc: u64,
         now_ns: u64,
         events: &dyn LapicEvents,
-    ) -> LapicTimerChange {
+    ) -> TimerUpdate {
         if self.mode != TimerMode::TscDeadline {
-            return LapicTimerChange::Unchanged;
+            return LapicTimerChange::Unchanged.into();
         }
         self.tsc_deadline = tsc;
         if tsc == 0 {
-            return self.disarm();
+            return self.disarm().into();
         }
-        let deadline_ns = self.floor(now_ns, self.tsc.ns_at(tsc), events);
+        let deadline_ns = self.tsc.ns_at(tsc);
+        if deadline_ns <= now_ns {
+            return self.expire_now();
+        }
+        let deadline_ns = self.floor(now_ns, deadline_ns, events);
         self.armed = Some(Armed {
             deadline_ns,
             period_ns: 0,
         });
-        LapicTimerChange::Arm { deadline_ns }
+        LapicTimerChange::Arm { deadline_ns }.into()
     }
 
     pub(crate) fn tsc_deadline(&self) -> u64 {
@@ -363,7 +460,7 @@ mod tests {
 
     fn timer(mode: TimerMode) -> LapicTimer {
         let mut t = LapicTimer::new(DEFAULT_BUS_HZ, TscMap::default(), TimerLimits::default());
-        let _ = t.set_mode(mode);
+        let _ = t.set_mode(mode, &NoopLapicEvents);
         t
     }
 
@@ -385,7 +482,7 @@ mod tests {
             assert_eq!(t.divisor(), divisor, "dcr {dcr:#b}");
             let change = t.write_initial_count(10_000, 5_000, &NoopLapicEvents);
             let deadline_ns = 5_000 + 10_000 * divisor;
-            assert_eq!(change, LapicTimerChange::Arm { deadline_ns });
+            assert_eq!(change, LapicTimerChange::Arm { deadline_ns }.into());
             assert_eq!(t.current_count(5_000), 10_000);
             assert_eq!(t.current_count(5_000 + 2_500 * divisor), 7_500);
             assert_eq!(t.current_count(deadline_ns), 0);
@@ -413,15 +510,74 @@ mod tests {
     }
 
     #[test]
-    fn mode_switch_disarms() {
+    fn only_tsc_deadline_switches_disarm() {
         let mut t = timer(TimerMode::Periodic);
-        assert!(matches!(
-            t.write_initial_count(1_000_000, 0, &NoopLapicEvents),
-            LapicTimerChange::Arm { .. }
-        ));
-        assert_eq!(t.set_mode(TimerMode::OneShot), LapicTimerChange::Cancel);
-        assert_eq!(t.initial_count(), 0);
-        assert_eq!(t.deadline(), None);
+        let armed = t.write_initial_count(1_000_000, 0, &NoopLapicEvents);
+        assert_eq!(
+            armed.change,
+            LapicTimerChange::Arm {
+                deadline_ns: 2_000_000
+            }
+        );
+        // Periodic -> one-shot: the running count goes on and stops at zero.
+        let events = &NoopLapicEvents;
+        assert_eq!(
+            t.set_mode(TimerMode::OneShot, events),
+            LapicTimerChange::Unchanged
+        );
+        assert_eq!(t.initial_count(), 1_000_000);
+        assert_eq!(t.current_count(1_000_000), 500_000);
+        assert_eq!(t.fire(2_000_000), (true, None));
+        // One-shot -> periodic while counting: the count reloads at zero.
+        let _ = t.write_initial_count(1_000_000, 3_000_000, events);
+        assert_eq!(
+            t.set_mode(TimerMode::Periodic, events),
+            LapicTimerChange::Unchanged
+        );
+        assert_eq!(t.current_count(4_000_000), 500_000);
+        assert_eq!(t.fire(5_000_000), (true, Some(7_000_000)));
+        // Into TSC-deadline mode: disarmed, counts cleared.
+        assert_eq!(
+            t.set_mode(TimerMode::TscDeadline, events),
+            LapicTimerChange::Cancel
+        );
+        assert_eq!((t.initial_count(), t.deadline()), (0, None));
+        // And out of it.
+        let _ = t.write_tsc_deadline(1 << 40, 0, events);
+        assert_eq!(
+            t.set_mode(TimerMode::OneShot, events),
+            LapicTimerChange::Cancel
+        );
+        assert_eq!((t.tsc_deadline(), t.deadline()), (0, None));
+    }
+
+    #[test]
+    fn counts_and_deadlines_already_run_out_expire_unarmed() {
+        // A 4 GHz bus at divide 1: one tick is 0.25 ns, so a count of 1 has run out at once.
+        let mut t = LapicTimer::new(4_000_000_000, TscMap::default(), TimerLimits::default());
+        let _ = t.write_divide(0xB, 0, &NoopLapicEvents);
+        let update = t.write_initial_count(1, 10, &NoopLapicEvents);
+        assert!(update.expired);
+        assert_eq!(update.change, LapicTimerChange::Unchanged);
+        assert_eq!((t.deadline(), t.current_count(10)), (None, 0));
+        // TSC deadline at now (TSC 1 GHz from 0: tsc == ns) and before now.
+        let mut t = timer(TimerMode::TscDeadline);
+        let _ = t.write_tsc_deadline(5_000_000, 0, &NoopLapicEvents);
+        for tsc in [1_000, 2_000] {
+            let update = t.write_tsc_deadline(tsc, 2_000, &NoopLapicEvents);
+            assert!(update.expired, "deadline {tsc} at now 2000");
+            assert_eq!((t.deadline(), t.tsc_deadline()), (None, 0));
+        }
+        // The first one cancelled the armed host timer; the second had nothing to cancel.
+        let _ = t.write_tsc_deadline(5_000_000, 0, &NoopLapicEvents);
+        assert_eq!(
+            t.write_tsc_deadline(1, 2_000, &NoopLapicEvents).change,
+            LapicTimerChange::Cancel
+        );
+        // One nanosecond ahead is in the future: armed at the floor, not expired.
+        let update = t.write_tsc_deadline(2_001, 2_000, &NoopLapicEvents);
+        assert!(!update.expired);
+        assert_eq!(update.change, LapicTimerChange::Arm { deadline_ns: 3_000 });
     }
 
     #[test]
@@ -429,7 +585,7 @@ mod tests {
         let mut t = timer(TimerMode::OneShot);
         let _ = t.write_initial_count(1_000, 0, &NoopLapicEvents); // 2000 ns
         assert_eq!(
-            t.write_divide(0b0001, 1_000, &NoopLapicEvents), // 500 ticks left at /4
+            t.write_divide(0b0001, 1_000, &NoopLapicEvents).change, // 500 ticks left at /4
             LapicTimerChange::Arm { deadline_ns: 3_000 }
         );
     }
@@ -469,14 +625,34 @@ mod tests {
             let mut count_before: Option<u32> = None;
             for op in ops {
                 let change = match op {
-                    Op::Initial(count) => t.write_initial_count(count, now, &NoopLapicEvents),
-                    Op::Divide(value) => t.write_divide(value, now, &NoopLapicEvents),
-                    Op::Mode(mode) => t.set_mode(match mode {
-                        0 => TimerMode::OneShot,
-                        1 => TimerMode::Periodic,
-                        _ => TimerMode::TscDeadline,
-                    }),
-                    Op::Deadline(tsc) => t.write_tsc_deadline(tsc, now, &NoopLapicEvents),
+                    Op::Initial(count) => t.write_initial_count(count, now, &NoopLapicEvents).change,
+                    Op::Divide(value) => t.write_divide(value, now, &NoopLapicEvents).change,
+                    Op::Mode(mode) => {
+                        let mode = match mode {
+                            0 => TimerMode::OneShot,
+                            1 => TimerMode::Periodic,
+                            _ => TimerMode::TscDeadline,
+                        };
+                        let counting = t.mode() != TimerMode::TscDeadline;
+                        let settled = t.settle(now).change;
+                        let (initial, count) = (t.initial_count(), t.current_count(now));
+                        let change = settled.then(t.set_mode(mode, &NoopLapicEvents));
+                        if counting && mode != TimerMode::TscDeadline {
+                            // One-shot <-> periodic: the counts run on untouched.
+                            proptest::prop_assert_eq!(change, settled);
+                            proptest::prop_assert_eq!(t.initial_count(), initial);
+                            proptest::prop_assert_eq!(t.current_count(now), count);
+                        }
+                        change
+                    }
+                    Op::Deadline(tsc) => {
+                        let update = t.write_tsc_deadline(tsc, now, &NoopLapicEvents);
+                        if update.expired {
+                            proptest::prop_assert!(tsc != 0 && t.tsc.ns_at(tsc) <= now);
+                            proptest::prop_assert_eq!(t.deadline(), None);
+                        }
+                        update.change
+                    }
                     Op::Fire => {
                         let before = t.deadline();
                         let (_, next) = t.fire(now);

@@ -152,26 +152,104 @@ fn tsc_deadline_arm_rearm_cancel() {
 }
 
 #[test]
-fn tsc_deadline_in_the_past_fires_at_once() {
+fn tsc_deadline_at_or_before_now_is_pending_when_the_write_completes() {
     let mut lapic = tsc_lapic();
     let now = 5_000_000;
-    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 2_000, now).unwrap();
+    // TSC 1_000 + 2 per ns: now is TSC 10_001_000.
+    for tsc in [2_000, 10_001_000] {
+        let effects = lapic.write_msr(MSR_TSC_DEADLINE, tsc, now).unwrap();
+        assert_eq!(effects.timer, LapicTimerChange::Unchanged, "no host timer");
+        assert_eq!(lapic.next_interrupt(), Some(0xEF), "deadline {tsc}");
+        assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, now), Ok(0));
+        lapic.interrupt_injected(0xEF);
+        let _ = write(&mut lapic, EOI, 0, now);
+    }
+    // An armed future deadline moved into the past: the host timer is cancelled.
+    let _ = lapic.write_msr(MSR_TSC_DEADLINE, 1 << 40, now).unwrap();
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 5, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+    assert_eq!(lapic.next_interrupt(), Some(0xEF));
+    assert_eq!(
+        lapic.timer_fired(now + 1),
+        None,
+        "a stale host timer does nothing"
+    );
+    // Masked: it expires all the same, with no interrupt.
+    let mut lapic = tsc_lapic();
+    let _ = write(&mut lapic, LVT_TIMER, LVT_MASKED | (2 << 17) | 0xEF, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 5, now).unwrap();
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.read_msr(MSR_TSC_DEADLINE, now), Ok(0));
+    assert_eq!(lapic.next_interrupt(), None);
+    // Just ahead of now: a future deadline, armed at the minimum delay, not early.
+    let mut lapic = Lapic::with_events(
+        LapicConfig {
+            tsc: TscMap {
+                tsc_khz: 2_000_000,
+                tsc_at_ns0: 1_000,
+            },
+            ..LapicConfig::default()
+        },
+        Counting::default(),
+    )
+    .unwrap();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, (2 << 17) | 0xEF, 0);
+    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 10_001_002, now).unwrap();
     let floor = now + TimerLimits::default().min_delay_ns;
     assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: floor });
-    assert_eq!(lapic.timer_fired(floor), None);
-    assert_eq!(lapic.next_interrupt(), Some(0xEF));
-    // With no floor, the deadline is "now".
+    assert_eq!(lapic.next_interrupt(), None);
+    assert_eq!(lapic.events().clamped.get(), 1);
+}
+
+#[test]
+fn one_shot_count_already_run_out_is_pending_at_once() {
+    // A 4 GHz bus at divide 1: a count of 1 is a quarter nanosecond, over before the write ends.
     let mut lapic = Lapic::new(LapicConfig {
-        limits: TimerLimits {
-            min_period_ns: 100_000,
-            min_delay_ns: 0,
-        },
+        bus_hz: 4_000_000_000,
         ..LapicConfig::default()
     })
     .unwrap();
-    let _ = write(&mut lapic, LVT_TIMER, 2 << 17, 0);
-    let effects = lapic.write_msr(MSR_TSC_DEADLINE, 1, now).unwrap();
-    assert_eq!(effects.timer, LapicTimerChange::Arm { deadline_ns: now });
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, 0x41, 0);
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let effects = write(&mut lapic, TIMER_INITIAL, 1, 100);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.next_interrupt(), Some(0x41));
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 100), 0);
+    assert_eq!(read(&mut lapic, TIMER_INITIAL, 100), 1);
+    // Periodic mode keeps its minimum period instead.
+    let _ = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x42, 0);
+    let effects = write(&mut lapic, TIMER_INITIAL, 1, 100);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 100 + TimerLimits::default().min_period_ns
+        }
+    );
+}
+
+#[test]
+fn one_shot_periodic_switches_keep_the_count() {
+    let mut lapic = counting(0x40);
+    let effects = write(&mut lapic, LVT_TIMER, (1 << 17) | 0x40, 250_000);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(read(&mut lapic, TIMER_INITIAL, 250_000), 1_000_000);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 250_000), 750_000);
+    // Now periodic: it reloads at zero.
+    assert_eq!(lapic.timer_fired(1_000_000), Some(2_000_000));
+    assert_eq!(lapic.next_interrupt(), Some(0x40));
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 1_500_000), 500_000);
+    // Back to one-shot: the count runs out once more and stays at 0.
+    let effects = write(&mut lapic, LVT_TIMER, 0x40, 1_500_000);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(lapic.timer_fired(2_000_000), None);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 2_500_000), 0);
+    // Masking with the same mode keeps the timer too.
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000, 3_000_000);
+    let effects = write(&mut lapic, LVT_TIMER, LVT_MASKED | 0x40, 3_000_100);
+    assert_eq!(effects.timer, LapicTimerChange::Unchanged);
+    assert_eq!(read(&mut lapic, TIMER_CURRENT, 3_000_100), 900);
 }
 
 #[test]
@@ -237,4 +315,54 @@ fn timer_through_x2apic_msrs() {
         lapic.write_msr(0x839, 0, 0).map(|_| ()),
         Err(LapicError::GeneralProtection { msr: 0x839 })
     );
+}
+
+#[test]
+fn an_lvt_write_after_a_late_host_timer_sees_the_expiry_first() {
+    // One-shot ran out at 1 ms; the host timer is late; the guest switches to periodic at 2 ms.
+    let mut one_shot = counting(0x40);
+    let effects = write(&mut one_shot, LVT_TIMER, (1 << 17) | 0x41, 2_000_000);
+    assert_eq!(effects.timer, LapicTimerChange::Cancel);
+    assert_eq!(
+        one_shot.next_interrupt(),
+        Some(0x40),
+        "expired under the old vector"
+    );
+    assert_eq!(
+        read(&mut one_shot, TIMER_CURRENT, 2_000_000),
+        0,
+        "a spent one-shot stays spent"
+    );
+    assert_eq!(
+        one_shot.timer_fired(2_000_001),
+        None,
+        "the late host timer finds nothing"
+    );
+    // Masked when it ran out: unmasking later raises nothing.
+    let mut masked = counting(LVT_MASKED | 0x40);
+    let _ = write(&mut masked, LVT_TIMER, 0x40, 2_000_000);
+    assert_eq!(masked.next_interrupt(), None);
+    // Periodic with a late host timer, switched to one-shot: the missed tick is raised, the
+    // count goes on from its reload and stops at the next zero.
+    let mut periodic = counting((1 << 17) | 0x40);
+    let effects = write(&mut periodic, LVT_TIMER, 0x40, 1_250_000);
+    assert_eq!(
+        effects.timer,
+        LapicTimerChange::Unchanged,
+        "the due host timer re-arms"
+    );
+    assert_eq!(periodic.next_interrupt(), Some(0x40));
+    assert_eq!(read(&mut periodic, TIMER_CURRENT, 1_250_000), 750_000);
+    assert_eq!(periodic.timer_fired(1_250_001), Some(2_000_000));
+    assert_eq!(periodic.timer_fired(2_000_000), None);
+    assert_eq!(read(&mut periodic, TIMER_CURRENT, 2_500_000), 0);
+}
+
+/// A LAPIC whose timer counts 1 ms (divide 1) from time 0 with this LVT timer value.
+fn counting(lvt_timer: u32) -> Lapic {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, TIMER_DIVIDE, 0xB, 0);
+    let _ = write(&mut lapic, LVT_TIMER, lvt_timer, 0);
+    let _ = write(&mut lapic, TIMER_INITIAL, 1_000_000, 0);
+    lapic
 }

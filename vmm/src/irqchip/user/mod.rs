@@ -128,6 +128,7 @@ impl UserIrqChip {
                     tsc,
                     limits: TimerLimits::default(),
                     x2apic_supported: true,
+                    max_phys_addr_bits: devices::lapic::MAX_PHYS_ADDR_BITS,
                 };
                 Lapic::with_events(config, noise.clone())
                     .map_err(|source| IrqChipError::Lapic { id, source })

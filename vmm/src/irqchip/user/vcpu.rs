@@ -159,7 +159,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
                 self.arm_lapic_timer(next);
             }
         }
-        if self.lapic.take_nmi() {
+        for _ in 0..self.lapic.take_nmi() {
             let _ = cpu.inject_nmi();
         }
         summary

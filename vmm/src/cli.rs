@@ -44,7 +44,7 @@ pub enum Command {
     /// Measure lull against the alternatives on this host: `density` (many idle VMs per mode:
     /// host CPU, wake-ups, exits, guest timer lateness, RSS) and `wakeup` (IPI wake-up latency
     /// of a halted vCPU per halt-polling mode). Tables on stdout, progress on stderr.
-    Bench(crate::bench::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 /// Flags of `lull run`. Each one overrides the same field of `--config`.

@@ -10,8 +10,8 @@ use serde_json::Value;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHEMA};
-use super::{guest_path, host, lull_binary, lull_has_flag, parse_duration, plot, BenchError};
-use crate::size::ByteSize;
+use super::units::{parse_duration, parse_size};
+use super::{guest_path, host, lull_binary, lull_has_flag, plot, BenchError};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -70,16 +70,17 @@ pub struct DensityArgs {
     /// Guest: a kit guest name (`idle-sim`) or a path to its ELF.
     #[arg(long, default_value = "idle-sim")]
     pub guest: String,
-    /// How long each guest runs its timers (30s, 500ms, 2m).
-    #[arg(long, default_value = "30s")]
-    pub duration: String,
+    /// How long each guest runs its timers: a number with a unit (30s, 500ms, 2m, 1m30s; a
+    /// bare number is refused).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
     /// Modes, comma-separated: kernel, pull, push, central, qemu-on, qemu-off. Default: all
     /// (the QEMU ones only where qemu is installed).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
-    /// Guest RAM per VM.
-    #[arg(long, default_value = "64M")]
-    pub memory: ByteSize,
+    /// Guest RAM per VM in bytes, or with a binary K, M or G suffix (64M is 64 MiB).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub memory: u64,
     /// More guest command-line words, e.g. `mix=50:1,50:10-100 ipi_pct=10`.
     #[arg(long, default_value = "")]
     pub guest_args: String,
@@ -133,7 +134,7 @@ impl Plan<'_> {
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
         let cpus = self.args.cpus.to_string();
-        let mib = self.args.memory.0 >> 20;
+        let mib = self.args.memory >> 20;
         let command = if mode.is_qemu() {
             let mut c = Command::new(&self.args.qemu);
             c.args(["-enable-kvm", "-cpu", "host,+invtsc,vmware-cpuid-freq=on"])
@@ -212,6 +213,11 @@ impl MetricsSum {
                 v["global_timer_fires"].as_u64(),
             );
         }
+        // The `central` model expires global timers on its own timer thread, not on a vCPU.
+        add_opt(
+            &mut self.global_timer_fires,
+            m["global_timers"]["timer_thread_fires"].as_u64(),
+        );
         self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
         add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
         let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
@@ -362,7 +368,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
-    let duration = parse_duration(&args.duration)?;
+    let duration = args.duration;
     let lull = lull_binary(args.lull.as_ref())?;
     let guest = guest_path(&args.guest, args.kit.as_ref())?;
     let modes = modes(args)?;
@@ -394,7 +400,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             guest: plan.guest.display().to_string(),
             guest_cmdline: plan.cmdline.clone(),
             duration_s: duration.as_secs_f64(),
-            memory_mib: args.memory.0 >> 20,
+            memory_mib: args.memory >> 20,
             modes: modes.iter().map(|m| m.name().to_string()).collect(),
             global_timers: args.global_timers.clone(),
             global_timers_applied: plan.global_timers.is_some(),
@@ -424,7 +430,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             let watch = Watch {
                 boot_marker: format!("{}: ", guest_stem(&plan.guest)),
                 end_marker: Some(format!("{}: cpu 0: ", guest_stem(&plan.guest))),
-                guest_bytes: args.memory.0,
+                guest_bytes: args.memory,
                 deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
                 label,
@@ -455,4 +461,43 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> Value {
+        let vcpu = |fires: u64| {
+            serde_json::json!({
+                "wakeups": { "timer": 3, "global_timer": 1 },
+                "global_timer_fires": fires,
+            })
+        };
+        let global = thread_fires.map_or(Value::Null, |f| {
+            serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f })
+        });
+        serde_json::json!({
+            "run_time_ms": 2000,
+            "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],
+            "global_timers": global,
+            "kvm": { "exits": 100, "halt_wakeup": 0 },
+        })
+    }
+
+    #[test]
+    fn global_fires_count_every_model() {
+        // pull/push: the vCPUs expire global timers themselves.
+        let mut pull = MetricsSum::default();
+        pull.add(&metrics([5, 7], Some(0)));
+        assert_eq!(pull.global_timer_fires, Some(12));
+        // central: its timer thread does, and the vCPUs report none.
+        let mut central = MetricsSum::default();
+        central.add(&metrics([0, 0], Some(40)));
+        central.add(&metrics([0, 0], Some(2)));
+        assert_eq!(central.global_timer_fires, Some(42));
+        assert_eq!(central.global_timer_wakeups, Some(4));
+        assert_eq!(central.halted_wakeups, 16);
+        assert_eq!(central.kvm_exits, Some(200));
+    }
 }

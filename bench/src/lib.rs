@@ -20,11 +20,11 @@ mod host;
 mod plot;
 mod procfs;
 mod report;
+mod units;
 mod wakeup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
@@ -71,35 +71,12 @@ pub enum BenchError {
     /// lull cannot find its own binary.
     #[error("Cannot find the lull binary to launch VMs ({0}); pass --lull PATH")]
     NoLull(#[source] std::io::Error),
-    /// A duration flag does not parse.
-    #[error("Bad duration {0:?}: write a number with a unit, e.g. 30s, 500ms or 2m")]
-    Duration(String),
     /// The JSON report could not be encoded or decoded.
     #[error("Cannot encode or decode the JSON report: {0}; check that it is a lull bench JSON")]
     Json(#[from] serde_json::Error),
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),
-}
-
-/// Parses `30s`, `500ms`, `2m` or a plain number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, BenchError> {
-    let bad = || BenchError::Duration(s.to_string());
-    let t = s.trim();
-    let (num, scale_ms) = if let Some(v) = t.strip_suffix("ms") {
-        (v, 1.0)
-    } else if let Some(v) = t.strip_suffix('s') {
-        (v, 1000.0)
-    } else if let Some(v) = t.strip_suffix('m') {
-        (v, 60_000.0)
-    } else {
-        (t, 1000.0)
-    };
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(v * scale_ms / 1000.0))
 }
 
 /// The lull binary to launch: `--lull`, else this very executable.
@@ -117,7 +94,7 @@ fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> 
         direct
     } else {
         kit.cloned()
-            .unwrap_or_else(crate::kit::kit_dir)
+            .unwrap_or_else(kit::kit_dir)
             .join("guests")
             .join(format!("{name}.elf"))
     };
@@ -159,20 +136,5 @@ pub fn main(args: &BenchArgs) -> ExitCode {
             eprintln!("{msg}");
             ExitCode::from(EXIT_BAD_INPUT)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("0s").is_err());
     }
 }

@@ -66,7 +66,9 @@ pub struct DensityRow {
     /// Wake-ups of blocked vCPUs caused by a global timer (`vcpus[].wakeups.global_timer`),
     /// summed over the fleet; `null` where lull does not report it.
     pub global_timer_wakeups: Option<u64>,
-    /// Global timer expiries (`vcpus[].global_timer_fires`) summed; `null` where not reported.
+    /// Global timer expiries summed over the fleet: on the vCPUs (`vcpus[].global_timer_fires`)
+    /// and on the `central` model's timer thread (`global_timers.timer_thread_fires`); `null`
+    /// where lull reports neither.
     pub global_timer_fires: Option<u64>,
     /// KVM exits (KVM's own `exits` counter) per vCPU per second of run time; `null` for QEMU.
     pub vm_exits_per_vcpu_s: Option<f64>,

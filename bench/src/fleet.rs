@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::procfs::{self, ProcSample};
+use super::proc_sample::{self, ProcSample};
 use super::BenchError;
 
 /// One VM of the fleet: the command and where its console goes.
@@ -156,7 +156,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                     .is_some_and(|end| console.contains(end.as_str()));
             }
             let s = if m.code.is_none() {
-                procfs::sample(m.pid)
+                proc_sample::sample(m.pid)
             } else {
                 None
             };
@@ -177,7 +177,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             match (&window_start, all_booted_at) {
                 (None, Some(t)) if now >= t + watch.settle => {
                     for m in &mut members {
-                        m.split = procfs::rss_split_kib(m.pid, watch.guest_bytes);
+                        m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
                     }
                     window_start = Some((now, full));
                 }

@@ -18,7 +18,7 @@ mod fleet;
 mod guest_output;
 mod host;
 mod plot;
-mod procfs;
+mod proc_sample;
 mod report;
 mod units;
 mod wakeup;

@@ -85,7 +85,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODEL")]
     pub timer_model: Option<TimerModelKind>,
 
-    /// Halt polling with `--irqchip user`: `off`, a window such as `50us`, or `adaptive`
+    /// Halt polling with `--irqchip user`: `off`, a window with its unit such as `50us` (ns,
+    /// us, ms, s; a bare number is refused), or `adaptive`
     /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer
     /// and skips polling when only its own timer has been waking it). Default: adaptive.
     #[arg(long, value_name = "off|DURATION|adaptive")]

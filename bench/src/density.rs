@@ -353,7 +353,7 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
     let text = std::fs::read_to_string(json).map_err(|e| BenchError::Io(json.into(), e))?;
     let report: DensityReport = serde_json::from_str(&text)?;
     if let Some(path) = svg {
-        std::fs::write(path, plot::density_svg(&report))
+        std::fs::write(path, plot::density_svg(&report)?)
             .map_err(|e| BenchError::Io(path.clone(), e))?;
     }
     println!("{}", report::density_header());
@@ -449,7 +449,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         }
     }
     if let Some(path) = &args.plot {
-        let svg = plot::density_svg(&report);
+        let svg = plot::density_svg(&report)?;
         std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
         eprintln!("bench: plot written to {}", path.display());
     }
@@ -474,9 +474,10 @@ mod tests {
                 "global_timer_fires": fires,
             })
         };
-        let global = thread_fires.map_or(Value::Null, |f| {
-            serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f })
-        });
+        let global = thread_fires.map_or(
+            Value::Null,
+            |f| serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f }),
+        );
         serde_json::json!({
             "run_time_ms": 2000,
             "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],

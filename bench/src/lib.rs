@@ -74,6 +74,9 @@ pub enum BenchError {
     /// The JSON report could not be encoded or decoded.
     #[error("Cannot encode or decode the JSON report: {0}; check that it is a lull bench JSON")]
     Json(#[from] serde_json::Error),
+    /// The SVG plot could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),

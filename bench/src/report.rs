@@ -247,3 +247,65 @@ pub fn write_json<T: Serialize>(
     let text = serde_json::to_string_pretty(value)? + "\n";
     std::fs::write(path, text).map_err(|e| super::BenchError::Io(path.to_path_buf(), e))
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A row of `mode` with `n` VMs whose host CPU per vCPU is `cpu` (and wake-ups 10 x `cpu`).
+    pub(crate) fn density_row(mode: &str, n: u32, cpu: f64) -> DensityRow {
+        DensityRow {
+            mode: mode.into(),
+            vms: n,
+            vcpus: 2 * n,
+            vms_ok: n,
+            window_s: 1.0,
+            host_cpu_percent_per_vcpu: cpu,
+            host_cpu_percent_total: cpu * f64::from(2 * n),
+            host_wakeups_per_vcpu_s: 10.0 * cpu,
+            host_ctxt_switches_per_vcpu_s: 10.0 * cpu,
+            guest_timer_events_per_vcpu_s: 10.0,
+            host_wakeups_per_timer_event: cpu,
+            halted_vcpu_wakeups_per_timer_event: None,
+            global_timer_wakeups: None,
+            global_timer_fires: None,
+            vm_exits_per_vcpu_s: None,
+            lateness: LatencySummary::default(),
+            ipi_latency: LatencySummary::default(),
+            early_interrupts: 0,
+            rss_kib_per_vm: 4096.0,
+            guest_ram_rss_kib_per_vm: None,
+            vmm_rss_kib_per_vm: None,
+            failures: Vec::new(),
+        }
+    }
+
+    /// A report of 2-vCPU VMs holding `results`.
+    pub(crate) fn density_report(results: Vec<DensityRow>) -> DensityReport {
+        DensityReport {
+            schema: DENSITY_SCHEMA.into(),
+            host: crate::host::host_info(),
+            params: DensityParams {
+                vms: results.iter().map(|r| r.vms).collect(),
+                cpus_per_vm: 2,
+                guest: "idle-sim.elf".into(),
+                guest_cmdline: "duration_ms=1000 <mix>".into(),
+                duration_s: 1.0,
+                memory_mib: 64,
+                modes: results.iter().map(|r| r.mode.clone()).collect(),
+                global_timers: None,
+                global_timers_applied: false,
+            },
+            results,
+        }
+    }
+
+    #[test]
+    fn a_report_reads_back_as_written() {
+        let report = density_report(vec![density_row("pull", 4, 0.5)]);
+        let json = serde_json::to_string(&report).unwrap();
+        let back: DensityReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
+        assert!(density_line(&back.results[0]).starts_with("pull        4     8    4"));
+    }
+}

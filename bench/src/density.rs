@@ -434,6 +434,8 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
                 label,
+                // The guests' run plus a boot of about a second.
+                expected: duration + Duration::from_secs(2),
             };
             let run = fleet::run(specs, &watch)?;
             let r = row(&plan, mode, n, &run, duration);

@@ -19,6 +19,7 @@ mod guest_output;
 mod host;
 mod plot;
 mod proc_sample;
+mod progress;
 mod report;
 mod units;
 mod wakeup;

@@ -170,6 +170,8 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
                 deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
                 settle: Duration::from_secs(0),
                 label,
+                // About a millisecond per sample (the guest's gap) plus the boot.
+                expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),
             };
             let spec = VmSpec {
                 command: c,

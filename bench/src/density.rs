@@ -11,7 +11,9 @@ use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHEMA};
 use super::units::{parse_duration, parse_size};
-use super::{guest_path, host, lull_binary, lull_has_flag, plot, BenchError};
+use super::{
+    guest_path, host, lull_binary, lull_has_flag, plot, read_metrics, work_dir, BenchError,
+};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,11 +45,13 @@ impl Mode {
         }
     }
 
-    fn is_qemu(self) -> bool {
+    /// QEMU rather than lull.
+    pub(crate) fn is_qemu(self) -> bool {
         matches!(self, Self::QemuOn | Self::QemuOff)
     }
 
-    fn lull_args(self) -> &'static [&'static str] {
+    /// The `lull run` flags of this mode.
+    pub(crate) fn lull_args(self) -> &'static [&'static str] {
         match self {
             Self::Kernel => &["--irqchip", "kernel"],
             Self::Pull => &["--irqchip", "user", "--timer-model", "pull"],
@@ -253,10 +257,7 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         }
         if !mode.is_qemu() {
             let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
-            if let Some(m) = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            {
+            if let Some(m) = read_metrics(&path) {
                 metrics.add(&m);
             }
         }
@@ -312,14 +313,6 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         vmm_rss_kib_per_vm: mean(&|v| v.vmm_rss_kib),
         failures,
     }
-}
-
-fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
-    let dir = flag
-        .cloned()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.clone(), e))?;
-    Ok(dir)
 }
 
 fn modes(args: &DensityArgs) -> Result<Vec<Mode>, BenchError> {

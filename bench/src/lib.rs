@@ -21,6 +21,7 @@ mod plot;
 mod proc_sample;
 mod progress;
 mod report;
+mod timer_modes;
 mod units;
 mod wakeup;
 
@@ -30,7 +31,10 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 pub use density::{DensityArgs, Mode};
-pub use report::{DensityReport, DensityRow, WakeupReport, WakeupRow};
+pub use report::{
+    DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
+};
+pub use timer_modes::TimerModesArgs;
 pub use wakeup::{WakeMode, WakeupArgs};
 
 /// `lull bench` exit status: everything ran and every VM passed.
@@ -55,6 +59,9 @@ pub enum Experiment {
     Density(DensityArgs),
     /// Wake-up latency of a halted vCPU to an IPI, per halt-polling mode.
     Wakeup(WakeupArgs),
+    /// Cost of one guest timer event per irqchip and timer model: exits, host wake-ups and CPU
+    /// per event (differential over two run lengths), TSC-deadline lateness.
+    TimerModes(TimerModesArgs),
 }
 
 /// Why a benchmark could not run.
@@ -91,6 +98,21 @@ fn lull_binary(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
     }
 }
 
+/// The directory for the VMs' logs: `--work-dir`, else a new one under the temp directory.
+fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    let dir = flag
+        .cloned()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.clone(), e))?;
+    Ok(dir)
+}
+
+/// lull's `--metrics` JSON of a run, if it wrote one that parses.
+fn read_metrics(path: &std::path::Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 /// A guest given by name (looked up in the kit's `guests/`) or by path.
 fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
     let direct = PathBuf::from(name);
@@ -123,6 +145,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.experiment {
         Experiment::Density(a) => density::run(a),
         Experiment::Wakeup(a) => wakeup::run(a),
+        Experiment::TimerModes(a) => timer_modes::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),

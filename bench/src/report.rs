@@ -1,5 +1,5 @@
 //! The results of `lull bench`: JSON documents with stable field names (schema names
-//! `lull-bench-density/1` and `lull-bench-wakeup/1`, documented in `docs/PERFORMANCE.md`)
+//! `lull-bench-density/1`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/PERFORMANCE.md`)
 //! and the text tables printed as rows complete.
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +11,8 @@ use super::host::HostInfo;
 pub const DENSITY_SCHEMA: &str = "lull-bench-density/1";
 /// Schema name of the wake-up JSON.
 pub const WAKEUP_SCHEMA: &str = "lull-bench-wakeup/1";
+/// Schema name of the timer-modes JSON.
+pub const TIMER_MODES_SCHEMA: &str = "lull-bench-timer-modes/1";
 
 /// What `lull bench density` was asked to do.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -135,6 +137,49 @@ pub struct WakeupReport {
     pub results: Vec<WakeupRow>,
 }
 
+/// One mode of the timer-modes experiment: medians over the repetitions of the costs per
+/// guest timer event (`null` where no repetition succeeded or lull did not report it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimerModesRow {
+    /// `kernel`, `pull`, `push`, `central`.
+    pub mode: String,
+    /// Repetitions whose two runs both passed.
+    pub reps_ok: u32,
+    /// TSC-deadline lateness of the measured run, median, us.
+    pub tsc_deadline_p50_us: Option<f64>,
+    /// TSC-deadline lateness of the measured run, 99th percentile, us.
+    pub tsc_deadline_p99_us: Option<f64>,
+    /// KVM exits (KVM's own counter, in-kernel exits included) per event.
+    pub kvm_exits_per_event: Option<f64>,
+    /// Exits that reached lull (`vcpus[0]` exit counters) per event.
+    pub lull_exits_per_event: Option<f64>,
+    /// Host wake-ups (voluntary context switches) of the vCPU thread per event.
+    pub vcpu_wakeups_per_event: Option<f64>,
+    /// Host wake-ups of the `central` model's timer thread per event (0 for the others).
+    pub timer_thread_wakeups_per_event: Option<f64>,
+    /// Host CPU time of all lull threads per event, us.
+    pub cpu_us_per_event: Option<f64>,
+    /// What went wrong, one line per failed repetition.
+    pub failures: Vec<String>,
+}
+
+/// The timer-modes JSON document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimerModesReport {
+    /// Always [`TIMER_MODES_SCHEMA`].
+    pub schema: String,
+    /// The host.
+    pub host: HostInfo,
+    /// Timer events per guest timer mode of the measured run.
+    pub count: u32,
+    /// Timer events per guest timer mode of the run subtracted from it.
+    pub small_count: u32,
+    /// Repetitions per mode.
+    pub reps: u32,
+    /// One row per mode, in run order.
+    pub results: Vec<TimerModesRow>,
+}
+
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.prec$}"))
 }
@@ -236,6 +281,38 @@ pub fn wakeup_line(r: &WakeupRow) -> String {
         us(l.mean_ns),
         opt(r.target_cpu_us_per_sample, 1),
         opt(r.target_wakeups_per_sample, 2)
+    )
+}
+
+/// Header of the timer-modes table.
+pub fn timer_modes_header() -> String {
+    format!(
+        "{:<9}{:>5}{:>8}{:>8}{:>11}{:>11}{:>11}{:>10}{:>10}",
+        "mode",
+        "reps",
+        "p50_us",
+        "p99_us",
+        "kvm_ex/ev",
+        "lull_ex/ev",
+        "vcpu_wk/ev",
+        "thr_wk/ev",
+        "cpu_us/ev"
+    )
+}
+
+/// One timer-modes row as a table line.
+pub fn timer_modes_line(r: &TimerModesRow) -> String {
+    format!(
+        "{:<9}{:>5}{:>8}{:>8}{:>11}{:>11}{:>11}{:>10}{:>10}",
+        r.mode,
+        r.reps_ok,
+        opt(r.tsc_deadline_p50_us, 0),
+        opt(r.tsc_deadline_p99_us, 0),
+        opt(r.kvm_exits_per_event, 2),
+        opt(r.lull_exits_per_event, 2),
+        opt(r.vcpu_wakeups_per_event, 2),
+        opt(r.timer_thread_wakeups_per_event, 2),
+        opt(r.cpu_us_per_event, 1)
     )
 }
 

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_wake_ipi;
 use super::report::{self, WakeupReport, WakeupRow, WAKEUP_SCHEMA};
-use super::{guest_path, host, lull_binary, lull_has_flag, BenchError};
+use super::{guest_path, host, lull_binary, lull_has_flag, read_metrics, work_dir, BenchError};
 
 /// A VM configuration of the wake-up experiment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,11 +108,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             lull.display()
         );
     }
-    let work = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&work).map_err(|e| BenchError::Io(work.clone(), e))?;
+    let work = work_dir(args.work_dir.as_ref())?;
     eprintln!("bench: wakeup, logs in {}", work.display());
     let mut report = WakeupReport {
         schema: WAKEUP_SCHEMA.into(),
@@ -182,9 +178,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             let vm = &run.vms[0];
             let latency = parse_wake_ipi(&vm.console);
             let passed = vm.code == Some(1) && vm.console.contains("wake-ipi: PASS");
-            let m: Option<Value> = std::fs::read_to_string(&metrics)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
+            let m = read_metrics(&metrics);
             let row = WakeupRow {
                 mode: mode.name(),
                 halt_poll,

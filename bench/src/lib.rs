@@ -17,6 +17,7 @@ mod density;
 mod fleet;
 mod guest_output;
 mod host;
+mod idle_manager;
 mod plot;
 mod proc_sample;
 mod progress;
@@ -31,6 +32,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 pub use density::{DensityArgs, Mode};
+pub use idle_manager::{IdleManagerArgs, IdleManagerReport};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
 };
@@ -62,6 +64,9 @@ pub enum Experiment {
     /// Cost of one guest timer event per irqchip and timer model: exits, host wake-ups and CPU
     /// per event (differential over two run lengths), TSC-deadline lateness.
     TimerModes(TimerModesArgs),
+    /// What idle injection and the CPU quota take from a CPU-bound guest: achieved idle share,
+    /// throughput, and how often quota-throttled VMs are all throttled at once.
+    IdleManager(IdleManagerArgs),
 }
 
 /// Why a benchmark could not run.
@@ -85,6 +90,9 @@ pub enum BenchError {
     /// The SVG plot could not be drawn.
     #[error(transparent)]
     Plot(#[from] plot::PlotError),
+    /// A quota period too short to halve in milliseconds.
+    #[error("--period {0:?} is too short: write at least 2ms (the quota is half of it, in ms)")]
+    Period(std::time::Duration),
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),
@@ -146,6 +154,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::Density(a) => density::run(a),
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),
+        Experiment::IdleManager(a) => idle_manager::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),

@@ -12,7 +12,7 @@ use super::guest_output::{parse_idle_sim, Histogram};
 use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHEMA};
 use super::units::{parse_duration, parse_size};
 use super::{
-    guest_path, host, lull_binary, lull_has_flag, plot, read_metrics, work_dir, BenchError,
+    guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
 };
 
 /// How a VM of the density experiment runs.
@@ -114,13 +114,6 @@ pub struct DensityArgs {
     pub from_json: Option<PathBuf>,
 }
 
-fn qemu_installed(qemu: &str) -> bool {
-    Command::new(qemu)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 struct Plan<'a> {
     args: &'a DensityArgs,
     lull: PathBuf,
@@ -140,13 +133,8 @@ impl Plan<'_> {
         let cpus = self.args.cpus.to_string();
         let mib = self.args.memory >> 20;
         let command = if mode.is_qemu() {
-            let mut c = Command::new(&self.args.qemu);
-            c.args(["-enable-kvm", "-cpu", "host,+invtsc,vmware-cpuid-freq=on"])
-                .args(["-smp", &cpus, "-m", &mib.to_string()])
-                .args(["-display", "none", "-monitor", "none", "-net", "none"])
-                .arg("-no-reboot")
-                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
-                .arg("-machine")
+            let mut c = qemu::command(&self.args.qemu, self.args.cpus, mib);
+            c.arg("-machine")
                 .arg(if mode == Mode::QemuOn {
                     "kernel-irqchip=on"
                 } else {
@@ -316,7 +304,7 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
 }
 
 fn modes(args: &DensityArgs) -> Result<Vec<Mode>, BenchError> {
-    let qemu = qemu_installed(&args.qemu);
+    let qemu = qemu::installed(&args.qemu);
     let mut modes = if args.modes.is_empty() {
         let mut m = vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central];
         if qemu {

@@ -13,6 +13,7 @@
 //! wakeup:  for mode in --modes, for delay in --delays: one 2-vCPU VM of wake-ipi -> one row
 //! ```
 
+mod boot;
 mod density;
 mod fleet;
 mod guest_output;
@@ -21,6 +22,7 @@ mod idle_manager;
 mod plot;
 mod proc_sample;
 mod progress;
+mod qemu;
 mod report;
 mod timer_modes;
 mod units;
@@ -31,6 +33,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
+pub use boot::{BootArgs, BootReport};
 pub use density::{DensityArgs, Mode};
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport};
 pub use report::{
@@ -67,6 +70,9 @@ pub enum Experiment {
     /// What idle injection and the CPU quota take from a CPU-bound guest: achieved idle share,
     /// throughput, and how often quota-throttled VMs are all throttled at once.
     IdleManager(IdleManagerArgs),
+    /// Boot time of lull against QEMU (the `hello` guest and the kit's Linux) and lull's own
+    /// memory beside a Linux guest.
+    Boot(BootArgs),
 }
 
 /// Why a benchmark could not run.
@@ -81,6 +87,9 @@ pub enum BenchError {
     /// The guest ELF is missing.
     #[error("Guest {0} not found: build the kit with `make guests`, or pass --guest PATH")]
     NoGuest(PathBuf),
+    /// The kit's Linux guest is missing.
+    #[error(transparent)]
+    Kit(kit::KitError),
     /// lull cannot find its own binary.
     #[error("Cannot find the lull binary to launch VMs ({0}); pass --lull PATH")]
     NoLull(#[source] std::io::Error),
@@ -155,6 +164,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),
         Experiment::IdleManager(a) => idle_manager::run(a),
+        Experiment::Boot(a) => boot::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),

@@ -25,8 +25,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use super::host::{self, HostInfo};
-use super::report::write_json;
-use super::timer_modes::median;
+use super::report::{median, write_json};
 use super::{guest_path, lull_binary, proc_sample, qemu, BenchError};
 
 /// Schema name of the boot JSON.

@@ -180,6 +180,17 @@ pub struct TimerModesReport {
     pub results: Vec<TimerModesRow>,
 }
 
+/// The median (the mean of the middle two for an even count); `None` for no values.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.prec$}"))
 }
@@ -375,6 +386,13 @@ pub(crate) mod tests {
             },
             results,
         }
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
     }
 
     #[test]

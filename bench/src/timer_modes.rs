@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::density::Mode;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_lapic_timer;
-use super::report::{self, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
+use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
 use super::{guest_path, host, lull_binary, read_metrics, work_dir, BenchError};
 
 /// Timer events of the small run (each of the guest's four timer modes runs this many).
@@ -153,17 +153,6 @@ pub fn per_event(big: &RunTotals, small: &RunTotals) -> Option<PerEvent> {
         timer_thread_wakeups: d(big.timer_thread_wakeups, small.timer_thread_wakeups),
         cpu_us: d(big.cpu_ns, small.cpu_ns) / 1000.0,
     })
-}
-
-/// The median (the mean of the middle two for an even count); `None` for no values.
-pub fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 /// The row of `mode` over its repetitions.
@@ -378,9 +367,6 @@ mod tests {
 
     #[test]
     fn rows_are_medians() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
-        assert_eq!(median(Vec::new()), None);
         let rep = |x: f64| PerEvent {
             p50_us: x,
             p99_us: x,

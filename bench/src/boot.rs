@@ -15,7 +15,8 @@
 //! The console is the VMM's stdout, read as it comes: a marker's time is when its bytes
 //! arrived. Medians and ratios are of this one run.
 
-use std::io::Read;
+use std::fs::File;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::host::{self, HostInfo};
 use super::report::{median, write_json};
-use super::{guest_path, lull_binary, proc_sample, qemu, BenchError};
+use super::{guest_path, lull_binary, proc_sample, qemu, work_dir, BenchError, CommonArgs};
 
 /// Schema name of the boot JSON.
 pub const BOOT_SCHEMA: &str = "lull-bench-boot/1";
@@ -48,15 +49,9 @@ pub struct BootArgs {
     /// QEMU binary (its rows are left out where it is not installed).
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// One measurement over its runs.
@@ -152,14 +147,16 @@ impl MarkerScanner {
     }
 }
 
-/// Runs `cmd` with its console on a pipe; times `markers`; at the first marker, if
-/// `rss_guest_bytes` is given, reads the memory split and kills the VMM.
+/// Runs `cmd` with its console on a pipe, copied to `log`; times `markers`; at the first
+/// marker, if `rss_guest_bytes` is given, reads the memory split and kills the VMM.
 fn timed_run(
     mut cmd: Command,
+    log: &Path,
     markers: &[&str],
     rss_guest_bytes: Option<u64>,
 ) -> Result<Timed, BenchError> {
     let program = format!("{:?}", cmd.get_program());
+    let mut log_file = File::create(log).map_err(|e| BenchError::Io(log.to_path_buf(), e))?;
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -179,6 +176,8 @@ fn timed_run(
                 for i in scanner.feed(&buf[..n]) {
                     let _ = tx.send((i, start.elapsed()));
                 }
+                // The log is for reading after a failure; losing it must not stop the run.
+                let _ = log_file.write_all(&buf[..n]);
             }
         })
     });
@@ -210,6 +209,10 @@ fn timed_run(
     }
     while let Ok((i, at)) = rx.try_recv() {
         t.seen[i] = t.seen[i].or(Some(at));
+    }
+    // The VMM wrote every marker before it exited; one read after the exit counts at the exit.
+    for at in t.seen.iter_mut().flatten() {
+        *at = (*at).min(t.total);
     }
     Ok(t)
 }
@@ -280,8 +283,8 @@ fn check(name: &str, t: &Timed, failures: &mut Vec<String>) {
 
 /// Runs the boot experiment; `Ok(false)` if some run failed.
 pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
-    let hello = guest_path("hello", args.kit.as_ref())?;
-    let kit_dir = args.kit.clone().unwrap_or_else(kit::kit_dir);
+    let hello = guest_path("hello", args.common.kit.as_ref())?;
+    let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
     let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
     let cmdline = kit::default_cmdline(
         linux.cmdline.as_deref(),
@@ -289,9 +292,12 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
         kit::host_is_pvm(),
     );
     let plan = Plan {
-        lull: lull_binary(args.lull.as_ref())?,
+        lull: lull_binary(args.common.lull.as_ref())?,
         qemu: qemu::installed(&args.qemu).then(|| args.qemu.clone()),
     };
+    let work = work_dir(args.common.work_dir.as_ref())?;
+    eprintln!("bench: boot, consoles in {}", work.display());
+    let log = |name: &str| work.join(format!("boot-{}.console", name.replace(' ', "-")));
     if plan.qemu.is_none() {
         eprintln!("bench: {} is not installed: lull rows only", args.qemu);
     }
@@ -299,11 +305,21 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
     let mut failures = Vec::new();
     for rep in 1..=args.reps {
         eprintln!("bench: boot: hello {rep}/{}", args.reps);
-        let t = timed_run(plan.lull(&hello, 1), &[], None)?;
+        let t = timed_run(
+            plan.lull(&hello, 1),
+            &log(&format!("hello-lull-{rep}")),
+            &[],
+            None,
+        )?;
         check("hello lull", &t, &mut failures);
         rows.push("hello lull", Some(t.total));
         if let Some(q) = &plan.qemu {
-            let t = timed_run(plan.qemu(q, &hello, 1), &[], None)?;
+            let t = timed_run(
+                plan.qemu(q, &hello, 1),
+                &log(&format!("hello-qemu-{rep}")),
+                &[],
+                None,
+            )?;
             check("hello qemu", &t, &mut failures);
             rows.push("hello qemu", Some(t.total));
         }
@@ -320,6 +336,7 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
     eprintln!("bench: boot: lull's memory beside a 1-vCPU Linux guest");
     let t = timed_run(
         with_linux(plan.lull(&linux.kernel, 1), false),
+        &log("rss"),
         &LINUX_MARKERS[..1],
         Some(GUEST_MIB << 20),
     )?;
@@ -348,7 +365,12 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
         }
         for (name, cmd) in configs {
             eprintln!("bench: boot: linux {name} {rep}/{}", args.linux_reps);
-            let t = timed_run(cmd, &LINUX_MARKERS, None)?;
+            let t = timed_run(
+                cmd,
+                &log(&format!("linux-{name}-{rep}")),
+                &LINUX_MARKERS,
+                None,
+            )?;
             rows.push(&format!("linux {name} exit"), Some(t.total));
             for (m, at) in LINUX_MARKERS.iter().zip(&t.seen) {
                 rows.push(&format!("linux {name} '{m}'"), *at);
@@ -381,7 +403,7 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
         failures,
     };
     print_report(&report);
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         write_json(path, &report)?;
     }
     Ok(report.failures.is_empty())
@@ -462,9 +484,16 @@ mod tests {
             "-c",
             "echo 'smp: Brought up 1 node'; echo 'Run /init as init process'; exit 1",
         ]);
-        let t = timed_run(c, &LINUX_MARKERS, None).unwrap();
+        let log = std::env::temp_dir().join(format!("boot-test-{}.console", std::process::id()));
+        let t = timed_run(c, &log, &LINUX_MARKERS, None).unwrap();
         assert_eq!(t.code, Some(1));
         assert!(t.seen.iter().all(Option::is_some), "{t:?}");
-        assert!(t.seen[0].unwrap() <= t.total);
+        assert!(t.seen[0] <= t.seen[1], "markers arrive in console order: {t:?}");
+        let console = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            console.ends_with("Run /init as init process\n"),
+            "{console}"
+        );
+        std::fs::remove_file(&log).unwrap();
     }
 }

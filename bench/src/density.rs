@@ -13,6 +13,7 @@ use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHE
 use super::units::{parse_duration, parse_size};
 use super::{
     guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
+    CommonArgs,
 };
 
 /// How a VM of the density experiment runs.
@@ -91,24 +92,15 @@ pub struct DensityArgs {
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
     #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<String>,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Draw host CPU and wake-ups per mode against the VM count into this SVG.
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
     /// QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
     /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
     #[arg(long, value_name = "PATH")]
     pub from_json: Option<PathBuf>,
@@ -350,8 +342,8 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         return replot(json, args.plot.as_ref());
     }
     let duration = args.duration;
-    let lull = lull_binary(args.lull.as_ref())?;
-    let guest = guest_path(&args.guest, args.kit.as_ref())?;
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
     let modes = modes(args)?;
     let has_global = lull_has_flag(&lull, "--global-timers");
     if args.global_timers.is_some() && !has_global {
@@ -370,7 +362,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         guest,
         cmdline,
         global_timers: args.global_timers.as_deref().filter(|_| has_global),
-        work: work_dir(args.work_dir.as_ref())?,
+        work: work_dir(args.common.work_dir.as_ref())?,
     };
     let mut report = DensityReport {
         schema: DENSITY_SCHEMA.into(),
@@ -426,7 +418,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 println!("  {} N={n} failed: {f}", mode.name());
             }
             report.results.push(r);
-            if let Some(path) = &args.json {
+            if let Some(path) = &args.common.json {
                 report::write_json(path, &report)?;
             }
         }

@@ -24,7 +24,7 @@ use super::fleet::{self, VmOutcome, VmSpec, Watch};
 use super::host::{self, HostInfo};
 use super::report::write_json;
 use super::units::parse_duration;
-use super::{guest_path, lull_binary, read_metrics, work_dir, BenchError};
+use super::{guest_path, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
 
 /// Schema name of the idle-manager JSON.
 pub const IDLE_MANAGER_SCHEMA: &str = "lull-bench-idle-manager/1";
@@ -46,18 +46,9 @@ pub struct IdleManagerArgs {
     /// milliseconds, at least 2ms.
     #[arg(long, default_value = "20ms", value_parser = parse_duration)]
     pub period: Duration,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// One idle-injection setting.
@@ -314,9 +305,9 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
         return Err(BenchError::Period(args.period));
     }
     let plan = Plan {
-        lull: lull_binary(args.lull.as_ref())?,
-        guest: guest_path("spin", args.kit.as_ref())?,
-        work: work_dir(args.work_dir.as_ref())?,
+        lull: lull_binary(args.common.lull.as_ref())?,
+        guest: guest_path("spin", args.common.kit.as_ref())?,
+        work: work_dir(args.common.work_dir.as_ref())?,
         ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
     };
     eprintln!("bench: idle-manager, logs in {}", plan.work.display());
@@ -390,7 +381,7 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
     for f in &report.failures {
         println!("  failed: {f}");
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         write_json(path, &report)?;
     }
     Ok(report.failures.is_empty())

@@ -57,6 +57,23 @@ pub struct BenchArgs {
     pub experiment: Experiment,
 }
 
+/// Flags of every experiment: where the VMs come from and where the results go.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// lull binary for the VMs. Default: this one.
+    #[arg(long, value_name = "PATH")]
+    pub lull: Option<PathBuf>,
+    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
+    #[arg(long, value_name = "DIR")]
+    pub kit: Option<PathBuf>,
+    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+}
+
 /// The experiments of `lull bench`.
 #[derive(Debug, Subcommand)]
 pub enum Experiment {

@@ -26,7 +26,7 @@ use super::density::Mode;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_lapic_timer;
 use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
-use super::{guest_path, host, lull_binary, read_metrics, work_dir, BenchError};
+use super::{guest_path, host, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
 
 /// Timer events of the small run (each of the guest's four timer modes runs this many).
 const SMALL_COUNT: u32 = 10;
@@ -54,18 +54,9 @@ pub struct TimerModesArgs {
     /// Modes, comma-separated: kernel, pull, push, central. Default: all four.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 /// What one lapic-timer run added up to.
@@ -255,9 +246,9 @@ fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
 pub fn run(args: &TimerModesArgs) -> Result<bool, BenchError> {
     let modes = modes(&args.modes)?;
     let plan = Plan {
-        lull: lull_binary(args.lull.as_ref())?,
-        guest: guest_path("lapic-timer", args.kit.as_ref())?,
-        work: work_dir(args.work_dir.as_ref())?,
+        lull: lull_binary(args.common.lull.as_ref())?,
+        guest: guest_path("lapic-timer", args.common.kit.as_ref())?,
+        work: work_dir(args.common.work_dir.as_ref())?,
     };
     eprintln!("bench: timer-modes, logs in {}", plan.work.display());
     println!(
@@ -300,7 +291,7 @@ pub fn run(args: &TimerModesArgs) -> Result<bool, BenchError> {
             println!("  {} failed: {f}", r.mode);
         }
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.common.json {
         report::write_json(path, &report)?;
     }
     Ok(report.results.iter().all(|r| r.failures.is_empty()))

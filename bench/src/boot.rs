@@ -488,7 +488,10 @@ mod tests {
         let t = timed_run(c, &log, &LINUX_MARKERS, None).unwrap();
         assert_eq!(t.code, Some(1));
         assert!(t.seen.iter().all(Option::is_some), "{t:?}");
-        assert!(t.seen[0] <= t.seen[1], "markers arrive in console order: {t:?}");
+        assert!(
+            t.seen[0] <= t.seen[1],
+            "markers arrive in console order: {t:?}"
+        );
         let console = std::fs::read_to_string(&log).unwrap();
         assert!(
             console.ends_with("Run /init as init process\n"),

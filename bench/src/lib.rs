@@ -1,16 +1,20 @@
-//! `lull bench`: density and wake-up latency experiments that run lull (and QEMU, where it is
-//! installed) side by side on this host and report tables, JSON and an SVG plot.
+//! `lull bench`: experiments that run lull (and QEMU, where it is installed) side by side on
+//! this host and report tables, JSON and an SVG plot. This crate needs nothing of the VMM:
+//! `lull bench` only hands it its flags ([`BenchArgs`]) and calls [`main`].
 //!
 //! Every VM is a child process (`lull run ...` or `qemu-system-x86_64 ...`) booting a guest of
-//! the kit; the numbers come from the guests' own reports on their serial console, lull's
-//! `--metrics` JSON and `/proc`. The JSON schemas are documented in `docs/PERFORMANCE.md`
-//! ("`lull bench` JSON").
+//! the kit (found by the `kit` crate, as `lull run` finds it); the numbers come from the
+//! guests' own reports on their serial console, lull's `--metrics` JSON and `/proc`. The JSON
+//! schemas are documented in `docs/PERFORMANCE.md` ("`lull bench` JSON").
 //!
 //! ```text
-//! density: for N in --vms, for mode in --modes: start N VMs of --cpus vCPUs of idle-sim for
-//!          --duration, sample /proc of every VMM, keep the window where all N run, parse the
-//!          guests' histograms and lull's metrics -> one row per (mode, N), printed at once
-//! wakeup:  for mode in --modes, for delay in --delays: one 2-vCPU VM of wake-ipi -> one row
+//! density:      for N in --vms, for mode in --modes: start N VMs of --cpus vCPUs of idle-sim
+//!               for --duration, sample /proc of every VMM, keep the window where all N run,
+//!               parse the guests' histograms and lull's metrics -> one row per (mode, N)
+//! wakeup:       for mode in --modes, for delay in --delays: one 2-vCPU VM of wake-ipi -> a row
+//! timer-modes:  per rep, per mode: lapic-timer at two lengths -> costs per timer event (median)
+//! idle-manager: spin under idle injection and under CPU quota -> idle shares, throughput
+//! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
 //! ```
 
 mod boot;
@@ -33,18 +37,19 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-pub use boot::{BootArgs, BootReport};
+pub use boot::{BootArgs, BootReport, BOOT_SCHEMA};
 pub use density::{DensityArgs, Mode};
-pub use idle_manager::{IdleManagerArgs, IdleManagerReport};
+pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
+    DENSITY_SCHEMA, TIMER_MODES_SCHEMA, WAKEUP_SCHEMA,
 };
 pub use timer_modes::TimerModesArgs;
 pub use wakeup::{WakeMode, WakeupArgs};
 
 /// `lull bench` exit status: everything ran and every VM passed.
 pub const EXIT_OK: u8 = 0;
-/// `lull bench` exit status: bad input (guest, lull binary, output path).
+/// `lull bench` exit status: bad input (guest, kit, lull binary, output path).
 pub const EXIT_BAD_INPUT: u8 = 4;
 /// `lull bench` exit status: it ran, but some VM failed (its row lists why).
 pub const EXIT_VM_FAILED: u8 = 8;

@@ -59,7 +59,7 @@ impl FromStr for WakeMode {
 /// Flags of `lull bench wakeup`.
 #[derive(Debug, Args)]
 pub struct WakeupArgs {
-    /// Modes, comma-separated: kernel, user-off, user-<window> (e.g. user-200us), user-adaptive.
+    /// Modes, comma-separated: kernel, user-off, `user-<window>` (e.g. user-200us), user-adaptive.
     #[arg(
         long,
         value_delimiter = ',',

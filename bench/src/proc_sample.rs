@@ -1,8 +1,11 @@
-//! What the host says about a running VMM process, from `/proc` (read and parsed by the
-//! `procfs` crate): CPU time and context switches summed over its threads, resident memory, and
-//! the part of it that is guest RAM.
+//! What the host says about a running VMM process, from `/proc` (parsed by `procfs-core`, as
+//! `lull run`'s own statistics are): CPU time and context switches summed over its threads,
+//! resident memory, and the part of it that is guest RAM.
 
-use procfs::process::{MemoryMaps, Process};
+use std::path::{Path, PathBuf};
+
+use procfs_core::process::{MemoryMaps, Schedstat, Status};
+use procfs_core::FromRead;
 
 /// Cumulative counters of one process (all its live threads), read at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,22 +20,27 @@ pub struct ProcSample {
     pub rss_kib: u64,
 }
 
-fn process(pid: u32) -> Option<Process> {
-    Process::new(i32::try_from(pid).ok()?).ok()
+fn proc_dir(pid: u32) -> PathBuf {
+    Path::new("/proc").join(pid.to_string())
 }
 
 /// Reads the counters of process `pid`; `None` once it has exited.
 pub fn sample(pid: u32) -> Option<ProcSample> {
-    let proc = process(pid)?;
+    let dir = proc_dir(pid);
     // A zombie has no memory: its threads are gone and their counters with them.
-    let rss_kib = proc.status().ok()?.vmrss.filter(|&kib| kib > 0)?;
+    let rss_kib = Status::from_file(dir.join("status"))
+        .ok()?
+        .vmrss
+        .filter(|&kib| kib > 0)?;
     let mut s = ProcSample {
         rss_kib,
         ..ProcSample::default()
     };
-    for task in proc.tasks().ok()?.flatten() {
-        s.cpu_ns += task.schedstat().map_or(0, |st| st.sum_exec_runtime);
-        if let Ok(st) = task.status() {
+    for task in std::fs::read_dir(dir.join("task")).ok()?.flatten() {
+        let path = task.path();
+        s.cpu_ns +=
+            Schedstat::from_file(path.join("schedstat")).map_or(0, |st| st.sum_exec_runtime);
+        if let Ok(st) = Status::from_file(path.join("status")) {
             s.voluntary += st.voluntary_ctxt_switches.unwrap_or(0);
             s.nonvoluntary += st.nonvoluntary_ctxt_switches.unwrap_or(0);
         }
@@ -44,7 +52,8 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
 /// the mapping whose size is `guest_bytes` (the largest anonymous mapping of a VMM with a
 /// small guest).
 pub fn rss_split_kib(pid: u32, guest_bytes: u64) -> Option<(u64, u64)> {
-    Some(split_smaps(&process(pid)?.smaps().ok()?, guest_bytes))
+    let maps = MemoryMaps::from_file(proc_dir(pid).join("smaps")).ok()?;
+    Some(split_smaps(&maps, guest_bytes))
 }
 
 fn split_smaps(maps: &MemoryMaps, guest_bytes: u64) -> (u64, u64) {
@@ -62,8 +71,6 @@ fn split_smaps(maps: &MemoryMaps, guest_bytes: u64) -> (u64, u64) {
 
 #[cfg(test)]
 mod tests {
-    use procfs::FromRead;
-
     use super::*;
 
     #[test]

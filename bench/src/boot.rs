@@ -305,23 +305,15 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
     let mut failures = Vec::new();
     for rep in 1..=args.reps {
         eprintln!("bench: boot: hello {rep}/{}", args.reps);
-        let t = timed_run(
-            plan.lull(&hello, 1),
-            &log(&format!("hello-lull-{rep}")),
-            &[],
-            None,
-        )?;
-        check("hello lull", &t, &mut failures);
-        rows.push("hello lull", Some(t.total));
+        let mut vmms = vec![("lull", plan.lull(&hello, 1))];
         if let Some(q) = &plan.qemu {
-            let t = timed_run(
-                plan.qemu(q, &hello, 1),
-                &log(&format!("hello-qemu-{rep}")),
-                &[],
-                None,
-            )?;
-            check("hello qemu", &t, &mut failures);
-            rows.push("hello qemu", Some(t.total));
+            vmms.push(("qemu", plan.qemu(q, &hello, 1)));
+        }
+        for (vmm, cmd) in vmms {
+            let name = format!("hello {vmm}");
+            let t = timed_run(cmd, &log(&format!("{name}-{rep}")), &[], None)?;
+            check(&name, &t, &mut failures);
+            rows.push(&name, Some(t.total));
         }
     }
     let with_linux = |mut c: Command, qemu: bool| {

@@ -55,11 +55,34 @@ pub const EXIT_BAD_INPUT: u8 = 4;
 pub const EXIT_VM_FAILED: u8 = 8;
 
 /// Flags of `lull bench`.
-#[derive(Debug, Args)]
+#[derive(Debug)]
 pub struct BenchArgs {
     /// The experiment to run.
-    #[command(subcommand)]
     pub experiment: Experiment,
+}
+
+/// The experiments' flags are added only when `lull bench` is what runs (`Command::defer`):
+/// `lull run` neither builds them nor pages their code in.
+impl Args for BenchArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|cmd| Experiment::augment_subcommands(cmd).subcommand_required(true))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd.defer(Experiment::augment_subcommands_for_update)
+    }
+}
+
+impl clap::FromArgMatches for BenchArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            experiment: Experiment::from_arg_matches(m)?,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.experiment.update_from_arg_matches(m)
+    }
 }
 
 /// Flags of every experiment: where the VMs come from and where the results go.

@@ -65,12 +65,32 @@ pub struct BenchArgs {
 /// `lull run` neither builds them nor pages their code in.
 impl Args for BenchArgs {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        cmd.defer(|cmd| Experiment::augment_subcommands(cmd).subcommand_required(true))
+        cmd.defer(|cmd| {
+            let experiments = keep_about(cmd, Experiment::augment_subcommands);
+            experiments
+                .subcommand_required(true)
+                .arg_required_else_help(true)
+        })
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        cmd.defer(Experiment::augment_subcommands_for_update)
+        cmd.defer(|cmd| keep_about(cmd, Experiment::augment_subcommands_for_update))
     }
+}
+
+/// `augment(cmd)` with `cmd`'s own description (`lull bench --help` says what `lull --help`
+/// says of it, not the doc comment of [`Experiment`]).
+fn keep_about(cmd: clap::Command, augment: fn(clap::Command) -> clap::Command) -> clap::Command {
+    let about = cmd.get_about().cloned();
+    let long_about = cmd.get_long_about().cloned();
+    let mut cmd = augment(cmd);
+    if let Some(about) = about {
+        cmd = cmd.about(about);
+    }
+    if let Some(long_about) = long_about {
+        cmd = cmd.long_about(long_about);
+    }
+    cmd
 }
 
 impl clap::FromArgMatches for BenchArgs {
@@ -226,6 +246,71 @@ pub fn main(args: &BenchArgs) -> ExitCode {
             }
             eprintln!("{msg}");
             ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser, Subcommand};
+
+    use super::*;
+
+    /// A command line that holds `lull bench` as `lull`'s does.
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Top,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Top {
+        /// What lull's help says of the bench.
+        Bench(BenchArgs),
+    }
+
+    fn parse(args: &[&str]) -> Result<Experiment, clap::Error> {
+        let Top::Bench(b) = Cli::try_parse_from(args)?.command;
+        Ok(b.experiment)
+    }
+
+    #[test]
+    fn deferred_experiments_parse_their_flags() {
+        let Experiment::Density(d) = parse(&[
+            "lull",
+            "bench",
+            "density",
+            "--vms",
+            "1,8",
+            "--duration",
+            "3s",
+        ])
+        .unwrap() else {
+            panic!("not density");
+        };
+        assert_eq!(d.vms, vec![1, 8]);
+        assert_eq!(d.duration, std::time::Duration::from_secs(3));
+        assert_eq!(d.memory, 64 << 20);
+        assert!(matches!(
+            parse(&["lull", "bench", "timer-modes", "--kit", "/k"]).unwrap(),
+            Experiment::TimerModes(t) if t.common.kit == Some(PathBuf::from("/k")) && t.count == 200
+        ));
+        assert!(parse(&["lull", "bench", "timer-modes", "--count", "5"]).is_err());
+        assert!(parse(&["lull", "bench", "density", "--duration", "10"]).is_err());
+        assert!(parse(&["lull", "bench"]).is_err());
+    }
+
+    #[test]
+    fn the_bench_keeps_the_description_its_parent_gives_it() {
+        let mut cli = Cli::command();
+        let bench = cli.find_subcommand_mut("bench").unwrap();
+        let help = bench.render_help().to_string();
+        assert!(
+            help.starts_with("What lull's help says of the bench\n"),
+            "{help}"
+        );
+        for experiment in ["density", "wakeup", "timer-modes", "idle-manager", "boot"] {
+            assert!(help.contains(experiment), "{help}");
         }
     }
 }

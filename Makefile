@@ -17,6 +17,8 @@ help:
 	@echo "make test           format check, clippy, unit, property and integration tests"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
+	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
+	@echo "make bench-timer-modes|bench-idle-manager|bench-boot  the other lull bench experiments"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
 build:
@@ -114,3 +116,20 @@ bench: build-release guests
 	    --json docs/bench/global-timers.json | tee docs/bench/global-timers.txt
 	LULL_KIT=$(KIT) target/release/lull bench wakeup --json docs/bench/wakeup.json \
 	    | tee docs/bench/wakeup.txt
+
+# The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
+.PHONY: bench-timer-modes bench-idle-manager bench-boot
+bench-timer-modes: build-release guests
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
+	    --json docs/bench/timer-modes.json | tee docs/bench/timer-modes.txt
+
+bench-idle-manager: build-release guests
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench idle-manager --duration 3s \
+	    --json docs/bench/idle-manager.json | tee docs/bench/idle-manager.txt
+
+bench-boot: build-release kit
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench boot --reps 5 --linux-reps 3 \
+	    --json docs/bench/boot.json | tee docs/bench/boot.txt

@@ -1,10 +1,14 @@
-//! Integration tests of `lull bench` and its guests (`idle-sim`, `wake-ipi`): they run, every
-//! VM passes, and the JSON carries the documented fields. No test asserts a timing.
+//! Integration tests of `lull bench` and its guests (`idle-sim`, `wake-ipi`, `lapic-timer`,
+//! `spin`, `hello`, the kit's Linux): they run, every VM passes, and the JSON carries the
+//! documented fields. No test asserts a timing.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lull_tests::{kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed, Trial};
+use lull_tests::{
+    kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed, RunResult, Trial,
+};
+use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(300);
 
@@ -155,41 +159,143 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
     Ok(())
 }
 
-fn wakeup_measures_each_mode() -> Result<(), Failed> {
-    kit_file("guests/wake-ipi.elf")?;
-    let dir = temp_dir("wakeup")?;
-    let json = dir.join("wakeup.json");
-    let r = run_lull(
-        &[
-            "bench",
-            "wakeup",
-            "--count",
-            "10",
-            "--modes",
-            "kernel,user-off",
-            "--delays",
-            "1,50",
-            "--kit",
-            &arg(&kit_dir()),
-            "--json",
-            &arg(&json),
-            "--work-dir",
-            &arg(&dir),
-        ],
-        DEADLINE,
-    )?;
+/// Runs `lull bench EXPERIMENT ARGS` with the kit, a JSON report and a work directory of its
+/// own; expects status 0 and returns the report and the run's output.
+fn run_bench(experiment: &str, args: &[&str]) -> Result<(Value, RunResult), Failed> {
+    let dir = temp_dir(&format!("{experiment}-run"))?;
+    let json = dir.join("report.json");
+    let (kit, json_arg, dir_arg) = (arg(&kit_dir()), arg(&json), arg(&dir));
+    let mut all = vec!["bench", experiment];
+    all.extend_from_slice(args);
+    all.extend(["--kit", &kit, "--json", &json_arg, "--work-dir", &dir_arg]);
+    let r = run_lull(&all, DEADLINE)?;
     r.expect_code(0)?;
     let v = read_json(&json)?;
-    let rows = v["results"].as_array().cloned().unwrap_or_default();
-    if v["schema"] != "lull-bench-wakeup/1" || rows.len() != 4 {
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((v, r))
+}
+
+/// The array `key` of a report (empty if it has none).
+fn rows(v: &Value, key: &str) -> Vec<Value> {
+    v[key].as_array().cloned().unwrap_or_default()
+}
+
+fn wakeup_measures_each_mode() -> Result<(), Failed> {
+    kit_file("guests/wake-ipi.elf")?;
+    let args = [
+        "--count",
+        "10",
+        "--modes",
+        "kernel,user-off",
+        "--delays",
+        "1,50",
+    ];
+    let (v, _) = run_bench("wakeup", &args)?;
+    let results = rows(&v, "results");
+    if v["schema"] != "lull-bench-wakeup/1" || results.len() != 4 {
         return Err(format!("unexpected wake-up report: {v}").into());
     }
-    for row in &rows {
+    for row in &results {
         if row["latency"]["n"] != 10 || !row["failure"].is_null() {
             return Err(format!("a wake-up run failed: {row}").into());
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+fn density_counts_central_timer_thread_fires() -> Result<(), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let args = [
+        "--vms",
+        "1",
+        "--duration",
+        "2s",
+        "--modes",
+        "central,pull",
+        "--global-timers",
+        "4,period=1",
+    ];
+    let (v, _) = run_bench("density", &args)?;
+    let results = rows(&v, "results");
+    if results.len() != 2 {
+        return Err(format!("expected 2 rows, got {v}").into());
+    }
+    // Global timers fire in every model: on the vCPUs (pull) or on central's timer thread.
+    for row in &results {
+        if row["global_timer_fires"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("{} counted no global timer fires: {row}", row["mode"]).into());
+        }
+    }
+    Ok(())
+}
+
+fn timer_modes_measures_every_model() -> Result<(), Failed> {
+    kit_file("guests/lapic-timer.elf")?;
+    let (v, r) = run_bench("timer-modes", &["--count", "20", "--reps", "1"])?;
+    r.expect_stdout("lull_ex/ev")?;
+    let results = rows(&v, "results");
+    let modes: Vec<&str> = results.iter().filter_map(|r| r["mode"].as_str()).collect();
+    if v["schema"] != "lull-bench-timer-modes/1" || modes != ["kernel", "pull", "push", "central"] {
+        return Err(format!("unexpected timer-modes report: {v}").into());
+    }
+    for row in &results {
+        if row["reps_ok"] != 1 || row["cpu_us_per_event"].as_f64().is_none() {
+            return Err(format!("a timer-modes run failed: {row}").into());
+        }
+        // In the user irqchip every timer event exits to lull at least for its HLT.
+        let lull_exits = row["lull_exits_per_event"].as_f64().unwrap_or(0.0);
+        if row["mode"] != "kernel" && lull_exits < 1.0 {
+            return Err(format!("a user-irqchip event without an exit to lull: {row}").into());
+        }
+    }
+    Ok(())
+}
+
+fn idle_manager_measures_injection_and_quota() -> Result<(), Failed> {
+    kit_file("guests/spin.elf")?;
+    let args = ["--duration", "1s", "--percents", "25", "--vms", "2"];
+    let (v, _) = run_bench("idle-manager", &args)?;
+    let (injection, quota) = (rows(&v, "injection"), rows(&v, "quota"));
+    if v["schema"] != "lull-bench-idle-manager/1" || injection.len() != 1 || quota.len() != 2 {
+        return Err(format!("unexpected idle-manager report: {v}").into());
+    }
+    if injection[0]["achieved_percent"].as_f64().unwrap_or(0.0) <= 0.0 {
+        return Err(format!("no idle was injected: {}", injection[0]).into());
+    }
+    for row in &quota {
+        let throttled = rows(row, "throttled_periods");
+        if throttled.len() != 2 || throttled.iter().any(|t| t.as_u64().unwrap_or(0) == 0) {
+            return Err(
+                format!("a spinning VM under a 50% quota was never throttled: {row}").into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn boot_times_hello_and_reads_lull_memory() -> Result<(), Failed> {
+    kit_file("guests/hello.elf")?;
+    kit_file("linux/vmlinux")?;
+    let args = [
+        "--reps",
+        "2",
+        "--linux-reps",
+        "0",
+        "--qemu",
+        "/nonexistent/qemu",
+    ];
+    let (v, _) = run_bench("boot", &args)?;
+    if v["schema"] != "lull-bench-boot/1" || v["qemu"] != false {
+        return Err(format!("unexpected boot report: {v}").into());
+    }
+    let results = rows(&v, "results");
+    let hello = results.iter().find(|r| r["name"] == "hello lull");
+    if hello.map(|h| rows(h, "runs_s").len()) != Some(2) {
+        return Err(format!("expected two hello runs: {v}").into());
+    }
+    if v["rss"]["lull_kib"].as_u64().unwrap_or(0) == 0 {
+        return Err(format!("lull's memory was not read: {v}").into());
+    }
     Ok(())
 }
 
@@ -197,7 +303,9 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
     let r = run_lull(&["bench", "--help"], Duration::from_secs(30))?;
     r.expect_code(0)?;
     r.expect_stdout("density")?;
-    r.expect_stdout("wakeup")?;
+    for experiment in ["wakeup", "timer-modes", "idle-manager", "boot"] {
+        r.expect_stdout(experiment)?;
+    }
     let r = run_lull(&["bench", "density", "--help"], Duration::from_secs(30))?;
     for flag in [
         "--vms",
@@ -228,6 +336,22 @@ fn main() {
             density_writes_the_documented_json_and_plot,
         ),
         kvm_trial("wakeup_measures_each_mode", wakeup_measures_each_mode),
+        kvm_trial(
+            "density_counts_central_timer_thread_fires",
+            density_counts_central_timer_thread_fires,
+        ),
+        kvm_trial(
+            "timer_modes_measures_every_model",
+            timer_modes_measures_every_model,
+        ),
+        kvm_trial(
+            "idle_manager_measures_injection_and_quota",
+            idle_manager_measures_injection_and_quota,
+        ),
+        kvm_trial(
+            "boot_times_hello_and_reads_lull_memory",
+            boot_times_hello_and_reads_lull_memory,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

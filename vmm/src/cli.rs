@@ -42,9 +42,11 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Measure lull against the alternatives on this host: `density` (many idle VMs per mode:
-    /// host CPU, wake-ups, exits, guest timer lateness, RSS) and `wakeup` (IPI wake-up latency
-    /// of a halted vCPU per halt-polling mode). Tables on stdout, progress on stderr.
-    Bench(crate::bench::BenchArgs),
+    /// host CPU, wake-ups, exits, guest timer lateness, RSS), `wakeup` (IPI wake-up latency of a
+    /// halted vCPU per halt-polling mode), `timer-modes` (cost per guest timer event),
+    /// `idle-manager` (idle injection, CPU quota) and `boot` (boot time vs QEMU, lull's RSS).
+    /// Tables on stdout, progress on stderr.
+    Bench(bench::BenchArgs),
 }
 
 /// Flags of `lull run`. Each one overrides the same field of `--config`.
@@ -85,7 +87,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "MODEL")]
     pub timer_model: Option<TimerModelKind>,
 
-    /// Halt polling with `--irqchip user`: `off`, a window such as `50us`, or `adaptive`
+    /// Halt polling with `--irqchip user`: `off`, a window with its unit such as `50us` (ns,
+    /// us, ms, s; a bare number is refused), or `adaptive`
     /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer
     /// and skips polling when only its own timer has been waking it). Default: adaptive.
     #[arg(long, value_name = "off|DURATION|adaptive")]

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Run(args) => args,
-        Command::Bench(args) => return vmm::bench::main(&args),
+        Command::Bench(args) => return bench::main(&args),
     };
     init_logging(args.verbose);
     let cfg = match args.to_config() {

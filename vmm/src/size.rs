@@ -1,11 +1,12 @@
-//! Memory sizes as users write them: `256M`, `1G`, `131072K`, or plain bytes.
+//! Memory sizes as users write them: `256M`, `1G`, `131072K`, `1.5G`, or plain bytes, read by
+//! `parse-size` with binary units (`lull bench --memory` reads them the same way).
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// A size in bytes, parsed from `NUMBER[K|M|G]` (binary units, case-insensitive).
+/// A size in bytes, parsed from `NUMBER[K|M|G|T][i][B]` (binary units, case-insensitive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ByteSize(pub u64);
 
@@ -25,22 +26,11 @@ impl FromStr for ByteSize {
     type Err = SizeError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || SizeError(s.to_string());
-        let trimmed = s.trim();
-        let lower = trimmed.to_ascii_lowercase();
-        let lower = lower
-            .strip_suffix("ib")
-            .or(lower.strip_suffix('b'))
-            .unwrap_or(&lower);
-        let (digits, shift) = match lower.chars().last() {
-            Some('k') => (&lower[..lower.len() - 1], 10),
-            Some('m') => (&lower[..lower.len() - 1], 20),
-            Some('g') => (&lower[..lower.len() - 1], 30),
-            Some(c) if c.is_ascii_digit() => (lower, 0),
-            _ => return Err(err()),
-        };
-        let n: u64 = digits.trim().parse().map_err(|_| err())?;
-        n.checked_mul(1u64 << shift).map(ByteSize).ok_or_else(err)
+        parse_size::Config::new()
+            .with_binary()
+            .parse_size(s.trim())
+            .map(ByteSize)
+            .map_err(|_| SizeError(s.to_string()))
     }
 }
 
@@ -91,11 +81,12 @@ mod tests {
         assert_eq!("64KiB".parse(), Ok(ByteSize(64 << 10)));
         assert_eq!("4096".parse(), Ok(ByteSize(4096)));
         assert_eq!("2MB".parse(), Ok(ByteSize(2 << 20)));
+        assert_eq!("1.5G".parse(), Ok(ByteSize(3 << 29)));
     }
 
     #[test]
     fn rejects_garbage_and_overflow() {
-        for bad in ["", "M", "12X", "-1M", "1.5G", "99999999999999999999G"] {
+        for bad in ["", "M", "12X", "-1M", "99999999999999999999G"] {
             assert!(bad.parse::<ByteSize>().is_err(), "{bad}");
         }
     }

@@ -44,27 +44,16 @@ pub struct IdleShared {
 #[error("{0}")]
 pub struct KnobError(pub String);
 
-/// Parses a duration: `250ns`, `50us`, `2ms`, `1s`, or a number of nanoseconds.
+/// Parses a duration in humantime's grammar, the one `lull bench` uses too: `250ns`, `50us`,
+/// `2ms`, `1s`, `1m30s`. A bare number is refused: the message names the units to write.
 pub fn parse_duration_ns(s: &str) -> Result<u64, KnobError> {
     let s = s.trim();
-    let err = || {
+    let d = humantime::parse_duration(s).map_err(|e| {
         KnobError(format!(
-            "'{s}' is not a duration: write e.g. 50us, 2ms or 1s"
+            "'{s}' is not a duration ({e}): write a number with a unit, e.g. 50us, 2ms or 1s"
         ))
-    };
-    let (digits, scale) = if let Some(d) = s.strip_suffix("ns") {
-        (d, 1)
-    } else if let Some(d) = s.strip_suffix("us") {
-        (d, 1_000)
-    } else if let Some(d) = s.strip_suffix("ms") {
-        (d, 1_000_000)
-    } else if let Some(d) = s.strip_suffix('s') {
-        (d, 1_000_000_000)
-    } else {
-        (s, 1)
-    };
-    let n: u64 = digits.trim().parse().map_err(|_| err())?;
-    n.checked_mul(scale).ok_or_else(err)
+    })?;
+    u64::try_from(d.as_nanos()).map_err(|_| KnobError(format!("'{s}' is too long")))
 }
 
 /// Formats nanoseconds the way [`parse_duration_ns`] reads them.
@@ -130,7 +119,10 @@ mod tests {
         assert_eq!(parse_duration_ns("50us"), Ok(50_000));
         assert_eq!(parse_duration_ns("2ms"), Ok(2_000_000));
         assert_eq!(parse_duration_ns("1s"), Ok(1_000_000_000));
-        assert_eq!(parse_duration_ns("700"), Ok(700));
+        assert_eq!(parse_duration_ns("250ns"), Ok(250));
+        assert_eq!(parse_duration_ns("1m30s"), Ok(90_000_000_000));
+        let bare = parse_duration_ns("700").unwrap_err().0;
+        assert!(bare.contains("with a unit"), "{bare}");
         assert!(parse_duration_ns("fast").is_err());
         assert!(parse_duration_ns("99999999999999999s").is_err());
         assert_eq!(format_duration_ns(200_000), "200us");

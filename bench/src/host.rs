@@ -28,7 +28,7 @@ pub fn host_info() -> HostInfo {
     HostInfo {
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
-        kvm_module: if crate::kit::host_is_pvm() {
+        kvm_module: if kit::host_is_pvm() {
             "kvm_pvm".into()
         } else {
             "kvm".into()

@@ -52,7 +52,12 @@ pub struct DefaultGuest {
 
 /// The default guest: the kit's Linux kernel, its initramfs and its command line.
 pub fn default_guest() -> Result<DefaultGuest, KitError> {
-    let linux = kit_dir().join("linux");
+    default_guest_in(&kit_dir())
+}
+
+/// The default guest of the kit in `kit`.
+pub fn default_guest_in(kit: &Path) -> Result<DefaultGuest, KitError> {
+    let linux = kit.join("linux");
     let kernel = linux.join("vmlinux");
     if !kernel.is_file() {
         return Err(KitError::NoDefaultGuest(kernel));
@@ -90,6 +95,27 @@ pub fn default_cmdline(base: Option<&str>, pvm_extra: Option<&str>, pvm: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kit_without_linux_has_no_default_guest() {
+        let dir = std::env::temp_dir().join(format!("kit-test-{}", std::process::id()));
+        let linux = dir.join("linux");
+        std::fs::create_dir_all(&linux).unwrap();
+        assert!(matches!(
+            default_guest_in(&dir),
+            Err(KitError::NoDefaultGuest(p)) if p == linux.join("vmlinux")
+        ));
+        std::fs::write(linux.join("vmlinux"), b"elf").unwrap();
+        std::fs::write(linux.join("initramfs.cpio.gz"), b"gz").unwrap();
+        std::fs::write(linux.join("initramfs.cpio"), b"cpio").unwrap();
+        std::fs::write(linux.join("cmdline"), "console=ttyS0\n").unwrap();
+        let g = default_guest_in(&dir).unwrap();
+        // The uncompressed initramfs wins; a missing cmdline.pvm is None.
+        assert_eq!(g.initramfs, Some(linux.join("initramfs.cpio")));
+        assert_eq!(g.cmdline.as_deref(), Some("console=ttyS0"));
+        assert_eq!(g.cmdline_pvm, None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn pvm_adds_workarounds() {

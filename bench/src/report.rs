@@ -1,5 +1,5 @@
 //! The results of `lull bench`: JSON documents with stable field names (schema names
-//! `lull-bench-density/1` and `lull-bench-wakeup/1`, documented in `docs/PERFORMANCE.md`)
+//! `lull-bench-density/1`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/PERFORMANCE.md`)
 //! and the text tables printed as rows complete.
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +11,8 @@ use super::host::HostInfo;
 pub const DENSITY_SCHEMA: &str = "lull-bench-density/1";
 /// Schema name of the wake-up JSON.
 pub const WAKEUP_SCHEMA: &str = "lull-bench-wakeup/1";
+/// Schema name of the timer-modes JSON.
+pub const TIMER_MODES_SCHEMA: &str = "lull-bench-timer-modes/1";
 
 /// What `lull bench density` was asked to do.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +68,9 @@ pub struct DensityRow {
     /// Wake-ups of blocked vCPUs caused by a global timer (`vcpus[].wakeups.global_timer`),
     /// summed over the fleet; `null` where lull does not report it.
     pub global_timer_wakeups: Option<u64>,
-    /// Global timer expiries (`vcpus[].global_timer_fires`) summed; `null` where not reported.
+    /// Global timer expiries summed over the fleet: on the vCPUs (`vcpus[].global_timer_fires`)
+    /// and on the `central` model's timer thread (`global_timers.timer_thread_fires`); `null`
+    /// where lull reports neither.
     pub global_timer_fires: Option<u64>,
     /// KVM exits (KVM's own `exits` counter) per vCPU per second of run time; `null` for QEMU.
     pub vm_exits_per_vcpu_s: Option<f64>,
@@ -131,6 +135,60 @@ pub struct WakeupReport {
     pub halt_poll_applied: bool,
     /// Rows in run order.
     pub results: Vec<WakeupRow>,
+}
+
+/// One mode of the timer-modes experiment: medians over the repetitions of the costs per
+/// guest timer event (`null` where no repetition succeeded or lull did not report it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimerModesRow {
+    /// `kernel`, `pull`, `push`, `central`.
+    pub mode: String,
+    /// Repetitions whose two runs both passed.
+    pub reps_ok: u32,
+    /// TSC-deadline lateness of the measured run, median, us.
+    pub tsc_deadline_p50_us: Option<f64>,
+    /// TSC-deadline lateness of the measured run, 99th percentile, us.
+    pub tsc_deadline_p99_us: Option<f64>,
+    /// KVM exits (KVM's own counter, in-kernel exits included) per event.
+    pub kvm_exits_per_event: Option<f64>,
+    /// Exits that reached lull (`vcpus[0]` exit counters) per event.
+    pub lull_exits_per_event: Option<f64>,
+    /// Host wake-ups (voluntary context switches) of the vCPU thread per event.
+    pub vcpu_wakeups_per_event: Option<f64>,
+    /// Host wake-ups of the `central` model's timer thread per event (0 for the others).
+    pub timer_thread_wakeups_per_event: Option<f64>,
+    /// Host CPU time of all lull threads per event, us.
+    pub cpu_us_per_event: Option<f64>,
+    /// What went wrong, one line per failed repetition.
+    pub failures: Vec<String>,
+}
+
+/// The timer-modes JSON document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimerModesReport {
+    /// Always [`TIMER_MODES_SCHEMA`].
+    pub schema: String,
+    /// The host.
+    pub host: HostInfo,
+    /// Timer events per guest timer mode of the measured run.
+    pub count: u32,
+    /// Timer events per guest timer mode of the run subtracted from it.
+    pub small_count: u32,
+    /// Repetitions per mode.
+    pub reps: u32,
+    /// One row per mode, in run order.
+    pub results: Vec<TimerModesRow>,
+}
+
+/// The median (the mean of the middle two for an even count); `None` for no values.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 fn opt(v: Option<f64>, prec: usize) -> String {
@@ -237,6 +295,38 @@ pub fn wakeup_line(r: &WakeupRow) -> String {
     )
 }
 
+/// Header of the timer-modes table.
+pub fn timer_modes_header() -> String {
+    format!(
+        "{:<9}{:>5}{:>8}{:>8}{:>11}{:>11}{:>11}{:>10}{:>10}",
+        "mode",
+        "reps",
+        "p50_us",
+        "p99_us",
+        "kvm_ex/ev",
+        "lull_ex/ev",
+        "vcpu_wk/ev",
+        "thr_wk/ev",
+        "cpu_us/ev"
+    )
+}
+
+/// One timer-modes row as a table line.
+pub fn timer_modes_line(r: &TimerModesRow) -> String {
+    format!(
+        "{:<9}{:>5}{:>8}{:>8}{:>11}{:>11}{:>11}{:>10}{:>10}",
+        r.mode,
+        r.reps_ok,
+        opt(r.tsc_deadline_p50_us, 0),
+        opt(r.tsc_deadline_p99_us, 0),
+        opt(r.kvm_exits_per_event, 2),
+        opt(r.lull_exits_per_event, 2),
+        opt(r.vcpu_wakeups_per_event, 2),
+        opt(r.timer_thread_wakeups_per_event, 2),
+        opt(r.cpu_us_per_event, 1)
+    )
+}
+
 /// Writes `value` as pretty JSON to `path`.
 pub fn write_json<T: Serialize>(
     path: &std::path::Path,
@@ -244,4 +334,73 @@ pub fn write_json<T: Serialize>(
 ) -> Result<(), super::BenchError> {
     let text = serde_json::to_string_pretty(value)? + "\n";
     std::fs::write(path, text).map_err(|e| super::BenchError::Io(path.to_path_buf(), e))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A row of `mode` with `n` VMs whose host CPU per vCPU is `cpu` (and wake-ups 10 x `cpu`).
+    pub(crate) fn density_row(mode: &str, n: u32, cpu: f64) -> DensityRow {
+        DensityRow {
+            mode: mode.into(),
+            vms: n,
+            vcpus: 2 * n,
+            vms_ok: n,
+            window_s: 1.0,
+            host_cpu_percent_per_vcpu: cpu,
+            host_cpu_percent_total: cpu * f64::from(2 * n),
+            host_wakeups_per_vcpu_s: 10.0 * cpu,
+            host_ctxt_switches_per_vcpu_s: 10.0 * cpu,
+            guest_timer_events_per_vcpu_s: 10.0,
+            host_wakeups_per_timer_event: cpu,
+            halted_vcpu_wakeups_per_timer_event: None,
+            global_timer_wakeups: None,
+            global_timer_fires: None,
+            vm_exits_per_vcpu_s: None,
+            lateness: LatencySummary::default(),
+            ipi_latency: LatencySummary::default(),
+            early_interrupts: 0,
+            rss_kib_per_vm: 4096.0,
+            guest_ram_rss_kib_per_vm: None,
+            vmm_rss_kib_per_vm: None,
+            failures: Vec::new(),
+        }
+    }
+
+    /// A report of 2-vCPU VMs holding `results`.
+    pub(crate) fn density_report(results: Vec<DensityRow>) -> DensityReport {
+        DensityReport {
+            schema: DENSITY_SCHEMA.into(),
+            host: crate::host::host_info(),
+            params: DensityParams {
+                vms: results.iter().map(|r| r.vms).collect(),
+                cpus_per_vm: 2,
+                guest: "idle-sim.elf".into(),
+                guest_cmdline: "duration_ms=1000 <mix>".into(),
+                duration_s: 1.0,
+                memory_mib: 64,
+                modes: results.iter().map(|r| r.mode.clone()).collect(),
+                global_timers: None,
+                global_timers_applied: false,
+            },
+            results,
+        }
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn a_report_reads_back_as_written() {
+        let report = density_report(vec![density_row("pull", 4, 0.5)]);
+        let json = serde_json::to_string(&report).unwrap();
+        let back: DensityReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
+        assert!(density_line(&back.results[0]).starts_with("pull        4     8    4"));
+    }
 }

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::procfs::{self, ProcSample};
+use super::proc_sample::{self, ProcSample};
+use super::progress::Progress;
 use super::BenchError;
 
 /// One VM of the fleet: the command and where its console goes.
@@ -75,10 +76,11 @@ pub struct Watch {
     pub settle: Duration,
     /// Label for progress lines.
     pub label: String,
+    /// About how long the run should take (the progress bar's length).
+    pub expected: Duration,
 }
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 struct Member {
     child: Child,
@@ -136,7 +138,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     let mut window_start: Option<(Instant, Vec<ProcSample>)> = None;
     let mut window_end: Option<(Instant, Vec<ProcSample>)> = None;
     let mut any_exited = false;
-    let mut last_progress = Instant::now();
+    let mut progress = Progress::start(&watch.label, watch.expected);
     loop {
         let now = Instant::now();
         let mut round = Vec::with_capacity(n);
@@ -156,7 +158,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                     .is_some_and(|end| console.contains(end.as_str()));
             }
             let s = if m.code.is_none() {
-                procfs::sample(m.pid)
+                proc_sample::sample(m.pid)
             } else {
                 None
             };
@@ -177,7 +179,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             match (&window_start, all_booted_at) {
                 (None, Some(t)) if now >= t + watch.settle => {
                     for m in &mut members {
-                        m.split = procfs::rss_split_kib(m.pid, watch.guest_bytes);
+                        m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
                     }
                     window_start = Some((now, full));
                 }
@@ -193,24 +195,18 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                 let _ = m.child.kill();
                 m.code = Some(m.child.wait().ok().and_then(|s| s.code()));
             }
-            eprintln!(
+            progress.println(&format!(
                 "bench: {}: deadline of {:?} passed: killed {} VM(s)",
                 watch.label,
                 watch.deadline,
                 n - exited
-            );
+            ));
             break;
         }
-        if now.duration_since(last_progress) >= PROGRESS_EVERY {
-            last_progress = now;
-            eprintln!(
-                "bench: {}: {:5.1} s, {booted}/{n} booted, {exited}/{n} exited",
-                watch.label,
-                now.duration_since(start).as_secs_f64()
-            );
-        }
+        progress.update(now.duration_since(start), booted, exited, n);
         std::thread::sleep(SAMPLE_EVERY);
     }
+    progress.finish();
     let window = match (window_start, window_end) {
         (Some((t0, a)), Some((t1, b))) if t1 > t0 => {
             let (a, b) = (sum(&a), sum(&b));

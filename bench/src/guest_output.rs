@@ -1,4 +1,5 @@
-//! Parsing what the benchmark guests print on their serial console (`idle-sim`, `wake-ipi`;
+//! Parsing what the benchmark guests print on their serial console (`idle-sim`, `wake-ipi`,
+//! `lapic-timer`;
 //! formats in `resources/guests/src/*.c`) and merging the histograms of many VMs.
 
 use std::collections::BTreeMap;
@@ -203,6 +204,38 @@ pub fn parse_wake_ipi(log: &str) -> Option<WakeIpiReport> {
     })
 }
 
+/// One timer mode of a `lapic-timer` run (`one-shot div1`, `tsc-deadline`, ...), in ns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerModeLine {
+    /// The guest's name of the mode.
+    pub mode: String,
+    /// Interrupts measured.
+    pub n: u64,
+    /// Median lateness.
+    pub p50_ns: i64,
+    /// 99th percentile lateness.
+    pub p99_ns: i64,
+}
+
+/// Parses the lateness lines of a `lapic-timer` console log
+/// (`lapic-timer: MODE: n=N lateness ns min A p50 B p99 C max D`).
+pub fn parse_lapic_timer(log: &str) -> Vec<TimerModeLine> {
+    log.lines()
+        .filter_map(|line| {
+            let body = line.trim_end().strip_prefix("lapic-timer: ")?;
+            let (mode, rest) = body.split_once(": n=")?;
+            let (n, stats) = rest.split_once(" lateness ns ")?;
+            let signed = |key: &str| word_after(stats, key)?.parse::<i64>().ok();
+            Some(TimerModeLine {
+                mode: mode.to_string(),
+                n: n.trim().parse().ok()?,
+                p50_ns: signed("p50")?,
+                p99_ns: signed("p99")?,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +292,26 @@ idle-sim: PASS
             (200, 10, 20, 40, 50)
         );
         assert!(parse_wake_ipi("nothing").is_none());
+    }
+
+    #[test]
+    fn lapic_timer_lines_parse() {
+        let log = "lapic-timer: one-shot div16: initial count 62500 (1000000 ns at bus 1000000 kHz)\n\
+            lapic-timer: one-shot div16: n=10 lateness ns min 150141 p50 2763191 p99 6793310 max 6793310\n\
+            lapic-timer: periodic div1: 10 interrupts over 36 periods (27 coalesced)\n\
+            lapic-timer: tsc-deadline: n=12 lateness ns min -5 p50 -3 p99 811246 max 811246\n\
+            lapic-timer: PASS\n";
+        let lines = parse_lapic_timer(log);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            lines[1],
+            TimerModeLine {
+                mode: "tsc-deadline".into(),
+                n: 12,
+                p50_ns: -3,
+                p99_ns: 811_246
+            }
+        );
+        assert_eq!((lines[0].mode.as_str(), lines[0].n), ("one-shot div16", 10));
     }
 }

@@ -4,7 +4,6 @@
 //! halts; vCPU 0 sends it an IPI `delay` later; the target's handler measures the delay with
 //! rdtsc. Short delays land inside a halt-polling window, long ones after it.
 
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -14,7 +13,9 @@ use serde_json::Value;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_wake_ipi;
 use super::report::{self, WakeupReport, WakeupRow, WAKEUP_SCHEMA};
-use super::{guest_path, host, lull_binary, lull_has_flag, BenchError};
+use super::{
+    guest_path, host, lull_binary, lull_has_flag, read_metrics, work_dir, BenchError, CommonArgs,
+};
 
 /// A VM configuration of the wake-up experiment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +59,7 @@ impl FromStr for WakeMode {
 /// Flags of `lull bench wakeup`.
 #[derive(Debug, Args)]
 pub struct WakeupArgs {
-    /// Modes, comma-separated: kernel, user-off, user-<window> (e.g. user-200us), user-adaptive.
+    /// Modes, comma-separated: kernel, user-off, `user-<window>` (e.g. user-200us), user-adaptive.
     #[arg(
         long,
         value_delimiter = ',',
@@ -74,18 +75,9 @@ pub struct WakeupArgs {
     /// Timer model of the user-irqchip modes.
     #[arg(long, default_value = "pull")]
     pub timer_model: String,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 fn thread_per_sample(metrics: &Value, thread: &str, field: &str, count: u32) -> Option<f64> {
@@ -99,8 +91,8 @@ fn thread_per_sample(metrics: &Value, thread: &str, field: &str, count: u32) -> 
 
 /// Runs the wake-up experiment; `Ok(false)` if some run failed.
 pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
-    let lull = lull_binary(args.lull.as_ref())?;
-    let guest = guest_path("wake-ipi", args.kit.as_ref())?;
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    let guest = guest_path("wake-ipi", args.common.kit.as_ref())?;
     let has_halt_poll = lull_has_flag(&lull, "--halt-poll");
     if !has_halt_poll {
         eprintln!(
@@ -108,11 +100,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             lull.display()
         );
     }
-    let work = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&work).map_err(|e| BenchError::Io(work.clone(), e))?;
+    let work = work_dir(args.common.work_dir.as_ref())?;
     eprintln!("bench: wakeup, logs in {}", work.display());
     let mut report = WakeupReport {
         schema: WAKEUP_SCHEMA.into(),
@@ -170,6 +158,8 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
                 deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
                 settle: Duration::from_secs(0),
                 label,
+                // About a millisecond per sample (the guest's gap) plus the boot.
+                expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),
             };
             let spec = VmSpec {
                 command: c,
@@ -180,9 +170,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             let vm = &run.vms[0];
             let latency = parse_wake_ipi(&vm.console);
             let passed = vm.code == Some(1) && vm.console.contains("wake-ipi: PASS");
-            let m: Option<Value> = std::fs::read_to_string(&metrics)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
+            let m = read_metrics(&metrics);
             let row = WakeupRow {
                 mode: mode.name(),
                 halt_poll,
@@ -210,7 +198,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             all_ok &= passed;
             println!("{}", report::wakeup_line(&row));
             report.results.push(row);
-            if let Some(path) = &args.json {
+            if let Some(path) = &args.common.json {
                 report::write_json(path, &report)?;
             }
         }

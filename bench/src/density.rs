@@ -10,8 +10,11 @@ use serde_json::Value;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHEMA};
-use super::{guest_path, host, lull_binary, lull_has_flag, parse_duration, plot, BenchError};
-use crate::size::ByteSize;
+use super::units::{parse_duration, parse_size};
+use super::{
+    guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
+    CommonArgs,
+};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,11 +46,13 @@ impl Mode {
         }
     }
 
-    fn is_qemu(self) -> bool {
+    /// QEMU rather than lull.
+    pub(crate) fn is_qemu(self) -> bool {
         matches!(self, Self::QemuOn | Self::QemuOff)
     }
 
-    fn lull_args(self) -> &'static [&'static str] {
+    /// The `lull run` flags of this mode.
+    pub(crate) fn lull_args(self) -> &'static [&'static str] {
         match self {
             Self::Kernel => &["--irqchip", "kernel"],
             Self::Pull => &["--irqchip", "user", "--timer-model", "pull"],
@@ -70,50 +75,35 @@ pub struct DensityArgs {
     /// Guest: a kit guest name (`idle-sim`) or a path to its ELF.
     #[arg(long, default_value = "idle-sim")]
     pub guest: String,
-    /// How long each guest runs its timers (30s, 500ms, 2m).
-    #[arg(long, default_value = "30s")]
-    pub duration: String,
+    /// How long each guest runs its timers: a number with a unit (30s, 500ms, 2m, 1m30s; a
+    /// bare number is refused).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub duration: Duration,
     /// Modes, comma-separated: kernel, pull, push, central, qemu-on, qemu-off. Default: all
     /// (the QEMU ones only where qemu is installed).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
-    /// Guest RAM per VM.
-    #[arg(long, default_value = "64M")]
-    pub memory: ByteSize,
+    /// Guest RAM per VM in bytes, or with a binary K, M or G suffix (64M is 64 MiB).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub memory: u64,
     /// More guest command-line words, e.g. `mix=50:1,50:10-100 ipi_pct=10`.
     #[arg(long, default_value = "")]
     pub guest_args: String,
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
     #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<String>,
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Draw host CPU and wake-ups per mode against the VM count into this SVG.
     #[arg(long, value_name = "PATH")]
     pub plot: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
     /// QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: String,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
     /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
     #[arg(long, value_name = "PATH")]
     pub from_json: Option<PathBuf>,
-}
-
-fn qemu_installed(qemu: &str) -> bool {
-    Command::new(qemu)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 struct Plan<'a> {
@@ -133,15 +123,10 @@ impl Plan<'_> {
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
         let cpus = self.args.cpus.to_string();
-        let mib = self.args.memory.0 >> 20;
+        let mib = self.args.memory >> 20;
         let command = if mode.is_qemu() {
-            let mut c = Command::new(&self.args.qemu);
-            c.args(["-enable-kvm", "-cpu", "host,+invtsc,vmware-cpuid-freq=on"])
-                .args(["-smp", &cpus, "-m", &mib.to_string()])
-                .args(["-display", "none", "-monitor", "none", "-net", "none"])
-                .arg("-no-reboot")
-                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
-                .arg("-machine")
+            let mut c = qemu::command(&self.args.qemu, self.args.cpus, mib);
+            c.arg("-machine")
                 .arg(if mode == Mode::QemuOn {
                     "kernel-irqchip=on"
                 } else {
@@ -212,6 +197,11 @@ impl MetricsSum {
                 v["global_timer_fires"].as_u64(),
             );
         }
+        // The `central` model expires global timers on its own timer thread, not on a vCPU.
+        add_opt(
+            &mut self.global_timer_fires,
+            m["global_timers"]["timer_thread_fires"].as_u64(),
+        );
         self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
         add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
         let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
@@ -247,10 +237,7 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         }
         if !mode.is_qemu() {
             let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
-            if let Some(m) = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            {
+            if let Some(m) = read_metrics(&path) {
                 metrics.add(&m);
             }
         }
@@ -308,16 +295,8 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
     }
 }
 
-fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
-    let dir = flag
-        .cloned()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.clone(), e))?;
-    Ok(dir)
-}
-
 fn modes(args: &DensityArgs) -> Result<Vec<Mode>, BenchError> {
-    let qemu = qemu_installed(&args.qemu);
+    let qemu = qemu::installed(&args.qemu);
     let mut modes = if args.modes.is_empty() {
         let mut m = vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central];
         if qemu {
@@ -347,7 +326,7 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
     let text = std::fs::read_to_string(json).map_err(|e| BenchError::Io(json.into(), e))?;
     let report: DensityReport = serde_json::from_str(&text)?;
     if let Some(path) = svg {
-        std::fs::write(path, plot::density_svg(&report))
+        std::fs::write(path, plot::density_svg(&report)?)
             .map_err(|e| BenchError::Io(path.clone(), e))?;
     }
     println!("{}", report::density_header());
@@ -362,9 +341,9 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
-    let duration = parse_duration(&args.duration)?;
-    let lull = lull_binary(args.lull.as_ref())?;
-    let guest = guest_path(&args.guest, args.kit.as_ref())?;
+    let duration = args.duration;
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
     let modes = modes(args)?;
     let has_global = lull_has_flag(&lull, "--global-timers");
     if args.global_timers.is_some() && !has_global {
@@ -383,7 +362,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         guest,
         cmdline,
         global_timers: args.global_timers.as_deref().filter(|_| has_global),
-        work: work_dir(args.work_dir.as_ref())?,
+        work: work_dir(args.common.work_dir.as_ref())?,
     };
     let mut report = DensityReport {
         schema: DENSITY_SCHEMA.into(),
@@ -394,7 +373,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             guest: plan.guest.display().to_string(),
             guest_cmdline: plan.cmdline.clone(),
             duration_s: duration.as_secs_f64(),
-            memory_mib: args.memory.0 >> 20,
+            memory_mib: args.memory >> 20,
             modes: modes.iter().map(|m| m.name().to_string()).collect(),
             global_timers: args.global_timers.clone(),
             global_timers_applied: plan.global_timers.is_some(),
@@ -424,10 +403,12 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             let watch = Watch {
                 boot_marker: format!("{}: ", guest_stem(&plan.guest)),
                 end_marker: Some(format!("{}: cpu 0: ", guest_stem(&plan.guest))),
-                guest_bytes: args.memory.0,
+                guest_bytes: args.memory,
                 deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
                 label,
+                // The guests' run plus a boot of about a second.
+                expected: duration + Duration::from_secs(2),
             };
             let run = fleet::run(specs, &watch)?;
             let r = row(&plan, mode, n, &run, duration);
@@ -437,13 +418,13 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 println!("  {} N={n} failed: {f}", mode.name());
             }
             report.results.push(r);
-            if let Some(path) = &args.json {
+            if let Some(path) = &args.common.json {
                 report::write_json(path, &report)?;
             }
         }
     }
     if let Some(path) = &args.plot {
-        let svg = plot::density_svg(&report);
+        let svg = plot::density_svg(&report)?;
         std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
         eprintln!("bench: plot written to {}", path.display());
     }
@@ -455,4 +436,44 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> Value {
+        let vcpu = |fires: u64| {
+            serde_json::json!({
+                "wakeups": { "timer": 3, "global_timer": 1 },
+                "global_timer_fires": fires,
+            })
+        };
+        let global = thread_fires.map_or(
+            Value::Null,
+            |f| serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f }),
+        );
+        serde_json::json!({
+            "run_time_ms": 2000,
+            "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],
+            "global_timers": global,
+            "kvm": { "exits": 100, "halt_wakeup": 0 },
+        })
+    }
+
+    #[test]
+    fn global_fires_count_every_model() {
+        // pull/push: the vCPUs expire global timers themselves.
+        let mut pull = MetricsSum::default();
+        pull.add(&metrics([5, 7], Some(0)));
+        assert_eq!(pull.global_timer_fires, Some(12));
+        // central: its timer thread does, and the vCPUs report none.
+        let mut central = MetricsSum::default();
+        central.add(&metrics([0, 0], Some(40)));
+        central.add(&metrics([0, 0], Some(2)));
+        assert_eq!(central.global_timer_fires, Some(42));
+        assert_eq!(central.global_timer_wakeups, Some(4));
+        assert_eq!(central.halted_wakeups, 16);
+        assert_eq!(central.kvm_exits, Some(200));
+    }
 }

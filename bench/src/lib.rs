@@ -1,0 +1,316 @@
+//! `lull bench`: experiments that run lull (and QEMU, where it is installed) side by side on
+//! this host and report tables, JSON and an SVG plot. This crate needs nothing of the VMM:
+//! `lull bench` only hands it its flags ([`BenchArgs`]) and calls [`main`].
+//!
+//! Every VM is a child process (`lull run ...` or `qemu-system-x86_64 ...`) booting a guest of
+//! the kit (found by the `kit` crate, as `lull run` finds it); the numbers come from the
+//! guests' own reports on their serial console, lull's `--metrics` JSON and `/proc`. The JSON
+//! schemas are documented in `docs/PERFORMANCE.md` ("`lull bench` JSON").
+//!
+//! ```text
+//! density:      for N in --vms, for mode in --modes: start N VMs of --cpus vCPUs of idle-sim
+//!               for --duration, sample /proc of every VMM, keep the window where all N run,
+//!               parse the guests' histograms and lull's metrics -> one row per (mode, N)
+//! wakeup:       for mode in --modes, for delay in --delays: one 2-vCPU VM of wake-ipi -> a row
+//! timer-modes:  per rep, per mode: lapic-timer at two lengths -> costs per timer event (median)
+//! idle-manager: spin under idle injection and under CPU quota -> idle shares, throughput
+//! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
+//! ```
+
+mod boot;
+mod density;
+mod fleet;
+mod guest_output;
+mod host;
+mod idle_manager;
+mod plot;
+mod proc_sample;
+mod progress;
+mod qemu;
+mod report;
+mod timer_modes;
+mod units;
+mod wakeup;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+pub use boot::{BootArgs, BootReport, BOOT_SCHEMA};
+pub use density::{DensityArgs, Mode};
+pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
+pub use report::{
+    DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
+    DENSITY_SCHEMA, TIMER_MODES_SCHEMA, WAKEUP_SCHEMA,
+};
+pub use timer_modes::TimerModesArgs;
+pub use wakeup::{WakeMode, WakeupArgs};
+
+/// `lull bench` exit status: everything ran and every VM passed.
+pub const EXIT_OK: u8 = 0;
+/// `lull bench` exit status: bad input (guest, kit, lull binary, output path).
+pub const EXIT_BAD_INPUT: u8 = 4;
+/// `lull bench` exit status: it ran, but some VM failed (its row lists why).
+pub const EXIT_VM_FAILED: u8 = 8;
+
+/// Flags of `lull bench`.
+#[derive(Debug)]
+pub struct BenchArgs {
+    /// The experiment to run.
+    pub experiment: Experiment,
+}
+
+/// The experiments' flags are added only when `lull bench` is what runs (`Command::defer`):
+/// `lull run` neither builds them nor pages their code in.
+impl Args for BenchArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|cmd| {
+            let experiments = keep_about(cmd, Experiment::augment_subcommands);
+            experiments
+                .subcommand_required(true)
+                .arg_required_else_help(true)
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|cmd| keep_about(cmd, Experiment::augment_subcommands_for_update))
+    }
+}
+
+/// `augment(cmd)` with `cmd`'s own description (`lull bench --help` says what `lull --help`
+/// says of it, not the doc comment of [`Experiment`]).
+fn keep_about(cmd: clap::Command, augment: fn(clap::Command) -> clap::Command) -> clap::Command {
+    let about = cmd.get_about().cloned();
+    let long_about = cmd.get_long_about().cloned();
+    let mut cmd = augment(cmd);
+    if let Some(about) = about {
+        cmd = cmd.about(about);
+    }
+    if let Some(long_about) = long_about {
+        cmd = cmd.long_about(long_about);
+    }
+    cmd
+}
+
+impl clap::FromArgMatches for BenchArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            experiment: Experiment::from_arg_matches(m)?,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.experiment.update_from_arg_matches(m)
+    }
+}
+
+/// Flags of every experiment: where the VMs come from and where the results go.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// lull binary for the VMs. Default: this one.
+    #[arg(long, value_name = "PATH")]
+    pub lull: Option<PathBuf>,
+    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
+    #[arg(long, value_name = "DIR")]
+    pub kit: Option<PathBuf>,
+    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// The experiments of `lull bench`.
+#[derive(Debug, Subcommand)]
+pub enum Experiment {
+    /// Many idle VMs at once: host CPU, wake-ups, exits, guest timer lateness and RSS per mode.
+    Density(DensityArgs),
+    /// Wake-up latency of a halted vCPU to an IPI, per halt-polling mode.
+    Wakeup(WakeupArgs),
+    /// Cost of one guest timer event per irqchip and timer model: exits, host wake-ups and CPU
+    /// per event (differential over two run lengths), TSC-deadline lateness.
+    TimerModes(TimerModesArgs),
+    /// What idle injection and the CPU quota take from a CPU-bound guest: achieved idle share,
+    /// throughput, and how often quota-throttled VMs are all throttled at once.
+    IdleManager(IdleManagerArgs),
+    /// Boot time of lull against QEMU (the `hello` guest and the kit's Linux) and lull's own
+    /// memory beside a Linux guest.
+    Boot(BootArgs),
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A file could not be written or read.
+    #[error("Cannot use {0}: {1}; check that the directory exists and is writable")]
+    Io(PathBuf, #[source] std::io::Error),
+    /// A VMM process could not be started.
+    #[error("Cannot start {0}: {1}; check that it is installed (or pass --lull / --qemu)")]
+    Spawn(String, #[source] std::io::Error),
+    /// The guest ELF is missing.
+    #[error("Guest {0} not found: build the kit with `make guests`, or pass --guest PATH")]
+    NoGuest(PathBuf),
+    /// The kit's Linux guest is missing.
+    #[error(transparent)]
+    Kit(kit::KitError),
+    /// lull cannot find its own binary.
+    #[error("Cannot find the lull binary to launch VMs ({0}); pass --lull PATH")]
+    NoLull(#[source] std::io::Error),
+    /// The JSON report could not be encoded or decoded.
+    #[error("Cannot encode or decode the JSON report: {0}; check that it is a lull bench JSON")]
+    Json(#[from] serde_json::Error),
+    /// The SVG plot could not be drawn.
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
+    /// A quota period too short to halve in milliseconds.
+    #[error("--period {0:?} is too short: write at least 2ms (the quota is half of it, in ms)")]
+    Period(std::time::Duration),
+    /// Nothing to run.
+    #[error("No mode can run here: {0}")]
+    NoModes(String),
+}
+
+/// The lull binary to launch: `--lull`, else this very executable.
+fn lull_binary(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    match flag {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe().map_err(BenchError::NoLull),
+    }
+}
+
+/// The directory for the VMs' logs: `--work-dir`, else a new one under the temp directory.
+fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    let dir = flag
+        .cloned()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.clone(), e))?;
+    Ok(dir)
+}
+
+/// lull's `--metrics` JSON of a run, if it wrote one that parses.
+fn read_metrics(path: &std::path::Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// A guest given by name (looked up in the kit's `guests/`) or by path.
+fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
+    let direct = PathBuf::from(name);
+    let path = if name.contains('/') || name.ends_with(".elf") {
+        direct
+    } else {
+        kit.cloned()
+            .unwrap_or_else(kit::kit_dir)
+            .join("guests")
+            .join(format!("{name}.elf"))
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BenchError::NoGuest(path))
+    }
+}
+
+/// Whether `lull run --help` of `lull` offers `flag` (the idle manager's flags arrive
+/// separately; the bench leaves out what the binary lacks and says so).
+fn lull_has_flag(lull: &std::path::Path, flag: &str) -> bool {
+    std::process::Command::new(lull)
+        .args(["run", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+}
+
+/// Runs `lull bench ...`; the return value is the process exit status.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let result = match &args.experiment {
+        Experiment::Density(a) => density::run(a),
+        Experiment::Wakeup(a) => wakeup::run(a),
+        Experiment::TimerModes(a) => timer_modes::run(a),
+        Experiment::IdleManager(a) => idle_manager::run(a),
+        Experiment::Boot(a) => boot::run(a),
+    };
+    match result {
+        Ok(true) => ExitCode::from(EXIT_OK),
+        Ok(false) => {
+            eprintln!("bench: some VMs failed; their rows say why (logs kept in the work dir)");
+            ExitCode::from(EXIT_VM_FAILED)
+        }
+        Err(e) => {
+            let mut msg = format!("lull bench: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("{msg}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser, Subcommand};
+
+    use super::*;
+
+    /// A command line that holds `lull bench` as `lull`'s does.
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Top,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Top {
+        /// What lull's help says of the bench.
+        Bench(BenchArgs),
+    }
+
+    fn parse(args: &[&str]) -> Result<Experiment, clap::Error> {
+        let Top::Bench(b) = Cli::try_parse_from(args)?.command;
+        Ok(b.experiment)
+    }
+
+    #[test]
+    fn deferred_experiments_parse_their_flags() {
+        let Experiment::Density(d) = parse(&[
+            "lull",
+            "bench",
+            "density",
+            "--vms",
+            "1,8",
+            "--duration",
+            "3s",
+        ])
+        .unwrap() else {
+            panic!("not density");
+        };
+        assert_eq!(d.vms, vec![1, 8]);
+        assert_eq!(d.duration, std::time::Duration::from_secs(3));
+        assert_eq!(d.memory, 64 << 20);
+        assert!(matches!(
+            parse(&["lull", "bench", "timer-modes", "--kit", "/k"]).unwrap(),
+            Experiment::TimerModes(t) if t.common.kit == Some(PathBuf::from("/k")) && t.count == 200
+        ));
+        assert!(parse(&["lull", "bench", "timer-modes", "--count", "5"]).is_err());
+        assert!(parse(&["lull", "bench", "density", "--duration", "10"]).is_err());
+        assert!(parse(&["lull", "bench"]).is_err());
+    }
+
+    #[test]
+    fn the_bench_keeps_the_description_its_parent_gives_it() {
+        let mut cli = Cli::command();
+        let bench = cli.find_subcommand_mut("bench").unwrap();
+        let help = bench.render_help().to_string();
+        assert!(
+            help.starts_with("What lull's help says of the bench\n"),
+            "{help}"
+        );
+        for experiment in ["density", "wakeup", "timer-modes", "idle-manager", "boot"] {
+            assert!(help.contains(experiment), "{help}");
+        }
+    }
+}

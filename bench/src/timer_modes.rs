@@ -1,0 +1,381 @@
+//! `lull bench timer-modes`: what one guest timer event costs under each irqchip and timer
+//! model, measured with the `lapic-timer` guest (one-shot div1, one-shot div16, periodic and
+//! TSC-deadline timers of 1 ms, `--count` of each, waiting in HLT).
+//!
+//! ```text
+//! for rep in 1..=--reps, for mode in --modes (interleaved, so host noise hits every mode):
+//!     run lapic-timer with count=10 (small) and count=--count (big), one vCPU
+//!     per-event cost = (big totals - small totals) / (big events - small events)
+//!         -> boot, console output and exit drop out of the difference
+//! row per mode = median over the reps
+//! ```
+//!
+//! The totals come from lull's `--metrics`: KVM's own exit counter (in-kernel exits
+//! included), the exits that reached lull, the vCPU thread's and the `central` timer thread's
+//! voluntary context switches (host wake-ups) and the CPU time of every lull thread. The
+//! lateness is the guest's own: rdtsc in the TSC-deadline interrupt handler minus the deadline.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::density::Mode;
+use super::fleet::{self, VmSpec, Watch};
+use super::guest_output::parse_lapic_timer;
+use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
+use super::{guest_path, host, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
+
+/// Timer events of the small run (each of the guest's four timer modes runs this many).
+const SMALL_COUNT: u32 = 10;
+/// Exits that reach lull, by the vCPU counters of lull's `--metrics`.
+const LULL_EXITS: &[&str] = &[
+    "io_in",
+    "io_out",
+    "mmio_read",
+    "mmio_write",
+    "hlt",
+    "msr",
+    "irq_window",
+    "other",
+];
+
+/// Flags of `lull bench timer-modes`.
+#[derive(Debug, Args)]
+pub struct TimerModesArgs {
+    /// Timer events per guest timer mode in the measured run (11 to 256; the guest's maximum).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(11..=256))]
+    pub count: u32,
+    /// Repetitions per mode; rows are medians over them.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Modes, comma-separated: kernel, pull, push, central. Default: all four.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub modes: Vec<Mode>,
+    /// Results, lull binary, kit and logs.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// What one lapic-timer run added up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunTotals {
+    /// Timer interrupts the guest measured, over its four timer modes.
+    pub events: u64,
+    /// TSC-deadline lateness, median, ns.
+    pub tsc_deadline_p50_ns: i64,
+    /// TSC-deadline lateness, 99th percentile, ns.
+    pub tsc_deadline_p99_ns: i64,
+    /// KVM's exit counter (`None` where lull could not read KVM's statistics).
+    pub kvm_exits: Option<u64>,
+    /// Exits that reached lull.
+    pub lull_exits: u64,
+    /// Voluntary context switches of the vCPU thread.
+    pub vcpu_wakeups: u64,
+    /// Voluntary context switches of the `central` model's timer thread (0 without one).
+    pub timer_thread_wakeups: u64,
+    /// CPU time of every lull thread, ns.
+    pub cpu_ns: u64,
+}
+
+fn thread_field(m: &Value, name: &str, field: &str) -> Option<u64> {
+    m["threads"]
+        .as_array()?
+        .iter()
+        .find(|t| t["name"] == name)?[field]
+        .as_u64()
+}
+
+/// Adds up a run from the guest's console and lull's metrics; `None` if either lacks a part.
+pub fn totals(console: &str, m: &Value) -> Option<RunTotals> {
+    let lines = parse_lapic_timer(console);
+    let tsc = lines.iter().find(|l| l.mode == "tsc-deadline")?;
+    let vcpu = &m["vcpus"][0];
+    Some(RunTotals {
+        events: lines.iter().map(|l| l.n).sum(),
+        tsc_deadline_p50_ns: tsc.p50_ns,
+        tsc_deadline_p99_ns: tsc.p99_ns,
+        kvm_exits: m["kvm"]["exits"].as_u64(),
+        lull_exits: LULL_EXITS
+            .iter()
+            .map(|k| vcpu[*k].as_u64())
+            .sum::<Option<u64>>()?,
+        vcpu_wakeups: thread_field(m, "vcpu0", "voluntary_ctxt_switches")?,
+        timer_thread_wakeups: thread_field(m, "timers", "voluntary_ctxt_switches").unwrap_or(0),
+        cpu_ns: m["threads"]
+            .as_array()?
+            .iter()
+            .filter_map(|t| t["cpu_ns"].as_u64())
+            .sum(),
+    })
+}
+
+/// Costs per timer event of one repetition: the difference of a big and a small run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerEvent {
+    /// TSC-deadline lateness of the big run, median, us.
+    pub p50_us: f64,
+    /// TSC-deadline lateness of the big run, 99th percentile, us.
+    pub p99_us: f64,
+    /// KVM exits per event.
+    pub kvm_exits: Option<f64>,
+    /// Exits that reached lull per event.
+    pub lull_exits: f64,
+    /// vCPU thread wake-ups per event.
+    pub vcpu_wakeups: f64,
+    /// Timer thread wake-ups per event.
+    pub timer_thread_wakeups: f64,
+    /// Host CPU time per event, us.
+    pub cpu_us: f64,
+}
+
+/// The per-event costs of `big` over `small`; `None` if `big` has no more events.
+pub fn per_event(big: &RunTotals, small: &RunTotals) -> Option<PerEvent> {
+    let events = big.events.checked_sub(small.events).filter(|&e| e > 0)? as f64;
+    let d = |b: u64, s: u64| (b as f64 - s as f64) / events;
+    Some(PerEvent {
+        p50_us: big.tsc_deadline_p50_ns as f64 / 1000.0,
+        p99_us: big.tsc_deadline_p99_ns as f64 / 1000.0,
+        kvm_exits: big.kvm_exits.zip(small.kvm_exits).map(|(b, s)| d(b, s)),
+        lull_exits: d(big.lull_exits, small.lull_exits),
+        vcpu_wakeups: d(big.vcpu_wakeups, small.vcpu_wakeups),
+        timer_thread_wakeups: d(big.timer_thread_wakeups, small.timer_thread_wakeups),
+        cpu_us: d(big.cpu_ns, small.cpu_ns) / 1000.0,
+    })
+}
+
+/// The row of `mode` over its repetitions.
+pub fn row(mode: Mode, reps: &[PerEvent], failures: Vec<String>) -> TimerModesRow {
+    let med = |f: fn(&PerEvent) -> f64| median(reps.iter().map(f).collect());
+    TimerModesRow {
+        mode: mode.name().into(),
+        reps_ok: u32::try_from(reps.len()).unwrap_or(u32::MAX),
+        tsc_deadline_p50_us: med(|r| r.p50_us),
+        tsc_deadline_p99_us: med(|r| r.p99_us),
+        kvm_exits_per_event: median(reps.iter().filter_map(|r| r.kvm_exits).collect()),
+        lull_exits_per_event: med(|r| r.lull_exits),
+        vcpu_wakeups_per_event: med(|r| r.vcpu_wakeups),
+        timer_thread_wakeups_per_event: med(|r| r.timer_thread_wakeups),
+        cpu_us_per_event: med(|r| r.cpu_us),
+        failures,
+    }
+}
+
+struct Plan {
+    lull: PathBuf,
+    guest: PathBuf,
+    work: PathBuf,
+}
+
+impl Plan {
+    /// Boots lapic-timer once with `count`; the totals, or why the run failed.
+    fn run(
+        &self,
+        mode: Mode,
+        count: u32,
+        rep: u32,
+    ) -> Result<Result<RunTotals, String>, BenchError> {
+        let stem = self
+            .work
+            .join(format!("timer-modes-{}-c{count}-r{rep}", mode.name()));
+        let serial = stem.with_extension("console");
+        let metrics = stem.with_extension("json");
+        let _ = std::fs::remove_file(&serial);
+        let _ = std::fs::remove_file(&metrics);
+        let mut c = std::process::Command::new(&self.lull);
+        c.arg("run")
+            .arg("--kernel")
+            .arg(&self.guest)
+            .args(["--memory", "64M", "--cmdline", &format!("count={count}")])
+            .arg("--serial")
+            .arg(format!("file={}", serial.display()))
+            .arg("--metrics")
+            .arg(&metrics)
+            .args(mode.lull_args());
+        let watch = Watch {
+            boot_marker: "lapic-timer: ".into(),
+            end_marker: None,
+            guest_bytes: 64 << 20,
+            deadline: Duration::from_secs(300),
+            settle: Duration::ZERO,
+            label: format!("{} count={count} rep {rep}", mode.name()),
+            // Four timer modes of `count` 1-ms timers, plus the boot.
+            expected: Duration::from_millis(4 * u64::from(count)) + Duration::from_secs(2),
+        };
+        let spec = VmSpec {
+            command: c,
+            serial,
+            stderr: stem.with_extension("stderr"),
+        };
+        let vm = fleet::run(vec![spec], &watch)?.vms.remove(0);
+        if vm.code != Some(1) || !vm.console.contains("lapic-timer: PASS") {
+            let last = vm.console.lines().chain(vm.stderr.lines()).last();
+            return Ok(Err(format!(
+                "count={count}: status {:?}: {}",
+                vm.code,
+                last.unwrap_or("")
+            )));
+        }
+        Ok(read_metrics(&metrics)
+            .and_then(|m| totals(&vm.console, &m))
+            .ok_or_else(|| {
+                format!(
+                    "count={count}: no lateness lines or metrics in {}",
+                    stem.display()
+                )
+            }))
+    }
+}
+
+fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
+    if asked.is_empty() {
+        return Ok(vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central]);
+    }
+    if let Some(q) = asked.iter().find(|m| m.is_qemu()) {
+        return Err(BenchError::NoModes(format!(
+            "{} has no lull --metrics: use kernel, pull, push or central",
+            q.name()
+        )));
+    }
+    Ok(asked.to_vec())
+}
+
+/// Runs the timer-modes experiment; `Ok(false)` if some run failed.
+pub fn run(args: &TimerModesArgs) -> Result<bool, BenchError> {
+    let modes = modes(&args.modes)?;
+    let plan = Plan {
+        lull: lull_binary(args.common.lull.as_ref())?,
+        guest: guest_path("lapic-timer", args.common.kit.as_ref())?,
+        work: work_dir(args.common.work_dir.as_ref())?,
+    };
+    eprintln!("bench: timer-modes, logs in {}", plan.work.display());
+    println!(
+        "timer-modes: lapic-timer count={} (and {SMALL_COUNT} to difference out boot and exit), \
+         {} rep(s) per mode, medians",
+        args.count, args.reps
+    );
+    let mut reps: Vec<(Vec<PerEvent>, Vec<String>)> = vec![Default::default(); modes.len()];
+    for rep in 1..=args.reps {
+        for (i, &mode) in modes.iter().enumerate() {
+            let small = plan.run(mode, SMALL_COUNT, rep)?;
+            let big = plan.run(mode, args.count, rep)?;
+            match (big, small) {
+                (Ok(b), Ok(s)) => match per_event(&b, &s) {
+                    Some(p) => reps[i].0.push(p),
+                    None => reps[i]
+                        .1
+                        .push(format!("rep {rep}: no more events at count={}", args.count)),
+                },
+                (Err(e), _) | (_, Err(e)) => reps[i].1.push(format!("rep {rep}: {e}")),
+            }
+        }
+    }
+    let report = TimerModesReport {
+        schema: TIMER_MODES_SCHEMA.into(),
+        host: host::host_info(),
+        count: args.count,
+        small_count: SMALL_COUNT,
+        reps: args.reps,
+        results: modes
+            .iter()
+            .zip(reps)
+            .map(|(&mode, (per, failures))| row(mode, &per, failures))
+            .collect(),
+    };
+    println!("{}", report::timer_modes_header());
+    for r in &report.results {
+        println!("{}", report::timer_modes_line(r));
+        for f in &r.failures {
+            println!("  {} failed: {f}", r.mode);
+        }
+    }
+    if let Some(path) = &args.common.json {
+        report::write_json(path, &report)?;
+    }
+    Ok(report.results.iter().all(|r| r.failures.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(exits: u64, vcpu_wakeups: u64, timer_thread: Option<u64>, cpu_ns: u64) -> Value {
+        let mut threads = vec![
+            serde_json::json!({"name": "lull", "voluntary_ctxt_switches": 3, "cpu_ns": 1000}),
+            serde_json::json!({"name": "vcpu0", "voluntary_ctxt_switches": vcpu_wakeups,
+                               "cpu_ns": cpu_ns - 1000}),
+        ];
+        if let Some(w) = timer_thread {
+            threads.push(
+                serde_json::json!({"name": "timers", "voluntary_ctxt_switches": w,
+                                            "cpu_ns": 0}),
+            );
+        }
+        serde_json::json!({
+            "vcpus": [{"io_in": exits, "io_out": 0, "mmio_read": 0, "mmio_write": 0, "hlt": exits,
+                       "msr": 0, "irq_window": 0, "other": 0}],
+            "threads": threads,
+            "kvm": {"exits": 3 * exits},
+        })
+    }
+
+    fn console(n: u64) -> String {
+        format!(
+            "lapic-timer: one-shot div1: n={n} lateness ns min 1 p50 2 p99 3 max 4\n\
+             lapic-timer: tsc-deadline: n={n} lateness ns min 1 p50 {} p99 9000 max 9999\n\
+             lapic-timer: PASS\n",
+            n * 100
+        )
+    }
+
+    #[test]
+    fn costs_per_event_difference_out_the_boot() {
+        let small = totals(&console(10), &metrics(1_000, 30, Some(5), 2_000_000)).unwrap();
+        let big = totals(&console(210), &metrics(1_800, 430, Some(5), 42_000_000)).unwrap();
+        assert_eq!((small.events, big.events), (20, 420));
+        assert_eq!(big.lull_exits, 3_600);
+        let p = per_event(&big, &small).unwrap();
+        // 400 more events: 1600 more lull exits, 400 more wake-ups, 40 ms more CPU.
+        assert_eq!(p.lull_exits, 4.0);
+        assert_eq!(p.kvm_exits, Some(6.0));
+        assert_eq!(p.vcpu_wakeups, 1.0);
+        assert_eq!(p.timer_thread_wakeups, 0.0);
+        assert_eq!(p.cpu_us, 100.0);
+        assert_eq!((p.p50_us, p.p99_us), (21.0, 9.0));
+        assert_eq!(per_event(&small, &small), None);
+    }
+
+    #[test]
+    fn a_run_without_its_report_has_no_totals() {
+        assert_eq!(
+            totals("lapic-timer: PASS", &metrics(1, 1, None, 2000)),
+            None
+        );
+        assert_eq!(totals(&console(10), &serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn rows_are_medians() {
+        let rep = |x: f64| PerEvent {
+            p50_us: x,
+            p99_us: x,
+            kvm_exits: None,
+            lull_exits: x,
+            vcpu_wakeups: x,
+            timer_thread_wakeups: 0.0,
+            cpu_us: x,
+        };
+        let r = row(Mode::Central, &[rep(5.0), rep(1.0), rep(3.0)], Vec::new());
+        assert_eq!((r.mode.as_str(), r.reps_ok), ("central", 3));
+        assert_eq!(r.cpu_us_per_event, Some(3.0));
+        assert_eq!(r.kvm_exits_per_event, None);
+    }
+
+    #[test]
+    fn qemu_modes_are_refused() {
+        assert!(modes(&[Mode::Pull, Mode::QemuOn]).is_err());
+        assert_eq!(modes(&[]).unwrap().len(), 4);
+    }
+}

@@ -28,6 +28,10 @@
  *   early_ns=10000    tolerance for early interrupts
  *   busy=0            the first `busy` CPUs run guest code (spin with interrupts on) for
  *                     the whole duration instead of idling: a VM where some vCPU always runs
+ *   pv_eoi=0          1: end interrupts through KVM's paravirtual EOI when CPUID 0x40000001
+ *                     offers it (KVM_FEATURE_PV_EOI, bit 6): each CPU registers a flag with
+ *                     MSR_KVM_PV_EOI_EN and an EOI that finds the flag set only clears it (no
+ *                     exit), as Linux's kvm_guest_apic_eoi_write does
  * The guest exits 0 (lull status 1) when every CPU finished within duration + 2 s.
  */
 #include "rt.h"
@@ -65,7 +69,28 @@ static u32 mix_len, mix_total;
 static struct cpu_state cpu[RT_MAX_CPUS];
 static volatile u32 apic_of[RT_MAX_CPUS];
 static volatile u32 ready, go, done;
-static u32 ncpus, ipi_pct, use_deadline, busy;
+static u32 ncpus, ipi_pct, use_deadline, busy, use_pv_eoi;
+
+#define MSR_KVM_PV_EOI_EN 0x4b564d04
+#define KVM_FEATURE_PV_EOI (1u << 6)
+/* One PV EOI flag per CPU, 4-byte aligned (the hypervisor sets bit 0 of the first byte). */
+static volatile u32 pv_eoi_flag[RT_MAX_CPUS] __attribute__((aligned(64)));
+
+static int kvm_offers_pv_eoi(void)
+{
+    struct cpuid_regs sig = cpuid(0x40000000, 0);
+    if (sig.ebx != 0x4b4d564b || sig.eax < 0x40000001) /* "KVMK" */
+        return 0;
+    return (cpuid(0x40000001, 0).eax & KVM_FEATURE_PV_EOI) != 0;
+}
+
+/* Registers this CPU's PV EOI flag (a flat physical address: the runtime runs unpaged). */
+static void pv_eoi_register(u32 idx)
+{
+    if (use_pv_eoi)
+        wrmsr(MSR_KVM_PV_EOI_EN, (u64)(u32)&pv_eoi_flag[idx] | 1);
+}
+
 static u64 end_tsc, early_ticks;
 
 /* This CPU's index, from its stack (each CPU runs on rt_stacks[index]): no LAPIC access. */
@@ -237,6 +262,14 @@ static void parse_mix(const char *s)
         fail("mix: the weights add up to 0");
 }
 
+/* EOI: if the hypervisor set this CPU's flag, clearing it is the EOI; else the register. */
+static void eoi(void)
+{
+    if (use_pv_eoi && (__atomic_exchange_n(&pv_eoi_flag[this_cpu()], 0, __ATOMIC_SEQ_CST) & 1))
+        return;
+    lapic_eoi();
+}
+
 /* Timer interrupt: timestamp first, EOI. */
 static void timer_irq(struct trap_frame *f)
 {
@@ -244,7 +277,7 @@ static void timer_irq(struct trap_frame *f)
     struct cpu_state *c = &cpu[this_cpu()];
     c->fired_tsc = now;
     c->fired++;
-    lapic_eoi();
+    eoi();
 }
 
 /* IPI from the previous CPU: its latency, EOI. */
@@ -255,7 +288,7 @@ static void ipi_irq(struct trap_frame *f)
     u64 sent = c->ipi_tx_tsc;
     hist_add(&c->ipi, now > sent ? now - sent : 0);
     c->ipis_received++;
-    lapic_eoi();
+    eoi();
 }
 
 static void spurious_irq(struct trap_frame *f) {}
@@ -265,6 +298,7 @@ static void run_idle(u32 idx)
 {
     struct cpu_state *c = &cpu[idx];
     u32 next = (idx + 1) % ncpus;
+    pv_eoi_register(idx);
     if (use_deadline) {
         xapic_write(APIC_LVT_TIMER, TIMER_VECTOR | LVT_TIMER_TSC_DEADLINE);
     } else {
@@ -350,6 +384,11 @@ int main(void)
     ipi_pct = (u32)cmdline_u64("ipi_pct", 5);
     u32 seed = (u32)cmdline_u64("seed", 1);
     busy = (u32)cmdline_u64("busy", 0);
+    use_pv_eoi = (u32)cmdline_u64("pv_eoi", 0);
+    if (use_pv_eoi && !kvm_offers_pv_eoi()) {
+        printf("idle-sim: PV EOI not offered: using the EOI register\n");
+        use_pv_eoi = 0;
+    }
     early_ticks = ns_to_tsc(cmdline_u64("early_ns", 10000));
     cmdline_str("mix", buf, sizeof(buf));
     parse_mix(buf);
@@ -367,8 +406,9 @@ int main(void)
     rt_set_irq_handler(SPURIOUS_VECTOR, spurious_irq);
     lapic_enable(SPURIOUS_VECTOR);
     apic_of[0] = lapic_id();
-    printf("idle-sim: %u CPUs (%u busy), %s, duration %llu ms, mix %s, ipi %u%%\n", ncpus,
-           busy, use_deadline ? "tsc-deadline" : "one-shot div1", duration_ms, buf, ipi_pct);
+    printf("idle-sim: %u CPUs (%u busy), %s, duration %llu ms, mix %s, ipi %u%%, eoi %s\n",
+           ncpus, busy, use_deadline ? "tsc-deadline" : "one-shot div1", duration_ms, buf,
+           ipi_pct, use_pv_eoi ? "pv" : "register");
     if (ncpus > 1) {
         u32 online = smp_start_aps(ncpus, ap_main, 5000);
         u64 end = rdtsc() + ns_to_tsc(5000000000ull);

@@ -10,6 +10,7 @@
 //!   memory-slot registration and the exit union's internal-error member.
 //! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
 //! - [`terminal`]: raw mode for a terminal on stdin.
+//! - [`thread`]: per-thread knobs (timer slack).
 
 pub mod clock;
 pub mod kick;
@@ -17,6 +18,7 @@ pub mod kvm;
 pub mod posix_timer;
 pub mod stop_signals;
 pub mod terminal;
+pub mod thread;
 pub mod timerfd;
 
 #[cfg(test)]

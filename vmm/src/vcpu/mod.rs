@@ -130,6 +130,10 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name(format!("vcpu{id}"))
         .spawn(move || {
+            // Wake-ups at guest timer deadlines must not be batched (50 us by default).
+            if let Err(e) = crate::sys::thread::set_timer_slack(1) {
+                tracing::warn!(vcpu = id, "cannot set the vCPU thread's timer slack: {e}");
+            }
             if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
                 shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
                 return;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{ConfigError, IrqchipMode, SerialMode, Switch, TimerModelKind, VmConfig};
+use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::IdleInjectConfig;
@@ -94,6 +95,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "off|DURATION|adaptive")]
     pub halt_poll: Option<HaltPollMode>,
 
+    /// Timer advance with `--irqchip user`, after KVM's lapic_timer_advance: a vCPU's host
+    /// timer for its LAPIC deadline fires early by the wake-up latency it has been seeing, and
+    /// the vCPU waits (spins) until the deadline before the interrupt is made pending, never
+    /// delivering it early. `off`, `adaptive` (learned per vCPU, at most 100us), `adaptive=MAX`,
+    /// or a fixed duration such as `20us`. Default: adaptive.
+    #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
+    pub timer_advance: Option<TimerAdvanceMode>,
+
     /// Synchronized idle injection with `--irqchip user`: the first PERCENT of every period
     /// (ms) holds all vCPUs idle together; interrupts and timers in the window wait for its
     /// end. Example: percent=25,period=100.
@@ -135,7 +144,8 @@ pub struct RunArgs {
     pub pv_eoi: Option<Switch>,
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
-    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, idle_inject,
+    /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
+    /// idle_inject,
     /// cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi);
     /// flags win.
     #[arg(long, value_name = "FILE")]
@@ -176,6 +186,9 @@ impl RunArgs {
         }
         if let Some(v) = self.halt_poll {
             cfg.halt_poll = Some(v);
+        }
+        if let Some(v) = self.timer_advance {
+            cfg.timer_advance = Some(v);
         }
         if let Some(v) = self.idle_inject {
             cfg.idle_inject = Some(v);

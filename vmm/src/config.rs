@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::IdleInjectConfig;
@@ -158,6 +159,8 @@ pub struct VmConfig {
     pub timer_model: TimerModelKind,
     /// Halt polling (user irqchip; `None`: adaptive).
     pub halt_poll: Option<HaltPollMode>,
+    /// Timer advance (user irqchip; `None`: adaptive).
+    pub timer_advance: Option<TimerAdvanceMode>,
     /// Synchronized idle injection (user irqchip).
     pub idle_inject: Option<IdleInjectConfig>,
     /// Per-VM CPU quota (user irqchip).
@@ -185,6 +188,7 @@ impl Default for VmConfig {
             irqchip: IrqchipMode::User,
             timer_model: TimerModelKind::Pull,
             halt_poll: None,
+            timer_advance: None,
             idle_inject: None,
             cpu_quota: None,
             global_timers: None,

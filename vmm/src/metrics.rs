@@ -57,6 +57,10 @@ pub struct VcpuCounters {
     pub throttled_ns: AtomicU64,
     /// LAPIC timer expiries handled.
     pub lapic_timer_fires: AtomicU64,
+    /// The learned timer advance (ns), as last updated.
+    pub timer_advance_ns: AtomicU64,
+    /// Time spent waiting for LAPIC deadlines after an early (advanced) host timer.
+    pub advance_wait_ns: AtomicU64,
     /// Host-side lateness of LAPIC timer expiries: bucket i counts lateness in
     /// [2^i, 2^(i+1)) microseconds (bucket 0 also takes under 1 us).
     pub lateness_us_log2: [AtomicU64; LATENESS_BUCKETS],
@@ -113,6 +117,10 @@ pub struct VcpuSnapshot {
     pub wakeups: WakeupSnapshot,
     /// LAPIC timer expiries handled.
     pub lapic_timer_fires: u64,
+    /// The learned timer advance at the end, ns.
+    pub timer_advance_ns: u64,
+    /// Time spent waiting for LAPIC deadlines after an advanced host timer, ns.
+    pub advance_wait_ns: u64,
     /// Global timers this vCPU's thread expired (its own and, as a migrator, others').
     pub global_timer_fires: u64,
     /// Halt polls started.
@@ -172,6 +180,8 @@ impl VcpuCounters {
                 global_timer: g(&self.wake_global_timer),
             },
             lapic_timer_fires: g(&self.lapic_timer_fires),
+            timer_advance_ns: g(&self.timer_advance_ns),
+            advance_wait_ns: g(&self.advance_wait_ns),
             global_timer_fires: g(&self.global_timer_fires),
             polls: g(&self.polls),
             polls_won: g(&self.polls_won),
@@ -266,6 +276,8 @@ pub struct RunReport {
     pub timers: Option<timer::MetricsSnapshot>,
     /// Halt-polling mode (user irqchip).
     pub halt_poll: Option<String>,
+    /// Timer advance mode (user irqchip).
+    pub timer_advance: Option<String>,
     /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.
     pub idle_inject: Option<IdleInjectReport>,
     /// CPU quota (user irqchip).

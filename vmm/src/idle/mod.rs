@@ -8,12 +8,15 @@
 //!   periods start at a random phase so VMs started together interleave.
 //! - [`global_load`]: a synthetic load of device/housekeeping deadlines (global timers), to
 //!   exercise the timer models.
+//! - [`advance`]: timer advance (wake before a LAPIC deadline by the learned latency, wait
+//!   for the deadline), after KVM's `lapic_timer_advance`.
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
 //!
 //! Each knob has a textual form shared by the command line and the JSON config.
 
+pub mod advance;
 pub mod core;
 pub mod global_load;
 pub mod halt_poll;
@@ -31,6 +34,8 @@ use quota::CpuQuota;
 pub struct IdleShared {
     /// Halt-polling mode of every vCPU.
     pub halt_poll: HaltPollMode,
+    /// Timer advance of every vCPU.
+    pub timer_advance: advance::TimerAdvanceMode,
     /// Idle injection, if enabled.
     pub inject: Option<IdleInjector>,
     /// CPU quota, if enabled.

@@ -23,7 +23,7 @@ mod tests {
     fn the_slack_is_set_for_this_thread() {
         std::thread::spawn(|| {
             set_timer_slack(1).unwrap();
-            // SAFETY (test): PR_GET_TIMERSLACK takes no pointer.
+            // SAFETY: PR_GET_TIMERSLACK takes no pointer and touches no memory of ours.
             let got = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
             assert_eq!(got, 1);
         })

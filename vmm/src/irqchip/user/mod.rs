@@ -40,6 +40,7 @@ use vm_memory::GuestMemoryMmap;
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
 use crate::cpuid::APIC_BUS_KHZ;
+use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
@@ -66,6 +67,8 @@ pub struct UserChipConfig {
     pub tsc_khz: u32,
     /// Halt polling.
     pub halt_poll: HaltPollMode,
+    /// Timer advance.
+    pub timer_advance: TimerAdvanceMode,
     /// Synchronized idle injection.
     pub idle_inject: Option<IdleInjectConfig>,
     /// Per-VM CPU quota.
@@ -164,6 +167,7 @@ impl UserIrqChip {
         let model = timer::build::<VcpuTimer>(cfg.model, &nodes, &mut host, waker)?;
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll,
+            timer_advance: cfg.timer_advance,
             inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
             quota: cfg
                 .cpu_quota
@@ -293,6 +297,7 @@ impl IrqChip for UserIrqChip {
         report.timer_model = Some(model_name(self.model.kind()).to_string());
         report.timers = Some(self.model.metrics());
         report.halt_poll = Some(self.idle.halt_poll.to_string());
+        report.timer_advance = Some(self.idle.timer_advance.to_string());
         report.idle_inject = self.idle.inject.as_ref().map(|inj| IdleInjectReport {
             config: inj.config().to_string(),
             all_idle_together_ns: inj.all_idle_together_ns(now),

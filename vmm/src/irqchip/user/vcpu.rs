@@ -22,6 +22,7 @@ use super::mailbox::Mailbox;
 use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
 use super::router::InterruptRouter;
 use super::timers::on_timer_fired;
+use crate::idle::advance::TimerAdvance;
 use crate::idle::core::{
     block_deadline, classify_wake, HaltSession, HaltStep, Hold, HoldReason, IdleCore, WakeCount,
 };
@@ -77,6 +78,9 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     lapic: Lapic<E>,
     timers: Box<dyn CpuTimers<VcpuTimer>>,
     lapic_timer: Option<TimerHandle>,
+    /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
+    lapic_armed_at: Option<Nanos>,
+    advance: TimerAdvance,
     global_armed: bool,
     mailbox: Arc<Mailbox>,
     router: Arc<InterruptRouter>,
@@ -107,6 +111,8 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic: parts.lapic,
             timers: parts.timers,
             lapic_timer: None,
+            lapic_armed_at: None,
+            advance: TimerAdvance::new(parts.idle.timer_advance),
             global_armed: false,
             mailbox,
             router: parts.router,
@@ -149,12 +155,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         }
         self.core.timers_fired(now);
         if self.mailbox.take_timer_due() {
-            self.lapic_timer = None;
-            if let Some(deadline) = self.lapic.timer_deadline() {
-                if deadline <= now {
-                    self.counters().record_lateness(now - deadline);
-                }
-            }
+            let now = self.lapic_timer_due(now);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
             }
@@ -202,16 +203,47 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         armed
     }
 
+    /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.
     fn arm_lapic_timer(&mut self, deadline: Nanos) {
+        let at = self.advance.arm_at(deadline);
+        self.lapic_armed_at = Some(at);
         if let Some(h) = self.lapic_timer {
-            if self.timers.rearm(h, deadline) {
+            if self.timers.rearm(h, at) {
                 return;
             }
         }
-        self.lapic_timer = Some(
-            self.timers
-                .arm(TimerKind::Pinned, deadline, VcpuTimer::Lapic),
-        );
+        self.lapic_timer = Some(self.timers.arm(TimerKind::Pinned, at, VcpuTimer::Lapic));
+    }
+
+    /// The LAPIC timer's host timer fired (noticed at `now`): learns the advance, waits for
+    /// the deadline if it came early enough to, records the lateness; returns the time the
+    /// expiry is handled at.
+    fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
+        self.lapic_timer = None;
+        let Some(deadline) = self.lapic.timer_deadline() else {
+            return now;
+        };
+        if let Some(armed_at) = self.lapic_armed_at.take() {
+            self.advance.learn(armed_at, now);
+            self.counters
+                .timer_advance_ns
+                .store(self.advance.advance_ns(), Ordering::Relaxed);
+        }
+        let mut now = now;
+        if let Some(until) = self.advance.wait_until(deadline, now) {
+            let start = now;
+            while now < until {
+                std::hint::spin_loop();
+                now = self.clock.now();
+            }
+            self.counters
+                .advance_wait_ns
+                .fetch_add(now - start, Ordering::Relaxed);
+        }
+        if deadline <= now {
+            self.counters().record_lateness(now - deadline);
+        }
+        now
     }
 
     /// Applies what a LAPIC access asks for.

@@ -153,8 +153,8 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
         libc::SYS_lseek,
         libc::SYS_pread64,
         libc::SYS_fcntl,
-        // The central model's timerfd: armed by the vCPU that arms a timer, the timer thread
-        // and the VMM thread at stop.
+        // Timerfds: the central model's (armed by the vCPU that arms a timer, the timer thread
+        // and the VMM thread at stop) and each vCPU's wake-up (re-armed by other vCPUs).
         libc::SYS_timerfd_settime,
         libc::SYS_timerfd_gettime,
         // POSIX timers: each vCPU's host tick, and the timer thread's alarm, which the VMM
@@ -189,6 +189,8 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
         ThreadKind::Vcpu => {
             let kvm = cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?;
             map.insert(libc::SYS_ioctl, vec![rule(vec![kvm])?]);
+            // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
+            map.insert(libc::SYS_ppoll, Vec::new());
         }
         ThreadKind::Timers => {}
         ThreadKind::Vmm => {

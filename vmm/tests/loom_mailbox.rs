@@ -53,7 +53,7 @@ fn owner(m: &Mailbox, guest: Guest) -> usize {
 
 fn model(guest: Guest) {
     loom::model(move || {
-        let m = Arc::new(Mailbox::default());
+        let m = Arc::new(Mailbox::new().unwrap());
         let target = {
             let m = m.clone();
             thread::spawn(move || owner(&m, guest))
@@ -82,7 +82,7 @@ fn a_post_reaches_an_owner_in_kvm_run() {
 #[should_panic]
 fn an_owner_that_ignores_the_signal_loses_the_wake_up() {
     loom::model(|| {
-        let m = Arc::new(Mailbox::default());
+        let m = Arc::new(Mailbox::new().unwrap());
         let target = {
             let m = m.clone();
             thread::spawn(move || {

@@ -8,6 +8,7 @@
 //! - [`timerfd`]: an absolute CLOCK_MONOTONIC timerfd (the `central` model's timer thread).
 //! - [`kvm`]: the KVM calls kvm-ioctls does not wrap (KVM_INTERRUPT, KVM_GET_STATS_FD), the
 //!   memory-slot registration and the exit union's internal-error member.
+//! - [`poll`]: a blocked vCPU's wait on its kick eventfd and wake-up timerfd.
 //! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
@@ -15,6 +16,7 @@
 pub mod clock;
 pub mod kick;
 pub mod kvm;
+pub mod poll;
 pub mod posix_timer;
 pub mod stop_signals;
 pub mod terminal;

@@ -11,10 +11,19 @@ pub struct TimerFd {
 }
 
 impl TimerFd {
-    /// A disarmed timerfd.
+    /// A disarmed timerfd whose reads block until it expires.
     pub fn new() -> std::io::Result<Self> {
+        Self::with_flags(libc::TFD_CLOEXEC)
+    }
+
+    /// A disarmed timerfd whose reads never block (for waiting with poll).
+    pub fn nonblocking() -> std::io::Result<Self> {
+        Self::with_flags(libc::TFD_CLOEXEC | libc::TFD_NONBLOCK)
+    }
+
+    fn with_flags(flags: libc::c_int) -> std::io::Result<Self> {
         // SAFETY: timerfd_create has no memory arguments; the result is checked.
-        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
+        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) };
         if raw < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -45,6 +54,14 @@ impl TimerFd {
         Ok(())
     }
 
+    /// Consumes an expiry without blocking (a nonblocking timerfd); false if there was none.
+    pub fn consume(&self) -> bool {
+        let mut count = 0u64;
+        // SAFETY: reads at most 8 bytes into `count` from a timerfd owned by self.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), std::ptr::addr_of_mut!(count).cast(), 8) };
+        n == 8
+    }
+
     /// Blocks until the timer expires; returns the number of expiries.
     pub fn wait(&self) -> std::io::Result<u64> {
         let mut count = 0u64;
@@ -58,6 +75,12 @@ impl TimerFd {
     }
 }
 
+impl AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +91,11 @@ mod tests {
         t.arm_at(1).unwrap();
         assert_eq!(t.wait().unwrap(), 1);
         t.disarm().unwrap();
+        let n = TimerFd::nonblocking().unwrap();
+        assert!(!n.consume(), "nothing expired yet");
+        n.arm_at(1).unwrap();
+        while !n.consume() {
+            std::hint::spin_loop();
+        }
     }
 }

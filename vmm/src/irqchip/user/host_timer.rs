@@ -1,6 +1,8 @@
 //! Host timers behind `timer::HostTimer`: each vCPU's host tick is a POSIX timer that sends
 //! the kick signal to the vCPU's own thread, armed at absolute CLOCK_MONOTONIC deadlines and
-//! created on first use by that thread; the `central` model's thread waits on a timerfd.
+//! created on first use by that thread; a blocked vCPU waits on its wake-up timerfd (which the
+//! timer model re-arms from any thread without waking it), and the `central` model's thread
+//! waits on a timerfd too.
 
 use std::sync::Arc;
 
@@ -57,12 +59,25 @@ pub struct SharedTimerFd {
 }
 
 impl SharedTimerFd {
-    /// A disarmed timerfd on `clock`'s time base.
+    /// A disarmed timerfd on `clock`'s time base whose reads block (the central thread's).
     pub fn new(clock: VmClock) -> std::io::Result<Self> {
         Ok(Self {
             fd: TimerFd::new()?,
             clock,
         })
+    }
+
+    /// A disarmed timerfd on `clock`'s time base to wait on with poll (a vCPU's wake-up).
+    pub fn for_poll(clock: VmClock) -> std::io::Result<Self> {
+        Ok(Self {
+            fd: TimerFd::nonblocking()?,
+            clock,
+        })
+    }
+
+    /// The fd, to poll.
+    pub fn fd(&self) -> &TimerFd {
+        &self.fd
     }
 
     /// Arms for an absolute VM-clock deadline.
@@ -83,10 +98,11 @@ impl SharedTimerFd {
     }
 }
 
-/// The `central` timer thread's host timer, a handle on a shared timerfd.
-pub struct CentralHostTimer(pub Arc<SharedTimerFd>);
+/// A host timer that is a handle on a shared timerfd: the `central` timer thread's, or a
+/// vCPU's wake-up (which other threads re-arm while the vCPU sleeps).
+pub struct SharedHostTimer(pub Arc<SharedTimerFd>);
 
-impl HostTimer for CentralHostTimer {
+impl HostTimer for SharedHostTimer {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
         self.0.arm_at(deadline)
     }

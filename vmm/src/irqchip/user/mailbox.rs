@@ -1,8 +1,8 @@
 //! A vCPU's mailbox: how other threads hand it interrupts and timer expiries, and wake it.
 //!
 //! Senders never touch the target's LAPIC or registers. They post an [`Ipi`] (or flag a timer
-//! expiry) and kick: a signal if the target may be inside KVM_RUN, an unpark if it may be
-//! blocked in HLT. The owner drains the mailbox before every entry and after every wake-up.
+//! expiry) and kick: a signal if the target may be inside KVM_RUN, a write of its kick eventfd
+//! if it may be blocked in HLT (where it waits on that eventfd and its wake-up timerfd). The owner drains the mailbox before every entry and after every wake-up.
 //! Ordering: the sender publishes the mail, then reads the target's state; the target
 //! publishes its state, then checks the mail (both SeqCst), so a wake-up is never lost.
 //! `vmm/tests/loom_mailbox.rs` checks this with loom, every interleaving of a sender and a
@@ -10,6 +10,7 @@
 //! KVM_RUN reads, as the real signal handler sets `kvm_run.immediate_exit`).
 
 use devices::lapic::Ipi;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::sync::{current_thread, AtomicBool, AtomicI32, AtomicU8, Mutex, Ordering, ThreadSlot};
 use crate::idle::core::WakeCause;
@@ -21,7 +22,7 @@ const RUNNING: u8 = 0;
 const BLOCKED: u8 = 1;
 
 /// One vCPU's mailbox.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Mailbox {
     inbox: Mutex<Vec<Ipi>>,
     has_mail: AtomicBool,
@@ -31,12 +32,41 @@ pub struct Mailbox {
     state: AtomicU8,
     tid: AtomicI32,
     thread: ThreadSlot,
+    /// Written to wake the owner while it is blocked.
+    kick_fd: EventFd,
     /// Under loom: the kick signal's effect (`immediate_exit`), for the model's KVM_RUN.
     #[cfg(loom)]
     signalled: AtomicBool,
 }
 
 impl Mailbox {
+    /// An empty mailbox with its kick eventfd.
+    pub fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            inbox: Mutex::default(),
+            has_mail: AtomicBool::default(),
+            timer_due: AtomicBool::default(),
+            recheck: AtomicBool::default(),
+            control: AtomicBool::default(),
+            state: AtomicU8::default(),
+            tid: AtomicI32::default(),
+            thread: ThreadSlot::default(),
+            kick_fd: EventFd::new(EFD_NONBLOCK)?,
+            #[cfg(loom)]
+            signalled: AtomicBool::default(),
+        })
+    }
+
+    /// The eventfd a blocked owner waits on (with its wake-up timer).
+    pub fn kick_fd(&self) -> &EventFd {
+        &self.kick_fd
+    }
+
+    /// Consumes the kicks a blocked owner was woken by.
+    pub fn drain_kicks(&self) {
+        let _ = self.kick_fd.read();
+    }
+
     /// Called by the owning thread when it starts.
     pub fn bind_current_thread(&self) {
         self.tid.store(kick::current_tid(), Ordering::SeqCst);
@@ -83,7 +113,20 @@ impl Mailbox {
     pub fn kick(&self) {
         if self.state.load(Ordering::SeqCst) == RUNNING {
             self.signal();
+        } else {
+            self.wake_blocked();
         }
+    }
+
+    /// Wakes the owner blocked in its wait.
+    #[cfg(not(loom))]
+    fn wake_blocked(&self) {
+        let _ = self.kick_fd.write(1);
+    }
+
+    /// Under loom the owner's wait is `park`.
+    #[cfg(loom)]
+    fn wake_blocked(&self) {
         self.thread.unpark();
     }
 
@@ -178,7 +221,7 @@ mod tests {
 
     #[test]
     fn mail_is_taken_once() {
-        let m = Mailbox::default();
+        let m = Mailbox::new().unwrap();
         m.bind_current_thread();
         assert!(!m.has_work());
         m.post(fixed(0x40));
@@ -193,21 +236,25 @@ mod tests {
     }
 
     #[test]
-    fn a_post_wakes_a_parked_owner() {
-        let m = std::sync::Arc::new(Mailbox::default());
+    fn a_post_wakes_a_blocked_owner() {
+        let m = std::sync::Arc::new(Mailbox::new().unwrap());
         let owner = {
             let m = m.clone();
             std::thread::spawn(move || {
                 m.bind_current_thread();
                 m.set_blocked();
                 while !m.has_work() {
-                    std::thread::park();
+                    let woken = crate::sys::poll::wait(m.kick_fd(), None, None).unwrap();
+                    if woken.kick {
+                        m.drain_kicks();
+                    }
                 }
                 m.set_running();
                 m.take_mail().len()
             })
         };
-        // The owner may or may not be parked yet: the unpark token covers both cases.
+        // The owner may or may not be blocked yet: it re-checks its mail after publishing
+        // BLOCKED, and the eventfd keeps a kick that comes before its wait.
         while !m.is_bound() {
             std::thread::yield_now();
         }

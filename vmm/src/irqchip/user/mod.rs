@@ -50,7 +50,7 @@ use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
 use crate::ratelimit::LogLimiter;
 use crate::state::{lock, StopReason, VmShared};
-use host_timer::{CentralHostTimer, SharedTimerFd, ThreadTickTimer};
+use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
 use timers::on_timer_fired;
@@ -79,8 +79,12 @@ pub struct UserChipConfig {
     pub pv_eoi: bool,
 }
 
-/// The per-vCPU parts handed out by [`IrqChip::vcpu`].
-type VcpuParts = (Lapic<Arc<LapicNoise>>, Box<dyn CpuTimers<VcpuTimer>>);
+/// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, wake-up timerfd.
+type VcpuParts = (
+    Lapic<Arc<LapicNoise>>,
+    Box<dyn CpuTimers<VcpuTimer>>,
+    Arc<SharedTimerFd>,
+);
 
 /// The user-space irqchip of one VM.
 pub struct UserIrqChip {
@@ -137,7 +141,14 @@ impl UserIrqChip {
                     .map_err(|source| IrqChipError::Lapic { id, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mailboxes: Vec<Arc<Mailbox>> = lapics.iter().map(|_| Arc::default()).collect();
+        let mailboxes = lapics
+            .iter()
+            .map(|_| Mailbox::new().map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| IrqChipError::Host {
+                what: "a vCPU's kick eventfd",
+                source,
+            })?;
         let router = Arc::new(InterruptRouter::new(
             lapics.iter().map(|l| l.destination_info()).collect(),
             mailboxes.clone(),
@@ -160,7 +171,7 @@ impl UserIrqChip {
         let nodes = vec![0; lapics.len()];
         let mut host = |cpu: Option<usize>| -> Box<dyn HostTimer> {
             match (cpu, &central) {
-                (None, Some(fd)) => Box::new(CentralHostTimer(fd.clone())),
+                (None, Some(fd)) => Box::new(SharedHostTimer(fd.clone())),
                 _ => Box::new(ThreadTickTimer::new(clock)),
             }
         };
@@ -174,7 +185,18 @@ impl UserIrqChip {
                 .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
             global: cfg.global_timers.map(GlobalLoad::new),
         });
-        let parts = lapics.into_iter().zip(model.cpus).map(Some).collect();
+        let mut parts = Vec::new();
+        for (lapic, mut timers) in lapics.into_iter().zip(model.cpus) {
+            let wake =
+                Arc::new(
+                    SharedTimerFd::for_poll(clock).map_err(|source| IrqChipError::Host {
+                        what: "a vCPU's wake-up timerfd",
+                        source,
+                    })?,
+                );
+            timers.set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
+            parts.push(Some((lapic, timers, wake)));
+        }
         Ok(Self {
             router,
             model: model.shared,
@@ -236,7 +258,7 @@ impl IrqChip for UserIrqChip {
         let taken = usize::try_from(id)
             .ok()
             .and_then(|i| lock(&self.parts).get_mut(i).and_then(Option::take));
-        let (lapic, timers) = taken.ok_or(IrqChipError::NoVcpuPart(id))?;
+        let (lapic, timers, wake) = taken.ok_or(IrqChipError::NoVcpuPart(id))?;
         let unit = UserVcpuIrq::new(UserVcpuParts {
             id,
             lapic,
@@ -248,6 +270,7 @@ impl IrqChip for UserIrqChip {
             unknown_msr: self.unknown_msr.clone(),
             mem: self.mem.clone(),
             pv_eoi: self.pv_eoi,
+            wake_timer: Some(wake),
         })
         .ok_or(IrqChipError::NoVcpuPart(id))?;
         Ok(Box::new(unit))

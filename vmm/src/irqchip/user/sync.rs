@@ -40,13 +40,9 @@ impl ThreadSlot {
         }
     }
 
-    /// Unparks the thread, if set.
+    /// Unparks the thread, if set (the loom model's wake of a blocked owner).
+    #[cfg(loom)]
     pub(crate) fn unpark(&self) {
-        #[cfg(not(loom))]
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
-        #[cfg(loom)]
         if let Some(t) = self
             .thread
             .lock()

@@ -8,6 +8,7 @@
 //! timers) until its own deadline, mail, or VM control. The clock is a type parameter and the
 //! vCPU is reached only through [`CpuPort`], so all of this runs in tests without KVM.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
 use vm_memory::GuestMemoryMmap;
 
 use super::exit::{handle_user_exit, UserExitContext};
+use super::host_timer::SharedTimerFd;
 use super::mailbox::Mailbox;
 use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
 use super::router::InterruptRouter;
@@ -35,6 +37,9 @@ use crate::state::VmShared;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;
+
+/// Failed waits of blocked vCPUs (VM-wide log limiter).
+static WAIT_FAILED: LogLimiter = LogLimiter::new();
 
 /// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report).
 pub trait VmTime: Clock + Clone + 'static {
@@ -70,6 +75,9 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     pub mem: Arc<GuestMemoryMmap>,
     /// Whether the guest may use PV EOI (advertised in CPUID).
     pub pv_eoi: bool,
+    /// The wake-up timer the timer model arms for this vCPU while it is blocked (handed to
+    /// the model with `CpuTimers::set_wake_timer`); `None`: block with the model's timeout.
+    pub wake_timer: Option<Arc<SharedTimerFd>>,
 }
 
 /// One vCPU's LAPIC, timers and idle state, owned by its thread.
@@ -95,6 +103,7 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     mem: Arc<GuestMemoryMmap>,
     /// PV EOI state, if the guest may use it.
     pv_eoi: Option<PvEoi>,
+    wake_timer: Option<Arc<SharedTimerFd>>,
 }
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
@@ -125,6 +134,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             effects: None,
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
+            wake_timer: parts.wake_timer,
         })
     }
 
@@ -376,8 +386,13 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     }
 
     /// Blocks the thread, idle in the timer model, until `until` (VM clock), VM control, and
-    /// (with `wake_on_work`) mail or the timer model's timeout. Without `wake_on_work`,
-    /// interrupts and timers wait in the mailbox and the timer queues until `until`.
+    /// (with `wake_on_work`) mail or its wake-up. Without `wake_on_work`, interrupts and
+    /// timers wait in the mailbox and the timer queues until `until`.
+    ///
+    /// The wake-up is the timer model's: with a wake-up timer attached the model arms it, and
+    /// other vCPUs may move it while this one sleeps (in `pull`, when one of them takes over
+    /// what this one was to wake for), so the thread waits on that timer, never on a timeout
+    /// it computed when it went to sleep; without one it waits for the model's timeout.
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
         let mailbox = self.mailbox.clone();
         mailbox.set_blocked();
@@ -385,20 +400,42 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         let woken = |s: &Self| stop(s) || (wake_on_work && mailbox.has_work());
         if !woken(self) {
             let timeout = self.timers.idle(self.clock.now());
+            let wake_timer = self.wake_timer.clone().filter(|_| wake_on_work);
             loop {
                 let now = self.clock.now();
                 if woken(self) {
                     break;
                 }
-                let model = timeout.min(self.timers.idle_timeout());
+                let model = match wake_timer {
+                    Some(_) => NEVER,
+                    None => timeout.min(self.timers.idle_timeout()),
+                };
                 let deadline = block_deadline(model, until, wake_on_work);
                 if deadline <= now {
                     break;
                 }
-                if deadline == NEVER {
-                    std::thread::park();
-                } else {
-                    std::thread::park_timeout(Duration::from_nanos(deadline - now));
+                let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
+                let wake_fd = wake_timer.as_ref().map(|t| t.fd() as &dyn AsRawFd);
+                match crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait) {
+                    Ok(w) if w.wake => {
+                        if let Some(t) = &wake_timer {
+                            t.fd().consume();
+                        }
+                        break;
+                    }
+                    Ok(w) if w.kick => mailbox.drain_kicks(),
+                    // A signal (the running tick, a stale kick) or the timeout: look again.
+                    Ok(_) => {}
+                    Err(e) => {
+                        // Cannot wait (a lull bug): the caller looks again rather than hang.
+                        if let Some(n) = WAIT_FAILED.hit() {
+                            tracing::warn!(
+                                vcpu = self.id,
+                                "a blocked vCPU cannot wait: {e} ({n} so far)"
+                            );
+                        }
+                        break;
+                    }
                 }
             }
             self.timers.wake(self.clock.now());

@@ -72,7 +72,7 @@ impl Rig {
         let lapic = Lapic::new(LapicConfig::default()).unwrap();
         let router = Arc::new(InterruptRouter::new(
             vec![lapic.destination_info()],
-            vec![Arc::default()],
+            vec![Arc::new(Mailbox::new().unwrap())],
             IoApic::new(1),
         ));
         let waker = Arc::new(|_cpu: usize| {});
@@ -101,6 +101,7 @@ impl Rig {
                     .unwrap(),
             ),
             pv_eoi: true,
+            wake_timer: None,
         })
         .unwrap();
         let mut rig = Rig {

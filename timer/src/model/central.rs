@@ -69,6 +69,15 @@ impl<T: Send + 'static> TimerModel<T> for CentralModel<T> {
         self.metrics.snapshot()
     }
 
+    fn arm_global(&self, cpu: CpuId, deadline: Nanos, payload: T) -> bool {
+        let mut c = self.lock();
+        c.queue.arm(deadline, (cpu, TimerKind::Global, payload));
+        if deadline < c.tick.armed {
+            c.tick.set(deadline, &self.metrics);
+        }
+        true
+    }
+
     fn service(&self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
         self.metrics.remote_run();
         loop {
@@ -151,5 +160,49 @@ impl<T: Send + 'static> CpuTimers<T> for CentralCpu<T> {
 
     fn next_deadline(&self) -> Nanos {
         NEVER
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use crate::host::{FakeHostTimer, HostTimer};
+    use crate::model::{build, ModelKind};
+    use crate::{AfterFire, NEVER};
+
+    #[test]
+    fn the_timer_thread_re_arms_a_global_timer_for_its_owner() {
+        let thread_timer = FakeHostTimer::new();
+        let mut host = |cpu: Option<usize>| match cpu {
+            None => Box::new(thread_timer.clone()) as Box<dyn HostTimer>,
+            Some(_) => Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>,
+        };
+        let kicked = Arc::new(Mutex::new(Vec::new()));
+        let k = kicked.clone();
+        let waker = Arc::new(move |cpu: usize| k.lock().unwrap().push(cpu));
+        let m = build::<&str>(ModelKind::Central, &[0, 0], &mut host, waker).unwrap();
+        assert!(m.shared.arm_global(1, 5_000, "device"));
+        assert_eq!(
+            thread_timer.deadline(),
+            5_000,
+            "the timer thread wakes for it"
+        );
+        let mut fired = Vec::new();
+        let next = m.shared.service(5_000, &mut |f| {
+            fired.push((f.cpu, f.payload));
+            AfterFire::Done
+        });
+        assert_eq!(fired, vec![(1, "device")]);
+        assert_eq!(next, NEVER);
+        assert!(
+            kicked.lock().unwrap().is_empty(),
+            "a global timer wakes nobody"
+        );
+        for kind in [ModelKind::Pull, ModelKind::Push] {
+            let mut host = |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>;
+            let m = build::<&str>(kind, &[0], &mut host, Arc::new(|_cpu: usize| {})).unwrap();
+            assert!(!m.shared.arm_global(0, 5_000, "device"), "{kind:?}");
+        }
     }
 }

@@ -141,6 +141,10 @@ pub trait TimerModel<T>: Send + Sync {
     /// Work for a dedicated timer thread (`central` only): expires what is due, returns the
     /// next deadline. Other models return `NEVER` at once.
     fn service(&self, now: Nanos, f: OnFire<'_, T>) -> Nanos;
+    /// Arms a global timer owned by `cpu` from a thread that has no base of its own (the
+    /// `central` model's timer thread re-arming what it just fired). Only `central` has such
+    /// a thread: the other models refuse (`false`) and their timers are re-armed on a base.
+    fn arm_global(&self, cpu: CpuId, deadline: Nanos, payload: T) -> bool;
 }
 
 /// A built model: the shared part and one [`CpuTimers`] per CPU, to move to vCPU threads.

@@ -156,6 +156,10 @@ impl<T: Send + 'static> TimerModel<T> for PullModel<T> {
         self.metrics.snapshot()
     }
 
+    fn arm_global(&self, _cpu: CpuId, _deadline: Nanos, _payload: T) -> bool {
+        false
+    }
+
     fn service(&self, _now: Nanos, _f: OnFire<'_, T>) -> Nanos {
         NEVER
     }

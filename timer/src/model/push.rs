@@ -55,6 +55,10 @@ impl<T> TimerModel<T> for PushModel {
         self.metrics.snapshot()
     }
 
+    fn arm_global(&self, _cpu: CpuId, _deadline: Nanos, _payload: T) -> bool {
+        false
+    }
+
     fn service(&self, _now: Nanos, _f: OnFire<'_, T>) -> Nanos {
         NEVER
     }

@@ -91,6 +91,11 @@ impl GlobalLoad {
         (0..count).map(move |i| cpu * count + i)
     }
 
+    /// The vCPU whose base slot `slot` belongs to (the inverse of [`Self::initial_slots`]).
+    pub fn owner(&self, slot: u32) -> usize {
+        usize::try_from(slot / self.cfg.count.max(1)).unwrap_or(usize::MAX)
+    }
+
     /// When slot `slot` next fires if armed at `now`: the period, jittered by +-50%.
     pub fn next_deadline(&self, slot: u32, now: u64) -> u64 {
         let p = self.cfg.period_ns;
@@ -154,6 +159,11 @@ mod tests {
             assert!((1_000 + 5_000_000..1_000 + 15_000_000).contains(&d), "{d}");
         }
         assert_eq!(g.initial_slots(2).collect::<Vec<_>>(), vec![6, 7, 8]);
+        for cpu in 0..4u32 {
+            for slot in g.initial_slots(cpu) {
+                assert_eq!(g.owner(slot), cpu as usize);
+            }
+        }
         g.fired(7);
         g.fired(1);
         assert_eq!(g.take_pending(), vec![7, 1]);

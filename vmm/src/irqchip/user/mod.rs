@@ -243,6 +243,13 @@ impl UserIrqChip {
                     for _ in 0..summary.global() {
                         g.timer_thread_fired();
                     }
+                    // Re-arm what fired at once, as a running vCPU does in the other models:
+                    // the same load whichever model expires it.
+                    let now = clock.now();
+                    for slot in g.take_pending() {
+                        let deadline = g.next_deadline(slot, now);
+                        model.arm_global(g.owner(slot), deadline, VcpuTimer::Global(slot));
+                    }
                 }
             }
         }

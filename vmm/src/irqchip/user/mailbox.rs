@@ -4,7 +4,9 @@
 //! expiry) and kick: a signal if the target may be inside KVM_RUN, a write of its kick eventfd
 //! if it may be blocked in HLT (where it waits on that eventfd and its wake-up timerfd). The owner drains the mailbox before every entry and after every wake-up.
 //! Ordering: the sender publishes the mail, then reads the target's state; the target
-//! publishes its state, then checks the mail (both SeqCst), so a wake-up is never lost.
+//! publishes its state, then checks the mail, with a SeqCst fence between the store and the
+//! load on both sides (Dekker), so at least one of them sees the other: a wake-up is never
+//! lost.
 //! `vmm/tests/loom_mailbox.rs` checks this with loom, every interleaving of a sender and a
 //! vCPU that enters KVM_RUN or blocks in HLT (there the kick signal is a flag the model's
 //! KVM_RUN reads, as the real signal handler sets `kvm_run.immediate_exit`).
@@ -12,7 +14,9 @@
 use devices::lapic::Ipi;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::sync::{current_thread, AtomicBool, AtomicI32, AtomicU8, Mutex, Ordering, ThreadSlot};
+use super::sync::{
+    current_thread, fence, AtomicBool, AtomicI32, AtomicU8, Mutex, Ordering, ThreadSlot,
+};
 use crate::idle::core::WakeCause;
 use crate::sys::kick;
 
@@ -111,6 +115,8 @@ impl Mailbox {
 
     /// Wakes the owner wherever it is.
     pub fn kick(&self) {
+        // The caller published its mail or flag: order that before reading the state.
+        fence(Ordering::SeqCst);
         if self.state.load(Ordering::SeqCst) == RUNNING {
             self.signal();
         } else {
@@ -179,6 +185,8 @@ impl Mailbox {
     /// The owner is about to block.
     pub fn set_blocked(&self) {
         self.state.store(BLOCKED, Ordering::SeqCst);
+        // Order the state before the caller's look at the mail.
+        fence(Ordering::SeqCst);
     }
 
     /// The owner is running again.

@@ -3,13 +3,13 @@
 //! sender and a vCPU going to sleep.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU8, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 #[cfg(loom)]
 pub(crate) use loom::thread::{current as current_thread, Thread};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU8, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Mutex;
 #[cfg(not(loom))]

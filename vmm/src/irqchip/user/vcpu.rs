@@ -330,10 +330,9 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         counter.fetch_add(left.saturating_sub(now), Ordering::Relaxed);
     }
 
-    /// Spins until a wake-up comes, `deadline` (its own timer) passes, or `until`; true if
-    /// the poll saw a wake-up.
-    fn poll(&mut self, until: Nanos, deadline: Option<Nanos>) -> bool {
-        let start = self.clock.now();
+    /// Spins from `start` (when the poll was decided) until a wake-up comes, `deadline` (its
+    /// own timer) passes, or `until`; true if the poll saw a wake-up.
+    fn poll(&mut self, start: Nanos, until: Nanos, deadline: Option<Nanos>) -> bool {
         self.counters().polls.fetch_add(1, Ordering::Relaxed);
         let won = loop {
             if self.mailbox.has_work() || self.stop_requested() {
@@ -556,7 +555,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             {
                 HaltStep::Resume => return HaltEnd::Resume,
                 HaltStep::Poll { until, deadline } => {
-                    let won = self.poll(until, deadline);
+                    let won = self.poll(now, until, deadline);
                     session.polled(won);
                 }
                 HaltStep::Block => {

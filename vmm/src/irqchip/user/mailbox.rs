@@ -3,26 +3,25 @@
 //! Senders never touch the target's LAPIC or registers. They post an [`Ipi`] (or flag a timer
 //! expiry) and kick: a signal if the target may be inside KVM_RUN, a write of its kick eventfd
 //! if it may be blocked in HLT (where it waits on that eventfd and its wake-up timerfd). The owner drains the mailbox before every entry and after every wake-up.
-//! Ordering: the sender publishes the mail, then reads the target's state; the target
-//! publishes its state, then checks the mail, with a SeqCst fence between the store and the
-//! load on both sides (Dekker), so at least one of them sees the other: a wake-up is never
-//! lost.
-//! `vmm/tests/loom_mailbox.rs` checks this with loom, every interleaving of a sender and a
-//! vCPU that enters KVM_RUN or blocks in HLT (there the kick signal is a flag the model's
-//! KVM_RUN reads, as the real signal handler sets `kvm_run.immediate_exit`).
+//! Ordering: the sender publishes the mail, then marks the state word (`fetch_or` of a
+//! "kicked" bit) and reads in the same step whether the owner is blocked; the owner marks the
+//! word "blocked" (`fetch_or`) before it checks the mail. Both are read-modify-writes of one
+//! word, so one comes first: if the owner's, the sender sees "blocked" and wakes it; if the
+//! sender's, the owner's read-modify-write acquires the sender's mail. A wake-up is never lost.
 
 use devices::lapic::Ipi;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::sync::{
-    current_thread, fence, AtomicBool, AtomicI32, AtomicU8, Mutex, Ordering, ThreadSlot,
-};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::Mutex;
+
 use crate::idle::core::WakeCause;
 use crate::sys::kick;
 
-/// The vCPU is executing (in KVM_RUN or handling an exit).
-const RUNNING: u8 = 0;
-/// The vCPU is blocked in HLT (or waiting for SIPI).
+/// Bit of the state word: a sender kicked since the owner last ran (orders the handshake).
+const KICKED: u8 = 2;
+/// Bit of the state word: the vCPU is blocked in HLT (or waiting for SIPI); clear while it
+/// executes (in KVM_RUN or handling an exit).
 const BLOCKED: u8 = 1;
 
 /// One vCPU's mailbox.
@@ -35,12 +34,8 @@ pub struct Mailbox {
     control: AtomicBool,
     state: AtomicU8,
     tid: AtomicI32,
-    thread: ThreadSlot,
     /// Written to wake the owner while it is blocked.
     kick_fd: EventFd,
-    /// Under loom: the kick signal's effect (`immediate_exit`), for the model's KVM_RUN.
-    #[cfg(loom)]
-    signalled: AtomicBool,
 }
 
 impl Mailbox {
@@ -54,10 +49,7 @@ impl Mailbox {
             control: AtomicBool::default(),
             state: AtomicU8::default(),
             tid: AtomicI32::default(),
-            thread: ThreadSlot::default(),
             kick_fd: EventFd::new(EFD_NONBLOCK)?,
-            #[cfg(loom)]
-            signalled: AtomicBool::default(),
         })
     }
 
@@ -74,15 +66,11 @@ impl Mailbox {
     /// Called by the owning thread when it starts.
     pub fn bind_current_thread(&self) {
         self.tid.store(kick::current_tid(), Ordering::SeqCst);
-        self.thread.set(current_thread());
     }
 
     /// Posts an interrupt message and wakes the owner.
     pub fn post(&self, ipi: Ipi) {
-        self.inbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(ipi);
+        crate::state::lock(&self.inbox).push(ipi);
         self.has_mail.store(true, Ordering::SeqCst);
         self.kick();
     }
@@ -115,9 +103,9 @@ impl Mailbox {
 
     /// Wakes the owner wherever it is.
     pub fn kick(&self) {
-        // The caller published its mail or flag: order that before reading the state.
-        fence(Ordering::SeqCst);
-        if self.state.load(Ordering::SeqCst) == RUNNING {
+        // The caller published its mail or flag; this read-modify-write orders it against the
+        // owner's own one in `set_blocked`.
+        if self.state.fetch_or(KICKED, Ordering::SeqCst) & BLOCKED == 0 {
             self.signal();
         } else {
             self.wake_blocked();
@@ -125,19 +113,11 @@ impl Mailbox {
     }
 
     /// Wakes the owner blocked in its wait.
-    #[cfg(not(loom))]
     fn wake_blocked(&self) {
         let _ = self.kick_fd.write(1);
     }
 
-    /// Under loom the owner's wait is `park`.
-    #[cfg(loom)]
-    fn wake_blocked(&self) {
-        self.thread.unpark();
-    }
-
     /// Interrupts the owner's KVM_RUN (or makes its next one return at once).
-    #[cfg(not(loom))]
     fn signal(&self) {
         let tid = self.tid.load(Ordering::SeqCst);
         if tid > 0 && tid != kick::current_tid() {
@@ -145,20 +125,9 @@ impl Mailbox {
         }
     }
 
-    #[cfg(loom)]
-    fn signal(&self) {
-        self.signalled.store(true, Ordering::SeqCst);
-    }
-
-    /// Under loom: takes the kick signal's effect, as KVM_RUN consumes `immediate_exit`.
-    #[cfg(loom)]
-    pub fn take_signal(&self) -> bool {
-        self.signalled.swap(false, Ordering::SeqCst)
-    }
-
     /// Whether the owner has bound its thread.
     pub fn is_bound(&self) -> bool {
-        self.thread.is_set()
+        self.tid.load(Ordering::SeqCst) > 0
     }
 
     /// Takes the posted messages (owner only).
@@ -166,7 +135,7 @@ impl Mailbox {
         if !self.has_mail.swap(false, Ordering::SeqCst) {
             return Vec::new();
         }
-        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *crate::state::lock(&self.inbox))
     }
 
     /// Takes the "timer fired elsewhere" flag (owner only).
@@ -184,14 +153,16 @@ impl Mailbox {
 
     /// The owner is about to block.
     pub fn set_blocked(&self) {
-        self.state.store(BLOCKED, Ordering::SeqCst);
-        // Order the state before the caller's look at the mail.
-        fence(Ordering::SeqCst);
+        // A read-modify-write, so that the caller's look at the mail comes after every kick
+        // that saw the owner running (see the module comment).
+        self.state.fetch_or(BLOCKED, Ordering::SeqCst);
     }
 
     /// The owner is running again.
     pub fn set_running(&self) {
-        self.state.store(RUNNING, Ordering::SeqCst);
+        // Clears only the blocked bit: the kicked bit stays, so that every later
+        // `set_blocked` reads from the senders' read-modify-writes (their release sequence).
+        self.state.fetch_and(!BLOCKED, Ordering::SeqCst);
     }
 
     /// What woke the owner, looking at the mailbox (before it is drained).
@@ -268,5 +239,53 @@ mod tests {
         }
         m.post(fixed(0x30));
         assert_eq!(owner.join().unwrap(), 1);
+    }
+
+    /// The handshake under real threads: an owner that, like a vCPU, drains its mailbox,
+    /// "runs" (sometimes) and blocks when it finds no work, against a sender posting with
+    /// and without pauses. Every message arrives; a lost wake-up leaves the owner blocked and
+    /// the bounded wait below fails the test instead of hanging it.
+    #[test]
+    fn no_post_is_lost_between_a_sender_and_a_blocking_owner() {
+        const POSTS: usize = 20_000;
+        let m = std::sync::Arc::new(Mailbox::new().unwrap());
+        let owner = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                m.bind_current_thread();
+                let mut got = 0;
+                let mut round = 0u32;
+                while got < POSTS {
+                    m.set_running();
+                    got += m.take_mail().len();
+                    round = round.wrapping_add(1);
+                    if round % 3 == 0 {
+                        std::hint::spin_loop(); // "in the guest"
+                        continue;
+                    }
+                    m.set_blocked();
+                    if !m.has_work() {
+                        let limit = Some(std::time::Duration::from_secs(5));
+                        let w = crate::sys::poll::wait(m.kick_fd(), None, limit).unwrap();
+                        if w.kick {
+                            m.drain_kicks();
+                        } else if !w.interrupted && !m.has_work() {
+                            return Err(format!("blocked for 5 s with {got} of {POSTS}"));
+                        }
+                    }
+                }
+                Ok(got)
+            })
+        };
+        while !m.is_bound() {
+            std::thread::yield_now();
+        }
+        for i in 0..POSTS {
+            m.post(fixed(0x30));
+            if i % 64 == 0 {
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(owner.join().unwrap(), Ok(POSTS));
     }
 }

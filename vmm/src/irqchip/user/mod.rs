@@ -24,7 +24,6 @@ pub mod host_timer;
 pub mod mailbox;
 pub mod pv_eoi;
 pub mod router;
-mod sync;
 pub mod timers;
 pub mod vcpu;
 

@@ -1,6 +1,7 @@
 //! lull's documented exit statuses (also in `lull --help` and docs/GUEST-ABI.md). Odd codes
 //! come from the guest's test-exit port; even ones are lull's own.
 
+use crate::api::ApiError;
 use crate::config::ConfigError;
 use crate::state::StopReason;
 use crate::vm::kvm::KvmError;
@@ -20,6 +21,8 @@ pub const VMM_FAILURE: i32 = 8;
 pub const GUEST_CRASH: i32 = 10;
 /// Stopped by the user.
 pub const USER_STOP: i32 = 12;
+/// Stopped through the management API (`vm.shutdown`, `vmm.shutdown`).
+pub const API_STOP: i32 = 14;
 
 /// The status for a finished run.
 pub fn for_stop(reason: &StopReason) -> i32 {
@@ -29,12 +32,21 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::TripleFault | StopReason::GuestCrash(_) => GUEST_CRASH,
         StopReason::VmmError(_) => VMM_FAILURE,
         StopReason::User | StopReason::Signal(_) => USER_STOP,
+        StopReason::Api => API_STOP,
     }
 }
 
 /// The status for a configuration error.
 pub fn for_config_error(_e: &ConfigError) -> i32 {
     BAD_INPUT
+}
+
+/// The status for a management API that could not be served.
+pub fn for_api_error(e: &ApiError) -> i32 {
+    match e {
+        ApiError::Socket { .. } | ApiError::SocketExists(_) => BAD_INPUT,
+        _ => VMM_FAILURE,
+    }
 }
 
 /// The status for a VM that could not be built or run.
@@ -69,11 +81,13 @@ mod tests {
             VMM_FAILURE,
             GUEST_CRASH,
             USER_STOP,
+            API_STOP,
         ] {
             assert_eq!(code % 2, 0);
         }
         assert_eq!(for_stop(&StopReason::TestExit(7)), 7);
         assert_eq!(for_stop(&StopReason::Reset), 0);
         assert_eq!(for_stop(&StopReason::TripleFault), GUEST_CRASH);
+        assert_eq!(for_stop(&StopReason::Api), API_STOP);
     }
 }

@@ -12,6 +12,7 @@
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
 //! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `kit`.
 
+pub mod api;
 pub mod bench;
 pub mod boot;
 pub mod cli;

@@ -16,7 +16,7 @@ Exit status:
   0        the guest reset or powered off the machine
   odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
   2        bad command line
-  4        bad input: kernel, initramfs, config file, memory size or CPU count
+  4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket path
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)

@@ -11,7 +11,7 @@ use crate::vm::VmError;
 pub const GUEST_RESET: i32 = 0;
 /// Bad command line (clap's own code).
 pub const USAGE: i32 = 2;
-/// Bad input: kernel, initramfs, config file, memory size, CPU count.
+/// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path.
 pub const BAD_INPUT: i32 = 4;
 /// KVM unavailable.
 pub const KVM_UNAVAILABLE: i32 = 6;

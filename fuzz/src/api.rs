@@ -24,7 +24,10 @@ struct Pieces<'a> {
 
 impl Read for Pieces<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let want = self.cuts.next().map_or(self.rest.len(), |c| usize::from(*c) + 1);
+        let want = self
+            .cuts
+            .next()
+            .map_or(self.rest.len(), |c| usize::from(*c) + 1);
         let n = want.min(buf.len()).min(self.rest.len());
         buf[..n].copy_from_slice(&self.rest[..n]);
         self.rest = &self.rest[n..];

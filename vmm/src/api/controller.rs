@@ -96,7 +96,9 @@ impl Controller {
 
     /// Answers one request.
     pub fn handle(&mut self, request: ApiRequest) -> (Response, Next) {
-        self.poll_vm();
+        // A run that ended by itself is taken note of first; if a signal ended it, lull ends
+        // after this answer.
+        let then = self.poll_vm().map_or(Next::Serve, Next::Exit);
         let answer = match request {
             ApiRequest::VmmPing => Response::json(&Ping {
                 version: env!("CARGO_PKG_VERSION"),
@@ -116,7 +118,7 @@ impl Controller {
                 }
             }
         };
-        (answer.unwrap_or_else(|e| Response::error(&e)), Next::Serve)
+        (answer.unwrap_or_else(|e| Response::error(&e)), then)
     }
 
     fn create(&mut self, cfg: Box<VmConfig>) -> Result<Response, ApiError> {

@@ -317,6 +317,10 @@ mod tests {
             if self.input.is_empty() {
                 return Ok(0);
             }
+            if self.input[0] == b"<stall>" {
+                // What a socket read timeout gives.
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
             let piece = self.input.remove(0);
             buf[..piece.len()].copy_from_slice(&piece);
             Ok(piece.len())
@@ -354,5 +358,8 @@ mod tests {
         assert_eq!(written, b"HTTP/1.1 100 Continue\r\n\r\n");
         let (req, _) = read(&[b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"]);
         assert!(matches!(req, Err(ApiError::HungUp)), "{req:?}");
+        let (req, _) = read(&[b"GET /api/v1/vm.info HTTP/1.1\r\n", b"<stall>"]);
+        assert!(matches!(req, Err(ApiError::Timeout)), "{req:?}");
+        assert_eq!(ApiError::Timeout.status(), 408);
     }
 }

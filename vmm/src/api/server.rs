@@ -8,7 +8,8 @@
 //! Signals: the handlers write one process-wide eventfd (`sys::stop_signals`). While the VM
 //! runs, its own event loop has installed them and takes the signal (the run ends with
 //! `StopReason::Signal`, which ends lull too); once a run ends, the server installs them again
-//! for itself.
+//! for itself. A signal in the moment between the end of a run and that re-installation is
+//! lost (it reaches the ended run's eventfd).
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

@@ -1,7 +1,6 @@
 //! lull's documented exit statuses (also in `lull --help` and docs/GUEST-ABI.md). Odd codes
 //! come from the guest's test-exit port; even ones are lull's own.
 
-use crate::api::ApiError;
 use crate::config::ConfigError;
 use crate::state::StopReason;
 use crate::vm::kvm::KvmError;
@@ -39,14 +38,6 @@ pub fn for_stop(reason: &StopReason) -> i32 {
 /// The status for a configuration error.
 pub fn for_config_error(_e: &ConfigError) -> i32 {
     BAD_INPUT
-}
-
-/// The status for a management API that could not be served.
-pub fn for_api_error(e: &ApiError) -> i32 {
-    match e {
-        ApiError::Socket { .. } | ApiError::SocketExists(_) => BAD_INPUT,
-        _ => VMM_FAILURE,
-    }
 }
 
 /// The status for a VM that could not be built or run.

@@ -61,7 +61,7 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
         Ok(code) => status(code),
         Err(e) => {
             eprintln!("lull: {}", error_chain(&e));
-            status(exit_code::for_api_error(&e))
+            status(e.exit_status())
         }
     }
 }

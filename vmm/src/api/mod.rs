@@ -177,6 +177,14 @@ impl ApiError {
         }
     }
 
+    /// lull's exit status when the API cannot be served at all (see [`crate::exit_code`]).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            Self::Socket { .. } | Self::SocketExists(_) => crate::exit_code::BAD_INPUT,
+            _ => crate::exit_code::VMM_FAILURE,
+        }
+    }
+
     /// The error and its causes, each said once (a cause already quoted by the message above
     /// it is left out): the body of an error response.
     pub fn messages(&self) -> Vec<String> {

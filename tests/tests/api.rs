@@ -353,6 +353,49 @@ fn sigterm_stops_the_vm_and_lull() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A guest that stops by itself leaves lull serving (state Shutdown, final counters); a
+/// SIGTERM then reaches the server, whose handlers came back when the run ended, and lull
+/// exits with the status of the VM's run.
+fn a_guest_that_stops_leaves_lull_serving() -> Result<(), Failed> {
+    let kernel = kit_file("guests/hello.elf")?;
+    let kernel = kernel.to_str().ok_or("kit path is not UTF-8")?;
+    let lull = Lull::start("api-hello", &["--kernel", kernel, "--serial", "off"])?;
+    lull.expect("PUT", "vm.boot", "", 204)?;
+    // hello passes and writes 0 to the test-exit port within milliseconds; wait for the API
+    // to see it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let info = loop {
+        let info = lull.json("GET", "vm.info", 200)?;
+        if info["state"] == "Shutdown" {
+            break info;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("hello did not stop in 30 s: {info}").into());
+        }
+        // Polls the state as an orchestrator would; the pause only spaces the queries.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if info["stop_reason"] != "guest test exit (status 1)" {
+        return Err(format!("vm.info: {info}").into());
+    }
+    let last = lull.json("GET", "vm.counters", 200)?;
+    if last["exit_status"] != 1 || last["serial_bytes_out"].as_u64() == Some(0) {
+        return Err(format!("final vm.counters: {last}").into());
+    }
+    lull.json("GET", "vmm.ping", 200)?;
+    let killed = Command::new("kill")
+        .args(["-TERM", &lull.pid.to_string()])
+        .status();
+    if !killed.is_ok_and(|s| s.success()) {
+        return Err("cannot send SIGTERM".into());
+    }
+    // lull ends (it would not without its handlers back) with the status of the VM's run.
+    match lull.wait()? {
+        1 => Ok(()),
+        code => Err(format!("exit {code} after SIGTERM, want the guest's 1").into()),
+    }
+}
+
 /// An existing file at the socket path is refused and left alone.
 fn an_existing_path_is_refused() -> Result<(), Failed> {
     let path = temp_path("api-exists.sock");
@@ -383,6 +426,10 @@ fn main() {
         kvm_trial(
             "api_flags_create_the_vm_and_vmm_shutdown_stops_it",
             flags_create_and_vmm_shutdown_stops,
+        ),
+        kvm_trial(
+            "api_a_guest_that_stops_leaves_lull_serving",
+            a_guest_that_stops_leaves_lull_serving,
         ),
         kvm_trial(
             "api_sigterm_stops_the_vm_and_lull",

@@ -22,8 +22,8 @@ Exit status:
   10       the guest crashed (triple fault, KVM internal error or entry failure)
   12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)
   14       stopped through the management API (vm.shutdown, or vmm.shutdown of a running VM)
-With --api-socket, lull exits with the status of its VM's run (0 if none ran and
-vmm.shutdown ended it, 12 for a signal).";
+With --api-socket, lull exits with the status of its VM's run; if none ran, 0 after
+vmm.shutdown and 12 after SIGINT or SIGTERM.";
 
 /// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
 #[derive(Debug, Parser)]

@@ -10,12 +10,14 @@
 //! | `timer`  | `timer::model::PullModel` on 1-40 vCPUs through `timer::testing::Sim` | hierarchy snapshot invariants; no early, double or cancelled fire; remote fires only for idle CPUs; stale handles inert; every timer fires (no lost timer) |
 //! | `loader` | `vmm::boot::load` and the zero-page builder on arbitrary kernel bytes | no panic; a loaded image has a known format; refusals match `format_of`; command-line limits enforced; the zero page is one page |
 //! | `cli`    | `lull run` flags, the JSON config, sizes and serial modes | no panic; accepted configs validate; sizes and serial modes round-trip |
+//! | `api`    | the management API's HTTP framing and routes (`vmm::api::http`, `routes`) on one request's bytes | no panic; refusals are 4xx/501 with a well-formed answer; a prefix parses to "need more" or the same request; reading in pieces equals parsing whole; a routed `vm.create` validates |
 //!
 //! Each `fuzz_targets/<name>.rs` is one line that calls `<module>::run`. `tests/replay.rs`
 //! replays the inputs kept in `regressions/<name>/` (seeds and past crashes) through the same
 //! `run` under `cargo test`; a crash found is also written as a unit test in the crate it
 //! concerns (see `docs/RELIABILITY.md`).
 
+pub mod api;
 pub mod cli;
 pub mod ioapic;
 pub mod lapic;

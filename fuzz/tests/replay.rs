@@ -36,13 +36,14 @@ fn replay(target: &str, run: Driver) {
 }
 
 /// Every target's driver, by the name of its `fuzz_targets/` file.
-const TARGETS: [(&str, Driver); 6] = [
+const TARGETS: [(&str, Driver); 7] = [
     ("lapic", lull_fuzz::lapic::run),
     ("ioapic", lull_fuzz::ioapic::run),
     ("serial", lull_fuzz::serial::run),
     ("timer", lull_fuzz::timer_model::run),
     ("loader", lull_fuzz::loader::run),
     ("cli", lull_fuzz::cli::run),
+    ("api", lull_fuzz::api::run),
 ];
 
 #[test]

@@ -17,11 +17,14 @@ Exit status:
   0        the guest reset or powered off the machine
   odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
   2        bad command line
-  4        bad input: kernel, initramfs, config file, memory size or CPU count
+  4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket path
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
-  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)";
+  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)
+  14       stopped through the management API (vm.shutdown, or vmm.shutdown of a running VM)
+With --api-socket, lull exits with the status of its VM's run; if none ran, 0 after
+vmm.shutdown and 12 after SIGINT or SIGTERM.";
 
 /// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
 #[derive(Debug, Parser)]
@@ -151,12 +154,67 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// Serve the management API (a subset of Cloud Hypervisor's REST API: vmm.ping,
+    /// vm.create, vm.boot, vm.info, vm.counters, vm.shutdown, vmm.shutdown) on a Unix socket
+    /// created at PATH with owner-only permissions, instead of booting at once. VM flags or
+    /// --config given with it form the created VM (boot it with vm.boot); without them, the
+    /// VM comes from vm.create. lull runs until vmm.shutdown or SIGINT/SIGTERM. See
+    /// docs/API.md.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
     /// More log output on stderr (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
 
 impl RunArgs {
+    /// True if any flag that describes the VM (or `--config`) was given.
+    pub fn describes_vm(&self) -> bool {
+        // Destructured in full so that a new flag must be sorted in here.
+        let Self {
+            kernel,
+            initramfs,
+            cmdline,
+            cpus,
+            memory,
+            irqchip,
+            timer_model,
+            halt_poll,
+            timer_advance,
+            idle_inject,
+            cpu_quota,
+            global_timers,
+            serial,
+            metrics,
+            seccomp,
+            pv_eoi,
+            config,
+            api_socket: _,
+            verbose: _,
+        } = self;
+        [
+            kernel.is_some(),
+            initramfs.is_some(),
+            cmdline.is_some(),
+            cpus.is_some(),
+            memory.is_some(),
+            irqchip.is_some(),
+            timer_model.is_some(),
+            halt_poll.is_some(),
+            timer_advance.is_some(),
+            idle_inject.is_some(),
+            cpu_quota.is_some(),
+            global_timers.is_some(),
+            serial.is_some(),
+            metrics.is_some(),
+            seccomp.is_some(),
+            pv_eoi.is_some(),
+            config.is_some(),
+        ]
+        .contains(&true)
+    }
+
     /// The configuration these flags describe: defaults, then `--config`, then flags.
     pub fn to_config(&self) -> Result<VmConfig, ConfigError> {
         let mut cfg = match &self.config {
@@ -249,6 +307,22 @@ mod tests {
         assert_eq!(cfg.memory, ByteSize::mib(512));
         assert_eq!(cfg.cmdline.as_deref(), Some("a=b"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn api_socket_alone_describes_no_vm() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(args) => args,
+            Command::Bench(_) => panic!("expected the run subcommand"),
+        };
+        let bare = parse(&["lull", "run", "--api-socket", "/tmp/s", "-v"]);
+        assert_eq!(
+            bare.api_socket.as_deref(),
+            Some(std::path::Path::new("/tmp/s"))
+        );
+        assert!(!bare.describes_vm());
+        assert!(parse(&["lull", "run", "--api-socket", "/tmp/s", "--cpus", "2"]).describes_vm());
+        assert!(parse(&["lull", "run", "--seccomp", "off"]).describes_vm());
     }
 
     #[test]

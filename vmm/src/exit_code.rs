@@ -10,7 +10,7 @@ use crate::vm::VmError;
 pub const GUEST_RESET: i32 = 0;
 /// Bad command line (clap's own code).
 pub const USAGE: i32 = 2;
-/// Bad input: kernel, initramfs, config file, memory size, CPU count.
+/// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path.
 pub const BAD_INPUT: i32 = 4;
 /// KVM unavailable.
 pub const KVM_UNAVAILABLE: i32 = 6;
@@ -20,6 +20,8 @@ pub const VMM_FAILURE: i32 = 8;
 pub const GUEST_CRASH: i32 = 10;
 /// Stopped by the user.
 pub const USER_STOP: i32 = 12;
+/// Stopped through the management API (`vm.shutdown`, `vmm.shutdown`).
+pub const API_STOP: i32 = 14;
 
 /// The status for a finished run.
 pub fn for_stop(reason: &StopReason) -> i32 {
@@ -29,6 +31,7 @@ pub fn for_stop(reason: &StopReason) -> i32 {
         StopReason::TripleFault | StopReason::GuestCrash(_) => GUEST_CRASH,
         StopReason::VmmError(_) => VMM_FAILURE,
         StopReason::User | StopReason::Signal(_) => USER_STOP,
+        StopReason::Api => API_STOP,
     }
 }
 
@@ -69,11 +72,13 @@ mod tests {
             VMM_FAILURE,
             GUEST_CRASH,
             USER_STOP,
+            API_STOP,
         ] {
             assert_eq!(code % 2, 0);
         }
         assert_eq!(for_stop(&StopReason::TestExit(7)), 7);
         assert_eq!(for_stop(&StopReason::Reset), 0);
         assert_eq!(for_stop(&StopReason::TripleFault), GUEST_CRASH);
+        assert_eq!(for_stop(&StopReason::Api), API_STOP);
     }
 }

@@ -5,7 +5,7 @@
 //! Layers, each importing only the ones below it:
 //!
 //! ```text
-//!  main ─► vm (build, run, report) ─► vcpu (state machine, KVM adapter, generic exits)
+//!  main ─► api (--api-socket: the management API) ─► vm (build, run, report) ─► vcpu (state machine, KVM adapter, generic exits)
 //!     ─► irqchip (IrqChip/VcpuIrq: kernel | user) ─► idle (pure decisions: core, halt_poll,
 //!     inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
 //! ```
@@ -13,6 +13,7 @@
 //! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`; the `kit` crate
 //! locates the guest kit; `lull bench` is the `bench` crate.
 
+pub mod api;
 pub mod boot;
 pub mod cli;
 pub mod config;

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
-use vmm::cli::{Cli, Command};
+use vmm::cli::{Cli, Command, RunArgs};
 use vmm::exit_code;
 
 fn init_logging(verbose: u8) {
@@ -44,6 +44,28 @@ fn status(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
 }
 
+/// `lull run --api-socket PATH`: the management API until `vmm.shutdown` or a signal.
+fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
+    let initial = if args.describes_vm() {
+        match args.to_config() {
+            Ok(cfg) => Some(cfg),
+            Err(e) => {
+                eprintln!("lull: {e}");
+                return status(exit_code::for_config_error(&e));
+            }
+        }
+    } else {
+        None
+    };
+    match vmm::api::serve(socket, initial) {
+        Ok(code) => status(code),
+        Err(e) => {
+            eprintln!("lull: {}", error_chain(&e));
+            status(e.exit_status())
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let started = Instant::now();
     let cli = Cli::parse();
@@ -52,6 +74,9 @@ fn main() -> ExitCode {
         Command::Bench(args) => return bench::main(&args),
     };
     init_logging(args.verbose);
+    if let Some(socket) = &args.api_socket {
+        return serve_api(&args, socket);
+    }
     let cfg = match args.to_config() {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -72,13 +97,7 @@ fn main() -> ExitCode {
                 eprintln!("lull: {}", outcome.reason);
             }
             if let Some(path) = &cfg.metrics {
-                let json = serde_json::to_string_pretty(&outcome.report).unwrap_or_default() + "\n";
-                let written = if path.as_os_str() == "-" {
-                    std::io::Write::write_all(&mut std::io::stderr(), json.as_bytes())
-                } else {
-                    std::fs::write(path, json)
-                };
-                if let Err(e) = written {
+                if let Err(e) = vmm::vm::report::write_json(&outcome.report, path) {
                     eprintln!("lull: cannot write metrics to {}: {e}", path.display());
                 }
             }

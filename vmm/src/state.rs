@@ -35,6 +35,8 @@ pub enum StopReason {
     User,
     /// lull received SIGINT or SIGTERM.
     Signal(i32),
+    /// A client of the management API asked for it (`vm.shutdown` or `vmm.shutdown`).
+    Api,
 }
 
 impl std::fmt::Display for StopReason {
@@ -50,6 +52,7 @@ impl std::fmt::Display for StopReason {
             Self::Signal(libc::SIGTERM) => f.write_str("stopped by SIGTERM"),
             Self::Signal(libc::SIGINT) => f.write_str("stopped by SIGINT"),
             Self::Signal(n) => write!(f, "stopped by signal {n}"),
+            Self::Api => f.write_str("stopped through the management API"),
         }
     }
 }

@@ -8,6 +8,9 @@
 //!
 //! Everything a step needs comes from the steps before it; nothing here decides anything about
 //! interrupts or idling (that is the irqchip's and the idle core's).
+//!
+//! [`run_observed`] also hands a [`LiveVm`] to its caller once every thread runs: the
+//! management API reads live counters through it and asks the VM to stop.
 
 pub mod devices;
 pub mod event_loop;
@@ -22,6 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ::devices::pio::PioBusError;
+use ::devices::serial::SerialCounters;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -96,6 +100,22 @@ pub struct RunOutcome {
     pub report: RunReport,
 }
 
+/// A running VM as another thread sees it: what it needs to read the VM's counters
+/// ([`report::live`]) and to ask it to stop.
+#[derive(Clone)]
+pub struct LiveVm {
+    shared: Arc<VmShared>,
+    chip: Arc<dyn IrqChip>,
+    serial: Arc<SerialCounters>,
+}
+
+impl LiveVm {
+    /// Asks the VM to stop (the first request wins); [`run`] then returns as for any stop.
+    pub fn request_stop(&self, reason: StopReason) {
+        self.shared.stop.request(reason);
+    }
+}
+
 /// KVM, the VM and its memory, with the guest loaded.
 struct LoadedVm {
     kvm: Kvm,
@@ -148,6 +168,15 @@ fn check_metrics_path(cfg: &VmConfig) -> Result<(), VmError> {
 
 /// Builds the VM described by `cfg` and runs it to the end.
 pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
+    run_observed(cfg, started, |_| {})
+}
+
+/// [`run`], handing `on_running` the running VM once its vCPUs and event loop are set up.
+pub fn run_observed(
+    cfg: &VmConfig,
+    started: Instant,
+    on_running: impl FnOnce(LiveVm),
+) -> Result<RunOutcome, VmError> {
     check_metrics_path(cfg)?;
     let sink = devices::console_sink(&cfg.serial)?;
     let image = guest::resolve(cfg)?;
@@ -172,6 +201,11 @@ pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
     crate::seccomp::prepare(cfg.seccomp)?;
     start_vcpus(vcpus, chip.as_ref(), &shared)?;
     chip.start(&shared)?;
+    on_running(LiveVm {
+        shared: shared.clone(),
+        chip: chip.clone(),
+        serial: serial_counters.clone(),
+    });
     let reason = events.run()?;
     let host = report::host_facts(&shared);
     chip.kick_all();

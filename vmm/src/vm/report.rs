@@ -1,6 +1,8 @@
 //! The `--metrics` report of a finished run: what the VM's shared state counted, plus the
-//! irqchip's own part ([`IrqChip::report`]).
+//! irqchip's own part ([`IrqChip::report`]); the same report of a running VM ([`live`]); and
+//! writing it as JSON.
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -9,6 +11,10 @@ use devices::serial::SerialCounters;
 use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
 use crate::state::{lock, StopReason, VmShared};
+use crate::vm::LiveVm;
+
+/// The `stop_reason` of a report taken while the VM runs.
+pub const RUNNING: &str = "running";
 
 /// Host-side facts read while every thread still existed.
 pub struct HostFacts {
@@ -34,9 +40,32 @@ pub fn build(
     serial: &SerialCounters,
     host: HostFacts,
 ) -> RunReport {
+    assemble(reason.to_string(), shared, chip, serial, host)
+}
+
+/// The report of a VM that is still running: its counters so far, KVM's counters, and the
+/// threads that already ended (none, usually).
+pub fn live(vm: &LiveVm) -> RunReport {
+    let host = host_facts(&vm.shared);
+    assemble(
+        RUNNING.to_string(),
+        &vm.shared,
+        vm.chip.as_ref(),
+        &vm.serial,
+        host,
+    )
+}
+
+fn assemble(
+    stop_reason: String,
+    shared: &VmShared,
+    chip: &dyn IrqChip,
+    serial: &SerialCounters,
+    host: HostFacts,
+) -> RunReport {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let mut report = RunReport {
-        stop_reason: reason.to_string(),
+        stop_reason,
         run_time_ms: ms(shared.started.elapsed()),
         boot_time_ms: shared.booted.get().map(|d| ms(*d)),
         serial_bytes_out: serial.bytes_out.load(Ordering::Relaxed),
@@ -53,4 +82,14 @@ pub fn build(
     };
     chip.report(&mut report);
     report
+}
+
+/// Writes `report` as pretty JSON to `path` (`-`: standard error), as `--metrics` asks.
+pub fn write_json(report: &RunReport, path: &Path) -> std::io::Result<()> {
+    let json = serde_json::to_string_pretty(report).map_err(std::io::Error::other)? + "\n";
+    if path.as_os_str() == "-" {
+        std::io::Write::write_all(&mut std::io::stderr(), json.as_bytes())
+    } else {
+        std::fs::write(path, json)
+    }
 }

@@ -1,0 +1,352 @@
+//! The VM's life as the API sees it, one state at a time:
+//!
+//! ```text
+//!  NotCreated ──vm.create──► Created ──vm.boot──► Running ──vm.shutdown, vmm.shutdown, ──► Shutdown
+//!                               ▲  │                        a signal, or the guest's own stop
+//!                               └──┘ boot failed: stays Created (500 with the reason)
+//! ```
+//! Each request either moves the state or is refused with the state error Cloud Hypervisor
+//! gives (`vm.boot` before `vm.create`: 404; `vm.shutdown` of a VM not booted: 405; creating
+//! or booting twice: 500). A stopped VM stays `Shutdown` with its final report: lull runs one
+//! VM per process.
+
+use serde::Serialize;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::http::Response;
+use super::routes::ApiRequest;
+use super::runner::{self, RunningVm};
+use super::ApiError;
+use crate::config::VmConfig;
+use crate::exit_code;
+use crate::metrics::RunReport;
+use crate::state::StopReason;
+use crate::vm::report;
+
+/// What the server does after answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Serve the next request.
+    Serve,
+    /// End lull with this exit status.
+    Exit(i32),
+}
+
+/// How the VM's run ended.
+enum Ended {
+    /// With a report.
+    Stopped {
+        reason: StopReason,
+        report: Box<RunReport>,
+    },
+    /// In a failure of lull's, with no report: the error, said and answered.
+    Failed {
+        description: String,
+        response: Response,
+    },
+}
+
+/// Where the VM is in its life.
+enum VmState {
+    NotCreated,
+    Created(Box<VmConfig>),
+    Running { cfg: Box<VmConfig>, vm: RunningVm },
+    Shutdown { cfg: Box<VmConfig>, ended: Ended },
+}
+
+/// `vmm.ping`'s answer (Cloud Hypervisor's `VmmPingResponse`).
+#[derive(Serialize)]
+struct Ping {
+    version: &'static str,
+    build_version: &'static str,
+    pid: u32,
+    features: [&'static str; 0],
+}
+
+/// `vm.info`'s answer (Cloud Hypervisor's `VmInfo`, plus why a stopped VM stopped).
+#[derive(Serialize)]
+struct Info<'a> {
+    config: &'a VmConfig,
+    state: &'static str,
+    memory_actual_size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<String>,
+}
+
+/// The VM behind the API and what the API does with it.
+pub struct Controller {
+    state: VmState,
+    /// Written by the VM thread when its run ends.
+    ended: EventFd,
+}
+
+impl Controller {
+    /// A controller with no VM, or with `initial` created (flags given on the command line).
+    pub fn new(initial: Option<VmConfig>, ended: EventFd) -> Self {
+        Self {
+            state: initial.map_or(VmState::NotCreated, |cfg| VmState::Created(Box::new(cfg))),
+            ended,
+        }
+    }
+
+    /// The eventfd the VM thread writes when its run ends.
+    pub fn ended_event(&self) -> &EventFd {
+        &self.ended
+    }
+
+    /// Answers one request.
+    pub fn handle(&mut self, request: ApiRequest) -> (Response, Next) {
+        // A run that ended by itself is taken note of first; if a signal ended it, lull ends
+        // after this answer.
+        let then = self.poll_vm().map_or(Next::Serve, Next::Exit);
+        let answer = match request {
+            ApiRequest::VmmPing => Response::json(&Ping {
+                version: env!("CARGO_PKG_VERSION"),
+                build_version: env!("CARGO_PKG_VERSION"),
+                pid: std::process::id(),
+                features: [],
+            }),
+            ApiRequest::VmCreate(cfg) => self.create(cfg),
+            ApiRequest::VmBoot => self.boot(),
+            ApiRequest::VmInfo => self.info(),
+            ApiRequest::VmCounters => self.counters(),
+            ApiRequest::VmShutdown => self.shutdown(),
+            ApiRequest::VmmShutdown => {
+                return match self.stop(StopReason::Api) {
+                    Ok(code) => (Response::no_content(), Next::Exit(code)),
+                    Err(e) => (Response::error(&e), Next::Serve),
+                }
+            }
+        };
+        (answer.unwrap_or_else(|e| Response::error(&e)), then)
+    }
+
+    fn create(&mut self, cfg: Box<VmConfig>) -> Result<Response, ApiError> {
+        match self.state {
+            VmState::NotCreated => {
+                self.state = VmState::Created(cfg);
+                Ok(Response::no_content())
+            }
+            _ => Err(ApiError::VmAlreadyCreated),
+        }
+    }
+
+    fn boot(&mut self) -> Result<Response, ApiError> {
+        let cfg = match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Running { .. } => return Err(ApiError::VmAlreadyBooted),
+            VmState::Shutdown { .. } => return Err(ApiError::VmAlreadyRan),
+            VmState::Created(cfg) => cfg.clone(),
+        };
+        let vm = runner::start(&cfg, &self.ended)?;
+        tracing::info!("VM booted through the API");
+        self.state = VmState::Running { cfg, vm };
+        Ok(Response::no_content())
+    }
+
+    fn info(&self) -> Result<Response, ApiError> {
+        let (config, state, stop_reason) = match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Created(cfg) => (cfg, "Created", None),
+            VmState::Running { cfg, .. } => (cfg, "Running", None),
+            VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
+        };
+        Response::json(&Info {
+            config,
+            state,
+            memory_actual_size: config.memory.0,
+            stop_reason,
+        })
+    }
+
+    fn counters(&self) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => Err(ApiError::VmNotCreated),
+            VmState::Created(_) => Err(ApiError::VmNotBooted),
+            VmState::Running { vm, .. } => Response::json(&report::live(vm.live())),
+            VmState::Shutdown {
+                ended: Ended::Stopped { report, .. },
+                ..
+            } => Response::json(report),
+            VmState::Shutdown {
+                ended: Ended::Failed { response, .. },
+                ..
+            } => Ok(response.clone()),
+        }
+    }
+
+    fn shutdown(&mut self) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => Err(ApiError::VmNotCreated),
+            VmState::Created(_) => Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
+            VmState::Running { .. } => {
+                self.stop(StopReason::Api)?;
+                Ok(Response::no_content())
+            }
+        }
+    }
+
+    /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:
+    /// that of the VM's run, or 0 if none ran.
+    fn stop(&mut self, reason: StopReason) -> Result<i32, ApiError> {
+        if let VmState::Running { vm, .. } = &mut self.state {
+            vm.live().request_stop(reason);
+            let result = vm.wait_end();
+            self.finish(result);
+        }
+        Ok(self.exit_status())
+    }
+
+    /// lull's exit status if it ended now.
+    fn exit_status(&self) -> i32 {
+        match &self.state {
+            VmState::Shutdown {
+                ended: Ended::Stopped { reason, .. },
+                ..
+            } => exit_code::for_stop(reason),
+            VmState::Shutdown {
+                ended: Ended::Failed { .. },
+                ..
+            } => exit_code::VMM_FAILURE,
+            _ => exit_code::GUEST_RESET,
+        }
+    }
+
+    /// Takes note of a run that ended by itself (the VM-ended eventfd fired). Returns lull's
+    /// exit status if lull should end: a signal stopped the VM.
+    pub fn poll_vm(&mut self) -> Option<i32> {
+        let VmState::Running { vm, .. } = &mut self.state else {
+            return None;
+        };
+        let result = vm.try_end()?;
+        self.finish(result);
+        match &self.state {
+            VmState::Shutdown {
+                ended:
+                    Ended::Stopped {
+                        reason: StopReason::Signal(_),
+                        ..
+                    },
+                ..
+            } => Some(self.exit_status()),
+            _ => None,
+        }
+    }
+
+    /// SIGINT or SIGTERM reached the server: stop the VM if it runs; returns lull's status.
+    pub fn on_signal(&mut self, signal: i32) -> i32 {
+        if matches!(self.state, VmState::NotCreated | VmState::Created(_)) {
+            return exit_code::for_stop(&StopReason::Signal(signal));
+        }
+        match self.stop(StopReason::Signal(signal)) {
+            Ok(code) => code,
+            Err(e) => {
+                tracing::error!("{e}");
+                exit_code::VMM_FAILURE
+            }
+        }
+    }
+
+    /// Moves a run that ended to `Shutdown` and writes its `--metrics` file.
+    fn finish(&mut self, result: Result<crate::vm::RunOutcome, ApiError>) {
+        let state = std::mem::replace(&mut self.state, VmState::NotCreated);
+        let VmState::Running { cfg, .. } = state else {
+            self.state = state;
+            return;
+        };
+        let ended = match result {
+            Ok(mut outcome) => {
+                outcome.report.exit_status = exit_code::for_stop(&outcome.reason);
+                tracing::info!("VM stopped: {}", outcome.reason);
+                if let Some(path) = &cfg.metrics {
+                    if let Err(e) = report::write_json(&outcome.report, path) {
+                        tracing::warn!("cannot write metrics to {}: {e}", path.display());
+                    }
+                }
+                Ended::Stopped {
+                    reason: outcome.reason,
+                    report: Box::new(outcome.report),
+                }
+            }
+            Err(e) => {
+                let description = e.messages().join(": ");
+                tracing::error!("{description}");
+                Ended::Failed {
+                    description,
+                    response: Response::error(&e),
+                }
+            }
+        };
+        self.state = VmState::Shutdown { cfg, ended };
+    }
+}
+
+impl Ended {
+    fn describe(&self) -> String {
+        match self {
+            Self::Stopped { reason, .. } => reason.to_string(),
+            Self::Failed { description, .. } => description.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    fn controller(initial: Option<VmConfig>) -> Controller {
+        Controller::new(initial, EventFd::new(EFD_NONBLOCK).unwrap())
+    }
+
+    fn status(c: &mut Controller, request: ApiRequest) -> u16 {
+        c.handle(request).0.status
+    }
+
+    fn body(c: &mut Controller, request: ApiRequest) -> serde_json::Value {
+        let (response, _) = c.handle(request);
+        serde_json::from_slice(&response.body.unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_vm_not_created_answers_404_and_can_be_created_once() {
+        let mut c = controller(None);
+        assert_eq!(status(&mut c, ApiRequest::VmBoot), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmInfo), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmCounters), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmShutdown), 404);
+        let cfg = VmConfig {
+            cpus: 3,
+            ..VmConfig::default()
+        };
+        assert_eq!(
+            status(&mut c, ApiRequest::VmCreate(Box::new(cfg.clone()))),
+            204
+        );
+        assert_eq!(status(&mut c, ApiRequest::VmCreate(Box::new(cfg))), 500);
+        let info = body(&mut c, ApiRequest::VmInfo);
+        assert_eq!(info["state"], "Created");
+        assert_eq!(info["config"]["cpus"], 3);
+        assert_eq!(info["memory_actual_size"], 256 << 20);
+    }
+
+    #[test]
+    fn a_created_vm_is_not_booted() {
+        let mut c = controller(Some(VmConfig::default()));
+        assert_eq!(status(&mut c, ApiRequest::VmShutdown), 405);
+        assert_eq!(status(&mut c, ApiRequest::VmCounters), 405);
+        let ping = body(&mut c, ApiRequest::VmmPing);
+        assert_eq!(ping["version"], env!("CARGO_PKG_VERSION"));
+        assert_eq!(ping["pid"], std::process::id());
+    }
+
+    #[test]
+    fn vmm_shutdown_without_a_run_ends_lull_with_status_0() {
+        let mut c = controller(Some(VmConfig::default()));
+        let (response, next) = c.handle(ApiRequest::VmmShutdown);
+        assert_eq!(response.status, 204);
+        assert_eq!(next, Next::Exit(exit_code::GUEST_RESET));
+        assert_eq!(c.on_signal(libc::SIGTERM), exit_code::USER_STOP);
+    }
+}

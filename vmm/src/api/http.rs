@@ -1,0 +1,365 @@
+//! HTTP/1.x framing for the API socket: `httparse` parses the request head; this file finds
+//! where the body ends (Content-Length only), enforces the size and time limits, and writes
+//! responses.
+//!
+//! [`parse`] is pure (bytes in, a complete request, "need more" or an error out): the server
+//! calls it after every read, and the `api` fuzz target calls it on arbitrary bytes.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use super::ApiError;
+
+/// Largest request head (request line and headers) accepted.
+pub const MAX_HEAD: usize = 8 * 1024;
+/// Largest request body accepted (a VM configuration is well under 1 KiB).
+pub const MAX_BODY: usize = 64 * 1024;
+/// Most headers in one request.
+pub const MAX_HEADERS: usize = 32;
+/// A request must arrive whole within this time of the connection being accepted.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A complete request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The method, as sent (`GET`, `PUT`, ...).
+    pub method: String,
+    /// The path without its query string.
+    pub path: String,
+    /// The body (empty without one).
+    pub body: Vec<u8>,
+}
+
+/// What a request head says about the rest of the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    method: String,
+    path: String,
+    /// Bytes of the head, blank line included.
+    len: usize,
+    /// Bytes of body that follow.
+    body_len: usize,
+    /// The client waits for `100 Continue` before it sends the body.
+    expect_continue: bool,
+}
+
+/// Parses a request head, or `None` if `buf` does not hold all of it yet.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, ApiError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf).map_err(ApiError::Malformed)? {
+        httparse::Status::Complete(len) if len <= MAX_HEAD => len,
+        httparse::Status::Complete(_) => return Err(ApiError::HeadTooLarge),
+        httparse::Status::Partial if buf.len() > MAX_HEAD => return Err(ApiError::HeadTooLarge),
+        httparse::Status::Partial => return Ok(None),
+    };
+    let (Some(method), Some(target)) = (req.method, req.path) else {
+        return Err(ApiError::BadRequest("incomplete request line"));
+    };
+    let mut body_len: Option<u64> = None;
+    let mut expect_continue = false;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let value = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or(ApiError::BadRequest("Content-Length is not a number"))?;
+            if body_len.is_some_and(|prev| prev != value) {
+                return Err(ApiError::BadRequest("conflicting Content-Length headers"));
+            }
+            body_len = Some(value);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(ApiError::TransferEncoding);
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            if !h.value.eq_ignore_ascii_case(b"100-continue") {
+                return Err(ApiError::BadRequest(
+                    "only Expect: 100-continue is understood",
+                ));
+            }
+            expect_continue = true;
+        }
+    }
+    let body_len = body_len.unwrap_or(0);
+    let body_len = usize::try_from(body_len)
+        .ok()
+        .filter(|n| *n <= MAX_BODY)
+        .ok_or(ApiError::BodyTooLarge(body_len))?;
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    Ok(Some(Head {
+        method: method.to_string(),
+        path: path.to_string(),
+        len,
+        body_len,
+        expect_continue,
+    }))
+}
+
+/// The request at the start of `buf`, or `None` if more bytes are needed. Bytes after the
+/// body (a pipelined request) are ignored: one request per connection.
+pub fn parse(buf: &[u8]) -> Result<Option<Request>, ApiError> {
+    let Some(head) = parse_head(buf)? else {
+        return Ok(None);
+    };
+    Ok(buf
+        .get(head.len..head.len + head.body_len)
+        .map(|body| Request {
+            method: head.method,
+            path: head.path,
+            body: body.to_vec(),
+        }))
+}
+
+/// Reads one request from `conn`, answering `Expect: 100-continue`, until `deadline`.
+pub fn read_request<C: Read + Write>(
+    conn: &mut C,
+    deadline: Instant,
+    set_timeout: impl Fn(&C, Duration) -> std::io::Result<()>,
+) -> Result<Request, ApiError> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let mut continued = false;
+    loop {
+        if let Some(head) = parse_head(&buf)? {
+            if let Some(request) = parse(&buf)? {
+                return Ok(request);
+            }
+            if head.expect_continue && !continued {
+                conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .map_err(ApiError::Connection)?;
+                continued = true;
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ApiError::Timeout);
+        }
+        set_timeout(conn, left).map_err(ApiError::Connection)?;
+        match conn.read(&mut chunk) {
+            Ok(0) => return Err(ApiError::HungUp),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ApiError::Timeout)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(ApiError::HungUp)
+            }
+            Err(e) => return Err(ApiError::Connection(e)),
+        }
+    }
+}
+
+/// A response: a status, a JSON body or none, and the methods allowed after a 405.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The HTTP status.
+    pub status: u16,
+    /// A JSON document, or `None` (204 and other bodiless answers).
+    pub body: Option<Vec<u8>>,
+    /// The `Allow` header of a 405 for a method the endpoint does not take.
+    pub allow: Option<&'static str>,
+}
+
+impl Response {
+    /// 204 No Content.
+    pub fn no_content() -> Self {
+        Self {
+            status: 204,
+            body: None,
+            allow: None,
+        }
+    }
+
+    /// 200 OK with `value` as its JSON body.
+    pub fn json<T: serde::Serialize>(value: &T) -> Result<Self, ApiError> {
+        Ok(Self {
+            status: 200,
+            body: Some(serde_json::to_vec(value).map_err(ApiError::Encode)?),
+            allow: None,
+        })
+    }
+
+    /// The answer to `error`: its status and, as Cloud Hypervisor does, a JSON array of the
+    /// error's messages from the outermost to the root cause.
+    pub fn error(error: &ApiError) -> Self {
+        let allow = match error {
+            ApiError::MethodNotAllowed { allowed, .. } => Some(*allowed),
+            _ => None,
+        };
+        let body = serde_json::to_vec(&error.messages())
+            .unwrap_or_else(|_| b"[\"lull could not encode the error\"]".to_vec());
+        Self {
+            status: error.status(),
+            body: Some(body),
+            allow,
+        }
+    }
+
+    /// The response as HTTP/1.1 bytes; the connection closes after it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\nServer: lull API\r\nConnection: close\r\n",
+            self.status,
+            reason_phrase(self.status)
+        );
+        if let Some(allow) = self.allow {
+            out.push_str(&format!("Allow: {allow}\r\n"));
+        }
+        let body = self.body.as_deref().unwrap_or_default();
+        if self.status != 204 {
+            out.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        bytes.extend_from_slice(body);
+        bytes
+    }
+}
+
+/// The reason phrase of the statuses this server sends.
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        204 => "No Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        _ => "Internal Server Error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_complete_with_its_body() {
+        let raw = b"PUT /api/v1/vm.create?x=1 HTTP/1.1\r\nHost: l\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(parse(&raw[..raw.len() - 1]).unwrap(), None);
+        let req = parse(raw).unwrap().unwrap();
+        assert_eq!(req.method, "PUT");
+        assert_eq!(req.path, "/api/v1/vm.create");
+        assert_eq!(req.body, b"{}");
+        assert_eq!(parse(b"GET / HTTP/1.1\r\nHost: l\r\n").unwrap(), None);
+    }
+
+    #[test]
+    fn broken_requests_are_refused_with_their_status() {
+        let status = |raw: &[u8]| parse(raw).unwrap_err().status();
+        assert_eq!(status(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"), 400);
+        assert_eq!(status(b"\x00\x01 nonsense\r\n\r\n"), 400);
+        assert_eq!(status(b"PUT / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), 400);
+        assert_eq!(
+            status(b"PUT / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"PUT / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n"),
+            400
+        );
+        assert_eq!(
+            status(b"PUT / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n"),
+            413
+        );
+        assert_eq!(
+            status(b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            501
+        );
+        let long = format!("GET /{} HTTP/1.1\r\n", "a".repeat(MAX_HEAD));
+        assert_eq!(status(long.as_bytes()), 431);
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("H{i}: v\r\n")).collect();
+        assert_eq!(
+            status(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
+            400
+        );
+    }
+
+    #[test]
+    fn responses_follow_http_1_1() {
+        let text = String::from_utf8(Response::no_content().to_bytes()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"));
+        assert!(!text.contains("Content-Length"), "{text}");
+        let err = ApiError::MethodNotAllowed {
+            endpoint: "vm.info",
+            method: "PUT".into(),
+            allowed: "GET",
+        };
+        let text = String::from_utf8(Response::error(&err).to_bytes()).unwrap();
+        assert!(text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"));
+        assert!(text.contains("\r\nAllow: GET\r\n"));
+        let body = text.split("\r\n\r\n").nth(1).unwrap();
+        let messages: Vec<String> = serde_json::from_str(body).unwrap();
+        assert_eq!(messages, vec![err.to_string()]);
+        assert!(text.contains(&format!("Content-Length: {}\r\n", body.len())));
+    }
+
+    /// A connection that hands out `input` in pieces and records what is written.
+    struct Scripted {
+        input: Vec<Vec<u8>>,
+        written: Vec<u8>,
+    }
+
+    impl Read for Scripted {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.input.is_empty() {
+                return Ok(0);
+            }
+            if self.input[0] == b"<stall>" {
+                // What a socket read timeout gives.
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let piece = self.input.remove(0);
+            buf[..piece.len()].copy_from_slice(&piece);
+            Ok(piece.len())
+        }
+    }
+
+    impl Write for Scripted {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn read(input: &[&[u8]]) -> (Result<Request, ApiError>, Vec<u8>) {
+        let mut conn = Scripted {
+            input: input.iter().map(|p| p.to_vec()).collect(),
+            written: Vec::new(),
+        };
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let result = read_request(&mut conn, deadline, |_, _| Ok(()));
+        (result, conn.written)
+    }
+
+    #[test]
+    fn requests_are_read_across_pieces_and_continue_is_answered() {
+        let (req, written) = read(&[
+            b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-",
+            b"Length: 2\r\nExpect: 100-continue\r\n\r\n",
+            b"{}",
+        ]);
+        assert_eq!(req.unwrap().body, b"{}");
+        assert_eq!(written, b"HTTP/1.1 100 Continue\r\n\r\n");
+        let (req, _) = read(&[b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"]);
+        assert!(matches!(req, Err(ApiError::HungUp)), "{req:?}");
+        let (req, _) = read(&[b"GET /api/v1/vm.info HTTP/1.1\r\n", b"<stall>"]);
+        assert!(matches!(req, Err(ApiError::Timeout)), "{req:?}");
+        assert_eq!(ApiError::Timeout.status(), 408);
+    }
+}

@@ -1,0 +1,155 @@
+//! The endpoints: which paths exist under `/api/v1/`, which methods each takes, and what its
+//! body must be. [`route`] turns a parsed request into an [`ApiRequest`] or the error the
+//! client gets; [`decode`] does the whole way from bytes (the `api` fuzz target's entry).
+
+use super::http::{self, Request};
+use super::ApiError;
+use crate::config::VmConfig;
+
+/// Where every endpoint lives.
+pub const ROOT: &str = "/api/v1/";
+
+/// What a client asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ApiRequest {
+    /// `vmm.ping`: is lull there, and which version.
+    VmmPing,
+    /// `vmm.shutdown`: stop the VM if it runs, then end lull.
+    VmmShutdown,
+    /// `vm.create`: remember this (validated) configuration.
+    VmCreate(Box<VmConfig>),
+    /// `vm.boot`: build and start the created VM.
+    VmBoot,
+    /// `vm.info`: the VM's state and configuration.
+    VmInfo,
+    /// `vm.counters`: the `--metrics` report, live while the VM runs.
+    VmCounters,
+    /// `vm.shutdown`: stop the running VM.
+    VmShutdown,
+}
+
+/// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
+/// it makes (`None`: built from the body, for `vm.create`).
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
+    ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
+    ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
+    ("vm.create", "PUT", None),
+    ("vm.boot", "PUT", Some(ApiRequest::VmBoot)),
+    ("vm.info", "GET", Some(ApiRequest::VmInfo)),
+    ("vm.counters", "GET", Some(ApiRequest::VmCounters)),
+    ("vm.shutdown", "PUT", Some(ApiRequest::VmShutdown)),
+];
+
+/// The request `req` makes, or why it cannot be served.
+pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
+    let (name, allowed, request) = req
+        .path
+        .strip_prefix(ROOT)
+        .and_then(|name| ENDPOINTS.into_iter().find(|(n, _, _)| *n == name))
+        .ok_or_else(|| ApiError::NotFound(req.path.clone()))?;
+    if !allowed.split(", ").any(|m| m == req.method) {
+        return Err(ApiError::MethodNotAllowed {
+            endpoint: name,
+            method: req.method.clone(),
+            allowed,
+        });
+    }
+    match request {
+        None => create(&req.body),
+        Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
+        Some(request) => Ok(request),
+    }
+}
+
+/// `vm.create`: the body is the JSON of `--config`, checked as the command line is.
+fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::MissingConfig);
+    }
+    let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
+    cfg.validate().map_err(ApiError::ConfigInvalid)?;
+    Ok(ApiRequest::VmCreate(Box::new(cfg)))
+}
+
+/// The request in `bytes`: `None` if they hold only part of one.
+pub fn decode(bytes: &[u8]) -> Result<Option<ApiRequest>, ApiError> {
+    http::parse(bytes)?.as_ref().map(route).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, path: &str, body: &str) -> Request {
+        Request {
+            method: method.into(),
+            path: path.into(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn every_endpoint_routes_with_its_methods() {
+        assert_eq!(
+            route(&request("GET", "/api/v1/vmm.ping", "")).unwrap(),
+            ApiRequest::VmmPing
+        );
+        assert_eq!(
+            route(&request("PUT", "/api/v1/vmm.ping", "")).unwrap(),
+            ApiRequest::VmmPing
+        );
+        for (path, method, want) in [
+            ("vmm.shutdown", "PUT", ApiRequest::VmmShutdown),
+            ("vm.boot", "PUT", ApiRequest::VmBoot),
+            ("vm.info", "GET", ApiRequest::VmInfo),
+            ("vm.counters", "GET", ApiRequest::VmCounters),
+            ("vm.shutdown", "PUT", ApiRequest::VmShutdown),
+        ] {
+            let path = format!("{ROOT}{path}");
+            assert_eq!(route(&request(method, &path, "")).unwrap(), want);
+            let other = if method == "GET" { "PUT" } else { "GET" };
+            let err = route(&request(other, &path, "")).unwrap_err();
+            assert_eq!(err.status(), 405, "{other} {path}: {err}");
+        }
+    }
+
+    #[test]
+    fn create_takes_a_valid_config() {
+        let path = "/api/v1/vm.create";
+        let Ok(ApiRequest::VmCreate(cfg)) = route(&request("PUT", path, r#"{"cpus": 2}"#)) else {
+            panic!("vm.create with a config should route");
+        };
+        assert_eq!(cfg.cpus, 2);
+        for (body, status) in [
+            ("", 400),
+            ("{", 400),
+            (r#"{"cpu": 2}"#, 400),
+            (r#"{"cpus": 0}"#, 400),
+        ] {
+            let err = route(&request("PUT", path, body)).unwrap_err();
+            assert_eq!(err.status(), status, "{body:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_paths_and_stray_bodies_are_refused() {
+        for path in [
+            "/",
+            "/api/v1/",
+            "/api/v1/vm.delete",
+            "/api/v2/vm.info",
+            "vm.info",
+        ] {
+            assert_eq!(route(&request("GET", path, "")).unwrap_err().status(), 404);
+        }
+        let err = route(&request("PUT", "/api/v1/vm.boot", "{}")).unwrap_err();
+        assert!(matches!(err, ApiError::UnexpectedBody("vm.boot")), "{err}");
+    }
+
+    #[test]
+    fn decode_goes_from_bytes_to_a_request() {
+        let raw = b"GET /api/v1/vm.info HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        assert_eq!(decode(raw).unwrap(), Some(ApiRequest::VmInfo));
+        assert_eq!(decode(&raw[..10]).unwrap(), None);
+    }
+}

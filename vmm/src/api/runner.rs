@@ -1,0 +1,127 @@
+//! The VM thread of the management API: `vm.boot` starts a thread (`vm`) that runs
+//! [`vm::run_observed`]; the thread hands back the [`LiveVm`] once every vCPU runs, and its
+//! result when the run ends, then wakes the server through an eventfd.
+//!
+//! ```text
+//!  server: start ──spawn──► vm thread: vm::run_observed(cfg) ──on_running──► Running(LiveVm)
+//!          waits for the first event                 ...runs until a stop request...
+//!  server: epoll wakes ◄── eventfd ◄── Ended(result) ◄──┘
+//! ```
+//! The VM thread installs the VMM thread's seccomp filter and the SIGINT/SIGTERM handlers of
+//! its event loop, exactly as `lull run` does on its main thread.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::ApiError;
+use crate::config::VmConfig;
+use crate::vm::{self, LiveVm, RunOutcome, VmError};
+
+/// How long a stop request may take to end the run.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the VM thread reports.
+enum RunEvent {
+    /// Every vCPU runs.
+    Running(LiveVm),
+    /// The run ended (or never started).
+    Ended(Box<Result<RunOutcome, VmError>>),
+}
+
+/// A VM that runs on its own thread.
+pub struct RunningVm {
+    live: LiveVm,
+    events: Receiver<RunEvent>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Builds and starts the VM of `cfg` on a new thread; returns once it runs, or with the reason
+/// it could not be built. `ended` is written when the run ends.
+pub fn start(cfg: &VmConfig, ended: &EventFd) -> Result<RunningVm, ApiError> {
+    let host = |what| move |source| ApiError::Host { what, source };
+    let notify = ended.try_clone().map_err(host("the VM-ended eventfd"))?;
+    let (tx, events) = mpsc::channel();
+    let cfg = cfg.clone();
+    let thread = std::thread::Builder::new()
+        .name("vm".to_string())
+        .spawn(move || {
+            let running = tx.clone();
+            let result = vm::run_observed(&cfg, Instant::now(), |live| {
+                let _ = running.send(RunEvent::Running(live));
+            });
+            // The server may have gone (lull is exiting); nobody is left to tell then.
+            let _ = tx.send(RunEvent::Ended(Box::new(result)));
+            let _ = notify.write(1);
+        })
+        .map_err(host("the VM thread"))?;
+    let mut thread = Some(thread);
+    match events.recv() {
+        Ok(RunEvent::Running(live)) => Ok(RunningVm {
+            live,
+            events,
+            thread,
+        }),
+        Ok(RunEvent::Ended(result)) => {
+            join(&mut thread);
+            match *result {
+                Err(e) => Err(ApiError::Boot(e)),
+                // `run_observed` hands over the VM before it can end.
+                Ok(_) => Err(ApiError::RunnerLost),
+            }
+        }
+        Err(_) => {
+            join(&mut thread);
+            Err(ApiError::RunnerLost)
+        }
+    }
+}
+
+/// Waits for the VM thread, which has sent its last event.
+fn join(thread: &mut Option<JoinHandle<()>>) {
+    if let Some(t) = thread.take() {
+        if t.join().is_err() {
+            tracing::error!("the VM thread panicked");
+        }
+    }
+}
+
+impl RunningVm {
+    /// The running VM: live counters, stop requests.
+    pub fn live(&self) -> &LiveVm {
+        &self.live
+    }
+
+    /// The run's result if it has ended.
+    pub fn try_end(&mut self) -> Option<Result<RunOutcome, ApiError>> {
+        match self.events.try_recv() {
+            Ok(event) => Some(self.ended(event)),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(self.ended_without_result()),
+        }
+    }
+
+    /// Waits up to [`STOP_TIMEOUT`] for the run to end (after a stop request).
+    pub fn wait_end(&mut self) -> Result<RunOutcome, ApiError> {
+        match self.events.recv_timeout(STOP_TIMEOUT) {
+            Ok(event) => self.ended(event),
+            Err(RecvTimeoutError::Timeout) => Err(ApiError::StopTimeout),
+            Err(RecvTimeoutError::Disconnected) => self.ended_without_result(),
+        }
+    }
+
+    fn ended(&mut self, event: RunEvent) -> Result<RunOutcome, ApiError> {
+        join(&mut self.thread);
+        match event {
+            RunEvent::Ended(result) => (*result).map_err(|e| ApiError::RunFailed(e.into())),
+            RunEvent::Running(_) => Err(ApiError::RunnerLost),
+        }
+    }
+
+    fn ended_without_result(&mut self) -> Result<RunOutcome, ApiError> {
+        join(&mut self.thread);
+        Err(ApiError::RunnerLost)
+    }
+}

@@ -4,7 +4,7 @@
 //! (the serial port) or `KVM_IRQ_LINE` (pc-testdev's lines; KVM's default routing sends GSI
 //! n to IOAPIC input n).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use devices::testdev::IrqLines;
 use kvm_ioctls::{VcpuExit, VmFd};
@@ -13,24 +13,31 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::{ChipExit, CpuPort, EdgeIrq, Entry, HaltEnd, IrqChip, IrqChipError, VcpuIrq};
 use crate::metrics::RunReport;
 use crate::ratelimit::LogLimiter;
-use crate::state::VmShared;
+use crate::state::{lock, VmShared};
 
 /// KVM's in-kernel irqchip of one VM (created with the VM).
 pub struct KernelIrqChip {
     vm: Arc<VmFd>,
     lines: Arc<KvmIrqLines>,
+    /// Thread ids of the vCPU threads, to kick them out of KVM_RUN at stop.
+    vcpu_threads: Arc<Mutex<Vec<libc::pid_t>>>,
 }
 
 impl KernelIrqChip {
     /// The chip of `vm`, whose in-kernel irqchip exists already.
-    pub fn new(vm: Arc<VmFd>) -> Self {
-        Self {
+    pub fn new(vm: Arc<VmFd>) -> Result<Self, IrqChipError> {
+        crate::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
+            what: "the kick signal handler",
+            source: std::io::Error::from_raw_os_error(e.errno()),
+        })?;
+        Ok(Self {
             lines: Arc::new(KvmIrqLines {
                 vm: vm.clone(),
                 failed: LogLimiter::new(),
             }),
             vm,
-        }
+            vcpu_threads: Arc::default(),
+        })
     }
 }
 
@@ -40,7 +47,9 @@ impl IrqChip for KernelIrqChip {
     }
 
     fn vcpu(&self, _id: u32, _shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
-        Ok(Box::new(KernelVcpuIrq))
+        Ok(Box::new(KernelVcpuIrq {
+            threads: self.vcpu_threads.clone(),
+        }))
     }
 
     fn edge_irq(&self, gsi: u32) -> Result<EdgeIrq, IrqChipError> {
@@ -66,17 +75,25 @@ impl IrqChip for KernelIrqChip {
     }
 
     fn kick_all(&self) {
-        // vCPU threads in KVM_RUN are ended with the process; nothing of theirs is reported.
+        // Out of KVM_RUN (the kick's handler sets immediate_exit): each sees the stop.
+        for &tid in lock(&self.vcpu_threads).iter() {
+            crate::sys::kick::kick_thread(tid);
+        }
     }
 
     fn report(&self, _report: &mut RunReport) {}
 }
 
-/// The per-vCPU half of KVM's irqchip: KVM does everything.
-pub struct KernelVcpuIrq;
+/// The per-vCPU half of KVM's irqchip: KVM does everything; lull only kicks it at stop.
+pub struct KernelVcpuIrq {
+    threads: Arc<Mutex<Vec<libc::pid_t>>>,
+}
 
 impl VcpuIrq for KernelVcpuIrq {
-    fn attach(&mut self, _cpu: &mut dyn CpuPort) {}
+    fn attach(&mut self, cpu: &mut dyn CpuPort) {
+        cpu.register_kick();
+        lock(&self.threads).push(crate::sys::kick::current_tid());
+    }
 
     fn before_entry(&mut self, _cpu: &mut dyn CpuPort) -> Entry {
         Entry::Enter
@@ -88,7 +105,9 @@ impl VcpuIrq for KernelVcpuIrq {
         Err(exit)
     }
 
-    fn exit_done(&mut self, _cpu: &mut dyn CpuPort) {}
+    fn exit_done(&mut self, cpu: &mut dyn CpuPort) {
+        cpu.clear_immediate_exit();
+    }
 
     fn halted(&mut self, _cpu: &mut dyn CpuPort) -> HaltEnd {
         // KVM handles HLT in the kernel; a HLT exit here would be KVM's bug: resume.
@@ -99,7 +118,11 @@ impl VcpuIrq for KernelVcpuIrq {
         None
     }
 
-    fn detach(&mut self, _cpu: &mut dyn CpuPort) {}
+    fn detach(&mut self, cpu: &mut dyn CpuPort) {
+        let tid = crate::sys::kick::current_tid();
+        lock(&self.threads).retain(|&t| t != tid);
+        cpu.unregister_kick();
+    }
 }
 
 /// Interrupt lines driven through KVM's in-kernel irqchip.

@@ -75,7 +75,7 @@ pub fn irqchip(
     vcpus: &CreatedVcpus,
 ) -> Result<Arc<dyn IrqChip>, IrqChipError> {
     if cfg.irqchip == IrqchipMode::Kernel {
-        return Ok(Arc::new(KernelIrqChip::new(vm.clone())));
+        return Ok(Arc::new(KernelIrqChip::new(vm.clone())?));
     }
     let chip_cfg = UserChipConfig {
         cpus: cfg.cpus,

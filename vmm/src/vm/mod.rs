@@ -199,19 +199,33 @@ pub fn run_observed(
     let shared = Arc::new(shared);
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
-    start_vcpus(vcpus, chip.as_ref(), &shared)?;
-    chip.start(&shared)?;
+    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared)
+        .and_then(|()| chip.start(&shared).map_err(VmError::from));
+    if let Err(e) = started_all {
+        stop_started(&shared, chip.as_ref(), &e);
+        return Err(e);
+    }
     on_running(LiveVm {
         shared: shared.clone(),
         chip: chip.clone(),
         serial: serial_counters.clone(),
     });
-    let reason = events.run()?;
+    let reason = events
+        .run()
+        .inspect_err(|e| stop_started(&shared, chip.as_ref(), e))?;
     let host = report::host_facts(&shared);
     chip.kick_all();
     let _ = lock(&console.console).flush();
     let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
     Ok(RunOutcome { reason, report })
+}
+
+/// Ends the threads a failed start left running (they matter when lull lives on: the API).
+fn stop_started(shared: &VmShared, chip: &dyn IrqChip, why: &VmError) {
+    shared
+        .stop
+        .request(StopReason::VmmError(format!("start failed: {why}")));
+    chip.kick_all();
 }
 
 /// Starts one thread per vCPU with its part of the irqchip.

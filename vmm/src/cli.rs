@@ -50,7 +50,8 @@ pub enum Command {
 /// Flags of `lull run`. Each one overrides the same field of `--config`.
 #[derive(Debug, Args, Default)]
 pub struct RunArgs {
-    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests) or a bzImage.
+    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests), a bzImage,
+    /// or a multiboot (v1) ELF32 image (e.g. kvm-unit-tests' x86 tests).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
 
@@ -131,9 +132,15 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "on|off")]
     pub pv_eoi: Option<Switch>,
 
+    /// x2APIC for the guest: `off` clears CPUID.1:ECX[21], and the LAPIC (lull's or KVM's)
+    /// then refuses x2APIC mode (setting IA32_APIC_BASE.EXTD and the x2APIC MSRs #GP), so the
+    /// guest stays in xAPIC mode. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub x2apic: Option<Switch>,
+
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, idle_inject,
-    /// cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi);
+    /// cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi, x2apic);
     /// flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -194,6 +201,9 @@ impl RunArgs {
         }
         if let Some(v) = self.pv_eoi {
             cfg.pv_eoi = v;
+        }
+        if let Some(v) = self.x2apic {
+            cfg.x2apic = v;
         }
         cfg.validate()?;
         Ok(cfg)

@@ -231,9 +231,9 @@ fn refuses_elf64_multiboot() -> Result<(), Failed> {
 /// A minimal multiboot ELF32 image: one segment at `paddr` holding `code`, entered at its
 /// first byte in 32-bit protected mode (the multiboot entry state).
 fn tiny_image(paddr: u32, code: &[u8]) -> Vec<u8> {
-    const CODE_OFFSET: usize = 0x100;
+    const CODE_OFFSET: u32 = 0x100;
     const HEADER_OFFSET: usize = 0x60;
-    let mut f = vec![0u8; CODE_OFFSET];
+    let mut f = vec![0u8; CODE_OFFSET as usize];
     f[..7].copy_from_slice(b"\x7fELF\x01\x01\x01");
     let len = u32::try_from(code.len()).unwrap_or(0);
     for (at, value) in [(24, paddr), (28, 52), (20, 1)] {
@@ -245,7 +245,7 @@ fn tiny_image(paddr: u32, code: &[u8]) -> Vec<u8> {
     }
     // Program header 0: PT_LOAD, file offset, vaddr, paddr, filesz, memsz, flags RX.
     let ph = 52;
-    let fields = [1, CODE_OFFSET as u32, paddr, paddr, len, len, 5];
+    let fields = [1, CODE_OFFSET, paddr, paddr, len, len, 5];
     for (i, value) in fields.into_iter().enumerate() {
         put32(&mut f, ph + 4 * i, value);
     }

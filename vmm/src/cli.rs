@@ -246,6 +246,26 @@ mod tests {
     }
 
     #[test]
+    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
+        let dir = std::env::temp_dir().join(format!("lull-cli-x2apic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vm.json");
+        std::fs::write(&file, r#"{"x2apic": "off"}"#).unwrap();
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("expected the run subcommand");
+            };
+            args.to_config().unwrap().x2apic
+        };
+        assert_eq!(parse(&[]), Switch::Off);
+        assert_eq!(parse(&["--x2apic", "on"]), Switch::On);
+        assert_eq!(VmConfig::default().x2apic, Switch::On);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn bad_values_are_usage_errors() {
         assert!(Cli::try_parse_from(["lull", "run", "--memory", "lots"]).is_err());
         assert!(Cli::try_parse_from(["lull", "run", "--serial", "tty"]).is_err());

@@ -189,6 +189,18 @@ mod tests {
         assert!(!has_index(&timing));
     }
 
+    /// vCPU 0 of a one-vCPU VM at 1 GHz with lull's LAPIC, x2APIC on, PV EOI off.
+    fn user_lapic_params() -> CpuidParams {
+        CpuidParams {
+            apic_id: 0,
+            cpus: 1,
+            tsc_khz: 1_000_000,
+            user_lapic: true,
+            pv_eoi: false,
+            x2apic: true,
+        }
+    }
+
     #[test]
     fn user_lapic_hides_pv_features_that_need_kvms_lapic() {
         let supported = vec![kvm_cpuid_entry2 {
@@ -197,14 +209,7 @@ mod tests {
             edx: 1,
             ..Default::default()
         }];
-        let p = CpuidParams {
-            apic_id: 0,
-            cpus: 1,
-            tsc_khz: 1_000_000,
-            user_lapic: true,
-            pv_eoi: false,
-            x2apic: true,
-        };
+        let p = user_lapic_params();
         let f = find(&adjust(&supported, p), LEAF_HV_FEATURES);
         assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, 0);
         assert_ne!(f.eax & 1, 0); // kvmclock stays
@@ -228,12 +233,8 @@ mod tests {
             ..Default::default()
         }];
         let p = CpuidParams {
-            apic_id: 0,
-            cpus: 1,
-            tsc_khz: 1_000_000,
-            user_lapic: true,
-            pv_eoi: false,
             x2apic: false,
+            ..user_lapic_params()
         };
         let l1 = find(&adjust(&supported, p), 1);
         assert_eq!(l1.ecx & ECX_X2APIC, 0);

@@ -10,6 +10,7 @@ pub mod i8042;
 pub mod ioapic;
 pub mod lapic;
 pub mod pio;
+pub mod port92;
 pub mod serial;
 pub mod test_exit;
 pub mod testdev;

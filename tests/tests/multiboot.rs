@@ -228,6 +228,70 @@ fn refuses_elf64_multiboot() -> Result<(), Failed> {
     refuses(path, "objcopy -O elf32-i386")
 }
 
+/// A minimal multiboot ELF32 image: one segment at `paddr` holding `code`, entered at its
+/// first byte in 32-bit protected mode (the multiboot entry state).
+fn tiny_image(paddr: u32, code: &[u8]) -> Vec<u8> {
+    const CODE_OFFSET: u32 = 0x100;
+    const HEADER_OFFSET: usize = 0x60;
+    let mut f = vec![0u8; CODE_OFFSET as usize];
+    f[..7].copy_from_slice(b"\x7fELF\x01\x01\x01");
+    let len = u32::try_from(code.len()).unwrap_or(0);
+    for (at, value) in [(24, paddr), (28, 52), (20, 1)] {
+        put32(&mut f, at, value);
+    }
+    for (at, value) in [(16u16, 2u16), (18, 3), (40, 52), (42, 32), (44, 1)] {
+        let at = usize::from(at);
+        f[at..at + 2].copy_from_slice(&value.to_le_bytes());
+    }
+    // Program header 0: PT_LOAD, file offset, vaddr, paddr, filesz, memsz, flags RX.
+    let ph = 52;
+    let fields = [1, CODE_OFFSET, paddr, paddr, len, len, 5];
+    for (i, value) in fields.into_iter().enumerate() {
+        put32(&mut f, ph + 4 * i, value);
+    }
+    put32(&mut f, HEADER_OFFSET, 0x1BAD_B002);
+    put32(&mut f, HEADER_OFFSET + 8, 0u32.wrapping_sub(0x1BAD_B002));
+    f.extend_from_slice(code);
+    f
+}
+
+/// `out %al, $port` after `mov $value, %al`.
+fn outb(port: u8, value: u8) -> [u8; 4] {
+    [0xb0, value, 0xe6, port]
+}
+
+/// Writes `tiny_image(paddr, code)` to a temp file and runs it in `mode`.
+fn run_tiny(name: &str, paddr: u32, code: &[u8], mode: &str) -> Result<RunResult, Failed> {
+    let path = temp_path(name);
+    std::fs::write(&path, tiny_image(paddr, code)).map_err(|e| e.to_string())?;
+    let kernel = path.display().to_string();
+    let r = run(&["run", "--kernel", &kernel, "--irqchip", mode]);
+    let _ = std::fs::remove_file(&path);
+    r
+}
+
+/// Exit code 0x15 through the test-exit port: lull's status (0x15 << 1) | 1.
+const EXIT_0X15: u8 = 0x15;
+const STATUS_0X15: i32 = 0x2b;
+const HLT: u8 = 0xf4;
+
+/// An image linked below 1 MiB (real-mode test images load at 0x8000) is loaded into
+/// conventional RAM and runs.
+fn loads_below_1_mib(mode: &str) -> Result<(), Failed> {
+    let mut code = outb(0xf4, EXIT_0X15).to_vec();
+    code.push(HLT);
+    run_tiny(&format!("low-{mode}.elf"), 0x8000, &code, mode)?.expect_code(STATUS_0X15)
+}
+
+/// A write of bit 0 to port 0x92 (System Control Port A) resets the machine: lull ends with
+/// the reset's status 0 before the guest reaches its exit-port write.
+fn port_92_resets(mode: &str) -> Result<(), Failed> {
+    let mut code = outb(0x92, 0x01).to_vec();
+    code.extend(outb(0xf4, EXIT_0X15));
+    code.push(HLT);
+    run_tiny(&format!("reset92-{mode}.elf"), 0x10_0000, &code, mode)?.expect_code(0)
+}
+
 type Patch = fn(&mut Vec<u8>);
 
 /// Bad images that lull must refuse before booting: (name, needs KVM, patch, message).
@@ -263,7 +327,7 @@ const BAD_IMAGES: &[(&str, bool, Patch, &str)] = &[
             let at = first_phdr(b) + 12;
             put32(b, at, 0x7ff0_0000);
         },
-        "lies outside guest RAM",
+        "ends past the top of guest RAM at 0x10000000: increase --memory",
     ),
     (
         "segment_over_boot_structures",
@@ -272,7 +336,16 @@ const BAD_IMAGES: &[(&str, bool, Patch, &str)] = &[
             let at = first_phdr(b) + 12;
             put32(b, at, 0x6000);
         },
-        "lies outside guest RAM [0x100000",
+        "overlaps the multiboot information page at [0x6000, 0x7000), which lull writes there at boot",
+    ),
+    (
+        "segment_over_the_bios_area",
+        true,
+        |b| {
+            let at = first_phdr(b) + 12;
+            put32(b, at, 0xf_0000);
+        },
+        "which is not RAM in the guest's memory map",
     ),
     (
         "address_kludge",
@@ -311,6 +384,12 @@ fn main() {
         }));
         trials.push(kvm_trial(&format!("apic_base_{mode}"), move || {
             apic_base(mode)
+        }));
+        trials.push(kvm_trial(&format!("loads_below_1_mib_{mode}"), move || {
+            loads_below_1_mib(mode)
+        }));
+        trials.push(kvm_trial(&format!("port_92_resets_{mode}"), move || {
+            port_92_resets(mode)
         }));
     }
     for (name, needs_kvm, patch, text) in BAD_IMAGES {

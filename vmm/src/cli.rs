@@ -56,7 +56,8 @@ pub enum Command {
 /// Flags of `lull run`. Each one overrides the same field of `--config`.
 #[derive(Debug, Args, Default)]
 pub struct RunArgs {
-    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests) or a bzImage.
+    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests), a bzImage,
+    /// or a multiboot (v1) ELF32 image (e.g. kvm-unit-tests' x86 tests).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
 
@@ -146,10 +147,15 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "on|off")]
     pub pv_eoi: Option<Switch>,
 
+    /// x2APIC for the guest: `off` clears CPUID.1:ECX[21], and the LAPIC (lull's or KVM's)
+    /// then refuses x2APIC mode (setting IA32_APIC_BASE.EXTD and the x2APIC MSRs #GP), so the
+    /// guest stays in xAPIC mode. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub x2apic: Option<Switch>,
+
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
-    /// idle_inject,
-    /// cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi);
+    /// idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi, x2apic);
     /// flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -189,6 +195,7 @@ impl RunArgs {
             metrics,
             seccomp,
             pv_eoi,
+            x2apic,
             config,
             api_socket: _,
             verbose: _,
@@ -210,6 +217,7 @@ impl RunArgs {
             metrics.is_some(),
             seccomp.is_some(),
             pv_eoi.is_some(),
+            x2apic.is_some(),
             config.is_some(),
         ]
         .contains(&true)
@@ -269,6 +277,9 @@ impl RunArgs {
         if let Some(v) = self.pv_eoi {
             cfg.pv_eoi = v;
         }
+        if let Some(v) = self.x2apic {
+            cfg.x2apic = v;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -323,6 +334,26 @@ mod tests {
         assert!(!bare.describes_vm());
         assert!(parse(&["lull", "run", "--api-socket", "/tmp/s", "--cpus", "2"]).describes_vm());
         assert!(parse(&["lull", "run", "--seccomp", "off"]).describes_vm());
+    }
+
+    #[test]
+    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
+        let dir = std::env::temp_dir().join(format!("lull-cli-x2apic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vm.json");
+        std::fs::write(&file, r#"{"x2apic": "off"}"#).unwrap();
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("expected the run subcommand");
+            };
+            args.to_config().unwrap().x2apic
+        };
+        assert_eq!(parse(&[]), Switch::Off);
+        assert_eq!(parse(&["--x2apic", "on"]), Switch::On);
+        assert_eq!(VmConfig::default().x2apic, Switch::On);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct CpuidParams {
     pub user_lapic: bool,
     /// With `user_lapic`: advertise PV EOI, which lull implements.
     pub pv_eoi: bool,
+    /// Advertise x2APIC (`--x2apic`); without it CPUID.1:ECX[21] is clear, whatever KVM
+    /// supports, and KVM's LAPIC refuses x2APIC mode as lull's does.
+    pub x2apic: bool,
 }
 
 fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mut kvm_cpuid_entry2 {
@@ -66,7 +69,12 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
     {
         let e = upsert(&mut entries, LEAF_FEATURES, 0);
         e.ebx = (e.ebx & 0x0000_ffff) | (apic_id_byte << 24) | (logical << 16);
-        e.ecx |= ECX_X2APIC | ECX_TSC_DEADLINE | ECX_HYPERVISOR;
+        e.ecx |= ECX_TSC_DEADLINE | ECX_HYPERVISOR;
+        if p.x2apic {
+            e.ecx |= ECX_X2APIC;
+        } else {
+            e.ecx &= !ECX_X2APIC;
+        }
     }
     upsert(&mut entries, LEAF_THERMAL_POWER, 0).eax |= EAX_ARAT;
     for e in entries.iter_mut() {
@@ -159,6 +167,7 @@ mod tests {
                 tsc_khz: 2_100_000,
                 user_lapic: false,
                 pv_eoi: false,
+                x2apic: true,
             },
         );
         let l1 = find(&v, 1);
@@ -180,6 +189,18 @@ mod tests {
         assert!(!has_index(&timing));
     }
 
+    /// vCPU 0 of a one-vCPU VM at 1 GHz with lull's LAPIC, x2APIC on, PV EOI off.
+    fn user_lapic_params() -> CpuidParams {
+        CpuidParams {
+            apic_id: 0,
+            cpus: 1,
+            tsc_khz: 1_000_000,
+            user_lapic: true,
+            pv_eoi: false,
+            x2apic: true,
+        }
+    }
+
     #[test]
     fn user_lapic_hides_pv_features_that_need_kvms_lapic() {
         let supported = vec![kvm_cpuid_entry2 {
@@ -188,13 +209,7 @@ mod tests {
             edx: 1,
             ..Default::default()
         }];
-        let p = CpuidParams {
-            apic_id: 0,
-            cpus: 1,
-            tsc_khz: 1_000_000,
-            user_lapic: true,
-            pv_eoi: false,
-        };
+        let p = user_lapic_params();
         let f = find(&adjust(&supported, p), LEAF_HV_FEATURES);
         assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, 0);
         assert_ne!(f.eax & 1, 0); // kvmclock stays
@@ -208,5 +223,23 @@ mod tests {
             ..p
         };
         assert_eq!(find(&adjust(&supported, p), LEAF_HV_FEATURES).eax, 0xffff);
+    }
+
+    #[test]
+    fn x2apic_off_clears_the_bit_kvm_supports() {
+        let supported = vec![kvm_cpuid_entry2 {
+            function: 1,
+            ecx: ECX_X2APIC | 1,
+            ..Default::default()
+        }];
+        let p = CpuidParams {
+            x2apic: false,
+            ..user_lapic_params()
+        };
+        let l1 = find(&adjust(&supported, p), 1);
+        assert_eq!(l1.ecx & ECX_X2APIC, 0);
+        assert_eq!(l1.ecx & 1, 1, "other feature bits stay");
+        let on = CpuidParams { x2apic: true, ..p };
+        assert_ne!(find(&adjust(&supported, on), 1).ecx & ECX_X2APIC, 0);
     }
 }

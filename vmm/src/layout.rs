@@ -43,6 +43,38 @@ pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 /// KVM's identity-map page for real-mode emulation, just below the TSS.
 pub const KVM_IDENTITY_MAP_ADDR: u64 = 0xfffb_c000;
 
+/// A range of guest memory lull writes at boot, for every protocol or for some.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootData {
+    /// First byte.
+    pub start: u64,
+    /// First byte after it.
+    pub end: u64,
+    /// What lull keeps there.
+    pub what: &'static str,
+}
+
+/// What lull writes in conventional memory (below [`LOW_RAM_END`]) when it boots a multiboot
+/// image: the GDT and IDT, the multiboot information page, the command line. (The MP table
+/// lives in the EBDA, which is not RAM in the memory map.)
+pub const MULTIBOOT_BOOT_DATA: [BootData; 3] = [
+    BootData {
+        start: GDT_ADDR,
+        end: IDT_ADDR + 8,
+        what: "lull's GDT and IDT",
+    },
+    BootData {
+        start: crate::boot::multiboot::INFO_ADDR,
+        end: crate::boot::multiboot::INFO_ADDR + crate::boot::multiboot::INFO_PAGE as u64,
+        what: "the multiboot information page",
+    },
+    BootData {
+        start: CMDLINE_ADDR,
+        end: CMDLINE_ADDR + CMDLINE_MAX as u64,
+        what: "the command line",
+    },
+];
+
 /// The guest RAM ranges (start, length) for `memory` bytes: below the MMIO hole, then above 4 GiB.
 pub fn ram_ranges(memory: u64) -> Vec<(u64, u64)> {
     if memory <= MMIO_HOLE_START {

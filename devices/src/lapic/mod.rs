@@ -582,6 +582,19 @@ impl<E: LapicEvents> Lapic<E> {
         self.irr.highest().filter(|&v| class(v) > class(self.ppr()))
     }
 
+    /// Whether the highest pending interrupt is held by the task priority alone: no in-service
+    /// vector blocks it, but TPR's class is at or above its own. Lowering TPR (or CR8) lets it
+    /// in, so a VMM that does not see every CR8 write must look again while this holds.
+    pub fn held_by_tpr(&self) -> bool {
+        if self.mode() == ApicMode::Disabled {
+            return false;
+        }
+        let isr_class = class(self.isr.highest().unwrap_or(0));
+        self.irr
+            .highest()
+            .is_some_and(|v| class(v) > isr_class && class(v) <= class(self.tpr))
+    }
+
     /// Whether an interrupt or NMI is waiting for injection (a halted vCPU wakes for it).
     pub fn has_pending_interrupt(&self) -> bool {
         self.nmi_pending() || self.next_interrupt().is_some()

@@ -641,6 +641,26 @@ fn cr8_is_tpr_bits_7_to_4() {
 }
 
 #[test]
+fn held_by_tpr_only_when_tpr_alone_holds_the_interrupt() {
+    let mut lapic = lapic();
+    assert!(!lapic.held_by_tpr(), "nothing pending");
+    assert!(lapic.accept_interrupt(0x65, false));
+    assert!(!lapic.held_by_tpr(), "deliverable at TPR 0");
+    lapic.set_cr8(6);
+    assert!(lapic.held_by_tpr());
+    lapic.set_cr8(9);
+    assert!(lapic.held_by_tpr());
+    // An in-service vector of a higher class holds it too: lowering TPR would not help.
+    lapic.set_cr8(0);
+    assert!(lapic.accept_interrupt(0x85, false));
+    lapic.interrupt_injected(0x85);
+    lapic.set_cr8(6);
+    assert!(!lapic.held_by_tpr());
+    let _ = write(&mut lapic, EOI, 0, 0);
+    assert!(lapic.held_by_tpr());
+}
+
+#[test]
 fn kvm_run_cr8_syncs_only_changes() {
     let mut lapic = lapic();
     // The guest set TPR through the register; kvm_run.cr8 then echoes its class.

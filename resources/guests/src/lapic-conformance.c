@@ -36,7 +36,10 @@
  *   ipi_all_excluding_self    shorthand 11b reaches every CPU but the sender
  *   init_resets_registers     INIT to a running AP, then SIPI: its LAPIC is back at reset values
  *   cr8_tpr                   (AP 1, 64-bit) CR8 = TPR[7:4] both ways; CR8 6 holds a pending
- *                             interrupt of class 6, CR8 0 lets it in
+ *                             interrupt of class 6, CR8 0 lets it in (within the 5000-pause
+ *                             wait: on PVM hosts KVM reports no MOV CR8 it emulates, and
+ *                             lull's user LAPIC sees the lowered CR8 at its next exit, at the
+ *                             latest 1 ms later - docs/GUEST-ABI.md, "LAPIC")
  *   nmi_delivery              (AP 1, 64-bit) an NMI IPI runs the NMI handler
  *   nmi_two_pending           (AP 1, 64-bit) two NMIs sent back to back, before the AP can have
  *                             handled the first, are both taken (one latched behind the other)

@@ -347,12 +347,7 @@ fn load_multiboot(
     if size > top {
         return Err(BootError::Multiboot {
             path: path.to_path_buf(),
-            reason: multiboot::MultibootError::OutsideRam {
-                addr: HIMEM_START,
-                size,
-                low: HIMEM_START,
-                high: top,
-            },
+            reason: multiboot::MultibootError::FileTooLarge { size, high: top },
         });
     }
     let mut bytes = Vec::new();

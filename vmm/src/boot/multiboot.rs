@@ -14,7 +14,7 @@
 //! ```
 //! Everything here is a pure function over bytes; `boot::load` writes the results.
 
-use crate::layout::{E820Entry, HIMEM_START, MMIO_HOLE_START};
+use crate::layout::{E820Entry, HIMEM_START, LOW_RAM_END, MMIO_HOLE_START, MULTIBOOT_BOOT_DATA};
 
 /// The header magic an image carries (`0x1BADB002`).
 pub const HEADER_MAGIC: u32 = 0x1BAD_B002;
@@ -68,17 +68,53 @@ pub enum MultibootError {
     /// The file ends before a structure it describes.
     #[error("The image is truncated: {0} lies beyond the end of the file")]
     Truncated(&'static str),
-    /// A segment does not fit in guest RAM or overlaps lull's boot structures.
-    #[error("Segment at {addr:#x}+{size:#x} lies outside guest RAM [{low:#x}, {high:#x}): link the image at 1 MiB or above, or increase --memory")]
-    OutsideRam {
+    /// The file is larger than the RAM it could be loaded into.
+    #[error("The image file ({size} bytes) is larger than the guest RAM it could load into ({high:#x} bytes)")]
+    FileTooLarge {
+        /// File size.
+        size: u64,
+        /// End of the RAM below the MMIO hole.
+        high: u64,
+    },
+    /// A segment ends past the top of guest RAM (below the MMIO hole): more RAM helps.
+    #[error("Segment at {addr:#x}+{size:#x} ends past the top of guest RAM at {high:#x}: increase --memory")]
+    BeyondRam {
         /// Physical address.
         addr: u64,
         /// Size in memory.
         size: u64,
-        /// Lowest allowed address.
-        low: u64,
         /// End of usable RAM.
         high: u64,
+    },
+    /// A segment reaches the 32-bit MMIO hole, which no --memory turns into RAM.
+    #[error("Segment at {addr:#x}+{size:#x} reaches the 32-bit MMIO hole at {MMIO_HOLE_START:#x} (IOAPIC, LAPIC): link the image below it")]
+    InMmioHole {
+        /// Physical address.
+        addr: u64,
+        /// Size in memory.
+        size: u64,
+    },
+    /// A segment overlaps the EBDA and the VGA/BIOS area, which are no RAM in the memory map.
+    #[error("Segment at {addr:#x}+{size:#x} overlaps [{LOW_RAM_END:#x}, {HIMEM_START:#x}) (the EBDA with lull's MP table, then the VGA and BIOS area), which is not RAM in the guest's memory map: link the image below {LOW_RAM_END:#x} or at 1 MiB or above")]
+    NotRam {
+        /// Physical address.
+        addr: u64,
+        /// Size in memory.
+        size: u64,
+    },
+    /// A segment overlaps a structure lull writes in low memory at boot.
+    #[error("Segment at {addr:#x}+{size:#x} overlaps {what} at [{start:#x}, {end:#x}), which lull writes there at boot: link the image to leave that range free")]
+    OverlapsBootData {
+        /// Physical address.
+        addr: u64,
+        /// Size in memory.
+        size: u64,
+        /// What lull keeps there.
+        what: &'static str,
+        /// Its first byte.
+        start: u64,
+        /// The first byte after it.
+        end: u64,
     },
     /// No loadable segment.
     #[error("The ELF32 image has no loadable (PT_LOAD) segment")]
@@ -164,7 +200,40 @@ impl Image {
     }
 }
 
-/// Parses a whole multiboot ELF32 file and checks its segments against RAM `[1 MiB, ram_top)`.
+/// Where a segment of `size` bytes at `addr` may not go: outside RAM (`[0, LOW_RAM_END)` and
+/// `[1 MiB, ram_top)`, as the memory map says), or over what lull writes in low memory.
+pub fn check_placement(addr: u64, size: u64, ram_top: u64) -> Result<(), MultibootError> {
+    let end = addr.saturating_add(size);
+    if end > MMIO_HOLE_START {
+        return Err(MultibootError::InMmioHole { addr, size });
+    }
+    if end > ram_top {
+        return Err(MultibootError::BeyondRam {
+            addr,
+            size,
+            high: ram_top,
+        });
+    }
+    if addr < HIMEM_START && end > LOW_RAM_END {
+        return Err(MultibootError::NotRam { addr, size });
+    }
+    match MULTIBOOT_BOOT_DATA
+        .iter()
+        .find(|d| addr < d.end && d.start < end)
+    {
+        Some(d) => Err(MultibootError::OverlapsBootData {
+            addr,
+            size,
+            what: d.what,
+            start: d.start,
+            end: d.end,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Parses a whole multiboot ELF32 file and checks where its segments go
+/// ([`check_placement`]).
 pub fn parse(file: &[u8], ram_top: u64) -> Result<Image, MultibootError> {
     let header = find_header(file).ok_or(MultibootError::NoHeader)?;
     if header.flags & FLAG_ADDRESSES != 0 {
@@ -228,14 +297,7 @@ pub fn parse(file: &[u8], ram_top: u64) -> Result<Image, MultibootError> {
         if seg.offset + seg.filesz > file.len() as u64 {
             return Err(MultibootError::Truncated("a segment's bytes"));
         }
-        if seg.paddr < HIMEM_START || seg.paddr + seg.memsz > ram_top {
-            return Err(MultibootError::OutsideRam {
-                addr: seg.paddr,
-                size: seg.memsz,
-                low: HIMEM_START,
-                high: ram_top,
-            });
-        }
+        check_placement(seg.paddr, seg.memsz, ram_top)?;
         segments.push(seg);
     }
     if segments.is_empty() {
@@ -391,15 +453,10 @@ mod tests {
             parse(&f[..0x180], 64 << 20),
             Err(MultibootError::Truncated("a segment's bytes"))
         );
-        let f = image(0x1000, 0x100, 0x100, 0x1000, 0);
-        assert!(matches!(
-            parse(&f, 64 << 20),
-            Err(MultibootError::OutsideRam { .. })
-        ));
         let f = image(0x3ff_ff00, 0x100, 0x200, 0x3ff_ff00, 0);
         assert!(matches!(
             parse(&f, 64 << 20),
-            Err(MultibootError::OutsideRam { .. })
+            Err(MultibootError::BeyondRam { .. })
         ));
         let f = image(0x10_0000, 0x100, 0x100, 0x20_0000, 0);
         assert_eq!(
@@ -424,6 +481,75 @@ mod tests {
         f[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
         f[44..46].copy_from_slice(&u16::MAX.to_le_bytes());
         assert!(parse(&f, 64 << 20).is_err());
+    }
+
+    #[test]
+    fn a_segment_below_1_mib_loads_where_ram_is_free() {
+        // A real-mode test image at 0x8000: conventional RAM, clear of lull's structures.
+        let f = image(0x8000, 0x100, 0x1000, 0x8000, 0);
+        let img = parse(&f, 64 << 20).unwrap();
+        assert_eq!((img.entry, img.end()), (0x8000, 0x9000));
+        assert_eq!(check_placement(0, 0x500, 64 << 20), Ok(()));
+        assert_eq!(check_placement(0x7000, 0x1000, 64 << 20), Ok(()));
+        assert_eq!(
+            check_placement(0x2_0800, LOW_RAM_END - 0x2_0800, 64 << 20),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_misplaced_segment_is_refused_with_the_true_reason() {
+        let top = 64 << 20;
+        // Over the information page at 0x6000: named, with its range.
+        let err = check_placement(0x5000, 0x2000, top).unwrap_err();
+        assert_eq!(
+            err,
+            MultibootError::OverlapsBootData {
+                addr: 0x5000,
+                size: 0x2000,
+                what: "the multiboot information page",
+                start: INFO_ADDR,
+                end: INFO_ADDR + INFO_PAGE as u64,
+            }
+        );
+        assert!(!err.to_string().contains("--memory"));
+        for (addr, what) in [
+            (0x510, "lull's GDT and IDT"),
+            (0x2_0000, "the command line"),
+        ] {
+            assert!(matches!(
+                check_placement(addr, 0x10, top),
+                Err(MultibootError::OverlapsBootData { what: w, .. }) if w == what
+            ));
+        }
+        // Into the EBDA / VGA / BIOS range: not RAM, whatever --memory says.
+        let err = check_placement(0x9_0000, 0x1_0000, top).unwrap_err();
+        assert_eq!(
+            err,
+            MultibootError::NotRam {
+                addr: 0x9_0000,
+                size: 0x1_0000
+            }
+        );
+        assert!(!err.to_string().contains("--memory"));
+        assert!(matches!(
+            check_placement(0xf_0000, 0x2_0000, top),
+            Err(MultibootError::NotRam { .. })
+        ));
+        // Past the top of RAM: more RAM helps; into the MMIO hole: it does not.
+        assert!(check_placement(top - 0x10, 0x20, top)
+            .unwrap_err()
+            .to_string()
+            .contains("increase --memory"));
+        let err = check_placement(MMIO_HOLE_START - 0x10, 0x20, MMIO_HOLE_START).unwrap_err();
+        assert_eq!(
+            err,
+            MultibootError::InMmioHole {
+                addr: MMIO_HOLE_START - 0x10,
+                size: 0x20
+            }
+        );
+        assert!(!err.to_string().contains("--memory"));
     }
 
     #[test]

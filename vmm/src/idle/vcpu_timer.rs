@@ -10,6 +10,9 @@ pub enum VcpuTimer {
     IdleInject,
     /// A CPU-quota check (pinned): the budget may be used up by now.
     QuotaCheck,
+    /// A look at CR8 while an interrupt is held by TPR alone (pinned): it only makes the vCPU
+    /// exit (`irqchip::user::cr8`).
+    TprPoll,
     /// A synthetic device/housekeeping deadline (global), by load slot.
     Global(u32),
 }

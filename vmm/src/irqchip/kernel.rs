@@ -99,7 +99,7 @@ impl VcpuIrq for KernelVcpuIrq {
         Entry::Enter
     }
 
-    fn after_run(&mut self) {}
+    fn after_run(&mut self, _cr8: Option<u64>) {}
 
     fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
         Err(exit)

@@ -18,7 +18,7 @@
 //! ```
 //!
 //! The per-vCPU half acts on its vCPU only through [`CpuPort`] (inject, interrupt window, NMI,
-//! APIC base, kick registration), which `vcpu` implements over a KVM `VcpuFd` and tests
+//! CR8, APIC base, kick registration), which `vcpu` implements over a KVM `VcpuFd` and tests
 //! implement with a fake: the whole user-space irqchip runs in unit tests without `/dev/kvm`.
 //! In the spirit of crosvm's `IrqChip` (`inject_interrupts`, `halted`, `wait_until_runnable`,
 //! `kick_halted_vcpus`).
@@ -72,6 +72,19 @@ pub enum IrqChipError {
     NoVcpuPart(u32),
 }
 
+/// The NMIs KVM still holds for a vCPU (`KVM_GET_VCPU_EVENTS`): KVM keeps the second of two
+/// NMIs injected back to back until the guest's IRET from the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvmNmi {
+    /// None pending or being injected.
+    None,
+    /// One is pending and NMIs are not blocked: the next entry delivers it.
+    Deliverable,
+    /// One is pending behind NMI blocking (the guest is in its NMI handler): it waits for the
+    /// handler's IRET.
+    Blocked,
+}
+
 /// What the per-vCPU irqchip may do to its vCPU. Implemented over KVM by `vcpu::KvmPort`.
 pub trait CpuPort {
     /// The guest can take an external interrupt now (RFLAGS.IF and no interrupt shadow).
@@ -86,6 +99,11 @@ pub trait CpuPort {
     fn clear_immediate_exit(&mut self);
     /// Queues an NMI.
     fn inject_nmi(&mut self) -> std::io::Result<()>;
+    /// The NMIs KVM still holds for the vCPU (one ioctl: ask only while some may be).
+    fn kvm_nmi(&mut self) -> std::io::Result<KvmNmi>;
+    /// Sets CR8 for the next entry (`kvm_run.cr8`, which KVM loads at every entry without an
+    /// in-kernel LAPIC): the TPR's bits 7:4.
+    fn set_cr8(&mut self, cr8: u64);
     /// Tells KVM the guest's IA32_APIC_BASE (KVM derives CPUID.1:EDX[9] from it).
     fn set_apic_base(&mut self, value: u64);
     /// Makes kicks of the calling thread interrupt this vCPU's KVM_RUN.
@@ -130,8 +148,10 @@ pub trait VcpuIrq: Send {
     /// Before an entry: takes posted interrupts and due timers, holds the vCPU while the idle
     /// manager says so, injects the highest pending interrupt the guest can take.
     fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry;
-    /// After KVM_RUN returned (accounting of guest run time).
-    fn after_run(&mut self);
+    /// After KVM_RUN returned, before its exit is handled: accounting of guest run time, and
+    /// `cr8`, the guest's CR8 as of the exit (`kvm_run.cr8`; `None` where lull does not track
+    /// it), which is the TPR.
+    fn after_run(&mut self, cr8: Option<u64>);
     /// Handles the exits only this chip knows (LAPIC and IOAPIC MMIO, LAPIC MSRs, interrupt
     /// windows); gives every other exit back. What the exit asks of the vCPU itself is done
     /// in [`Self::exit_done`], once the exit no longer borrows the vCPU.

@@ -45,6 +45,20 @@ pub fn register_vcpu_thread(run: *mut kvm_run) {
     KVM_RUN.with(|c| c.set(run));
 }
 
+/// `kvm_run.cr8` of this thread's vCPU as KVM left it at the last exit (the guest's CR8
+/// without an in-kernel LAPIC), readable while the exit borrows the rest of the page; `None`
+/// on a thread with no registered vCPU.
+pub fn registered_cr8() -> Option<u64> {
+    let run = KVM_RUN.with(Cell::get);
+    if run.is_null() {
+        return None;
+    }
+    // SAFETY: `run` is this thread's kvm_run mapping, registered by `register_vcpu_thread` and
+    // valid until `unregister_vcpu_thread` (see `on_kick`); `cr8` lies outside the exit union
+    // an exit borrows, and the volatile read makes no reference to it.
+    Some(unsafe { std::ptr::addr_of!((*run).cr8).read_volatile() })
+}
+
 /// Stops kicks of this thread touching its `kvm_run` (before the VcpuFd goes away).
 pub fn unregister_vcpu_thread() {
     KVM_RUN.with(|c| c.set(std::ptr::null_mut()));

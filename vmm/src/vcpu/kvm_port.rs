@@ -6,11 +6,15 @@
 //! The guest's writes of the MSR reach lull instead (MSR filter), so KVM's copy is refreshed
 //! with a host-initiated KVM_SET_MSRS, which KVM allows at any time; rewriting the CPUID table
 //! is no way out (KVM refuses KVM_SET_CPUID2 with a different table after the first KVM_RUN).
+//!
+//! NMIs: KVM queues what `KVM_NMI` gives it and keeps a second NMI until the guest's IRET from
+//! the first; `KVM_GET_VCPU_EVENTS` tells whether one is still held, and INIT drops any (as
+//! KVM's own INIT does, `kvm_vcpu_reset`) with `KVM_SET_VCPU_EVENTS`.
 
-use kvm_bindings::{kvm_msr_entry, kvm_regs, kvm_sregs, Msrs};
+use kvm_bindings::{kvm_msr_entry, kvm_regs, kvm_sregs, Msrs, KVM_VCPUEVENT_VALID_NMI_PENDING};
 use kvm_ioctls::VcpuFd;
 
-use crate::irqchip::CpuPort;
+use crate::irqchip::{CpuPort, KvmNmi};
 use crate::ratelimit::LogLimiter;
 use crate::sys;
 
@@ -32,8 +36,20 @@ pub struct KvmPort {
 }
 
 impl KvmPort {
-    /// INIT: back to the architectural reset state.
+    /// INIT: back to the architectural reset state, with no NMI, interrupt or exception left
+    /// queued in KVM.
     pub fn reset_to_init(&mut self) -> Result<(), kvm_ioctls::Error> {
+        let mut events = self.fd.get_vcpu_events()?;
+        events.nmi.pending = 0;
+        events.nmi.injected = 0;
+        events.nmi.masked = 0;
+        events.interrupt.injected = 0;
+        events.interrupt.shadow = 0;
+        events.exception.injected = 0;
+        events.exception.pending = 0;
+        events.exception_has_payload = 0;
+        events.flags |= KVM_VCPUEVENT_VALID_NMI_PENDING;
+        self.fd.set_vcpu_events(&events)?;
         self.fd.set_regs(&self.reset_regs)?;
         self.fd.set_sregs(&self.reset_sregs)
     }
@@ -78,6 +94,26 @@ impl CpuPort for KvmPort {
         self.fd
             .nmi()
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+    }
+
+    fn kvm_nmi(&mut self) -> std::io::Result<KvmNmi> {
+        let events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        Ok(if events.nmi.injected != 0 {
+            KvmNmi::Deliverable
+        } else if events.nmi.pending == 0 {
+            KvmNmi::None
+        } else if events.nmi.masked != 0 {
+            KvmNmi::Blocked
+        } else {
+            KvmNmi::Deliverable
+        })
+    }
+
+    fn set_cr8(&mut self, cr8: u64) {
+        self.fd.get_kvm_run().cr8 = cr8;
     }
 
     fn set_apic_base(&mut self, value: u64) {

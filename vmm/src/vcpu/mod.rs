@@ -64,6 +64,8 @@ pub struct VcpuSetup<'a> {
     pub user_lapic: bool,
     /// With `user_lapic`: lull offers PV EOI.
     pub pv_eoi: bool,
+    /// x2APIC is advertised (`--x2apic`).
+    pub x2apic: bool,
 }
 
 /// Gives vCPU `id` its CPUID and MSRs, and for the boot CPU, its entry state.
@@ -82,6 +84,7 @@ pub fn configure(
             tsc_khz: setup.tsc_khz,
             user_lapic: setup.user_lapic,
             pv_eoi: setup.pv_eoi,
+            x2apic: setup.x2apic,
         },
     );
     let kvm_cpuid = cpuid::to_kvm(&entries).map_err(|_| VcpuError::CpuidTooLarge(id))?;

@@ -124,7 +124,7 @@ fn enter_guest(port: &mut KvmPort, irq: &mut dyn VcpuIrq, shared: &VmShared) -> 
         return VcpuAction::Stop(StopReason::VmmError(format!("no counters for vCPU {id}")));
     };
     let result = port.fd.run();
-    irq.after_run();
+    irq.after_run(sys::kick::registered_cr8());
     let action = match result {
         Ok(VcpuExit::InternalError) => VcpuAction::Stop(StopReason::GuestCrash(format!(
             "KVM internal error on vCPU {id}, suberror {} (1 = instruction emulation failed)",

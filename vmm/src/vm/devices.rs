@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::i8042::{self, I8042};
 use devices::pio::{IgnoredPorts, PioBus, PioBusError};
+use devices::port92::{self, SystemControlA};
 use devices::serial::{SerialPort, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
@@ -66,6 +67,11 @@ pub fn pio_bus(
     let mut bus = PioBus::new();
     bus.insert(COM1_PORT, COM_PORT_COUNT, console)?;
     bus.insert(0x60, i8042::PORT_COUNT, Arc::new(Mutex::new(I8042)))?;
+    bus.insert(
+        port92::PORT,
+        1,
+        Arc::new(Mutex::new(SystemControlA::default())),
+    )?;
     bus.insert(
         TEST_EXIT_PORT,
         TEST_EXIT_PORT_COUNT,

@@ -18,6 +18,10 @@ use crate::irqchip::{IrqChip, IrqChipError};
 use crate::vcpu::{self, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;
+/// The CPUID leaf whose EAX[7:0] is MAXPHYADDR.
+const LEAF_ADDRESS_SIZES: u32 = 0x8000_0008;
+/// MAXPHYADDR when CPUID has no leaf 0x80000008 (SDM vol. 3, 4.1.4: 36 with PAE).
+const DEFAULT_MAX_PHYS_ADDR_BITS: u8 = 36;
 
 /// The VM's vCPUs (not yet running) and the guest TSC frequency.
 pub struct CreatedVcpus {
@@ -25,6 +29,18 @@ pub struct CreatedVcpus {
     pub ports: Vec<KvmPort>,
     /// The guest TSC frequency KVM reports.
     pub tsc_khz: u32,
+    /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0], which lull passes through).
+    pub max_phys_addr_bits: u8,
+}
+
+/// MAXPHYADDR as `cpuid` tells it to the guest: leaf 0x80000008 EAX[7:0], else 36.
+fn max_phys_addr_bits(cpuid: &[kvm_bindings::kvm_cpuid_entry2]) -> u8 {
+    cpuid
+        .iter()
+        .find(|e| e.function == LEAF_ADDRESS_SIZES)
+        .map_or(DEFAULT_MAX_PHYS_ADDR_BITS, |e| {
+            u8::try_from(e.eax & 0xff).unwrap_or(DEFAULT_MAX_PHYS_ADDR_BITS)
+        })
 }
 
 /// Creates `cfg.cpus` vCPUs and configures them; the boot CPU starts at `entry`.
@@ -59,12 +75,17 @@ pub fn create(
         tsc_khz,
         user_lapic: cfg.irqchip == IrqchipMode::User,
         pv_eoi: cfg.pv_eoi.is_on(),
+        x2apic: cfg.x2apic.is_on(),
     };
     for port in &ports {
         let boot_entry = (port.id == 0).then_some(entry);
         vcpu::configure(&port.fd, port.id, &setup, boot_entry)?;
     }
-    Ok(CreatedVcpus { ports, tsc_khz })
+    Ok(CreatedVcpus {
+        ports,
+        tsc_khz,
+        max_phys_addr_bits: max_phys_addr_bits(supported.as_slice()),
+    })
 }
 
 /// The irqchip `cfg` asks for, over `vm` and its created vCPUs.
@@ -91,6 +112,8 @@ pub fn irqchip(
         cpu_quota: cfg.cpu_quota,
         global_timers: cfg.global_timers,
         pv_eoi: cfg.pv_eoi.is_on(),
+        x2apic: cfg.x2apic.is_on(),
+        max_phys_addr_bits: vcpus.max_phys_addr_bits,
     };
     let bsp = vcpus.ports.first().ok_or(IrqChipError::NoVcpuPart(0))?;
     let read_tsc = || {
@@ -112,4 +135,22 @@ pub fn irqchip(
         mem.clone(),
         read_tsc,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::kvm_cpuid_entry2;
+
+    #[test]
+    fn maxphyaddr_comes_from_leaf_0x80000008() {
+        let leaf = |eax| kvm_cpuid_entry2 {
+            function: LEAF_ADDRESS_SIZES,
+            eax,
+            ..Default::default()
+        };
+        assert_eq!(max_phys_addr_bits(&[leaf(0x3027)]), 0x27);
+        assert_eq!(max_phys_addr_bits(&[leaf(0x302e)]), 46);
+        assert_eq!(max_phys_addr_bits(&[]), 36);
+    }
 }

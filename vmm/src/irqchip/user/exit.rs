@@ -1,11 +1,16 @@
 //! Exits that only reach lull without an in-kernel irqchip: LAPIC and IOAPIC MMIO, LAPIC and
-//! other MSRs, interrupt windows. A free function over the exit, testable with a real `Lapic`
-//! and no KVM; every other exit is given back to the generic handler (`vcpu::exit`).
+//! other MSRs, interrupt windows, CR8 lowered (`KVM_EXIT_SET_TPR`). A free function over the
+//! exit, testable with a real `Lapic` and no KVM; every other exit is given back to the generic
+//! handler (`vcpu::exit`).
+//!
+//! An MSR access that is not the LAPIC's reaches lull because KVM would fault on it; the exit's
+//! reason says why, and the log line says it: `UNKNOWN`, KVM does not know the MSR; `INVAL`,
+//! KVM knows it but refused this access (a value or reserved bits the host does not accept).
 
 use std::sync::atomic::Ordering;
 
 use devices::lapic::{is_lapic_msr, Lapic, LapicEffects, LapicEvents};
-use kvm_ioctls::VcpuExit;
+use kvm_ioctls::{MsrExitReason, VcpuExit};
 
 use super::router::InterruptRouter;
 use crate::layout::IOAPIC_ADDR;
@@ -29,7 +34,7 @@ pub struct UserExitContext<'a, E: LapicEvents> {
     pub router: &'a InterruptRouter,
     /// Current VM-clock time.
     pub now: u64,
-    /// MSRs that #GP because nobody implements them.
+    /// MSR accesses that #GP because neither KVM nor lull takes them.
     pub unknown_msr: &'a LogLimiter,
 }
 
@@ -71,7 +76,7 @@ pub fn handle_user_exit<'a, E: LapicEvents>(
                     Err(_) => *msr.error = 1,
                 }
             } else {
-                unknown_msr(ctx, msr.index, "read");
+                refused_msr(ctx, msr.index, msr.reason, None);
                 *msr.error = 1;
             }
             Ok(None)
@@ -84,7 +89,7 @@ pub fn handle_user_exit<'a, E: LapicEvents>(
                     Err(_) => *msr.error = 1,
                 }
             } else {
-                unknown_msr(ctx, msr.index, "write");
+                refused_msr(ctx, msr.index, msr.reason, Some(msr.data));
                 *msr.error = 1;
             }
             Ok(None)
@@ -93,16 +98,43 @@ pub fn handle_user_exit<'a, E: LapicEvents>(
             counters.irq_window.fetch_add(1, Ordering::Relaxed);
             Ok(None)
         }
+        // The guest lowered CR8: the TPR took it from kvm_run.cr8 as the exit came back
+        // (`super::cr8`); the next entry injects what the new priority lets in.
+        VcpuExit::SetTpr => {
+            counters.other.fetch_add(1, Ordering::Relaxed);
+            Ok(None)
+        }
         other => Err(other),
     }
 }
 
-fn unknown_msr<E: LapicEvents>(ctx: &UserExitContext<'_, E>, index: u32, dir: &str) {
+/// Logs (rate-limited) an MSR access neither KVM nor lull takes; `written` is the value of a
+/// WRMSR.
+fn refused_msr<E: LapicEvents>(
+    ctx: &UserExitContext<'_, E>,
+    index: u32,
+    reason: MsrExitReason,
+    written: Option<u64>,
+) {
     if let Some(n) = ctx.unknown_msr.hit() {
+        let what = refused_msr_message(index, reason, written);
         tracing::warn!(
             vcpu = ctx.vcpu,
-            "guest {dir} of MSR {index:#x}, which neither KVM nor lull implements: #GP injected ({n} so far)"
+            "{what}; #GP injected ({n} refused MSR accesses so far)"
         );
+    }
+}
+
+/// What happened to a refused MSR access, worded by KVM's exit `reason`.
+fn refused_msr_message(index: u32, reason: MsrExitReason, written: Option<u64>) -> String {
+    let access = match written {
+        Some(value) => format!("guest write of {value:#x} to MSR {index:#x}"),
+        None => format!("guest read of MSR {index:#x}"),
+    };
+    if reason.contains(MsrExitReason::Inval) {
+        format!("{access}: KVM refused it (a value or reserved bits the host does not accept)")
+    } else {
+        format!("{access}: neither KVM nor lull implements this MSR")
     }
 }
 
@@ -217,6 +249,31 @@ mod tests {
         assert!(matches!(out, Ok(Some(_))));
         assert_eq!(error, 0);
         assert_eq!(fixture.unknown_msr.count(), 1);
+    }
+
+    #[test]
+    fn a_refused_msr_is_told_apart_from_an_unknown_one() {
+        let refused = refused_msr_message(0x10, MsrExitReason::Inval, Some(5));
+        assert_eq!(
+            refused,
+            "guest write of 0x5 to MSR 0x10: KVM refused it (a value or reserved bits the host does not accept)"
+        );
+        assert!(!refused.contains("implements"));
+        let unknown = refused_msr_message(0x1234, MsrExitReason::Unknown, None);
+        assert_eq!(
+            unknown,
+            "guest read of MSR 0x1234: neither KVM nor lull implements this MSR"
+        );
+    }
+
+    #[test]
+    fn set_tpr_is_the_irqchips() {
+        let mut fixture = Fixture::new();
+        let mut ctx = fixture.ctx();
+        assert!(matches!(
+            handle_user_exit(VcpuExit::SetTpr, &mut ctx),
+            Ok(None)
+        ));
     }
 
     #[test]

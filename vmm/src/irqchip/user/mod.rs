@@ -17,8 +17,10 @@
 //! - [`mailbox`]: one per vCPU; posts and kicks without touching the target's LAPIC.
 //! - [`vcpu`]: the per-vCPU half ([`UserVcpuIrq`]), generic over the clock.
 //! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
+//! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
 //! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks.
 
+pub mod cr8;
 pub mod exit;
 pub mod host_timer;
 pub mod mailbox;
@@ -76,6 +78,11 @@ pub struct UserChipConfig {
     pub global_timers: Option<GlobalTimersConfig>,
     /// Offer KVM's PV EOI to the guest.
     pub pv_eoi: bool,
+    /// Whether the guest may switch its LAPIC to x2APIC mode (advertised in CPUID).
+    pub x2apic: bool,
+    /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]): IA32_APIC_BASE bits at or above it
+    /// are reserved.
+    pub max_phys_addr_bits: u8,
 }
 
 /// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, wake-up timerfd.
@@ -133,8 +140,8 @@ impl UserIrqChip {
                     bus_hz: u64::from(APIC_BUS_KHZ) * 1000,
                     tsc,
                     limits: TimerLimits::default(),
-                    x2apic_supported: true,
-                    max_phys_addr_bits: devices::lapic::MAX_PHYS_ADDR_BITS,
+                    x2apic_supported: cfg.x2apic,
+                    max_phys_addr_bits: cfg.max_phys_addr_bits,
                 };
                 Lapic::with_events(config, noise.clone())
                     .map_err(|source| IrqChipError::Lapic { id, source })

@@ -37,6 +37,8 @@ pub fn on_timer_fired(
             summary.own_pinned += 1;
             notify(Mailbox::flag_recheck)
         }
+        // Not counted as a wake-up cause: it exists only to end a KVM_RUN.
+        VcpuTimer::TprPoll => notify(Mailbox::flag_recheck),
         VcpuTimer::Global(slot) => {
             if fired.remote {
                 summary.remote_global += 1;

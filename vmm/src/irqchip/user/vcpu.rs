@@ -18,6 +18,7 @@ use kvm_ioctls::VcpuExit;
 use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
 use vm_memory::GuestMemoryMmap;
 
+use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::host_timer::SharedTimerFd;
 use super::mailbox::Mailbox;
@@ -30,7 +31,7 @@ use crate::idle::core::{
 };
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
-use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, VcpuIrq};
+use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
 use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
 use crate::state::VmShared;
@@ -104,6 +105,10 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     /// PV EOI state, if the guest may use it.
     pv_eoi: Option<PvEoi>,
     wake_timer: Option<Arc<SharedTimerFd>>,
+    /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
+    tpr_poll: TprPoll,
+    /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
+    nmi_in_kvm: bool,
 }
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
@@ -135,6 +140,8 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
             wake_timer: parts.wake_timer,
+            tpr_poll: TprPoll::default(),
+            nmi_in_kvm: false,
         })
     }
 
@@ -164,16 +171,37 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             self.run_timers(now);
         }
         self.core.timers_fired(now);
+        self.tpr_poll.fired(now);
         if self.mailbox.take_timer_due() {
             let now = self.lapic_timer_due(now);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
             }
         }
-        for _ in 0..self.lapic.take_nmi() {
+        let nmis = self.lapic.take_nmi();
+        for _ in 0..nmis {
             let _ = cpu.inject_nmi();
         }
+        self.nmi_in_kvm |= nmis > 0;
         summary
+    }
+
+    /// Whether a halted vCPU must run for an NMI lull gave KVM: KVM delivers it at the next
+    /// entry whatever IF is, unless NMIs are blocked (the guest halted in its NMI handler; the
+    /// NMI then waits for IRET). KVM keeps the second of two NMIs until the first's IRET, so
+    /// the guest may halt with one still held: ask KVM while lull's NMIs may be outstanding.
+    fn nmi_runnable(&mut self, cpu: &mut dyn CpuPort) -> bool {
+        if !self.nmi_in_kvm {
+            return false;
+        }
+        match cpu.kvm_nmi() {
+            Ok(KvmNmi::Deliverable) => true,
+            Ok(KvmNmi::Blocked) => false,
+            Ok(KvmNmi::None) | Err(_) => {
+                self.nmi_in_kvm = false;
+                false
+            }
+        }
     }
 
     /// One pass of the timer model: expires what is due (this vCPU's timers, and other
@@ -477,6 +505,12 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             }
         }
         self.inject(cpu);
+        cpu.set_cr8(self.lapic.cr8());
+        let now = self.clock.now();
+        let held = self.lapic.held_by_tpr();
+        if self.tpr_poll.before_entry(held, now, self.timers.as_mut()) {
+            self.run_timers(now);
+        }
         if let Some(pv) = &mut self.pv_eoi {
             pv.before_entry(&self.lapic, &self.mem);
         }
@@ -484,7 +518,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         Entry::Enter
     }
 
-    fn after_run(&mut self) {
+    fn after_run(&mut self, cr8: Option<u64>) {
+        if let Some(cr8) = cr8 {
+            self.lapic.sync_cr8(cr8);
+        }
         if let Some(quota) = &self.idle.quota {
             let now = self.clock.now();
             quota.charge(now, now.saturating_sub(self.entered));
@@ -497,6 +534,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
+        if matches!(exit, VcpuExit::Hlt) {
+            // A halted vCPU cannot write CR8: nothing to poll for until it runs again.
+            self.tpr_poll.cancel(self.timers.as_mut());
+        }
         let exit = match (exit, &mut self.pv_eoi) {
             (VcpuExit::X86Wrmsr(msr), Some(pv)) if msr.index == MSR_KVM_PV_EOI_EN => {
                 self.counters.msr.fetch_add(1, Ordering::Relaxed);
@@ -547,7 +588,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
                 return HaltEnd::Stop;
             }
             let runnable = (interrupts_enabled && self.lapic.has_pending_interrupt())
-                || self.lapic.init_sipi_state() != InitSipiState::Running;
+                || self.lapic.init_sipi_state() != InitSipiState::Running
+                || self.nmi_runnable(cpu);
             let next_pinned = self.lapic.timer_deadline();
             match self
                 .core

@@ -11,6 +11,7 @@ use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
 
 use super::*;
 use crate::idle::halt_poll::HaltPollMode;
+use crate::irqchip::user::cr8::TPR_POLL_NS;
 
 impl VmTime for FakeClock {
     fn to_monotonic(&self, t: Nanos) -> u64 {
@@ -27,6 +28,12 @@ struct FakePort {
     window_requested: bool,
     nmis: u32,
     apic_base: Option<u64>,
+    /// CR8 as the irqchip set it for the next entry.
+    cr8: u64,
+    /// What KVM_GET_VCPU_EVENTS would say about NMIs.
+    kvm_nmi: Option<KvmNmi>,
+    /// KVM_GET_VCPU_EVENTS calls.
+    events_asked: u32,
 }
 
 impl CpuPort for FakePort {
@@ -47,6 +54,18 @@ impl CpuPort for FakePort {
     fn inject_nmi(&mut self) -> std::io::Result<()> {
         self.nmis += 1;
         Ok(())
+    }
+    fn kvm_nmi(&mut self) -> std::io::Result<KvmNmi> {
+        self.events_asked += 1;
+        // Without a scripted answer: what KVM_NMI queued is still pending (nothing ran).
+        Ok(self.kvm_nmi.unwrap_or(if self.nmis > 0 {
+            KvmNmi::Deliverable
+        } else {
+            KvmNmi::None
+        }))
+    }
+    fn set_cr8(&mut self, cr8: u64) {
+        self.cr8 = cr8;
     }
     fn set_apic_base(&mut self, value: u64) {
         self.apic_base = Some(value);
@@ -216,14 +235,129 @@ fn a_halt_with_a_takeable_interrupt_resumes_and_a_stop_ends_it() {
 #[test]
 fn an_nmi_is_injected_and_an_apic_base_write_reaches_kvm() {
     let mut rig = Rig::new(ModelKind::Central);
-    let nmi = Ipi {
-        delivery_mode: devices::lapic::DeliveryMode::Nmi,
-        ..Ipi::fixed(0, 0)
-    };
-    rig.router.send_ipi(&nmi);
+    rig.router.send_ipi(&nmi_ipi());
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
     assert_eq!(rig.port.nmis, 1);
     // Switch to x2APIC mode: KVM hears of the new IA32_APIC_BASE.
     rig.wrmsr(0x1b, 0xfee0_0000 | 0x900 | 0x400);
     assert_eq!(rig.port.apic_base, Some(0xfee0_0d00));
+}
+
+fn nmi_ipi() -> Ipi {
+    Ipi {
+        delivery_mode: devices::lapic::DeliveryMode::Nmi,
+        ..Ipi::fixed(0, 0)
+    }
+}
+
+#[test]
+fn cr8_and_tpr_are_one_register() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    // The guest wrote CR8 = 5 in the guest: TPR follows as the exit comes back.
+    rig.irq.after_run(Some(5));
+    assert_eq!(rig.irq.lapic().tpr(), 0x50);
+    // A TPR write through the register reaches CR8 at the next entry; an unchanged CR8 after
+    // the following exit keeps TPR[3:0].
+    rig.mmio_write(0x80, 0x3c);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.cr8, 3);
+    rig.irq.after_run(Some(rig.port.cr8));
+    assert_eq!(rig.irq.lapic().tpr(), 0x3c);
+    // CR8 6 holds a class-6 interrupt; CR8 0 (KVM_EXIT_SET_TPR) lets it in at the next entry.
+    rig.irq.after_run(Some(6));
+    rig.router.send_ipi(&Ipi::fixed(0x62, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty(), "held by CR8 6");
+    assert_eq!(rig.port.cr8, 6);
+    rig.irq.after_run(Some(0));
+    assert!(matches!(
+        rig.irq.handle_exit(VcpuExit::SetTpr),
+        Ok(ChipExit::Continue)
+    ));
+    rig.irq.exit_done(&mut rig.port);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x62]);
+    assert_eq!(rig.port.cr8, 0);
+}
+
+#[test]
+fn an_interrupt_held_by_tpr_alone_makes_the_vcpu_look_again() {
+    let mut rig = Rig::new(ModelKind::Push);
+    rig.port.open = true;
+    rig.irq.after_run(Some(6));
+    rig.router.send_ipi(&Ipi::fixed(0x62, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.irq.tpr_poll.is_armed());
+    assert_eq!(rig.irq.timers.next_deadline(), TPR_POLL_NS);
+    // The poll fires while CR8 is still 6: nothing is injected, and the poll is re-armed.
+    rig.clock.set(TPR_POLL_NS);
+    rig.irq.after_run(Some(6));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty());
+    assert_eq!(rig.irq.timers.next_deadline(), 2 * TPR_POLL_NS);
+    // The guest lowered CR8 (no exit reported it): the poll's exit delivers.
+    rig.clock.set(2 * TPR_POLL_NS);
+    rig.irq.after_run(Some(0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x62]);
+    assert!(!rig.irq.tpr_poll.is_armed(), "nothing held, no poll");
+    // Nothing pending: no poll either (the common case pays nothing).
+    rig.eoi();
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(!rig.irq.tpr_poll.is_armed());
+}
+
+#[test]
+fn a_halt_cancels_the_tpr_poll() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    rig.irq.after_run(Some(6));
+    rig.router.send_ipi(&Ipi::fixed(0x62, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.irq.tpr_poll.is_armed());
+    assert!(matches!(
+        rig.irq.handle_exit(VcpuExit::Hlt),
+        Err(VcpuExit::Hlt)
+    ));
+    assert!(!rig.irq.tpr_poll.is_armed());
+}
+
+#[test]
+fn a_halted_vcpu_wakes_for_an_nmi_with_interrupts_disabled() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = false; // IF=0
+    rig.router.send_ipi(&nmi_ipi());
+    rig.router.send_ipi(&nmi_ipi());
+    assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
+    assert_eq!(rig.port.nmis, 2, "both NMIs go to KVM");
+}
+
+#[test]
+fn a_halt_with_an_nmi_still_held_in_kvm_resumes_unless_nmis_are_blocked() {
+    let mut rig = Rig::new(ModelKind::Push);
+    // A plain halt with no NMI of lull's outstanding asks KVM nothing.
+    rig.router.send_ipi(&Ipi::fixed(0x50, 0));
+    rig.port.open = true;
+    assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
+    assert_eq!(rig.port.events_asked, 0);
+    rig.port.open = false;
+    // Two NMIs went to KVM while the vCPU ran; the guest took one and halted: KVM still
+    // holds the other, deliverable since the first's IRET.
+    rig.router.send_ipi(&nmi_ipi());
+    rig.router.send_ipi(&nmi_ipi());
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    rig.port.kvm_nmi = Some(KvmNmi::Deliverable);
+    assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
+    // Halted inside the NMI handler: the held NMI waits for IRET, so the halt must not end
+    // for it (a resume would come straight back as another HLT exit).
+    rig.port.kvm_nmi = Some(KvmNmi::Blocked);
+    assert!(!rig.irq.nmi_runnable(&mut rig.port));
+    assert!(rig.irq.nmi_in_kvm, "still outstanding");
+    // Once KVM holds none, HLT stops asking.
+    rig.port.kvm_nmi = Some(KvmNmi::None);
+    assert!(!rig.irq.nmi_runnable(&mut rig.port));
+    let asked = rig.port.events_asked;
+    assert!(!rig.irq.nmi_runnable(&mut rig.port));
+    assert_eq!(rig.port.events_asked, asked);
 }

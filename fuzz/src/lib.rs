@@ -16,6 +16,7 @@
 //! `run` under `cargo test`; a crash found is also written as a unit test in the crate it
 //! concerns (see `docs/RELIABILITY.md`).
 
+pub mod chip;
 pub mod cli;
 pub mod ioapic;
 pub mod lapic;

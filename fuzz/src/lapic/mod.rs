@@ -32,6 +32,8 @@
 //! At every exit: a deadline a guest write set is at least `min_delay_ns` away; an EOI
 //! (register or PV flag) retires the highest in-service vector; a PV flag lull set is taken
 //! back; nothing panics, whatever the guest wrote.
+//!
+//! `LULL_FUZZ_TRACE=1` prints each step as it runs (e.g. under `cargo test`'s replay).
 
 mod check;
 pub mod input;
@@ -688,7 +690,11 @@ pub fn run(data: &[u8]) {
     let Ok(Some(mut machine)) = Machine::new(&mut u) else {
         return;
     };
+    let trace = std::env::var_os("LULL_FUZZ_TRACE").is_some();
     while let Ok(op) = u.arbitrary::<Op>() {
+        if trace {
+            eprintln!("{op:?}");
+        }
         machine.step(op);
         machine.check();
         if u.is_empty() {

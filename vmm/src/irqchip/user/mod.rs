@@ -145,10 +145,11 @@ impl UserIrqChip<VmClock> {
 
 impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     /// Builds the chip on `clock` with the host timers `host` makes and the guest TSC
-    /// `guest_tsc` read at `clock`'s now, without touching the host: no signal handler and
-    /// no helper thread, so with the `central` model nobody expires timers but
-    /// [`Self::service_timers`]. [`UserIrqChip::new`] is this on the VM clock with real host
-    /// timers; tests and the fuzz targets pass a fake clock and fake host timers.
+    /// `guest_tsc` read at `clock`'s now, without touching the host: no helper thread, so
+    /// with the `central` model nobody expires timers but [`Self::service_timers`], and no
+    /// kick signal handler, so every vCPU half must run on one thread (a kick of another
+    /// thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
+    /// host timers; tests and the fuzz targets pass a fake clock and fake host timers.
     pub fn with_clock(
         cfg: &UserChipConfig,
         mem: Arc<GuestMemoryMmap>,

@@ -1,60 +1,78 @@
-//! The `serial` target: guest port reads and writes of any width on lull's port bus, laid out
-//! as `vmm::vm` lays it out (COM1 16550A, i8042, test exit, boot marker, CMOS with a clock
-//! read from the input, ignored PIT/PIC ports), interleaved with host console input.
+//! The `serial` target: guest port reads and writes of any width on lull's real port bus, as
+//! `vmm::vm::devices` builds it (`console` on COM1 with its interrupt on a real user irqchip's
+//! IOAPIC, then `pio_bus_with_cmos`: i8042, test exit, boot marker, CMOS with a clock read
+//! from the input, ignored PIT/PIC/ELCR ports, fw_cfg, pc-testdev's scratch and IRQ-line
+//! ports), reached through the real exit path of vCPU 0 (its irqchip half first, then
+//! `vmm::vcpu::exit::handle_exit`), interleaved with host console input, the guest's IOAPIC
+//! and LAPIC programming and vCPU 0's entries (which take what the UART and the IRQ lines
+//! raised through the IOAPIC).
 //!
 //! After every step:
 //! - every byte the UART counted as sent is in the console sink, and no other byte is;
-//! - ports no device claims read as all ones;
+//! - exactly the ports of the documented layout are claimed; the others read as all ones
+//!   and are counted as unknown;
 //! - host input never overfills the receive FIFO (what is taken fits in the room there was);
-//! - a test-exit write yields an odd status; the i8042 only asks for a reset.
+//! - the test-exit port alone stops the VM with a status, always odd; only the i8042's
+//!   command port resets; only the boot marker marks the boot;
+//! - at vCPU 0's entries: at most one injection, of a vector >= 16, and none while the guest
+//!   cannot take one (`crate::chip::FakePort`).
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{Seek, Write};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use arbitrary::{Arbitrary, Unstructured};
 use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
-use devices::i8042::{self, I8042};
-use devices::pio::{IgnoredPorts, MachineRequest, PioBus, PioOutcome};
-use devices::serial::{SerialCounters, SerialPort, Trigger, COM1_PORT, COM_PORT_COUNT};
-use devices::test_exit::{
-    BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
-};
+use devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORT_COUNT};
+use devices::i8042;
+use devices::serial::{COM1_PORT, COM_PORT_COUNT};
+use devices::test_exit::{BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT};
+use devices::testdev::{IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT, SCRATCH_PORT_COUNT};
+use kvm_ioctls::VcpuExit;
+use timer::ModelKind;
+use vmm::config::VmConfig;
+use vmm::console::ConsoleSink;
+use vmm::irqchip::user::vcpu::UserVcpuIrq;
+use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
+use vmm::layout::IOAPIC_ADDR;
+use vmm::metrics::LapicNoise;
+use vmm::size::ByteSize;
+use vmm::state::{lock, StopReason, VmShared};
+use vmm::vcpu::exit::{ExitContext, VcpuAction};
+use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 
-/// The serial interrupt: counted, never fails.
-#[derive(Clone, Default)]
-struct Irq(Arc<Mutex<u64>>);
+use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
 
-impl Trigger for Irq {
-    type E = std::io::Error;
-    fn trigger(&self) -> Result<(), Self::E> {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        Ok(())
-    }
-}
+/// The ports lull's bus claims: (base, count), from the devices' own constants.
+const LAYOUT: [(u16, u16); 13] = [
+    (COM1_PORT, COM_PORT_COUNT),
+    (0x60, i8042::PORT_COUNT),
+    (TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT),
+    (BOOT_MARKER_PORT, 1),
+    (CMOS_PORT, CMOS_PORT_COUNT),
+    (0x40, 4),
+    (0x80, 1),
+    (0x20, 2),
+    (0xa0, 2),
+    (0x4d0, 2),
+    (FW_CFG_PORT, FW_CFG_PORT_COUNT),
+    (SCRATCH_PORT, SCRATCH_PORT_COUNT),
+    (IRQ_LINE_PORT, IRQ_LINE_COUNT),
+];
 
-/// The console sink, readable after the fact.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+/// The xAPIC page of vCPU 0 (its LAPIC stays at the default base: this target never moves it).
+const LAPIC_BASE: u64 = 0xfee0_0000;
 
 /// A port: mostly near the devices, sometimes anywhere.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Port {
     Com1(u8),
     Cmos(u8),
+    FwCfg(u8),
+    TestDev(u8),
+    IrqLine(u8),
     Legacy(u8),
     Any(u16),
 }
@@ -64,6 +82,9 @@ impl Port {
         match self {
             Port::Com1(o) => COM1_PORT + u16::from(o % 10),
             Port::Cmos(o) => CMOS_PORT + u16::from(o % 3),
+            Port::FwCfg(o) => FW_CFG_PORT + u16::from(o % 3),
+            Port::TestDev(o) => SCRATCH_PORT + u16::from(o % 16),
+            Port::IrqLine(o) => IRQ_LINE_PORT + u16::from(o % 26),
             Port::Legacy(p) => u16::from(p),
             Port::Any(p) => p,
         }
@@ -72,65 +93,115 @@ impl Port {
 
 #[derive(Arbitrary, Debug, Clone)]
 enum Op {
+    /// IN.
     Read { port: Port, len: u8 },
+    /// OUT.
     Write { port: Port, len: u8, value: u32 },
+    /// Host console input.
     Input(Vec<u8>),
+    /// A 4-byte write to the IOAPIC's IOREGSEL (false) or IOWIN (true).
+    Ioapic { window: bool, value: u32 },
+    /// A 4-byte write to LAPIC register `n << 4` of vCPU 0.
+    Lapic { n: u8, value: u32 },
+    /// vCPU 0 enters the guest; `open`: it can take an interrupt.
+    Enter { open: bool },
 }
 
-struct Fuzz {
-    bus: PioBus,
-    console: Arc<Mutex<SerialPort<Irq, Sink>>>,
-    counters: Arc<SerialCounters>,
-    sink: Sink,
-    claimed: Vec<(u16, u16)>,
+/// The console sink: one unlinked file per process, emptied for each input.
+fn sink_file() -> &'static Mutex<File> {
+    static SINK: OnceLock<Mutex<File>> = OnceLock::new();
+    SINK.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("lull-fuzz-serial-{}", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        let _ = std::fs::remove_file(&path);
+        Mutex::new(file)
+    })
 }
 
-impl Fuzz {
-    fn new(clock: u64) -> Self {
-        let sink = Sink::default();
-        let console = Arc::new(Mutex::new(SerialPort::new(Irq::default(), sink.clone())));
-        let counters = console.lock().unwrap_or_else(|p| p.into_inner()).counters();
-        let mut bus = PioBus::new();
-        let ignored = Arc::new(Mutex::new(IgnoredPorts));
-        let devices: Vec<(u16, u16, devices::pio::SharedPioDevice)> = vec![
-            (COM1_PORT, COM_PORT_COUNT, console.clone()),
-            (0x60, i8042::PORT_COUNT, Arc::new(Mutex::new(I8042))),
-            (
-                TEST_EXIT_PORT,
-                TEST_EXIT_PORT_COUNT,
-                Arc::new(Mutex::new(TestExit)),
-            ),
-            (BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker))),
-            (
-                CMOS_PORT,
-                CMOS_PORT_COUNT,
-                Arc::new(Mutex::new(Cmos::new(Box::new(move || clock)))),
-            ),
-            (0x40, 4, ignored.clone()),
-            (0x80, 1, ignored.clone()),
-            (0x20, 2, ignored.clone()),
-            (0xa0, 2, ignored.clone()),
-            (0x4d0, 2, ignored),
-        ];
-        let mut claimed = Vec::new();
-        for (base, len, device) in devices {
-            bus.insert(base, len, device)
-                .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));
-            claimed.push((base, len));
-        }
-        Fuzz {
-            bus,
-            console,
-            counters,
+struct Fuzz<'a> {
+    shared: Arc<VmShared>,
+    console: Arc<Mutex<Console>>,
+    sink: &'a File,
+    irq: UserVcpuIrq<Arc<LapicNoise>, FuzzClock>,
+    port: FakePort,
+    /// Keeps the chip (and the IOAPIC the console's line reaches) alive.
+    _chip: FakeChip,
+}
+
+fn is_claimed(port: u16) -> bool {
+    LAYOUT
+        .iter()
+        .any(|&(base, len)| port >= base && u32::from(port) < u32::from(base) + u32::from(len))
+}
+
+impl<'a> Fuzz<'a> {
+    fn new(clock: u64, memory: u64, sink: &'a File) -> Option<Self> {
+        let spec = ChipSpec {
+            cpus: 1,
+            model: ModelKind::Pull,
+            tsc_khz: 1_000_000,
+            guest_tsc: 0,
+            start: 0,
+            pv_eoi: false,
+        };
+        let mut fake = FakeChip::new(spec)?;
+        let cfg = VmConfig {
+            cpus: 1,
+            memory: ByteSize(memory),
+            ..VmConfig::default()
+        };
+        let out = ConsoleSink::File(sink.try_clone().ok()?);
+        let parts = console(&fake.chip, out).ok()?;
+        let cmos = Cmos::new(Box::new(move || clock));
+        let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)
+            .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));
+        fake.shared = Arc::new(VmShared::new(bus, 1, Instant::now(), vec![]).ok()?);
+        let mut port = FakePort::default();
+        let mut irq = fake
+            .chip
+            .user_vcpu(0, &fake.shared)
+            .unwrap_or_else(|e| panic!("vCPU 0: {e}"));
+        irq.attach(&mut port);
+        Some(Fuzz {
+            shared: fake.shared.clone(),
+            console: parts.console,
             sink,
-            claimed,
-        }
+            irq,
+            port,
+            _chip: fake,
+        })
     }
 
-    fn is_claimed(&self, port: u16) -> bool {
-        self.claimed
-            .iter()
-            .any(|&(base, len)| port >= base && u32::from(port) < u32::from(base) + u32::from(len))
+    /// One exit as `vmm::vcpu::run` handles it: the chip first, then the generic handler.
+    fn exit(&mut self, exit: VcpuExit<'_>) -> VcpuAction {
+        let action = match self.irq.handle_exit(exit) {
+            Ok(ChipExit::Continue) => VcpuAction::Continue,
+            Ok(ChipExit::Stop(reason)) => VcpuAction::Stop(reason),
+            Err(exit) => {
+                let Some(counters) = self.shared.counters(0) else {
+                    panic!("no counters for vCPU 0");
+                };
+                let ctx = ExitContext {
+                    vcpu: 0,
+                    pio: &self.shared.pio,
+                    counters,
+                    noise: &self.shared.noise,
+                };
+                vmm::vcpu::exit::handle_exit(exit, &ctx)
+            }
+        };
+        self.irq.exit_done(&mut self.port);
+        action
+    }
+
+    fn unknown_ports(&self) -> u64 {
+        self.shared.noise.unknown_port.count()
     }
 
     fn step(&mut self, op: Op) {
@@ -139,9 +210,16 @@ impl Fuzz {
                 let port = port.get();
                 let mut data = [0u8; 8];
                 let data = &mut data[..usize::from(len % 9)];
-                let outcome = self.bus.read(port, data);
-                assert_eq!(outcome == PioOutcome::Unclaimed, !self.is_claimed(port));
-                if outcome == PioOutcome::Unclaimed {
+                let before = self.unknown_ports();
+                let action = self.exit(VcpuExit::IoIn(port, data));
+                assert_eq!(action, VcpuAction::Continue, "IN {port:#x} did {action:?}");
+                let unclaimed = self.unknown_ports() > before;
+                assert_eq!(
+                    unclaimed,
+                    !is_claimed(port),
+                    "port {port:#x} claimed wrongly"
+                );
+                if unclaimed {
                     assert!(data.iter().all(|b| *b == 0xff), "unclaimed port {port:#x}");
                 }
             }
@@ -149,24 +227,29 @@ impl Fuzz {
                 let port = port.get();
                 let mut data = [0u8; 8];
                 data[..4].copy_from_slice(&value.to_le_bytes());
-                let outcome = self.bus.write(port, &data[..usize::from(len % 9)]);
-                assert_eq!(outcome == PioOutcome::Unclaimed, !self.is_claimed(port));
-                match outcome {
-                    PioOutcome::Handled(Some(MachineRequest::Exit(status))) => {
-                        assert_eq!(port, TEST_EXIT_PORT);
+                let before = self.unknown_ports();
+                let action = self.exit(VcpuExit::IoOut(port, &data[..usize::from(len % 9)]));
+                let unclaimed = self.unknown_ports() > before;
+                assert_eq!(
+                    unclaimed,
+                    !is_claimed(port),
+                    "port {port:#x} claimed wrongly"
+                );
+                match action {
+                    VcpuAction::Stop(StopReason::TestExit(status)) => {
+                        assert_eq!(port, TEST_EXIT_PORT, "test exit from {port:#x}");
                         assert_eq!(status & 1, 1, "test-exit status must be odd");
                     }
-                    PioOutcome::Handled(Some(MachineRequest::Reset)) => {
+                    VcpuAction::Stop(StopReason::Reset) => {
                         assert_eq!(port, 0x64, "only the i8042 command port resets");
                     }
-                    PioOutcome::Handled(Some(MachineRequest::BootComplete)) => {
-                        assert_eq!(port, BOOT_MARKER_PORT);
-                    }
-                    PioOutcome::Handled(None) | PioOutcome::Unclaimed => {}
+                    VcpuAction::BootComplete => assert_eq!(port, BOOT_MARKER_PORT),
+                    VcpuAction::Continue => {}
+                    other => panic!("OUT {port:#x} did {other:?}"),
                 }
             }
             Op::Input(bytes) => {
-                let mut console = self.console.lock().unwrap_or_else(|p| p.into_inner());
+                let mut console = lock(&self.console);
                 let room = console.input_room();
                 let taken = console.enqueue_input(&bytes);
                 assert!(
@@ -175,29 +258,63 @@ impl Fuzz {
                 );
                 assert!(console.input_room() <= room);
             }
+            Op::Ioapic { window, value } => {
+                let addr = IOAPIC_ADDR + if window { 0x10 } else { 0 };
+                let action = self.exit(VcpuExit::MmioWrite(addr, &value.to_le_bytes()));
+                assert_eq!(action, VcpuAction::Continue);
+            }
+            Op::Lapic { n, value } => {
+                let addr = LAPIC_BASE + (u64::from(n & 0x3f) << 4);
+                let action = self.exit(VcpuExit::MmioWrite(addr, &value.to_le_bytes()));
+                assert_eq!(action, VcpuAction::Continue);
+            }
+            Op::Enter { open } => {
+                self.port.open = open;
+                self.port.injected.clear();
+                // An IOAPIC entry with INIT delivery can put vCPU 0 in INIT: it takes nothing.
+                let entry = self.irq.before_entry(&mut self.port);
+                assert_ne!(
+                    entry,
+                    Entry::Stop,
+                    "before_entry stopped a VM nobody stopped"
+                );
+                assert!(self.port.injected.len() <= 1, "two injections in one entry");
+                if let Some(&v) = self.port.injected.first() {
+                    assert!(v >= 16, "vector {v:#x} injected");
+                }
+                self.irq.after_run(Some(self.port.cr8));
+            }
         }
     }
 
     fn check(&self) {
-        let sent = self.sink.0.lock().unwrap_or_else(|p| p.into_inner()).len();
-        let counted = self.counters.bytes_out.load(Ordering::Relaxed);
-        let lost = self.counters.bytes_lost.load(Ordering::Relaxed);
-        assert_eq!(
-            u64::try_from(sent).unwrap_or(u64::MAX),
-            counted,
-            "console sink and byte counter disagree"
-        );
+        let mut sink = self.sink;
+        let sent = sink
+            .stream_position()
+            .unwrap_or_else(|e| panic!("console sink: {e}"));
+        let counters = lock(&self.console).counters();
+        let counted = counters.bytes_out.load(Ordering::Relaxed);
+        let lost = counters.bytes_lost.load(Ordering::Relaxed);
+        assert_eq!(sent, counted, "console sink and byte counter disagree");
         assert_eq!(lost, 0, "a sink that never fails lost bytes");
     }
 }
 
-/// Runs one input: the CMOS clock value, then steps until the bytes run out.
+/// Runs one input: the CMOS clock value and the guest's memory size, then steps until the
+/// bytes run out.
 pub fn run(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok(clock) = u.arbitrary::<u64>() else {
+    let (Ok(clock), Ok(memory)) = (u.arbitrary::<u64>(), u.arbitrary::<u64>()) else {
         return;
     };
-    let mut fuzz = Fuzz::new(clock);
+    let file = sink_file().lock().unwrap_or_else(|p| p.into_inner());
+    let mut sink: &File = &file;
+    if sink.set_len(0).is_err() || sink.rewind().is_err() || sink.flush().is_err() {
+        panic!("cannot empty the console sink");
+    }
+    let Some(mut fuzz) = Fuzz::new(clock, memory, &file) else {
+        return;
+    };
     while let Ok(op) = u.arbitrary::<Op>() {
         fuzz.step(op);
         fuzz.check();

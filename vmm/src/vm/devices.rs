@@ -64,6 +64,17 @@ pub fn pio_bus(
     console: Arc<Mutex<Console>>,
     chip: &dyn IrqChip,
 ) -> Result<PioBus, PioBusError> {
+    pio_bus_with_cmos(cfg, console, chip, Cmos::with_host_clock())
+}
+
+/// [`pio_bus`] with the CMOS (RTC) given: the serial fuzz target's reads a clock chosen by its
+/// input, so that an input replays the same way any day.
+pub fn pio_bus_with_cmos(
+    cfg: &VmConfig,
+    console: Arc<Mutex<Console>>,
+    chip: &dyn IrqChip,
+    cmos: Cmos,
+) -> Result<PioBus, PioBusError> {
     let mut bus = PioBus::new();
     bus.insert(COM1_PORT, COM_PORT_COUNT, console)?;
     bus.insert(0x60, i8042::PORT_COUNT, Arc::new(Mutex::new(I8042)))?;
@@ -78,11 +89,7 @@ pub fn pio_bus(
         Arc::new(Mutex::new(TestExit)),
     )?;
     bus.insert(BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker)))?;
-    bus.insert(
-        CMOS_PORT,
-        CMOS_PORT_COUNT,
-        Arc::new(Mutex::new(Cmos::with_host_clock())),
-    )?;
+    bus.insert(CMOS_PORT, CMOS_PORT_COUNT, Arc::new(Mutex::new(cmos)))?;
     let ignored = Arc::new(Mutex::new(IgnoredPorts));
     bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none
     bus.insert(0x80, 1, ignored.clone())?; // POST code / I/O delay

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits, TscMap};
 use devices::testdev::IrqLines;
-use timer::{Clock, CpuTimers, HostTimer, ModelKind, TimerModel, Waker};
+use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -55,7 +55,7 @@ use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
 use timers::on_timer_fired;
-use vcpu::{UserVcpuIrq, UserVcpuParts};
+use vcpu::{UserVcpuIrq, UserVcpuParts, VmTime};
 
 /// What the user-space irqchip is built from.
 #[derive(Debug, Clone)]
@@ -85,21 +85,27 @@ pub struct UserChipConfig {
     pub max_phys_addr_bits: u8,
 }
 
-/// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, wake-up timerfd.
+/// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, and the wake-up
+/// timerfd the timer model arms while the vCPU is blocked (none on a fake clock).
 type VcpuParts = (
     Lapic<Arc<LapicNoise>>,
     Box<dyn CpuTimers<VcpuTimer>>,
-    Arc<SharedTimerFd>,
+    Option<Arc<SharedTimerFd>>,
 );
 
-/// The user-space irqchip of one VM.
-pub struct UserIrqChip {
+/// Makes the chip's host timers: `Some(cpu)` for vCPU `cpu`'s tick, `None` for the `central`
+/// model's thread (as `timer::build` asks for them).
+pub type HostTimers<'a> = &'a mut dyn FnMut(Option<usize>) -> Box<dyn HostTimer>;
+
+/// The user-space irqchip of one VM, on clock `C` (the VM's CLOCK_MONOTONIC-based
+/// [`VmClock`]; a fake one in tests and fuzzing, see [`UserIrqChip::with_clock`]).
+pub struct UserIrqChip<C: VmTime = VmClock> {
     router: Arc<InterruptRouter>,
     model: Arc<dyn TimerModel<VcpuTimer>>,
     idle: Arc<IdleShared>,
     unknown_msr: Arc<LogLimiter>,
     noise: Arc<LapicNoise>,
-    clock: VmClock,
+    clock: C,
     parts: Mutex<Vec<Option<VcpuParts>>>,
     central: Option<Arc<SharedTimerFd>>,
     mem: Arc<GuestMemoryMmap>,
@@ -117,7 +123,7 @@ fn tsc_map(tsc: u64, after: u64, tsc_khz: u64) -> TscMap {
     }
 }
 
-impl UserIrqChip {
+impl UserIrqChip<VmClock> {
     /// Builds the chip; `read_guest_tsc` reads the boot CPU's TSC (IA32_TSC) once.
     pub fn new(
         cfg: &UserChipConfig,
@@ -130,7 +136,62 @@ impl UserIrqChip {
         })?;
         let clock = VmClock::new();
         let tsc = read_guest_tsc()?;
-        let tsc = tsc_map(tsc, clock.now(), u64::from(cfg.tsc_khz));
+        let central = match cfg.model {
+            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
+                IrqChipError::Host {
+                    what: "the central timer thread's timerfd",
+                    source,
+                }
+            })?)),
+            _ => None,
+        };
+        let mut host = |cpu: Option<usize>| -> Box<dyn HostTimer> {
+            match (cpu, &central) {
+                (None, Some(fd)) => Box::new(SharedHostTimer(fd.clone())),
+                _ => Box::new(ThreadTickTimer::new(clock)),
+            }
+        };
+        let mut chip = Self::with_clock(cfg, mem, clock, tsc, &mut host)?;
+        chip.central = central;
+        chip.attach_wake_timers()?;
+        Ok(chip)
+    }
+
+    /// Gives every vCPU's timers a wake-up timerfd on the VM clock, which its blocked thread
+    /// waits on and other threads may re-arm (see `UserVcpuIrq::block_until`).
+    fn attach_wake_timers(&mut self) -> Result<(), IrqChipError> {
+        let clock = self.clock;
+        for part in lock(&self.parts).iter_mut().flatten() {
+            let wake =
+                Arc::new(
+                    SharedTimerFd::for_poll(clock).map_err(|source| IrqChipError::Host {
+                        what: "a vCPU's wake-up timerfd",
+                        source,
+                    })?,
+                );
+            part.1
+                .set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
+            part.2 = Some(wake);
+        }
+        Ok(())
+    }
+}
+
+impl<C: VmTime + Send + Sync> UserIrqChip<C> {
+    /// Builds the chip on `clock` with the host timers `host` makes and the guest TSC
+    /// `guest_tsc` read at `clock`'s now, without touching the host: no helper thread, so
+    /// with the `central` model nobody expires timers but [`Self::service_timers`], and no
+    /// kick signal handler, so every vCPU half must run on one thread (a kick of another
+    /// thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
+    /// host timers; tests and the fuzz targets pass a fake clock and fake host timers.
+    pub fn with_clock(
+        cfg: &UserChipConfig,
+        mem: Arc<GuestMemoryMmap>,
+        clock: C,
+        guest_tsc: u64,
+        host: HostTimers<'_>,
+    ) -> Result<Self, IrqChipError> {
+        let tsc = tsc_map(guest_tsc, clock.now(), u64::from(cfg.tsc_khz));
         let noise = Arc::new(LapicNoise::default());
         let lapics = (0..cfg.cpus)
             .map(|id| {
@@ -165,23 +226,8 @@ impl UserIrqChip {
                 m.kick();
             }
         });
-        let central = match cfg.model {
-            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
-                IrqChipError::Host {
-                    what: "the central timer thread's timerfd",
-                    source,
-                }
-            })?)),
-            _ => None,
-        };
         let nodes = vec![0; lapics.len()];
-        let mut host = |cpu: Option<usize>| -> Box<dyn HostTimer> {
-            match (cpu, &central) {
-                (None, Some(fd)) => Box::new(SharedHostTimer(fd.clone())),
-                _ => Box::new(ThreadTickTimer::new(clock)),
-            }
-        };
-        let model = timer::build::<VcpuTimer>(cfg.model, &nodes, &mut host, waker)?;
+        let model = timer::build::<VcpuTimer>(cfg.model, &nodes, host, waker)?;
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll,
             timer_advance: cfg.timer_advance,
@@ -191,18 +237,11 @@ impl UserIrqChip {
                 .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
             global: cfg.global_timers.map(GlobalLoad::new),
         });
-        let mut parts = Vec::new();
-        for (lapic, mut timers) in lapics.into_iter().zip(model.cpus) {
-            let wake =
-                Arc::new(
-                    SharedTimerFd::for_poll(clock).map_err(|source| IrqChipError::Host {
-                        what: "a vCPU's wake-up timerfd",
-                        source,
-                    })?,
-                );
-            timers.set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
-            parts.push(Some((lapic, timers, wake)));
-        }
+        let parts = lapics
+            .into_iter()
+            .zip(model.cpus)
+            .map(|(lapic, timers)| Some((lapic, timers, None)))
+            .collect();
         Ok(Self {
             router,
             model: model.shared,
@@ -211,17 +250,51 @@ impl UserIrqChip {
             noise,
             clock,
             parts: Mutex::new(parts),
-            central,
+            central: None,
             mem,
             pv_eoi: cfg.pv_eoi,
         })
+    }
+
+    /// The per-vCPU half of vCPU `id` (taken once), as its concrete type: what
+    /// [`IrqChip::vcpu`] boxes. Tests and fuzz targets use it to look at the vCPU's LAPIC.
+    pub fn user_vcpu(
+        &self,
+        id: u32,
+        shared: &Arc<VmShared>,
+    ) -> Result<UserVcpuIrq<Arc<LapicNoise>, C>, IrqChipError> {
+        let taken = usize::try_from(id)
+            .ok()
+            .and_then(|i| lock(&self.parts).get_mut(i).and_then(Option::take));
+        let (lapic, timers, wake_timer) = taken.ok_or(IrqChipError::NoVcpuPart(id))?;
+        UserVcpuIrq::new(UserVcpuParts {
+            id,
+            lapic,
+            timers,
+            router: self.router.clone(),
+            clock: self.clock.clone(),
+            idle: self.idle.clone(),
+            shared: shared.clone(),
+            unknown_msr: self.unknown_msr.clone(),
+            mem: self.mem.clone(),
+            pv_eoi: self.pv_eoi,
+            wake_timer,
+        })
+        .ok_or(IrqChipError::NoVcpuPart(id))
+    }
+
+    /// One pass of the `central` model's timer thread at the clock's now: expires every due
+    /// timer and notifies the owners. The thread does this at each timerfd expiry; a chip
+    /// built by [`Self::with_clock`] has no thread, and its owner calls this instead.
+    pub fn service_timers(&self) {
+        service_central(&self.model, &self.router, &self.idle, self.clock.now());
     }
 
     /// The central model's timer thread: expires every timer at the timerfd's deadline.
     fn central_thread(&self, fd: Arc<SharedTimerFd>, shared: Arc<VmShared>) -> impl FnOnce() {
         let model = self.model.clone();
         let router = self.router.clone();
-        let clock = self.clock;
+        let clock = self.clock.clone();
         let idle = self.idle.clone();
         move || {
             if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Timers) {
@@ -241,52 +314,44 @@ impl UserIrqChip {
                 if shared.stop.is_requested() {
                     return;
                 }
-                let mut summary = FiredSummary::default();
-                model.service(clock.now(), &mut |fired| {
-                    on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
-                });
-                if let Some(g) = &idle.global {
-                    for _ in 0..summary.global() {
-                        g.timer_thread_fired();
-                    }
-                    // Re-arm what fired at once, as a running vCPU does in the other models:
-                    // the same load whichever model expires it.
-                    let now = clock.now();
-                    for slot in g.take_pending() {
-                        let deadline = g.next_deadline(slot, now);
-                        model.arm_global(g.owner(slot), deadline, VcpuTimer::Global(slot));
-                    }
-                }
+                service_central(&model, &router, &idle, clock.now());
             }
         }
     }
 }
 
-impl IrqChip for UserIrqChip {
+/// What the `central` model's timer thread does at each wake-up: expires every due timer
+/// (notifying owners) and counts the global ones.
+fn service_central(
+    model: &Arc<dyn TimerModel<VcpuTimer>>,
+    router: &InterruptRouter,
+    idle: &IdleShared,
+    now: Nanos,
+) {
+    let mut summary = FiredSummary::default();
+    model.service(now, &mut |fired| {
+        on_timer_fired(router, idle.global.as_ref(), &mut summary, fired)
+    });
+    if let Some(g) = &idle.global {
+        for _ in 0..summary.global() {
+            g.timer_thread_fired();
+        }
+        // Re-arm what fired at once, as a running vCPU does in the other models: the same
+        // load whichever model expires it.
+        for slot in g.take_pending() {
+            let deadline = g.next_deadline(slot, now);
+            model.arm_global(g.owner(slot), deadline, VcpuTimer::Global(slot));
+        }
+    }
+}
+
+impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
     fn name(&self) -> &'static str {
         "user"
     }
 
     fn vcpu(&self, id: u32, shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
-        let taken = usize::try_from(id)
-            .ok()
-            .and_then(|i| lock(&self.parts).get_mut(i).and_then(Option::take));
-        let (lapic, timers, wake) = taken.ok_or(IrqChipError::NoVcpuPart(id))?;
-        let unit = UserVcpuIrq::new(UserVcpuParts {
-            id,
-            lapic,
-            timers,
-            router: self.router.clone(),
-            clock: self.clock,
-            idle: self.idle.clone(),
-            shared: shared.clone(),
-            unknown_msr: self.unknown_msr.clone(),
-            mem: self.mem.clone(),
-            pv_eoi: self.pv_eoi,
-            wake_timer: Some(wake),
-        })
-        .ok_or(IrqChipError::NoVcpuPart(id))?;
-        Ok(Box::new(unit))
+        Ok(Box::new(self.user_vcpu(id, shared)?))
     }
 
     fn edge_irq(&self, gsi: u32) -> Result<EdgeIrq, IrqChipError> {

@@ -176,6 +176,10 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             let now = self.lapic_timer_due(now);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
+                // Armed after this pass's timer run: program the host tick for it now (`pull`
+                // programs a running vCPU's tick only in `run`), or a periodic timer's next
+                // period would wait for the vCPU's next exit (none with PV EOI in a busy loop).
+                self.run_timers(now);
             }
         }
         let nmis = self.lapic.take_nmi();

@@ -1,0 +1,705 @@
+//! The `lapic` target: lull's real per-vCPU user irqchip (`vmm::irqchip::user::vcpu::
+//! UserVcpuIrq`), 2-4 of them from one real `UserIrqChip` (`crate::chip`: fake clock, fake
+//! host timers, any timer model, PV EOI on or off), driven the way `vmm::vcpu::run` drives
+//! them: `before_entry` on a fake `CpuPort` whose interrupt window the input opens and
+//! closes, then the guest's exit as a real `kvm_ioctls::VcpuExit` (LAPIC MMIO at the current
+//! base, IOAPIC MMIO, x2APIC / IA32_APIC_BASE / TSC-deadline / PV EOI MSRs, IPIs, EOIs through
+//! the register or the PV flag, interrupt windows, EINTR) through `after_run`, `handle_exit`
+//! (the generic `vmm::vcpu::exit::handle_exit` for what the chip gives back) and `exit_done`.
+//! Between steps the clock moves, the `central` model's thread runs, devices raise IOAPIC
+//! lines. A vCPU that an INIT stopped waits for its SIPI (`wait_for_sipi` is called only once
+//! the SIPI is there, so nothing blocks).
+//!
+//! Checked (`check.rs`), for every vCPU after every step:
+//! - PPR = TPR or the class of the highest in-service vector, whichever is higher; the PPR and
+//!   TPR registers read so; CR8 = TPR >> 4; no vector below 16 in IRR or ISR;
+//! - IA32_APIC_BASE as last told to KVM (`CpuPort::set_apic_base`) is the LAPIC's;
+//! - **no lost timer**: a vCPU in the guest with a LAPIC deadline has a host timer armed no
+//!   later (its own tick, or the `central` thread's); **the clamp bounds the storm**: LAPIC
+//!   timer fires <= the guest's LAPIC writes + elapsed time / `min_period_ns`.
+//!
+//! At every entry: never more than one injection, and none while the port says the guest
+//! cannot take one; the injected vector is the LAPIC's highest pending one (now the highest
+//! in service, above everything left in IRR); an open window with nothing injected means
+//! nothing is deliverable; the interrupt-window request is on exactly when something is
+//! still deliverable; no timer deadline is due (a due timer fired before the entry), and a
+//! periodic re-arm is `min_period_ns` after the deadline it replaces; an unmasked timer fire
+//! left its vector in IRR or ISR; **a posted IPI is never lost**: every fixed IPI another
+//! step sent to this vCPU (routed by `devices::lapic::route` over the LAPICs' own addressing
+//! state) is in its IRR or ISR, and every NMI was injected; a PV EOI flag lull sets is set
+//! only for a lone, edge-triggered in-service vector with nothing pending.
+//!
+//! At every exit: a deadline a guest write set is at least `min_delay_ns` away; an EOI
+//! (register or PV flag) retires the highest in-service vector; a PV flag lull set is taken
+//! back; nothing panics, whatever the guest wrote.
+//!
+//! `LULL_FUZZ_TRACE=1` prints each step as it runs (e.g. under `cargo test`'s replay).
+
+mod check;
+pub mod input;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use arbitrary::Unstructured;
+use devices::lapic::{
+    regs, route, ApicMode, DeliveryMode, DestinationMode, InitSipiState, Ipi, Lapic, Shorthand,
+    TimerLimits, TriggerMode,
+};
+use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
+use timer::{Clock, ModelKind};
+use vm_memory::{Bytes, GuestAddress};
+use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
+use vmm::irqchip::user::vcpu::UserVcpuIrq;
+use vmm::irqchip::{ChipExit, Entry, IrqChip, VcpuIrq};
+use vmm::layout::IOAPIC_ADDR;
+use vmm::metrics::LapicNoise;
+use vmm::vcpu::exit::{ExitContext, VcpuAction};
+
+use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
+use check::{highest, read_bitmap, read_reg};
+use input::{GuestAction, IpiSpec, Op};
+
+/// The clock stops here: ~146 years of uptime. Beyond it, deadlines that saturate at
+/// `u64::MAX` would look due, which no real run reaches.
+const MAX_NOW: u64 = 1 << 62;
+
+/// One vCPU's irqchip half.
+type Irq = UserVcpuIrq<Arc<LapicNoise>, FuzzClock>;
+
+/// Where a vCPU's thread is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In user space between an exit and the next entry.
+    Out,
+    /// In KVM_RUN (after `before_entry` said Enter).
+    InGuest,
+    /// In INIT, waiting for a SIPI.
+    WaitingForSipi,
+}
+
+/// One vCPU: its irqchip half, its fake port, and what the target expects of it.
+struct Vcpu {
+    irq: Irq,
+    port: FakePort,
+    place: Place,
+    /// Fixed IPIs sent to it since its last entry.
+    expected: Vec<u8>,
+    /// NMIs sent to it since its last entry.
+    expected_nmis: u64,
+    /// LAPIC writes (MMIO or MSR) its guest made: each may arm the timer once.
+    writes: u64,
+    /// The PV EOI flag the guest enabled (accepted writes of the MSR).
+    pv_flag: Option<u64>,
+    /// The vector lull offered through the flag at the last entry, when the target saw it
+    /// offered (the flag went from 0 to 1).
+    offered: Option<u8>,
+}
+
+/// The VM: the chip, its vCPUs, the limits the LAPICs were built with.
+struct Machine {
+    fake: FakeChip,
+    vcpus: Vec<Vcpu>,
+    model: ModelKind,
+    start: u64,
+    tsc_khz: u64,
+    guest_tsc: u64,
+    limits: TimerLimits,
+}
+
+/// A 4-byte guest write of xAPIC register `offset`.
+fn xapic_write(offset: u32, value: u32) -> GuestAction {
+    GuestAction::MmioWrite {
+        offset: input::Offset::Page(u16::try_from(offset).unwrap_or(0)),
+        len: 4,
+        value: input::Value::Raw(value),
+    }
+}
+
+fn lapic_of(v: &Vcpu) -> Lapic<Arc<LapicNoise>> {
+    // Reads go to a copy: looking must not change what is looked at.
+    v.irq.lapic().clone()
+}
+
+impl Machine {
+    fn new(u: &mut Unstructured<'_>) -> arbitrary::Result<Option<Self>> {
+        let cpus = u.int_in_range(2u32..=4)?;
+        let model = match u.int_in_range(0u8..=2)? {
+            0 => ModelKind::Pull,
+            1 => ModelKind::Push,
+            _ => ModelKind::Central,
+        };
+        let tsc_khz = u.int_in_range(1u32..=10_000_000)?;
+        let guest_tsc = u.arbitrary()?;
+        let start = match u.int_in_range(0u8..=2)? {
+            0 => 0,
+            1 => u.int_in_range(0u64..=1 << 50)?,
+            _ => MAX_NOW - u64::from(u.arbitrary::<u32>()?),
+        };
+        let pv_eoi = u.arbitrary()?;
+        let spec = ChipSpec {
+            cpus,
+            model,
+            tsc_khz,
+            guest_tsc,
+            start,
+            pv_eoi,
+        };
+        let Some(fake) = FakeChip::new(spec) else {
+            return Ok(None);
+        };
+        let mut vcpus = Vec::new();
+        for id in 0..cpus {
+            let irq = fake
+                .chip
+                .user_vcpu(id, &fake.shared)
+                .unwrap_or_else(|e| panic!("vCPU {id}: {e}"));
+            let mut port = FakePort::default();
+            let mut irq = irq;
+            irq.attach(&mut port);
+            vcpus.push(Vcpu {
+                irq,
+                port,
+                place: Place::Out,
+                expected: Vec::new(),
+                expected_nmis: 0,
+                writes: 0,
+                pv_flag: None,
+                offered: None,
+            });
+        }
+        let mut machine = Machine {
+            fake,
+            vcpus,
+            model,
+            start,
+            tsc_khz: u64::from(tsc_khz),
+            guest_tsc,
+            limits: TimerLimits::default(),
+        };
+        // Most inputs start where a booted guest is: every LAPIC software-enabled, some with a
+        // flat logical ID (as Linux sets them up), through the same exits.
+        let booted: u8 = u.arbitrary()?;
+        for i in 0..machine.vcpus.len() {
+            if booted & 1 == 0 {
+                machine.enter(i, false);
+                machine.exit(i, xapic_write(regs::SVR, 0x1ff));
+                if booted & 2 == 0 {
+                    machine.enter(i, false);
+                    machine.exit(i, xapic_write(regs::DFR, 0xffff_ffff));
+                    machine.enter(i, false);
+                    machine.exit(i, xapic_write(regs::LDR, 1 << (24 + i)));
+                }
+            }
+        }
+        Ok(Some(machine))
+    }
+
+    fn now(&self) -> u64 {
+        self.fake.clock.now()
+    }
+
+    /// The guest's TSC now, roughly (an input shape, not an oracle).
+    fn tsc_now(&self) -> u64 {
+        let ns = u128::from(self.now() - self.start);
+        let ticks = ns * u128::from(self.tsc_khz) / 1_000_000;
+        self.guest_tsc
+            .wrapping_add(u64::try_from(ticks).unwrap_or(u64::MAX))
+    }
+
+    fn index(&self, cpu: u8) -> usize {
+        usize::from(cpu) % self.vcpus.len()
+    }
+
+    /// Whether vCPU `i`'s PV flag is its own (a flag two vCPUs share is the guest's mess).
+    fn pv_flag_alone(&self, i: usize) -> Option<u64> {
+        let flag = self.vcpus[i].pv_flag?;
+        let shared = self
+            .vcpus
+            .iter()
+            .enumerate()
+            .any(|(j, v)| j != i && v.pv_flag == Some(flag));
+        (!shared).then_some(flag)
+    }
+
+    fn flag_byte(&self, flag: u64) -> u8 {
+        self.fake
+            .mem
+            .read_obj::<u8>(GuestAddress(flag))
+            .unwrap_or_else(|e| panic!("PV flag {flag:#x} accepted outside RAM: {e}"))
+    }
+
+    fn step(&mut self, op: Op) {
+        match op {
+            Op::Enter { cpu, open } => {
+                let i = self.index(cpu);
+                self.enter(i, open);
+            }
+            Op::Exit { cpu, action } => {
+                let i = self.index(cpu);
+                if self.vcpus[i].place != Place::InGuest {
+                    self.enter(i, true);
+                }
+                if self.vcpus[i].place == Place::InGuest {
+                    self.exit(i, action);
+                }
+            }
+            Op::Advance(delay) => {
+                let to = self.now().saturating_add(delay.get()).min(MAX_NOW);
+                self.fake.clock.set(to);
+                self.timer_thread(false);
+            }
+            Op::TimerThread => self.timer_thread(true),
+            Op::Edge(pin) => {
+                let trigger = self
+                    .fake
+                    .chip
+                    .edge_irq(u32::from(pin))
+                    .unwrap_or_else(|e| panic!("edge trigger for pin {pin}: {e}"));
+                let _ = devices::serial::Trigger::trigger(&trigger);
+            }
+            Op::Line { pin, asserted } => {
+                self.fake
+                    .chip
+                    .irq_lines()
+                    .set_level(u32::from(pin), asserted);
+            }
+        }
+    }
+
+    /// The `central` model's thread: wakes at its timerfd's deadline (or spuriously).
+    fn timer_thread(&mut self, spurious: bool) {
+        let Some(central) = &self.fake.central else {
+            return;
+        };
+        let now = self.now();
+        if spurious || central.deadline() <= now {
+            self.fake.chip.service_timers();
+            let next = central.deadline();
+            assert!(
+                next > now,
+                "timer thread re-armed at {next}, not after now {now}: it would spin"
+            );
+        }
+    }
+
+    /// vCPU `i`'s thread goes to enter the guest: `before_entry`, or the SIPI wait.
+    fn enter(&mut self, i: usize, open: bool) {
+        match self.vcpus[i].place {
+            Place::InGuest => return,
+            Place::WaitingForSipi => {
+                // A wake-up in the wait for SIPI services the mailbox, as before_entry does.
+                let v = &mut self.vcpus[i];
+                let entry = v.irq.before_entry(&mut v.port);
+                assert_eq!(entry, Entry::WaitForSipi, "vCPU {i} left INIT without SIPI");
+                v.expected.clear();
+                v.expected_nmis = 0;
+                let InitSipiState::SipiReceived(vector) = v.irq.lapic().init_sipi_state() else {
+                    return;
+                };
+                // The SIPI is there: the wait returns at once.
+                assert_eq!(v.irq.wait_for_sipi(&mut v.port), Some(vector));
+                assert_eq!(v.irq.lapic().init_sipi_state(), InitSipiState::Running);
+                v.place = Place::Out;
+            }
+            Place::Out => {}
+        }
+        let now = self.now();
+        let flag = self.pv_flag_alone(i);
+        let flag_before = flag.map(|f| self.flag_byte(f));
+        let v = &mut self.vcpus[i];
+        let counters = self.fake.shared.counters(u32::try_from(i).unwrap_or(0));
+        let fires = || counters.map_or(0, |c| c.lapic_timer_fires.load(Ordering::Relaxed));
+        let fires_before = fires();
+        let mut before = lapic_of(v);
+        let deadline_before = before.timer_deadline();
+        let lvt = read_reg(&mut before, regs::LVT_TIMER);
+        let software_enabled = before.destination_info().software_enabled;
+        let nmis_before = v.port.nmis;
+        v.port.open = open;
+        v.port.injected.clear();
+        let entry = v.irq.before_entry(&mut v.port);
+        match entry {
+            Entry::Stop => panic!("vCPU {i}: before_entry stopped a VM nobody stopped"),
+            Entry::WaitForSipi => {
+                assert!(v.port.injected.is_empty(), "vCPU {i}: injected in INIT");
+                v.place = Place::WaitingForSipi;
+                v.expected.clear();
+                v.expected_nmis = 0;
+                return;
+            }
+            Entry::Enter => v.place = Place::InGuest,
+        }
+        let mut after = lapic_of(v);
+        check::entry(i, &*v, &mut after, now);
+        let deadline = after.timer_deadline();
+        assert!(
+            deadline.is_none_or(|d| d > now),
+            "vCPU {i}: entered the guest with its timer due ({deadline:?} <= now {now})"
+        );
+        if let (Some(due), Some(next)) = (deadline_before.filter(|&d| d <= now), deadline) {
+            assert!(
+                next - due >= self.limits.min_period_ns,
+                "vCPU {i}: periodic step {} below the {} ns clamp",
+                next - due,
+                self.limits.min_period_ns
+            );
+        }
+        if fires() > fires_before && software_enabled {
+            if let Some(lvt) = lvt.filter(|l| l & regs::LVT_MASKED == 0) {
+                let vector = regs::low_byte(lvt);
+                if vector >= 16 {
+                    assert!(
+                        check::pending_or_in_service(&mut after, vector),
+                        "vCPU {i}: timer fired unmasked but vector {vector:#x} is nowhere"
+                    );
+                }
+            }
+        }
+        let expected = std::mem::take(&mut v.expected);
+        for vector in expected {
+            assert!(
+                check::pending_or_in_service(&mut after, vector),
+                "vCPU {i}: IPI vector {vector:#x} sent to it was lost"
+            );
+        }
+        if std::mem::take(&mut v.expected_nmis) > 0 {
+            assert!(
+                v.port.nmis > nmis_before,
+                "vCPU {i}: NMI sent to it not injected"
+            );
+        }
+        v.offered = None;
+        if let (Some(f), Some(0)) = (flag, flag_before) {
+            if self.flag_byte(f) == 1 {
+                let v = &mut self.vcpus[i];
+                v.offered = Some(check::pv_offer_allowed(i, &mut after));
+            }
+        }
+    }
+
+    /// vCPU `i` (in the guest) exits with what its guest did.
+    fn exit(&mut self, i: usize, action: GuestAction) {
+        if let GuestAction::Ipi(IpiSpec { destination, .. }) = action {
+            if self.vcpus[i].irq.lapic().mode() == ApicMode::XApic {
+                // An xAPIC guest writes the destination (ICR2) first: an exit of its own.
+                self.exit(i, xapic_write(regs::ICR_HIGH, destination << 24));
+                self.enter(i, false);
+                if self.vcpus[i].place != Place::InGuest {
+                    return;
+                }
+            }
+        }
+        let now = self.now();
+        let id = u32::try_from(i).unwrap_or(0);
+        let flag = self.pv_flag_alone(i);
+        let mut lapic = lapic_of(&self.vcpus[i]);
+        let deadline_before = lapic.timer_deadline();
+        let base = lapic.base_address();
+        let mode = lapic.mode();
+        let offered = self.vcpus[i].offered.take();
+        // The guest's EOI: through the PV flag when lull set it (no exit of its own).
+        let mut pv_eoi = None;
+        let mut eoi_register = false;
+        if let GuestAction::Eoi = action {
+            match (flag, offered) {
+                (Some(f), Some(vector)) if self.flag_byte(f) == 1 => {
+                    self.write_flag(f, 0);
+                    pv_eoi = Some(vector);
+                }
+                _ => eoi_register = mode != ApicMode::Disabled,
+            }
+        }
+        let pv_eois = |m: &Machine| {
+            m.fake
+                .shared
+                .counters(id)
+                .map_or(0, |c| c.pv_eois.load(Ordering::Relaxed))
+        };
+        let pv_eois_before = pv_eois(self);
+        let cr8 = self.vcpus[i].port.cr8;
+        self.vcpus[i].irq.after_run(Some(cr8));
+        if let Some(vector) = pv_eoi {
+            let isr = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
+            assert!(
+                isr.is_none_or(|isr| !check::contains(&isr, vector)),
+                "vCPU {i}: PV EOI of {vector:#x} did not retire it"
+            );
+            assert_eq!(
+                pv_eois(self),
+                pv_eois_before + 1,
+                "vCPU {i}: PV EOI not counted"
+            );
+        } else if let (Some(f), Some(_)) = (flag, offered) {
+            assert_eq!(self.flag_byte(f), 0, "vCPU {i}: PV flag not taken back");
+        }
+        // What the EOI register must retire (read after `after_run`, which may EOI by flag).
+        let isr_before = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
+        let tsc_now = self.tsc_now();
+        match action {
+            GuestAction::MmioWrite { offset, len, value } => {
+                let mut data = [0u8; 8];
+                data[..4].copy_from_slice(&value.get().to_le_bytes());
+                let addr = base.wrapping_add(offset.get());
+                self.vcpus[i].writes += 1;
+                self.run_exit(i, VcpuExit::MmioWrite(addr, &data[..usize::from(len % 9)]));
+            }
+            GuestAction::MmioRead { offset, len } => {
+                let mut data = [0u8; 8];
+                let addr = base.wrapping_add(offset.get());
+                self.run_exit(
+                    i,
+                    VcpuExit::MmioRead(addr, &mut data[..usize::from(len % 9)]),
+                );
+            }
+            GuestAction::IoapicWrite { offset, len, value } => {
+                let mut data = [0u8; 8];
+                data[..4].copy_from_slice(&value.get().to_le_bytes());
+                let addr = IOAPIC_ADDR + u64::from(offset);
+                self.run_exit(i, VcpuExit::MmioWrite(addr, &data[..usize::from(len % 9)]));
+            }
+            GuestAction::IoapicRead { offset, len } => {
+                let mut data = [0u8; 8];
+                let addr = IOAPIC_ADDR + u64::from(offset);
+                self.run_exit(
+                    i,
+                    VcpuExit::MmioRead(addr, &mut data[..usize::from(len % 9)]),
+                );
+            }
+            GuestAction::MsrWrite { msr, value } => {
+                let (index, data) = (msr.get(), value.get(tsc_now));
+                self.vcpus[i].writes += 1;
+                if self.wrmsr(i, index, data) && index == MSR_KVM_PV_EOI_EN {
+                    self.vcpus[i].pv_flag = (data & 1 == 1).then_some(data & !1);
+                }
+            }
+            GuestAction::MsrRead { msr } => {
+                let (mut error, mut data) = (0u8, 0u64);
+                let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
+                    error: &mut error,
+                    reason: MsrExitReason::Filter,
+                    index: msr.get(),
+                    data: &mut data,
+                });
+                self.run_exit(i, exit);
+            }
+            GuestAction::Ipi(spec) => self.send_ipi(i, &mut lapic, spec),
+            GuestAction::Eoi if eoi_register => {
+                self.vcpus[i].writes += 1;
+                if mode == ApicMode::X2Apic {
+                    self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::EOI >> 4), 0);
+                } else {
+                    let addr = base + u64::from(regs::EOI);
+                    self.run_exit(i, VcpuExit::MmioWrite(addr, &[0; 4]));
+                }
+                let isr = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
+                if let (Some(mut want), Some(got)) = (isr_before, isr) {
+                    if let Some(top) = highest(&want) {
+                        want[usize::from(top >> 5)] &= !(1 << (top & 31));
+                    }
+                    assert_eq!(
+                        got, want,
+                        "vCPU {i}: EOI did not retire exactly the highest in-service vector"
+                    );
+                }
+            }
+            GuestAction::Window => self.run_exit(i, VcpuExit::IrqWindowOpen),
+            GuestAction::Eoi | GuestAction::Interrupted => {
+                let v = &mut self.vcpus[i];
+                v.irq.exit_done(&mut v.port);
+            }
+        }
+        let v = &mut self.vcpus[i];
+        v.place = Place::Out;
+        let deadline = v.irq.lapic().timer_deadline();
+        if let Some(d) = deadline.filter(|_| deadline != deadline_before) {
+            let floor = now.saturating_add(self.limits.min_delay_ns);
+            assert!(
+                d >= floor,
+                "vCPU {i}: deadline {d} below now {now} + min delay"
+            );
+        }
+    }
+
+    fn write_flag(&self, flag: u64, value: u8) {
+        self.fake
+            .mem
+            .write_obj(value, GuestAddress(flag))
+            .unwrap_or_else(|e| panic!("PV flag {flag:#x}: {e}"));
+    }
+
+    /// WRMSR through the exit path; true if it did not fault.
+    fn wrmsr(&mut self, i: usize, index: u32, data: u64) -> bool {
+        let mut error = 0u8;
+        let exit = VcpuExit::X86Wrmsr(WriteMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Filter,
+            index,
+            data,
+        });
+        self.run_exit(i, exit);
+        error == 0
+    }
+
+    /// One exit as `vmm::vcpu::run` handles it: the chip first, then the generic handler.
+    fn run_exit(&mut self, i: usize, exit: VcpuExit<'_>) {
+        let v = &mut self.vcpus[i];
+        match v.irq.handle_exit(exit) {
+            Ok(ChipExit::Continue) => {}
+            Ok(ChipExit::Stop(reason)) => panic!("vCPU {i}: the irqchip stopped the VM: {reason}"),
+            Err(exit) => {
+                let id = u32::try_from(i).unwrap_or(0);
+                let shared = &self.fake.shared;
+                let Some(counters) = shared.counters(id) else {
+                    panic!("no counters for vCPU {i}");
+                };
+                let ctx = ExitContext {
+                    vcpu: id,
+                    pio: &shared.pio,
+                    counters,
+                    noise: &shared.noise,
+                };
+                let action = vmm::vcpu::exit::handle_exit(exit, &ctx);
+                assert_eq!(
+                    action,
+                    VcpuAction::Continue,
+                    "vCPU {i}: MMIO stopped the VM"
+                );
+            }
+        }
+        v.irq.exit_done(&mut v.port);
+    }
+
+    /// A fixed (or NMI) edge IPI through the ICR of the sender's mode, with the delivery the
+    /// target expects of it.
+    fn send_ipi(&mut self, i: usize, lapic: &mut Lapic<Arc<LapicNoise>>, spec: IpiSpec) {
+        let IpiSpec {
+            vector,
+            destination,
+            logical,
+            shorthand,
+            nmi,
+        } = spec;
+        let mode = lapic.mode();
+        let delivery: u32 = if nmi { 4 } else { 0 };
+        let low = u32::from(vector)
+            | (delivery << 8)
+            | (u32::from(logical) << 11)
+            | (1 << 14)
+            | (u32::from(shorthand & 3) << 18);
+        let destination = match mode {
+            ApicMode::Disabled => {
+                let v = &mut self.vcpus[i];
+                v.irq.exit_done(&mut v.port);
+                return;
+            }
+            ApicMode::XApic => read_reg(lapic, regs::ICR_HIGH).unwrap_or(0) >> 24,
+            ApicMode::X2Apic => destination,
+        };
+        let ipi = Ipi {
+            delivery_mode: if nmi {
+                DeliveryMode::Nmi
+            } else {
+                DeliveryMode::Fixed
+            },
+            vector,
+            destination,
+            destination_mode: if logical {
+                DestinationMode::Logical
+            } else {
+                DestinationMode::Physical
+            },
+            shorthand: match shorthand & 3 {
+                0 => Shorthand::None,
+                1 => Shorthand::SelfOnly,
+                2 => Shorthand::AllIncludingSelf,
+                _ => Shorthand::AllExcludingSelf,
+            },
+            assert: true,
+            trigger_mode: TriggerMode::Edge,
+            x2apic_format: mode == ApicMode::X2Apic,
+            source_apic_id: Some(lapic.apic_id()),
+        };
+        let infos: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| v.irq.lapic().destination_info())
+            .collect();
+        let sender_enabled = infos[i].software_enabled;
+        for t in route(&ipi, &infos).iter() {
+            let Some(info) = infos.get(t) else {
+                panic!("route named LAPIC {t} of {}", infos.len());
+            };
+            if !info.hardware_enabled || !sender_enabled {
+                continue;
+            }
+            if nmi {
+                self.vcpus[t].expected_nmis += 1;
+            } else if vector >= 16 && info.software_enabled {
+                self.vcpus[t].expected.push(vector);
+            }
+        }
+        self.vcpus[i].writes += 1;
+        if mode == ApicMode::X2Apic {
+            let value = (u64::from(destination) << 32) | u64::from(low);
+            self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::ICR_LOW >> 4), value);
+        } else {
+            let addr = lapic.base_address() + u64::from(regs::ICR_LOW);
+            self.run_exit(i, VcpuExit::MmioWrite(addr, &low.to_le_bytes()));
+        }
+    }
+
+    fn check(&mut self) {
+        let now = self.now();
+        let elapsed = now - self.start;
+        for i in 0..self.vcpus.len() {
+            let v = &self.vcpus[i];
+            let mut lapic = lapic_of(v);
+            check::registers(i, &mut lapic, v.port.apic_base);
+            let fires = self
+                .fake
+                .shared
+                .counters(u32::try_from(i).unwrap_or(0))
+                .map_or(0, |c| c.lapic_timer_fires.load(Ordering::Relaxed));
+            assert!(
+                fires <= v.writes + elapsed / self.limits.min_period_ns,
+                "vCPU {i}: {fires} timer fires from {} LAPIC writes in {elapsed} ns exceed the clamp",
+                v.writes
+            );
+            if v.place != Place::InGuest {
+                continue;
+            }
+            let Some(deadline) = lapic.timer_deadline() else {
+                continue;
+            };
+            let (host, what) = match (self.model, &self.fake.central) {
+                (ModelKind::Central, Some(c)) if deadline > now => (c.deadline(), "timer thread"),
+                (ModelKind::Central, _) => continue,
+                _ => (self.fake.ticks[i].deadline(), "host tick"),
+            };
+            assert!(
+                host <= deadline,
+                "vCPU {i} in the guest: lost timer: LAPIC deadline {deadline}, {what} at {host}"
+            );
+        }
+    }
+}
+
+/// Runs one input: a VM configuration, then steps until the bytes run out.
+pub fn run(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok(Some(mut machine)) = Machine::new(&mut u) else {
+        return;
+    };
+    let trace = std::env::var_os("LULL_FUZZ_TRACE").is_some();
+    while let Ok(op) = u.arbitrary::<Op>() {
+        if trace {
+            eprintln!("{op:?}");
+        }
+        machine.step(op);
+        machine.check();
+        if u.is_empty() {
+            break;
+        }
+    }
+}

@@ -80,6 +80,8 @@ struct Rig {
     clock: FakeClock,
     shared: Arc<VmShared>,
     port: FakePort,
+    /// vCPU 0's host tick.
+    tick: FakeHostTimer,
 }
 
 const LAPIC: u64 = 0xfee0_0000;
@@ -95,7 +97,8 @@ impl Rig {
             IoApic::new(1),
         ));
         let waker = Arc::new(|_cpu: usize| {});
-        let mut host = |_| Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>;
+        let tick = FakeHostTimer::new();
+        let mut host = |_| Box::new(tick.clone()) as Box<dyn HostTimer>;
         let model = build::<VcpuTimer>(kind, &[0], &mut host, waker).unwrap();
         let idle = Arc::new(IdleShared {
             halt_poll: HaltPollMode::Off,
@@ -129,6 +132,7 @@ impl Rig {
             clock,
             shared,
             port: FakePort::default(),
+            tick,
         };
         rig.mmio_write(0xf0, 0x1ff); // SVR: software enable, spurious vector 0xff
         rig
@@ -360,4 +364,25 @@ fn a_halt_with_an_nmi_still_held_in_kvm_resumes_unless_nmis_are_blocked() {
     let asked = rig.port.events_asked;
     assert!(!rig.irq.nmi_runnable(&mut rig.port));
     assert_eq!(rig.port.events_asked, asked);
+}
+
+/// A periodic LAPIC timer re-armed at its expiry has its host tick programmed before the next
+/// entry (found by the `lapic` fuzz target: the next period waited for some other exit).
+#[test]
+fn a_periodic_timer_keeps_its_host_tick_armed() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    rig.mmio_write(0x3e0, 0xb); // divide by 1: one count per ns at the 1 GHz bus
+    rig.mmio_write(0x320, 0x2_0040); // periodic, vector 0x40
+    rig.mmio_write(0x380, 1_000_000); // 1 ms
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.tick.deadline(), 1_000_000);
+    rig.clock.set(1_000_100);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40]);
+    assert_eq!(
+        rig.tick.deadline(),
+        2_000_000,
+        "the next period's host tick is armed before the entry"
+    );
 }

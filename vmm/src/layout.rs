@@ -54,6 +54,11 @@ pub struct BootData {
     pub what: &'static str,
 }
 
+/// Where lull writes the multiboot information block and its tables (one page).
+pub const MULTIBOOT_INFO_ADDR: u64 = 0x6000;
+/// Size of the page at [`MULTIBOOT_INFO_ADDR`].
+pub const MULTIBOOT_INFO_PAGE: usize = 0x1000;
+
 /// What lull writes in conventional memory (below [`LOW_RAM_END`]) when it boots a multiboot
 /// image: the GDT and IDT, the multiboot information page, the command line. (The MP table
 /// lives in the EBDA, which is not RAM in the memory map.)
@@ -64,8 +69,8 @@ pub const MULTIBOOT_BOOT_DATA: [BootData; 3] = [
         what: "lull's GDT and IDT",
     },
     BootData {
-        start: crate::boot::multiboot::INFO_ADDR,
-        end: crate::boot::multiboot::INFO_ADDR + crate::boot::multiboot::INFO_PAGE as u64,
+        start: MULTIBOOT_INFO_ADDR,
+        end: MULTIBOOT_INFO_ADDR + MULTIBOOT_INFO_PAGE as u64,
         what: "the multiboot information page",
     },
     BootData {

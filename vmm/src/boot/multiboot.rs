@@ -15,6 +15,7 @@
 //! Everything here is a pure function over bytes; `boot::load` writes the results.
 
 use crate::layout::{E820Entry, HIMEM_START, LOW_RAM_END, MMIO_HOLE_START, MULTIBOOT_BOOT_DATA};
+pub use crate::layout::{MULTIBOOT_INFO_ADDR as INFO_ADDR, MULTIBOOT_INFO_PAGE as INFO_PAGE};
 
 /// The header magic an image carries (`0x1BADB002`).
 pub const HEADER_MAGIC: u32 = 0x1BAD_B002;
@@ -22,10 +23,6 @@ pub const HEADER_MAGIC: u32 = 0x1BAD_B002;
 pub const BOOT_MAGIC: u32 = 0x2BAD_B002;
 /// The header must lie, 4-byte aligned, within the first 8 KiB of the file.
 pub const HEADER_SEARCH: usize = 8192;
-/// Where lull writes the multiboot information block and its tables (one page).
-pub const INFO_ADDR: u64 = 0x6000;
-/// Size of the page at [`INFO_ADDR`].
-pub const INFO_PAGE: usize = 0x1000;
 const MODS_OFFSET: usize = 0x80;
 const NAME_OFFSET: usize = 0xa0;
 const MMAP_OFFSET: usize = 0x100;

@@ -13,7 +13,8 @@
  *           they are); then, per CPU, what the kernel itself counted meanwhile.
  *   timers  one kthread bound to every online CPU sleeps on a pinned hrtimer, S seconds
  *           long, each interval drawn from the mix like lull's idle-sim guest
- *           (default 30:1,30:4,40:10-500: weight:ms or weight:lo-hi ms, uniform); lateness
+ *           (default 30:1,30:4,40:10-500: weight:ms or weight:lo-hi ms, uniform; per-CPU
+ *           prandom streams seeded from `seed` and the CPU number); lateness
  *           is measured in the guest, at the hrtimer callback (hard irq) and when the
  *           thread runs again, both against the programmed expiry.
  *
@@ -43,6 +44,7 @@
 
 #define pr_fmt(fmt) "lull-workload: " fmt
 
+#include <linux/bitops.h>
 #include <linux/completion.h>
 #include <linux/cpumask.h>
 #include <linux/hrtimer.h>
@@ -52,6 +54,7 @@
 #include <linux/kthread.h>
 #include <linux/notifier.h>
 #include <linux/panic_notifier.h>
+#include <linux/prandom.h>
 #include <linux/printk.h>
 #include <linux/reboot.h>
 #include <linux/sched.h>
@@ -73,8 +76,9 @@
 
 enum kind { KIND_NONE, KIND_IDLE, KIND_TIMERS };
 
+/* An interval range of the mix; `upto` is the running sum of the weights up to this one. */
 struct mix_entry {
-	u32 weight, lo_ms, hi_ms;
+	u32 upto, lo_ms, hi_ms;
 };
 
 /* Log-linear histogram of u32 values (ns). */
@@ -96,7 +100,7 @@ struct timer_cpu {
 	ktime_t expires;
 	ktime_t fired_at;
 	int fired;
-	u32 rng;
+	struct rnd_state rng;
 	u32 events;
 	struct histogram late, wake;
 };
@@ -149,10 +153,11 @@ static u32 parse_u32(const char **s)
 static const char *parse_mix_entry(const char **s)
 {
 	struct mix_entry e;
+	u32 weight;
 
 	if (mix_len == MAX_MIX)
 		return "mix: at most 8 entries";
-	e.weight = parse_u32(s);
+	weight = parse_u32(s);
 	if (*(*s)++ != ':')
 		return "mix: expected WEIGHT:MS or WEIGHT:LO-HI";
 	e.lo_ms = e.hi_ms = parse_u32(s);
@@ -162,8 +167,9 @@ static const char *parse_mix_entry(const char **s)
 	}
 	if (e.lo_ms == 0 || e.hi_ms < e.lo_ms)
 		return "mix: intervals must be >= 1 ms and LO <= HI";
+	mix_total += weight;
+	e.upto = mix_total;
 	mix[mix_len++] = e;
-	mix_total += e.weight;
 	return NULL;
 }
 
@@ -241,7 +247,7 @@ __setup("lull.workload=", lull_workload_setup);
  * in the boot ends the run with a failure status. */
 static int __init lull_workload_init(void)
 {
-	static const struct mix_entry default_mix[] = { { 30, 1, 1 }, { 30, 4, 4 }, { 40, 10, 500 } };
+	static const struct mix_entry default_mix[] = { { 30, 1, 1 }, { 60, 4, 4 }, { 100, 10, 500 } };
 
 	if (!arg[0])
 		return 0;
@@ -328,32 +334,6 @@ static const char *run_idle(void)
 	return NULL;
 }
 
-/* Index of the highest set bit of v (v != 0), in five steps (no bsr/lzcnt needed). */
-static u32 msb(u32 v)
-{
-	u32 e = 0;
-
-	if (v >> 16) {
-		v >>= 16;
-		e += 16;
-	}
-	if (v >> 8) {
-		v >>= 8;
-		e += 8;
-	}
-	if (v >> 4) {
-		v >>= 4;
-		e += 4;
-	}
-	if (v >> 2) {
-		v >>= 2;
-		e += 2;
-	}
-	if (v >> 1)
-		e += 1;
-	return e;
-}
-
 /* Log-linear bucket: exact below 16, then 16 buckets per power of two. */
 static u32 bucket_of(u32 v)
 {
@@ -361,7 +341,7 @@ static u32 bucket_of(u32 v)
 
 	if (v < 16)
 		return v;
-	e = msb(v);
+	e = fls(v) - 1; /* bsr: fine at emulated CPL0 */
 	return (e - 3) * 16 + ((v >> (e - 4)) & 15);
 }
 
@@ -429,32 +409,15 @@ static void report_timers(const char *cpu, u32 events, const struct histogram *l
 		wake->max / (u32)NSEC_PER_USEC);
 }
 
-/* xorshift32. */
-static u32 next_random(struct timer_cpu *c)
+/* An interval from the mix, in ms: an entry by weight, then uniform in its range. */
+static u32 draw_interval_ms(struct rnd_state *rng)
 {
-	u32 x = c->rng;
+	u32 r = prandom_u32_state(rng) % mix_total;
+	const struct mix_entry *e = mix;
 
-	x ^= x << 13;
-	x ^= x >> 17;
-	x ^= x << 5;
-	c->rng = x;
-	return x;
-}
-
-static u32 draw_interval_ms(struct timer_cpu *c)
-{
-	u32 r = next_random(c) % mix_total;
-	u32 i;
-
-	for (i = 0; i < mix_len; i++) {
-		if (r < mix[i].weight) {
-			u32 span = mix[i].hi_ms - mix[i].lo_ms + 1;
-
-			return mix[i].lo_ms + (span > 1 ? next_random(c) % span : 0);
-		}
-		r -= mix[i].weight;
-	}
-	return mix[mix_len - 1].lo_ms;
+	while (r >= e->upto) /* the last entry's upto is mix_total */
+		e++;
+	return e->lo_ms + prandom_u32_state(rng) % (e->hi_ms - e->lo_ms + 1);
 }
 
 /* Hard-irq callback: the time first, then wake the thread. */
@@ -477,7 +440,7 @@ static int timer_thread(void *data)
 	hrtimer_init(&c->timer, CLOCK_MONOTONIC, HRTIMER_MODE_ABS_PINNED_HARD);
 	c->timer.function = timer_fired;
 	while (ktime_before(now = ktime_get(), timers_end)) {
-		ktime_t expires = ktime_add_ms(now, draw_interval_ms(c));
+		ktime_t expires = ktime_add_ms(now, draw_interval_ms(&c->rng));
 
 		if (ktime_after(expires, timers_end))
 			expires = timers_end;
@@ -516,7 +479,7 @@ static const char *run_timers(void)
 	for_each_online_cpu(cpu) {
 		struct timer_cpu *c = &tcpu[cpu];
 
-		c->rng = (seed + 1) * 2654435761u ^ (cpu * 40503u + 1);
+		prandom_seed_state(&c->rng, ((u64)seed << 32) | cpu);
 		c->task = kthread_create_on_cpu(timer_thread, c, cpu, "lull-timers/%u");
 		if (IS_ERR(c->task))
 			return "cannot create a timer thread";

@@ -19,13 +19,14 @@
  *           thread runs again, both against the programmed expiry.
  *
  * Report (one line per CPU, then cpu=all; each line "lull-workload: KIND cpu=C key=value..."):
- *   idle   loc       local APIC timer interrupts (irq_stat.apic_timer_irqs: /proc's LOC)
+ *   both   loc       local APIC timer interrupts (irq_stat.apic_timer_irqs: /proc's LOC)
  *          res, cal  rescheduling and function-call IPIs received (RES, CAL)
  *          wakeups   passes through the idle loop (tick_sched.idle_calls): one per HLT,
  *                    that is one per wake-up from idle
  *          tick_stops passes that stopped the tick (tick_sched.idle_sleeps, NOHZ idle)
  *          idle_us, idle_pct  idle residency (get_cpu_idle_time_us) over the run
- *   timers events, late_{p50,p99,max,mean}_us (hrtimer callback - expiry),
+ *   timers a second line per CPU and for all: events, late_{p50,p99,max,mean}_us
+ *          (hrtimer callback - expiry),
  *          wake_{p50,p99,max}_us (thread running again - expiry); p50/p99 are the upper
  *          bound of their log-linear bucket (16 per power of two, < 6.25% wide).
  * then "lull-workload: PASS" and a write of 0 to the test-exit port 0xf4 (lull exits with

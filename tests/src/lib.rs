@@ -45,6 +45,26 @@ pub fn kit_file(relative: &str) -> Result<PathBuf, Failed> {
     }
 }
 
+/// The kit Linux kernel's command line with `extra` appended: its base line (`linux/cmdline`)
+/// and its PVM-host workarounds (`linux/cmdline.pvm`) on every host, so that a test boots
+/// the same way everywhere (the workarounds only turn CPU features off), minus the
+/// `lull.workload=` that `cmdline.pvm` carries for `make run`.
+pub fn linux_cmdline(extra: &str) -> Result<String, Failed> {
+    let mut words = Vec::new();
+    for name in ["linux/cmdline", "linux/cmdline.pvm"] {
+        let path = kit_file(name)?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        words.extend(
+            text.split_whitespace()
+                .filter(|w| !w.starts_with("lull.workload="))
+                .map(str::to_string),
+        );
+    }
+    words.push(extra.to_string());
+    Ok(words.join(" "))
+}
+
 /// A path in the temp directory unique to this test process and `name`.
 pub fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("lull-test-{}-{name}", std::process::id()))

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use lull_tests::{
-    kit_file, kvm_trial, read_json, run_lull, take_metrics, temp_path, Arguments, Failed, Trial,
+    kit_file, kvm_trial, linux_cmdline, read_json, run_lull, take_metrics, temp_path, Arguments,
+    Failed, RunResult, Trial,
 };
 
 const GUEST_DEADLINE: Duration = Duration::from_secs(60);
-/// The tiny Linux kernel needs ~2-3 minutes to reach /init on a PVM host; allow 10.
+/// The tiny Linux kernel needs ~0.5-3 minutes to reach /init on a PVM host; allow 10.
 const LINUX_DEADLINE: Duration = Duration::from_secs(600);
 
 fn guest(name: &str) -> Result<String, Failed> {
@@ -123,41 +124,88 @@ fn initramfs_too_large_for_memory_is_bad_input() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Boots the kit's Linux kernel with `cpus` vCPUs in irqchip `mode` to its /init line and
-/// the reset that follows the panic (panic=-1, reboot=k: the i8042 reset ends lull with 0).
-fn linux_boots_to_init(mode: &'static str, cpus: u32) -> Result<(), Failed> {
-    linux_image_boots_to_init("linux/vmlinux", mode, cpus)
-}
-
-/// The same with the kernel image `image` of the kit (vmlinux through PVH, or the bzImage
-/// through the Linux 64-bit boot protocol).
-fn linux_image_boots_to_init(image: &str, mode: &'static str, cpus: u32) -> Result<(), Failed> {
+/// Boots the kit's Linux kernel `image` (vmlinux through PVH, or the bzImage through the Linux
+/// 64-bit boot protocol) with `cpus` vCPUs in irqchip `mode`, 64 MiB and `lull.workload=`
+/// `workload` (resources/linux/lull_workload.c, run in place of /init: no guest user space
+/// needed, so the same on every host), with the kit's initramfs if `initramfs` (without
+/// one the kernel keeps its built-in rootfs and skips unpacking: a shorter boot). Checks
+/// that every CPU came up.
+fn boot_linux_workload(
+    image: &str,
+    mode: &'static str,
+    cpus: u32,
+    workload: &str,
+    initramfs: bool,
+) -> Result<RunResult, Failed> {
     let kernel = kit_file(image)?.display().to_string();
-    let initramfs = kit_file("linux/initramfs.cpio")
-        .or_else(|_| kit_file("linux/initramfs.cpio.gz"))?
-        .display()
-        .to_string();
+    let cmdline = linux_cmdline(&format!("lull.workload={workload}"))?;
     let cpus_arg = cpus.to_string();
-    let r = run_lull(
-        &[
-            "run",
-            "--kernel",
-            &kernel,
-            "--initramfs",
-            &initramfs,
-            "--cpus",
-            &cpus_arg,
-            "--memory",
-            "256M",
-            "--irqchip",
-            mode,
-        ],
-        LINUX_DEADLINE,
-    )?;
+    let mut args = vec![
+        "run",
+        "--kernel",
+        &kernel,
+        "--cmdline",
+        &cmdline,
+        "--cpus",
+        &cpus_arg,
+        "--memory",
+        "64M",
+        "--irqchip",
+        mode,
+    ];
+    let initramfs_path;
+    if initramfs {
+        initramfs_path = kit_file("linux/initramfs.cpio")
+            .or_else(|_| kit_file("linux/initramfs.cpio.gz"))?
+            .display()
+            .to_string();
+        args.extend(["--initramfs", &initramfs_path]);
+    }
+    let r = run_lull(&args, LINUX_DEADLINE)?;
     let plural = if cpus == 1 { "CPU" } else { "CPUs" };
     r.expect_stdout(&format!("smp: Brought up 1 node, {cpus} {plural}"))?;
-    r.expect_stdout("Run /init as init process")?;
-    r.expect_code(0)
+    if initramfs {
+        // Unpacked in full before the point where /init would run.
+        r.expect_stdout("Freeing initrd memory")?;
+        if r.stdout.contains("Initramfs unpacking failed") {
+            return Err(r.failure("the kernel could not unpack the initramfs"));
+        }
+    }
+    Ok(r)
+}
+
+/// The workload `kind` for 2 s on `cpus` CPUs: a start line where /init would run, a line
+/// per CPU and a total, PASS, and the test-exit port's status for it.
+fn linux_runs_workload(
+    image: &str,
+    mode: &'static str,
+    cpus: u32,
+    kind: &str,
+    initramfs: bool,
+) -> Result<(), Failed> {
+    let workload = format!("{kind},seconds=2,cpus={cpus}");
+    let r = boot_linux_workload(image, mode, cpus, &workload, initramfs)?;
+    r.expect_stdout(&format!(
+        "lull-workload: start kind={kind} seconds=2 cpus={cpus} "
+    ))?;
+    for cpu in 0..cpus {
+        r.expect_stdout(&format!("lull-workload: {kind} cpu={cpu} "))?;
+    }
+    r.expect_stdout(&format!("lull-workload: {kind} cpu=all cpus={cpus} "))?;
+    r.expect_stdout("lull-workload: PASS")?;
+    // The workload writes 0 to port 0xf4 on PASS: status (0 << 1) | 1.
+    r.expect_code(1)
+}
+
+/// A workload that fails (it expects 2 CPUs, the VM has 1) says why and ends with the
+/// test-exit port's status for 1, never with a reset (0): `make run` must see a failure.
+fn linux_workload_failure_ends_with_status_3() -> Result<(), Failed> {
+    let r = boot_linux_workload("linux/vmlinux", "kernel", 1, "idle,seconds=2,cpus=2", false)?;
+    r.expect_stdout("lull-workload: FAIL not as many CPUs online as cpus= asked")?;
+    if r.stdout.contains("lull-workload: PASS") {
+        return Err(r.failure("a failed workload printed PASS"));
+    }
+    r.expect_code(3)
 }
 
 /// The interrupt-controller configurations every test guest runs in, with the same
@@ -382,18 +430,23 @@ fn main() {
             "initramfs_too_large_for_memory_is_bad_input",
             initramfs_too_large_for_memory_is_bad_input,
         ),
-        kvm_trial("linux_kernel_irqchip_2_cpus_boots_to_init", || {
-            linux_boots_to_init("kernel", 2)
+        kvm_trial("linux_kernel_irqchip_2_cpus_runs_timers_workload", || {
+            linux_runs_workload("linux/vmlinux", "kernel", 2, "timers", false)
         }),
-        kvm_trial("linux_user_irqchip_1_cpu_boots_to_init", || {
-            linux_boots_to_init("user", 1)
+        kvm_trial("linux_user_irqchip_2_cpus_runs_timers_workload", || {
+            linux_runs_workload("linux/vmlinux", "user", 2, "timers", false)
         }),
-        kvm_trial("linux_user_irqchip_2_cpus_boots_to_init", || {
-            linux_boots_to_init("user", 2)
+        kvm_trial(
+            "linux_user_irqchip_1_cpu_runs_idle_workload_after_initramfs",
+            || linux_runs_workload("linux/vmlinux", "user", 1, "idle", true),
+        ),
+        kvm_trial("linux_bzimage_runs_idle_workload_after_initramfs", || {
+            linux_runs_workload("linux/bzImage", "user", 1, "idle", true)
         }),
-        kvm_trial("linux_bzimage_boots_to_init", || {
-            linux_image_boots_to_init("linux/bzImage", "user", 1)
-        }),
+        kvm_trial(
+            "linux_workload_failure_ends_with_status_3",
+            linux_workload_failure_ends_with_status_3,
+        ),
     ];
     trials.extend(guest_matrix());
     trials.extend(bad_input_cases());

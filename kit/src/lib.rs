@@ -8,9 +8,10 @@ pub const BASE_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
 /// What a Linux guest needs on a host whose KVM is PVM-based (software virtualization with
 /// guest kernel code emulated): CPU features the emulator lacks but CPUID leaks from the host.
 /// `tsc=reliable` spares Linux's clocksource watchdog, which emulated CPL0 code makes flag the
-/// TSC as unstable.
-pub const PVM_CMDLINE: &str =
-    "noxsave clearcpuid=cx16,popcnt,rdtscp,smap,xsave mitigations=off tsc=reliable";
+/// TSC as unstable; `rcupdate.rcu_cpu_stall_suppress=1` keeps RCU from reporting the long
+/// emulated stretches as stalls (its NMI backtraces crashed a 2-vCPU boot under load).
+pub const PVM_CMDLINE: &str = "noxsave clearcpuid=cx16,popcnt,rdtscp,smap,xsave mitigations=off \
+     tsc=reliable rcupdate.rcu_cpu_stall_suppress=1";
 
 /// The kit or the default guest is missing.
 #[derive(Debug, thiserror::Error)]

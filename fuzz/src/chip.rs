@@ -19,7 +19,6 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::idle::halt_poll::HaltPollMode;
 use vmm::irqchip::user::vcpu::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
-use vmm::irqchip::CpuPort;
 use vmm::state::VmShared;
 
 /// Size of the fake guest RAM (where PV EOI flags live).
@@ -141,58 +140,14 @@ impl FakeChip {
     }
 }
 
-/// A vCPU as the irqchip sees it through `CpuPort`: whether the guest can take an interrupt
-/// (the input says), and what the chip did to it.
-#[derive(Debug, Default)]
-pub struct FakePort {
-    /// RFLAGS.IF set and no interrupt shadow.
-    pub open: bool,
-    /// Vectors injected since the last `take_injected`.
-    pub injected: Vec<u8>,
-    /// The interrupt-window request as last set.
-    pub window: bool,
-    /// NMIs injected.
-    pub nmis: u64,
-    /// The IA32_APIC_BASE KVM was last told.
-    pub apic_base: Option<u64>,
-    /// CR8 as lull last set it for the next entry.
-    pub cr8: u64,
-}
+/// The vCPU the targets drive: lull's recording fake, taking every NMI at once (set
+/// `kvm_nmi: Some(KvmNmi::None)` when built, see [`fake_port`]).
+pub use vmm::irqchip::fake_port::FakePort;
 
-impl CpuPort for FakePort {
-    fn can_inject(&mut self) -> bool {
-        self.open
+/// A [`FakePort`] whose NMIs never stay queued in "KVM".
+pub fn fake_port() -> FakePort {
+    FakePort {
+        kvm_nmi: Some(vmm::irqchip::KvmNmi::None),
+        ..FakePort::default()
     }
-    fn interrupts_enabled(&mut self) -> bool {
-        self.open
-    }
-    fn inject(&mut self, vector: u8) -> std::io::Result<()> {
-        // KVM_INTERRUPT with IF clear or in a shadow would be lost or fault the guest.
-        assert!(
-            self.open,
-            "vector {vector:#x} injected while the guest cannot take an interrupt"
-        );
-        self.injected.push(vector);
-        Ok(())
-    }
-    fn request_interrupt_window(&mut self, on: bool) {
-        self.window = on;
-    }
-    fn clear_immediate_exit(&mut self) {}
-    fn inject_nmi(&mut self) -> std::io::Result<()> {
-        self.nmis += 1;
-        Ok(())
-    }
-    fn kvm_nmi(&mut self) -> std::io::Result<vmm::irqchip::KvmNmi> {
-        // The fake takes every NMI at once: nothing stays queued in "KVM".
-        Ok(vmm::irqchip::KvmNmi::None)
-    }
-    fn set_cr8(&mut self, cr8: u64) {
-        self.cr8 = cr8;
-    }
-    fn set_apic_base(&mut self, value: u64) {
-        self.apic_base = Some(value);
-    }
-    fn register_kick(&mut self) {}
-    fn unregister_kick(&mut self) {}
 }

@@ -162,7 +162,7 @@ impl<'a> Fuzz<'a> {
         let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)
             .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));
         fake.shared = Arc::new(VmShared::new(bus, 1, Instant::now(), vec![]).ok()?);
-        let mut port = FakePort::default();
+        let mut port = crate::chip::fake_port();
         let mut irq = fake
             .chip
             .user_vcpu(0, &fake.shared)

@@ -103,10 +103,10 @@ pub fn entry(i: usize, v: &Vcpu, after: &mut LapicCopy, now: u64) {
         );
     }
     assert_eq!(
-        port.window,
+        port.window_requested,
         next.is_some(),
         "vCPU {i}: interrupt window request {} with {next:?} deliverable",
-        port.window
+        port.window_requested
     );
 }
 

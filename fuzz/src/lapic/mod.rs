@@ -154,7 +154,7 @@ impl Machine {
                 .chip
                 .user_vcpu(id, &fake.shared)
                 .unwrap_or_else(|e| panic!("vCPU {id}: {e}"));
-            let mut port = FakePort::default();
+            let mut port = crate::chip::fake_port();
             let mut irq = irq;
             irq.attach(&mut port);
             vcpus.push(Vcpu {

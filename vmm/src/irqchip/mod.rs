@@ -24,6 +24,7 @@
 //! `kick_halted_vcpus`).
 
 pub mod clock;
+pub mod fake_port;
 pub mod kernel;
 pub mod user;
 

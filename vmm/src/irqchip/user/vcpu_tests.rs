@@ -19,60 +19,7 @@ impl VmTime for FakeClock {
     }
 }
 
-/// A vCPU that records what the irqchip does to it.
-#[derive(Debug, Default)]
-struct FakePort {
-    /// The guest can take an interrupt (IF set, no shadow).
-    open: bool,
-    injected: Vec<u8>,
-    window_requested: bool,
-    nmis: u32,
-    apic_base: Option<u64>,
-    /// CR8 as the irqchip set it for the next entry.
-    cr8: u64,
-    /// What KVM_GET_VCPU_EVENTS would say about NMIs.
-    kvm_nmi: Option<KvmNmi>,
-    /// KVM_GET_VCPU_EVENTS calls.
-    events_asked: u32,
-}
-
-impl CpuPort for FakePort {
-    fn can_inject(&mut self) -> bool {
-        self.open
-    }
-    fn interrupts_enabled(&mut self) -> bool {
-        self.open
-    }
-    fn inject(&mut self, vector: u8) -> std::io::Result<()> {
-        self.injected.push(vector);
-        Ok(())
-    }
-    fn request_interrupt_window(&mut self, on: bool) {
-        self.window_requested = on;
-    }
-    fn clear_immediate_exit(&mut self) {}
-    fn inject_nmi(&mut self) -> std::io::Result<()> {
-        self.nmis += 1;
-        Ok(())
-    }
-    fn kvm_nmi(&mut self) -> std::io::Result<KvmNmi> {
-        self.events_asked += 1;
-        // Without a scripted answer: what KVM_NMI queued is still pending (nothing ran).
-        Ok(self.kvm_nmi.unwrap_or(if self.nmis > 0 {
-            KvmNmi::Deliverable
-        } else {
-            KvmNmi::None
-        }))
-    }
-    fn set_cr8(&mut self, cr8: u64) {
-        self.cr8 = cr8;
-    }
-    fn set_apic_base(&mut self, value: u64) {
-        self.apic_base = Some(value);
-    }
-    fn register_kick(&mut self) {}
-    fn unregister_kick(&mut self) {}
-}
+use crate::irqchip::fake_port::FakePort;
 
 struct Rig {
     irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,

@@ -110,7 +110,7 @@ impl FakeChip {
             &cfg,
             mem.clone(),
             FuzzClock(clock.clone()),
-            spec.guest_tsc,
+            (spec.guest_tsc, clock.now()),
             &mut host,
         )
         .ok()?;

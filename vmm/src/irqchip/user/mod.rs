@@ -18,7 +18,8 @@
 //! - [`vcpu`]: the per-vCPU half ([`UserVcpuIrq`]), generic over the clock.
 //! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
 //! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
-//! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks.
+//! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks; [`wait`]: how a
+//!   blocked vCPU waits.
 
 pub mod cr8;
 pub mod exit;
@@ -28,6 +29,7 @@ pub mod pv_eoi;
 pub mod router;
 pub mod timers;
 pub mod vcpu;
+pub mod wait;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -35,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits, TscMap};
 use devices::testdev::IrqLines;
-use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
+use timer::{Clock, CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -136,6 +138,7 @@ impl UserIrqChip<VmClock> {
         })?;
         let clock = VmClock::new();
         let tsc = read_guest_tsc()?;
+        let tsc = (tsc, clock.now());
         let central = match cfg.model {
             ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
                 IrqChipError::Host {
@@ -179,7 +182,7 @@ impl UserIrqChip<VmClock> {
 
 impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     /// Builds the chip on `clock` with the host timers `host` makes and the guest TSC
-    /// `guest_tsc` read at `clock`'s now, without touching the host: no helper thread, so
+    /// `guest_tsc.0`, read just before `clock` said `guest_tsc.1`, without touching the host: no helper thread, so
     /// with the `central` model nobody expires timers but [`Self::service_timers`], and no
     /// kick signal handler, so every vCPU half must run on one thread (a kick of another
     /// thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
@@ -188,10 +191,12 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         cfg: &UserChipConfig,
         mem: Arc<GuestMemoryMmap>,
         clock: C,
-        guest_tsc: u64,
+        guest_tsc: (u64, Nanos),
         host: HostTimers<'_>,
     ) -> Result<Self, IrqChipError> {
-        let tsc = tsc_map(guest_tsc, clock.now(), u64::from(cfg.tsc_khz));
+        // The map's bias (the time between the TSC read and `guest_tsc.1`) delays every
+        // converted deadline: read the clock right after the TSC, not here.
+        let tsc = tsc_map(guest_tsc.0, guest_tsc.1, u64::from(cfg.tsc_khz));
         let noise = Arc::new(LapicNoise::default());
         let lapics = (0..cfg.cpus)
             .map(|id| {

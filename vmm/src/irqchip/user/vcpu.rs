@@ -5,17 +5,17 @@
 //! hold the vCPU (injection window, quota), inject the highest pending interrupt or ask for an
 //! interrupt window. At HLT: the idle core's [`HaltSession`] says poll, block or resume; a
 //! block idles the vCPU in the timer model (so that in `pull` running vCPUs expire its global
-//! timers) until its own deadline, mail, or VM control. The clock is a type parameter and the
-//! vCPU is reached only through [`CpuPort`], so all of this runs in tests without KVM.
+//! timers) and waits on its kick eventfd and the wake-up timerfd the model arms (and other
+//! vCPUs may re-arm), until its own deadline, mail, or VM control. Also here: PV EOI offered
+//! and read back, timer advance, CR8 kept equal to the TPR. The clock is a type parameter and
+//! the vCPU is reached only through [`CpuPort`], so all of this runs in tests without KVM.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
 use kvm_ioctls::VcpuExit;
-use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
+use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind};
 use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
@@ -25,9 +25,10 @@ use super::mailbox::Mailbox;
 use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
 use super::router::InterruptRouter;
 use super::timers::on_timer_fired;
+use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
 use crate::idle::core::{
-    block_deadline, classify_wake, HaltSession, HaltStep, Hold, HoldReason, IdleCore, WakeCount,
+    classify_wake, HaltSession, HaltStep, Hold, HoldReason, IdleCore, WakeCount,
 };
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
@@ -38,9 +39,6 @@ use crate::state::VmShared;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;
-
-/// Failed waits of blocked vCPUs (VM-wide log limiter).
-static WAIT_FAILED: LogLimiter = LogLimiter::new();
 
 /// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report).
 pub trait VmTime: Clock + Clone + 'static {
@@ -104,7 +102,8 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     mem: Arc<GuestMemoryMmap>,
     /// PV EOI state, if the guest may use it.
     pv_eoi: Option<PvEoi>,
-    wake_timer: Option<Arc<SharedTimerFd>>,
+    /// What it blocks on.
+    wait: VcpuWait,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
     tpr_poll: TprPoll,
     /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
@@ -128,7 +127,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
             global_armed: false,
-            mailbox,
+            mailbox: mailbox.clone(),
             router: parts.router,
             clock: parts.clock,
             idle: parts.idle,
@@ -139,7 +138,10 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             effects: None,
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
-            wake_timer: parts.wake_timer,
+            wait: VcpuWait {
+                mailbox: mailbox.clone(),
+                wake_timer: parts.wake_timer,
+            },
             tpr_poll: TprPoll::default(),
             nmi_in_kvm: false,
         })
@@ -416,62 +418,17 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         count
     }
 
-    /// Blocks the thread, idle in the timer model, until `until` (VM clock), VM control, and
-    /// (with `wake_on_work`) mail or its wake-up. Without `wake_on_work`, interrupts and
-    /// timers wait in the mailbox and the timer queues until `until`.
-    ///
-    /// The wake-up is the timer model's: with a wake-up timer attached the model arms it, and
-    /// other vCPUs may move it while this one sleeps (in `pull`, when one of them takes over
-    /// what this one was to wake for), so the thread waits on that timer, never on a timeout
-    /// it computed when it went to sleep; without one it waits for the model's timeout.
+    /// Blocks the thread until `until`, VM control and (with `wake_on_work`) mail or its
+    /// wake-up (see [`VcpuWait`]).
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
-        let mailbox = self.mailbox.clone();
-        mailbox.set_blocked();
-        let stop = |s: &Self| s.stop_requested() || mailbox.control_pending();
-        let woken = |s: &Self| stop(s) || (wake_on_work && mailbox.has_work());
-        if !woken(self) {
-            let timeout = self.timers.idle(self.clock.now());
-            let wake_timer = self.wake_timer.clone().filter(|_| wake_on_work);
-            loop {
-                let now = self.clock.now();
-                if woken(self) {
-                    break;
-                }
-                let model = match wake_timer {
-                    Some(_) => NEVER,
-                    None => timeout.min(self.timers.idle_timeout()),
-                };
-                let deadline = block_deadline(model, until, wake_on_work);
-                if deadline <= now {
-                    break;
-                }
-                let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
-                let wake_fd = wake_timer.as_ref().map(|t| t.fd() as &dyn AsRawFd);
-                match crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait) {
-                    Ok(w) if w.wake => {
-                        if let Some(t) = &wake_timer {
-                            t.fd().consume();
-                        }
-                        break;
-                    }
-                    Ok(w) if w.kick => mailbox.drain_kicks(),
-                    // A signal (the running tick, a stale kick) or the timeout: look again.
-                    Ok(_) => {}
-                    Err(e) => {
-                        // Cannot wait (a lull bug): the caller looks again rather than hang.
-                        if let Some(n) = WAIT_FAILED.hit() {
-                            tracing::warn!(
-                                vcpu = self.id,
-                                "a blocked vCPU cannot wait: {e} ({n} so far)"
-                            );
-                        }
-                        break;
-                    }
-                }
-            }
-            self.timers.wake(self.clock.now());
-        }
-        mailbox.set_running();
+        let shared = self.shared.clone();
+        self.wait.block_until(
+            self.timers.as_mut(),
+            &self.clock,
+            until,
+            wake_on_work,
+            || shared.stop.is_requested(),
+        );
     }
 }
 

@@ -1,0 +1,89 @@
+//! How a blocked vCPU thread waits: idle in the timer model, on its kick eventfd and on the
+//! wake-up timerfd the model arms for it.
+//!
+//! The wake-up is the timer model's: with a wake-up timer attached the model arms it when the
+//! vCPU goes idle, and other vCPUs may move it while this one sleeps (in `pull`, when one of
+//! them takes over what this one was to wake for), so the thread waits on that timer, never on
+//! a timeout it computed when it went to sleep; without one (a fake clock) it waits for the
+//! model's timeout. Senders wake it through the mailbox (see `mailbox.rs` for the handshake).
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use timer::{Clock, CpuTimers, Nanos, NEVER};
+
+use super::host_timer::SharedTimerFd;
+use super::mailbox::Mailbox;
+use crate::idle::core::block_deadline;
+use crate::idle::vcpu_timer::VcpuTimer;
+use crate::ratelimit::LogLimiter;
+
+/// Failed waits of blocked vCPUs (VM-wide log limiter).
+static WAIT_FAILED: LogLimiter = LogLimiter::new();
+
+/// What one vCPU blocks on.
+pub struct VcpuWait {
+    /// Its mailbox (kick eventfd, work flags, blocked state).
+    pub mailbox: Arc<Mailbox>,
+    /// The wake-up timer handed to the timer model; `None`: wait for the model's timeout.
+    pub wake_timer: Option<Arc<SharedTimerFd>>,
+}
+
+impl VcpuWait {
+    /// Blocks the thread, idle in `timers`, until `until` (VM clock), `stop()`, and (with
+    /// `wake_on_work`) mail or the wake-up. Without `wake_on_work`, interrupts and timers wait
+    /// in the mailbox and the timer queues until `until`.
+    pub fn block_until(
+        &self,
+        timers: &mut dyn CpuTimers<VcpuTimer>,
+        clock: &impl Clock,
+        until: Option<Nanos>,
+        wake_on_work: bool,
+        stop: impl Fn() -> bool,
+    ) {
+        let mailbox = &self.mailbox;
+        mailbox.set_blocked();
+        let woken = || stop() || mailbox.control_pending() || (wake_on_work && mailbox.has_work());
+        if !woken() {
+            let timeout = timers.idle(clock.now());
+            let wake_timer = self.wake_timer.as_ref().filter(|_| wake_on_work);
+            loop {
+                let now = clock.now();
+                if woken() {
+                    break;
+                }
+                let model = match wake_timer {
+                    Some(_) => NEVER,
+                    None => timeout.min(timers.idle_timeout()),
+                };
+                let deadline = block_deadline(model, until, wake_on_work);
+                if deadline <= now {
+                    break;
+                }
+                let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
+                let wake_fd = wake_timer.map(|t| t.fd() as &dyn AsRawFd);
+                match crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait) {
+                    Ok(w) if w.wake => {
+                        if let Some(t) = wake_timer {
+                            t.fd().consume();
+                        }
+                        break;
+                    }
+                    Ok(w) if w.kick => mailbox.drain_kicks(),
+                    // A signal (the running tick, a stale kick) or the timeout: look again.
+                    Ok(_) => {}
+                    Err(e) => {
+                        // Cannot wait (a lull bug): the caller looks again rather than hang.
+                        if let Some(n) = WAIT_FAILED.hit() {
+                            tracing::warn!("a blocked vCPU cannot wait: {e} ({n} so far)");
+                        }
+                        break;
+                    }
+                }
+            }
+            timers.wake(clock.now());
+        }
+        mailbox.set_running();
+    }
+}

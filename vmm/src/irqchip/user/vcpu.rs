@@ -21,7 +21,6 @@ use vm_memory::GuestMemoryMmap;
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::host_timer::SharedTimerFd;
-use super::mailbox::Mailbox;
 use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
 use super::router::InterruptRouter;
 use super::timers::on_timer_fired;
@@ -89,7 +88,6 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     lapic_armed_at: Option<Nanos>,
     advance: TimerAdvance,
     global_armed: bool,
-    mailbox: Arc<Mailbox>,
     router: Arc<InterruptRouter>,
     clock: C,
     idle: Arc<IdleShared>,
@@ -127,7 +125,6 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
             global_armed: false,
-            mailbox: mailbox.clone(),
             router: parts.router,
             clock: parts.clock,
             idle: parts.idle,
@@ -139,7 +136,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
             wait: VcpuWait {
-                mailbox: mailbox.clone(),
+                mailbox,
                 wake_timer: parts.wake_timer,
             },
             tpr_poll: TprPoll::default(),
@@ -162,10 +159,10 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
 
     /// Drains the mailbox, runs due timers and the LAPIC timer, re-arms queued global timers.
     fn service(&mut self, cpu: &mut dyn CpuPort, now: Nanos) -> FiredSummary {
-        for ipi in self.mailbox.take_mail() {
+        for ipi in self.wait.mailbox.take_mail() {
             self.lapic.receive(&ipi);
         }
-        self.mailbox.take_recheck();
+        self.wait.mailbox.take_recheck();
         self.rearm_global_load(now);
         let summary = self.run_timers(now);
         // Re-arm the global timers that just fired at once, and cover them with the host tick.
@@ -174,7 +171,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         }
         self.core.timers_fired(now);
         self.tpr_poll.fired(now);
-        if self.mailbox.take_timer_due() {
+        if self.wait.mailbox.take_timer_due() {
             let now = self.lapic_timer_due(now);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
@@ -369,7 +366,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     fn poll(&mut self, start: Nanos, until: Nanos, deadline: Option<Nanos>) -> bool {
         self.counters().polls.fetch_add(1, Ordering::Relaxed);
         let won = loop {
-            if self.mailbox.has_work() || self.stop_requested() {
+            if self.wait.mailbox.has_work() || self.stop_requested() {
                 break true;
             }
             let t = self.clock.now();
@@ -402,7 +399,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         if let Some(inj) = &idle.inject {
             inj.leave_blocked(now);
         }
-        let cause = self.mailbox.wake_cause();
+        let cause = self.wait.mailbox.wake_cause();
         cpu.clear_immediate_exit();
         let fired = self.service(cpu, now);
         let count = classify_wake(cause, fired, self.lapic.has_pending_interrupt());
@@ -434,7 +431,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
 
 impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     fn attach(&mut self, cpu: &mut dyn CpuPort) {
-        self.mailbox.bind_current_thread();
+        self.wait.mailbox.bind_current_thread();
         cpu.register_kick();
     }
 

@@ -20,6 +20,7 @@ impl VmTime for FakeClock {
 }
 
 use crate::irqchip::fake_port::FakePort;
+use crate::irqchip::user::mailbox::Mailbox;
 
 struct Rig {
     irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,

@@ -210,11 +210,10 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// One pass of the timer model: expires what is due (this vCPU's timers, and other
     /// vCPUs' global ones if it is a migrator), programs the host tick, counts global fires.
     fn run_timers(&mut self, now: Nanos) -> FiredSummary {
-        let router = self.router.clone();
-        let idle = self.idle.clone();
+        let (router, global) = (&self.router, self.idle.global.as_ref());
         let mut summary = FiredSummary::default();
         self.timers.run(now, &mut |fired| {
-            on_timer_fired(&router, idle.global.as_ref(), &mut summary, fired)
+            on_timer_fired(router, global, &mut summary, fired)
         });
         if summary.global() > 0 {
             self.counters()
@@ -445,11 +444,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             if self.lapic.init_sipi_state() != InitSipiState::Running {
                 return Entry::WaitForSipi;
             }
-            let idle = self.idle.clone();
-            let clock = self.clock.clone();
-            let hold = self
-                .core
-                .hold(now, &idle, self.timers.as_mut(), |t| clock.to_monotonic(t));
+            let clock = &self.clock;
+            let hold = self.core.hold(now, &self.idle, self.timers.as_mut(), |t| {
+                clock.to_monotonic(t)
+            });
             match hold {
                 Hold::Run { armed } => {
                     if armed {

@@ -10,7 +10,7 @@
 //!     inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
 //! ```
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
-//! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`; the `kit` crate
+//! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
 //! locates the guest kit; `lull bench` is the `bench` crate.
 
 pub mod api;
@@ -30,6 +30,7 @@ pub mod ratelimit;
 pub mod seccomp;
 pub mod size;
 pub mod state;
+pub mod sync;
 pub mod sys;
 pub mod vcpu;
 pub mod vm;

@@ -7,7 +7,7 @@
 //! threads read it once per iteration, and blocked ones are woken by the irqchip.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use devices::pio::PioBus;
@@ -15,6 +15,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::host_stats::{self, ThreadStat};
 use crate::metrics::{GuestNoise, VcpuCounters};
+pub use crate::sync::lock;
 
 /// Why a VM stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,11 +177,6 @@ impl VmShared {
             );
         }
     }
-}
-
-/// Locks `m`, taking over a poisoned lock (a panicked thread already stopped the VM).
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

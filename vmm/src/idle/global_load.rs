@@ -106,15 +106,12 @@ impl GlobalLoad {
 
     /// A slot fired: queue it for re-arming.
     pub fn fired(&self, slot: u32) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(slot);
+        crate::sync::lock(&self.pending).push(slot);
     }
 
     /// Takes the slots waiting to be re-armed.
     pub fn take_pending(&self) -> Vec<u32> {
-        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = crate::sync::lock(&self.pending);
         if p.is_empty() {
             Vec::new()
         } else {

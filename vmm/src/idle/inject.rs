@@ -106,7 +106,7 @@ impl IdleInjector {
     }
 
     fn update(&self, now: u64, change: impl FnOnce(&mut Together)) {
-        let mut t = self.together.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = crate::sync::lock(&self.together);
         let was = t.since.is_some();
         change(&mut t);
         let is = t.forced > 0 && t.forced + t.blocked >= self.cpus;
@@ -143,7 +143,7 @@ impl IdleInjector {
 
     /// Time during which every vCPU was idle (forced or halted) with at least one forced.
     pub fn all_idle_together_ns(&self, now: u64) -> u64 {
-        let t = self.together.lock().unwrap_or_else(|p| p.into_inner());
+        let t = crate::sync::lock(&self.together);
         t.total_ns + t.since.map_or(0, |s| now.saturating_sub(s))
     }
 }

@@ -155,7 +155,7 @@ impl CpuQuota {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QuotaState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     fn roll(&self, s: &mut QuotaState, now: u64) {

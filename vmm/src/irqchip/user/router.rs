@@ -98,7 +98,7 @@ impl InterruptRouter {
     }
 
     fn ioapic(&self) -> std::sync::MutexGuard<'_, IoApic> {
-        self.ioapic.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.ioapic)
     }
 
     /// Guest read of the IOAPIC window.

@@ -1,6 +1,6 @@
 //! The `serial` target: guest port reads and writes of any width on lull's real port bus, as
 //! `vmm::vm::devices` builds it (`console` on COM1 with its interrupt on a real user irqchip's
-//! IOAPIC, then `pio_bus_with_cmos`: i8042, test exit, boot marker, CMOS with a clock read
+//! IOAPIC, then `pio_bus_with_cmos`: i8042, port 0x92, test exit, boot marker, CMOS with a clock read
 //! from the input, ignored PIT/PIC/ELCR ports, fw_cfg, pc-testdev's scratch and IRQ-line
 //! ports), reached through the real exit path of vCPU 0 (its irqchip half first, then
 //! `vmm::vcpu::exit::handle_exit`), interleaved with host console input, the guest's IOAPIC
@@ -13,7 +13,7 @@
 //!   and are counted as unknown;
 //! - host input never overfills the receive FIFO (what is taken fits in the room there was);
 //! - the test-exit port alone stops the VM with a status, always odd; only the i8042's
-//!   command port resets; only the boot marker marks the boot;
+//!   command port and port 0x92 reset; only the boot marker marks the boot;
 //! - at vCPU 0's entries: at most one injection, of a vector >= 16, and none while the guest
 //!   cannot take one (`crate::chip::FakePort`).
 
@@ -27,6 +27,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORT_COUNT};
 use devices::i8042;
+use devices::port92;
 use devices::serial::{COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT};
 use devices::testdev::{IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT, SCRATCH_PORT_COUNT};
@@ -46,9 +47,10 @@ use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
 
 /// The ports lull's bus claims: (base, count), from the devices' own constants.
-const LAYOUT: [(u16, u16); 13] = [
+const LAYOUT: [(u16, u16); 14] = [
     (COM1_PORT, COM_PORT_COUNT),
     (0x60, i8042::PORT_COUNT),
+    (port92::PORT, 1),
     (TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT),
     (BOOT_MARKER_PORT, 1),
     (CMOS_PORT, CMOS_PORT_COUNT),
@@ -241,7 +243,10 @@ impl<'a> Fuzz<'a> {
                         assert_eq!(status & 1, 1, "test-exit status must be odd");
                     }
                     VcpuAction::Stop(StopReason::Reset) => {
-                        assert_eq!(port, 0x64, "only the i8042 command port resets");
+                        assert!(
+                            port == 0x64 || port == port92::PORT,
+                            "only the i8042 command port and port 0x92 reset, not {port:#x}"
+                        );
                     }
                     VcpuAction::BootComplete => assert_eq!(port, BOOT_MARKER_PORT),
                     VcpuAction::Continue => {}

@@ -93,8 +93,9 @@ pub fn pio_bus_with_cmos(
     let ignored = Arc::new(Mutex::new(IgnoredPorts));
     bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none
     bus.insert(0x80, 1, ignored.clone())?; // POST code / I/O delay
-                                           // No 8259 PIC: its mask registers read 0, so Linux's probe finds no PIC and uses the
-                                           // IOAPIC alone (with --irqchip kernel, KVM's PIC answers these ports before lull).
+
+    // No 8259 PIC: its mask registers read 0, so Linux's probe finds no PIC and uses the
+    // IOAPIC alone (with --irqchip kernel, KVM's PIC answers these ports before lull).
     bus.insert(0x20, 2, ignored.clone())?;
     bus.insert(0xa0, 2, ignored.clone())?;
     bus.insert(0x4d0, 2, ignored)?; // ELCR

@@ -64,11 +64,13 @@ impl<C: Clock> HostTimer for TimerFdHost<C> {
     }
 }
 
-/// A host timer that only records its deadline and counts arms; clones share the record.
+/// A host timer that only records its deadline and counts arms and disarms; clones share the
+/// record.
 #[derive(Debug, Clone)]
 pub struct FakeHostTimer {
     deadline: Arc<AtomicU64>,
     arms: Arc<AtomicU64>,
+    disarms: Arc<AtomicU64>,
 }
 
 impl Default for FakeHostTimer {
@@ -83,6 +85,7 @@ impl FakeHostTimer {
         Self {
             deadline: Arc::new(AtomicU64::new(NEVER)),
             arms: Arc::new(AtomicU64::new(0)),
+            disarms: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -95,6 +98,17 @@ impl FakeHostTimer {
     pub fn arms(&self) -> u64 {
         self.arms.load(Ordering::SeqCst)
     }
+
+    /// How many times it was disarmed.
+    pub fn disarms(&self) -> u64 {
+        self.disarms.load(Ordering::SeqCst)
+    }
+
+    /// It fires, as a one-shot host timer does at its deadline: disarmed by the host, not
+    /// by its owner (not counted as a disarm).
+    pub fn expire(&self) {
+        self.deadline.store(NEVER, Ordering::SeqCst);
+    }
 }
 
 impl HostTimer for FakeHostTimer {
@@ -105,6 +119,7 @@ impl HostTimer for FakeHostTimer {
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
+        self.disarms.fetch_add(1, Ordering::Relaxed);
         self.deadline.store(NEVER, Ordering::SeqCst);
         Ok(())
     }

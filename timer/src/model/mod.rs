@@ -207,15 +207,32 @@ impl HostTick {
     /// Lazy: re-arm only if `deadline` is earlier than what is armed or the armed one passed.
     fn ensure(&mut self, deadline: Nanos, now: Nanos, m: &Metrics) {
         if deadline < self.armed || (self.armed <= now && deadline != self.armed) {
-            self.set(deadline, m);
+            self.program(deadline, Some(now), m);
         }
     }
 
-    /// Exact: make the host timer track `deadline`.
-    fn track(&mut self, deadline: Nanos, m: &Metrics) {
+    /// Exact: make the host timer track `deadline` (`now`, if known, may spare a syscall).
+    fn track(&mut self, deadline: Nanos, now: Option<Nanos>, m: &Metrics) {
         if deadline != self.armed {
-            self.set(deadline, m);
+            self.program(deadline, now, m);
         }
+    }
+
+    /// Going idle with a host wake-up that takes over: a tick left armed would fire a second
+    /// time for a deadline the wake-up already covers (or, in `pull`, for a global timer the
+    /// CPU just handed to the hierarchy), interrupting the blocked thread for nothing.
+    fn release(&mut self, now: Nanos, m: &Metrics) {
+        self.track(NEVER, Some(now), m);
+    }
+
+    /// Programs `deadline`; disarming a one-shot tick that has already fired (its deadline
+    /// is at or before `now`) needs no syscall: the host disarmed it when it fired.
+    fn program(&mut self, deadline: Nanos, now: Option<Nanos>, m: &Metrics) {
+        if deadline == NEVER && now.is_some_and(|n| self.armed <= n) {
+            self.armed = NEVER;
+            return;
+        }
+        self.set(deadline, m);
     }
 
     fn set(&mut self, deadline: Nanos, m: &Metrics) {

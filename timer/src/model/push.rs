@@ -20,6 +20,8 @@ pub struct PushCpu<T> {
     shared: Arc<PushModel>,
     tick: HostTick,
     sleeper: Sleeper,
+    /// A host wake-up is attached: it alone wakes the idle CPU (the tick is released).
+    wakeup_attached: bool,
     idle: bool,
 }
 
@@ -39,6 +41,7 @@ impl PushModel {
                 shared: Arc::clone(&shared),
                 tick: HostTick::new(host(Some(cpu))),
                 sleeper: Sleeper::new(),
+                wakeup_attached: false,
                 idle: false,
             })
             .collect();
@@ -65,11 +68,17 @@ impl<T> TimerModel<T> for PushModel {
 }
 
 impl<T: Send + 'static> PushCpu<T> {
-    fn sync(&mut self) {
+    /// Follows the head of the base: the wake-up while idle (the tick too when no host
+    /// wake-up is attached), the tick while running.
+    fn sync(&mut self, now: Option<Nanos>) {
+        if self.idle && self.wakeup_attached {
+            self.sleep(now);
+            return;
+        }
         self.tick
-            .track(self.base.next_expiry(), &self.shared.metrics);
+            .track(self.base.next_expiry(), now, &self.shared.metrics);
         if self.idle {
-            self.sleep(None);
+            self.sleep(now);
         }
     }
 
@@ -91,30 +100,33 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
 
     fn arm(&mut self, kind: TimerKind, deadline: Nanos, payload: T) -> TimerHandle {
         let h = self.base.arm(kind, deadline, payload);
-        self.sync();
+        self.sync(None);
         h
     }
 
     fn cancel(&mut self, h: TimerHandle) -> Option<T> {
         let p = self.base.cancel(h);
-        self.sync();
+        self.sync(None);
         p
     }
 
     fn rearm(&mut self, h: TimerHandle, deadline: Nanos) -> bool {
         let ok = self.base.rearm(h, deadline);
-        self.sync();
+        self.sync(None);
         ok
     }
 
     fn run(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
         self.shared.metrics.local(self.base.expire(now, f));
-        self.sync();
+        self.sync(Some(now));
         self.base.next_expiry()
     }
 
     fn idle(&mut self, now: Nanos) -> Nanos {
         self.idle = true;
+        if self.wakeup_attached {
+            self.tick.release(now, &self.shared.metrics);
+        }
         self.sleep(Some(now))
     }
 
@@ -134,6 +146,7 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
 
     fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>) {
         self.sleeper.attach(timer);
+        self.wakeup_attached = true;
     }
 
     fn next_deadline(&self) -> Nanos {

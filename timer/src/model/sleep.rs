@@ -109,6 +109,11 @@ impl Sleeper {
         s.armed = UNSET;
     }
 
+    /// Whether a host timer is attached (then it, not the CPU's tick, wakes the CPU).
+    pub fn has_timer(&self) -> bool {
+        lock(&self.slot).timer.is_some()
+    }
+
     /// Owner: it sleeps (or, asleep already, its own deadline moved) with its own deadline
     /// `own`; `duty()` reads its current duty. Arms the host wake-up; returns its deadline.
     /// `now` (if known) saves the syscall when the deadline is the one still pending from the

@@ -181,6 +181,7 @@ impl Sim {
                     if self.idle[c] {
                         self.bounce(c, true)?;
                     } else {
+                        self.ticks[c].expire();
                         self.run(c);
                     }
                 }
@@ -272,6 +273,8 @@ impl Sim {
                 let want = self.cpus[c].base().next_pinned().min(h.wakeup(c));
                 prop_assert_eq!(self.wakes[c].deadline(), want, "CPU {} wake-up", c);
                 prop_assert_eq!(self.model.armed_wakeup(c), want);
+                // The wake-up alone wakes it: no tick left to fire a second time.
+                prop_assert_eq!(self.ticks[c].deadline(), NEVER, "CPU {} tick while idle", c);
             }
         }
         Ok(())

@@ -207,3 +207,58 @@ fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
     assert_eq!(got, vec![(0, 0), (1, 1)]);
     assert_eq!(m.metrics().remote_expiries, 2);
 }
+
+/// What one timer event of a vCPU that arms, halts and wakes costs in host-timer syscalls,
+/// in the two models that give a halted CPU a host wake-up: the tick is armed once while the
+/// CPU runs, released when it halts (the wake-up alone wakes it: no second fire for the same
+/// deadline), and a tick that fired while the CPU ran is not disarmed again.
+#[test]
+fn a_halted_cpu_is_woken_once_and_a_fired_tick_costs_no_disarm() {
+    for kind in [ModelKind::Pull, ModelKind::Push] {
+        let tick = FakeHostTimer::new();
+        let t2 = tick.clone();
+        let mut m = build::<u32>(
+            kind,
+            &[0],
+            &mut |_| Box::new(t2.clone()),
+            Arc::new(|_: CpuId| {}),
+        )
+        .unwrap();
+        let wake = FakeHostTimer::new();
+        let cpu = &mut m.cpus[0];
+        cpu.set_wake_timer(Box::new(wake.clone()));
+        let mut fired = Vec::new();
+        let mut on_fire = |f: Fired<u32>| {
+            fired.push(f.payload);
+            AfterFire::Done
+        };
+
+        // Arms while running, then halts before the deadline: the wake-up takes over.
+        cpu.arm(TimerKind::Pinned, 100, 1);
+        cpu.run(0, &mut on_fire);
+        assert_eq!((tick.deadline(), tick.arms()), (100, 1), "{kind:?}");
+        cpu.idle(0);
+        assert_eq!(
+            tick.deadline(),
+            NEVER,
+            "{kind:?}: tick left armed while halted"
+        );
+        assert_eq!(tick.disarms(), 1, "{kind:?}");
+        assert_eq!((wake.deadline(), wake.arms()), (100, 1), "{kind:?}");
+
+        // The wake-up fires at 100: the timer runs, nothing is left to program.
+        wake.expire();
+        cpu.wake(100);
+        cpu.run(100, &mut on_fire);
+        assert_eq!((tick.arms(), tick.disarms()), (1, 1), "{kind:?}");
+
+        // Running, the tick fires for the next one: the host disarmed it, lull does not.
+        cpu.arm(TimerKind::Pinned, 200, 2);
+        cpu.run(100, &mut on_fire);
+        assert_eq!((tick.deadline(), tick.arms()), (200, 2), "{kind:?}");
+        tick.expire();
+        cpu.run(200, &mut on_fire);
+        assert_eq!((tick.arms(), tick.disarms()), (2, 1), "{kind:?}");
+        assert_eq!(fired, vec![1, 2], "{kind:?}");
+    }
+}

@@ -248,6 +248,9 @@ mod tests {
     #[test]
     fn no_post_is_lost_between_a_sender_and_a_blocking_owner() {
         const POSTS: usize = 20_000;
+        // A running owner is kicked with the signal: without its handler it would kill the
+        // test process (whichever test happens to install it first).
+        crate::sys::kick::install_handler().unwrap();
         let m = std::sync::Arc::new(Mailbox::new().unwrap());
         let owner = {
             let m = m.clone();

@@ -56,6 +56,8 @@ pub struct ChipSpec {
     pub start: Nanos,
     /// Offer PV EOI.
     pub pv_eoi: bool,
+    /// Offer lull's PV TSC deadline.
+    pub pv_deadline: bool,
 }
 
 /// A real user irqchip with its fake time and host timers, and the VM state it hangs off.
@@ -95,6 +97,7 @@ impl FakeChip {
             cpu_quota: None,
             global_timers: None,
             pv_eoi: spec.pv_eoi,
+            pv_deadline: spec.pv_deadline,
             x2apic: true,
             max_phys_addr_bits: devices::lapic::MAX_PHYS_ADDR_BITS,
         };

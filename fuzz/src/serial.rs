@@ -151,6 +151,7 @@ impl<'a> Fuzz<'a> {
             guest_tsc: 0,
             start: 0,
             pv_eoi: false,
+            pv_deadline: false,
         };
         let mut fake = FakeChip::new(spec)?;
         let cfg = VmConfig {

@@ -231,6 +231,43 @@ fn global_timer_load_fires_and_rearms() -> Result<(), Failed> {
     Ok(())
 }
 
+/// lull's PV TSC deadline with PV EOI: every timer event of `idle-sim` is armed through the
+/// slot (no WRMSR exit: the MSR exits left are the two registrations per vCPU) and ended
+/// through the flag; with `--pv-deadline off` the guest finds no leaf and writes the MSR.
+fn pv_deadline_arms_every_timer_without_a_wrmsr() -> Result<(), Failed> {
+    let args = |pv: &'static str| {
+        [
+            "--cpus",
+            "2",
+            "--pv-deadline",
+            pv,
+            "--cmdline",
+            "duration_ms=1500 ipi_pct=0 pv_eoi=1 pv_deadline=1 mix=100:2",
+        ]
+    };
+    let m = run_with_metrics("idle-sim", &args("on"), "idle-sim: PASS")?;
+    for v in m["vcpus"].as_array().into_iter().flatten() {
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let (fires, taken, msr) = (n("lapic_timer_fires"), n("pv_deadlines"), n("msr"));
+        if fires < 100 || taken < fires || msr > 4 {
+            return Err(format!(
+                "vCPU {}: {fires} timer fires, {taken} PV deadlines, {msr} MSR exits: {v}",
+                v["vcpu"]
+            )
+            .into());
+        }
+    }
+    let m = run_with_metrics(
+        "idle-sim",
+        &args("off"),
+        "idle-sim: PV deadline not offered",
+    )?;
+    if sum(&m, "pv_deadlines") != 0 || sum(&m, "msr") < sum(&m, "lapic_timer_fires") {
+        return Err(format!("--pv-deadline off: the guest must write the MSR: {m}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -254,6 +291,10 @@ fn main() {
         kvm_trial(
             "global_timer_load_fires_and_rearms",
             global_timer_load_fires_and_rearms,
+        ),
+        kvm_trial(
+            "pv_deadline_arms_every_timer_without_a_wrmsr",
+            pv_deadline_arms_every_timer_without_a_wrmsr,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();

@@ -147,6 +147,15 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "on|off")]
     pub pv_eoi: Option<Switch>,
 
+    /// lull's paravirtual TSC deadline with `--irqchip user`: lull advertises it in its own
+    /// CPUID leaves (0x40000100, after KVM's) and a guest that enables it arms its next LAPIC
+    /// timer deadline with a store to its memory, which lull reads at the next exit, instead
+    /// of a WRMSR: a timer event of a vCPU that arms and halts then costs one exit, not two.
+    /// Only guests written for it use it (the kit's `idle-sim` with `pv_deadline=1`); see
+    /// docs/GUEST-ABI.md. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub pv_deadline: Option<Switch>,
+
     /// x2APIC for the guest: `off` clears CPUID.1:ECX[21], and the LAPIC (lull's or KVM's)
     /// then refuses x2APIC mode (setting IA32_APIC_BASE.EXTD and the x2APIC MSRs #GP), so the
     /// guest stays in xAPIC mode. Default: on.
@@ -155,7 +164,8 @@ pub struct RunArgs {
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
-    /// idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi, x2apic);
+    /// idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi, pv_deadline,
+    /// x2apic);
     /// flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -195,6 +205,7 @@ impl RunArgs {
             metrics,
             seccomp,
             pv_eoi,
+            pv_deadline,
             x2apic,
             config,
             api_socket: _,
@@ -217,6 +228,7 @@ impl RunArgs {
             metrics.is_some(),
             seccomp.is_some(),
             pv_eoi.is_some(),
+            pv_deadline.is_some(),
             x2apic.is_some(),
             config.is_some(),
         ]
@@ -276,6 +288,9 @@ impl RunArgs {
         }
         if let Some(v) = self.pv_eoi {
             cfg.pv_eoi = v;
+        }
+        if let Some(v) = self.pv_deadline {
+            cfg.pv_deadline = v;
         }
         if let Some(v) = self.x2apic {
             cfg.x2apic = v;

@@ -175,6 +175,8 @@ pub struct VmConfig {
     pub seccomp: crate::seccomp::SeccompMode,
     /// Offer KVM's paravirtual EOI to the guest (user irqchip).
     pub pv_eoi: Switch,
+    /// Offer lull's paravirtual TSC deadline to the guest (user irqchip).
+    pub pv_deadline: Switch,
     /// Offer x2APIC to the guest (CPUID.1:ECX[21]); off: the LAPIC refuses x2APIC mode.
     pub x2apic: Switch,
 }
@@ -198,6 +200,7 @@ impl Default for VmConfig {
             metrics: None,
             seccomp: crate::seccomp::SeccompMode::On,
             pv_eoi: Switch::On,
+            pv_deadline: Switch::On,
             x2apic: Switch::On,
         }
     }

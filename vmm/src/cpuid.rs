@@ -25,6 +25,14 @@ const PV_NEEDS_KERNEL_LAPIC: u32 =
     (1 << 4) | PV_EOI | (1 << 7) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14);
 /// KVM_FEATURE_PV_EOI, which lull's LAPIC implements itself (`irqchip::user::pv_eoi`).
 const PV_EOI: u32 = 1 << 6;
+/// lull's own hypervisor leaves (after KVM's, which Linux finds first): the signature...
+pub const LEAF_LULL_SIGNATURE: u32 = 0x4000_0100;
+/// ... and its features (EAX).
+pub const LEAF_LULL_FEATURES: u32 = 0x4000_0101;
+/// lull's signature in EBX, ECX, EDX of [`LEAF_LULL_SIGNATURE`].
+pub const LULL_SIGNATURE: [u8; 12] = *b"LullLullLull";
+/// Feature bit: the PV TSC deadline (`irqchip::user::pv_deadline`).
+pub const LULL_FEATURE_PV_DEADLINE: u32 = 1 << 0;
 /// KVM hint that makes Linux use haltpoll idle instead of HLT.
 const PV_HINT_REALTIME: u32 = 1;
 
@@ -41,6 +49,8 @@ pub struct CpuidParams {
     pub user_lapic: bool,
     /// With `user_lapic`: advertise PV EOI, which lull implements.
     pub pv_eoi: bool,
+    /// With `user_lapic`: advertise lull's PV TSC deadline (lull's leaves).
+    pub pv_deadline: bool,
     /// Advertise x2APIC (`--x2apic`); without it CPUID.1:ECX[21] is clear, whatever KVM
     /// supports, and KVM's LAPIC refuses x2APIC mode as lull's does.
     pub x2apic: bool,
@@ -124,6 +134,29 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
         ebx: APIC_BUS_KHZ,
         ..Default::default()
     };
+    if p.user_lapic && p.pv_deadline {
+        let word = |i: usize| {
+            u32::from_le_bytes([
+                LULL_SIGNATURE[i],
+                LULL_SIGNATURE[i + 1],
+                LULL_SIGNATURE[i + 2],
+                LULL_SIGNATURE[i + 3],
+            ])
+        };
+        *upsert(&mut entries, LEAF_LULL_SIGNATURE, 0) = kvm_cpuid_entry2 {
+            function: LEAF_LULL_SIGNATURE,
+            eax: LEAF_LULL_FEATURES,
+            ebx: word(0),
+            ecx: word(4),
+            edx: word(8),
+            ..Default::default()
+        };
+        *upsert(&mut entries, LEAF_LULL_FEATURES, 0) = kvm_cpuid_entry2 {
+            function: LEAF_LULL_FEATURES,
+            eax: LULL_FEATURE_PV_DEADLINE,
+            ..Default::default()
+        };
+    }
     entries
 }
 
@@ -167,6 +200,7 @@ mod tests {
                 tsc_khz: 2_100_000,
                 user_lapic: false,
                 pv_eoi: false,
+                pv_deadline: true,
                 x2apic: true,
             },
         );
@@ -187,6 +221,8 @@ mod tests {
         );
         assert_eq!(find(&v, LEAF_HV_SIGNATURE).eax, LEAF_HV_TIMING);
         assert!(!has_index(&timing));
+        // KVM's LAPIC: lull's PV deadline is not offered, whatever was asked.
+        assert!(!v.iter().any(|e| e.function == LEAF_LULL_SIGNATURE));
     }
 
     /// vCPU 0 of a one-vCPU VM at 1 GHz with lull's LAPIC, x2APIC on, PV EOI off.
@@ -197,8 +233,36 @@ mod tests {
             tsc_khz: 1_000_000,
             user_lapic: true,
             pv_eoi: false,
+            pv_deadline: false,
             x2apic: true,
         }
+    }
+
+    #[test]
+    fn lulls_leaves_offer_the_pv_deadline_behind_kvms() {
+        let p = user_lapic_params();
+        let without = adjust(&[], p);
+        assert!(!without.iter().any(|e| e.function == LEAF_LULL_SIGNATURE));
+        let v = adjust(
+            &[],
+            CpuidParams {
+                pv_deadline: true,
+                ..p
+            },
+        );
+        let sig = find(&v, LEAF_LULL_SIGNATURE);
+        assert_eq!(sig.eax, LEAF_LULL_FEATURES);
+        let mut bytes = Vec::new();
+        for w in [sig.ebx, sig.ecx, sig.edx] {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        assert_eq!(bytes, b"LullLullLull");
+        assert_eq!(find(&v, LEAF_LULL_FEATURES).eax, LULL_FEATURE_PV_DEADLINE);
+        // KVM's signature stays first: Linux and KVM's PV features find it.
+        assert_eq!(
+            find(&v, LEAF_HV_SIGNATURE).ebx,
+            u32::from_le_bytes(*b"KVMK")
+        );
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct VcpuCounters {
     pub injected: AtomicU64,
     /// EOIs the guest signalled through the PV EOI flag, without an exit (user irqchip).
     pub pv_eois: AtomicU64,
+    /// TSC deadlines the guest stored in its PV deadline slot, taken at exits (user irqchip).
+    pub pv_deadlines: AtomicU64,
     /// Times the vCPU blocked in HLT (user irqchip).
     pub blocks: AtomicU64,
     /// Wake-ups from a block because its own timer was due.
@@ -111,6 +113,8 @@ pub struct VcpuSnapshot {
     pub injected: u64,
     /// EOIs signalled through the PV EOI flag (no exit).
     pub pv_eois: u64,
+    /// TSC deadlines armed through the PV deadline slot (no WRMSR exit).
+    pub pv_deadlines: u64,
     /// Blocks in HLT.
     pub blocks: u64,
     /// Wake-ups by cause.
@@ -171,6 +175,7 @@ impl VcpuCounters {
             irq_window: g(&self.irq_window),
             injected: g(&self.injected),
             pv_eois: g(&self.pv_eois),
+            pv_deadlines: g(&self.pv_deadlines),
             blocks: g(&self.blocks),
             wakeups: WakeupSnapshot {
                 timer: g(&self.wake_timer),

@@ -4,6 +4,7 @@
 
 use arbitrary::Arbitrary;
 use devices::lapic::{regs, APIC_BASE_ADDRESS, APIC_BASE_BSP, APIC_BASE_ENABLE, APIC_BASE_X2APIC};
+use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 
 /// Where an MMIO access lands, relative to the LAPIC page.
@@ -115,6 +116,8 @@ pub enum Msr {
     PvEoi,
     /// Any.
     Any(u32),
+    /// MSR_LULL_PV_DEADLINE.
+    PvDeadline,
 }
 
 impl Msr {
@@ -126,6 +129,7 @@ impl Msr {
             Msr::X2Apic(n) => regs::X2APIC_MSR_FIRST + u32::from(n),
             Msr::PvEoi => MSR_KVM_PV_EOI_EN,
             Msr::Any(m) => m,
+            Msr::PvDeadline => MSR_LULL_PV_DEADLINE,
         }
     }
 }
@@ -157,6 +161,15 @@ pub enum MsrValue {
         /// The enable bit.
         enable: bool,
     },
+    /// A PV deadline slot address (bit 0: enable); mostly inside guest RAM, mostly aligned.
+    PvSlot {
+        /// Byte offset in guest RAM (or past it).
+        offset: u16,
+        /// Keep the low bits (misaligned) instead of clearing them.
+        misaligned: bool,
+        /// The enable bit.
+        enable: bool,
+    },
 }
 
 impl MsrValue {
@@ -182,6 +195,14 @@ impl MsrValue {
             }
             MsrValue::TscNear(delta) => tsc_now.saturating_add_signed(i64::from(delta)),
             MsrValue::PvEoi { offset, enable } => u64::from(offset & !3) | u64::from(enable),
+            MsrValue::PvSlot {
+                offset,
+                misaligned,
+                enable,
+            } => {
+                let addr = if misaligned { offset & !1 } else { offset & !7 };
+                u64::from(addr) | u64::from(enable)
+            }
         }
     }
 }
@@ -283,6 +304,9 @@ pub enum GuestAction {
     Window,
     /// KVM_RUN returned EINTR (a kick or a host tick).
     Interrupted,
+    /// The guest stores a TSC deadline in its PV deadline slot (no exit of its own); the
+    /// next exit (here an EINTR) takes it.
+    StoreDeadline(MsrValue),
 }
 
 /// One step.

@@ -3,8 +3,9 @@
 //! host timers, any timer model, PV EOI on or off), driven the way `vmm::vcpu::run` drives
 //! them: `before_entry` on a fake `CpuPort` whose interrupt window the input opens and
 //! closes, then the guest's exit as a real `kvm_ioctls::VcpuExit` (LAPIC MMIO at the current
-//! base, IOAPIC MMIO, x2APIC / IA32_APIC_BASE / TSC-deadline / PV EOI MSRs, IPIs, EOIs through
-//! the register or the PV flag, interrupt windows, EINTR) through `after_run`, `handle_exit`
+//! base, IOAPIC MMIO, x2APIC / IA32_APIC_BASE / TSC-deadline / PV EOI / PV deadline MSRs,
+//! IPIs, EOIs through the register or the PV flag, deadlines stored in the PV deadline slot,
+//! interrupt windows, EINTR) through `after_run`, `handle_exit`
 //! (the generic `vmm::vcpu::exit::handle_exit` for what the chip gives back) and `exit_done`.
 //! Between steps the clock moves, the `central` model's thread runs, devices raise IOAPIC
 //! lines. A vCPU that an INIT stopped waits for its SIPI (`wait_for_sipi` is called only once
@@ -31,14 +32,15 @@
 //!
 //! At every exit: a deadline a guest write set is at least `min_delay_ns` away; an EOI
 //! (register or PV flag) retires the highest in-service vector; a PV flag lull set is taken
-//! back; nothing panics, whatever the guest wrote.
+//! back; a deadline stored in a PV deadline slot is taken (the slot reads 0) and counted once;
+//! nothing panics, whatever the guest wrote.
 //!
 //! `LULL_FUZZ_TRACE=1` prints each step as it runs (e.g. under `cargo test`'s replay).
 
 mod check;
 pub mod input;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Unstructured;
@@ -49,11 +51,12 @@ use devices::lapic::{
 use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
 use timer::{Clock, ModelKind};
 use vm_memory::{Bytes, GuestAddress};
+use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
 use vmm::irqchip::{ChipExit, Entry, IrqChip, VcpuIrq};
 use vmm::layout::IOAPIC_ADDR;
-use vmm::metrics::LapicNoise;
+use vmm::metrics::{LapicNoise, VcpuCounters};
 use vmm::vcpu::exit::{ExitContext, VcpuAction};
 
 use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
@@ -91,6 +94,8 @@ struct Vcpu {
     writes: u64,
     /// The PV EOI flag the guest enabled (accepted writes of the MSR).
     pv_flag: Option<u64>,
+    /// The PV deadline slot the guest enabled (accepted writes of the MSR).
+    pv_slot: Option<u64>,
     /// The vector lull offered through the flag at the last entry, when the target saw it
     /// offered (the flag went from 0 to 1).
     offered: Option<u8>,
@@ -137,6 +142,7 @@ impl Machine {
             _ => MAX_NOW - u64::from(u.arbitrary::<u32>()?),
         };
         let pv_eoi = u.arbitrary()?;
+        let pv_deadline = u.arbitrary()?;
         let spec = ChipSpec {
             cpus,
             model,
@@ -144,6 +150,7 @@ impl Machine {
             guest_tsc,
             start,
             pv_eoi,
+            pv_deadline,
         };
         let Some(fake) = FakeChip::new(spec) else {
             return Ok(None);
@@ -165,6 +172,7 @@ impl Machine {
                 expected_nmis: 0,
                 writes: 0,
                 pv_flag: None,
+                pv_slot: None,
                 offered: None,
             });
         }
@@ -222,6 +230,25 @@ impl Machine {
         (!shared).then_some(flag)
     }
 
+    /// Whether vCPU `i`'s PV deadline slot is its own: no other vCPU's slot and no PV EOI
+    /// flag (which lull writes) within its 8 bytes.
+    fn pv_slot_alone(&self, i: usize) -> Option<u64> {
+        let slot = self.vcpus[i].pv_slot?;
+        let overlaps = |a: u64| a.abs_diff(slot) < 8;
+        let shared = self.vcpus.iter().enumerate().any(|(j, v)| {
+            v.pv_flag.is_some_and(overlaps) || (j != i && v.pv_slot.is_some_and(overlaps))
+        });
+        (!shared).then_some(slot)
+    }
+
+    /// A counter of vCPU `id` (0 if it has none).
+    fn counter(&self, id: u32, which: impl Fn(&VcpuCounters) -> &AtomicU64) -> u64 {
+        self.fake
+            .shared
+            .counters(id)
+            .map_or(0, |c| which(c).load(Ordering::Relaxed))
+    }
+
     fn flag_byte(&self, flag: u64) -> u8 {
         self.fake
             .mem
@@ -274,6 +301,11 @@ impl Machine {
         };
         let now = self.now();
         if spurious || central.deadline() <= now {
+            if central.deadline() <= now {
+                // The one-shot timerfd fired: the host disarmed it (lull does not disarm it
+                // again when nothing is left to arm).
+                central.expire();
+            }
             self.fake.chip.service_timers();
             let next = central.deadline();
             assert!(
@@ -410,15 +442,29 @@ impl Machine {
                 _ => eoi_register = mode != ApicMode::Disabled,
             }
         }
-        let pv_eois = |m: &Machine| {
-            m.fake
-                .shared
-                .counters(id)
-                .map_or(0, |c| c.pv_eois.load(Ordering::Relaxed))
-        };
+        let pv_eois = |m: &Machine| m.counter(id, |c| &c.pv_eois);
         let pv_eois_before = pv_eois(self);
+        let pv_deadlines = |m: &Machine| m.counter(id, |c| &c.pv_deadlines);
+        let pv_deadlines_before = pv_deadlines(self);
+        // The guest's store to its PV deadline slot, taken by the exit's `after_run`.
+        let mut stored = None;
+        if let (GuestAction::StoreDeadline(value), Some(slot)) = (action, self.vcpus[i].pv_slot) {
+            let tsc = value.get(self.tsc_now());
+            self.fake
+                .mem
+                .write_obj(tsc, GuestAddress(slot))
+                .unwrap_or_else(|e| panic!("PV slot {slot:#x} accepted outside RAM: {e}"));
+            self.vcpus[i].writes += 1;
+            stored = self.pv_slot_alone(i).map(|slot| (slot, tsc));
+        }
         let cr8 = self.vcpus[i].port.cr8;
         self.vcpus[i].irq.after_run(Some(cr8));
+        if let Some((slot, tsc)) = stored {
+            let left: u64 = self.fake.mem.read_obj(GuestAddress(slot)).unwrap_or(0);
+            assert_eq!(left, 0, "vCPU {i}: PV deadline slot not taken");
+            let taken = pv_deadlines(self) - pv_deadlines_before;
+            assert_eq!(taken, u64::from(tsc != 0), "vCPU {i}: PV deadlines taken");
+        }
         if let Some(vector) = pv_eoi {
             let isr = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
             assert!(
@@ -469,8 +515,13 @@ impl Machine {
             GuestAction::MsrWrite { msr, value } => {
                 let (index, data) = (msr.get(), value.get(tsc_now));
                 self.vcpus[i].writes += 1;
-                if self.wrmsr(i, index, data) && index == MSR_KVM_PV_EOI_EN {
-                    self.vcpus[i].pv_flag = (data & 1 == 1).then_some(data & !1);
+                if self.wrmsr(i, index, data) {
+                    let enabled = (data & 1 == 1).then_some(data & !1);
+                    match index {
+                        MSR_KVM_PV_EOI_EN => self.vcpus[i].pv_flag = enabled,
+                        MSR_LULL_PV_DEADLINE => self.vcpus[i].pv_slot = enabled,
+                        _ => {}
+                    }
                 }
             }
             GuestAction::MsrRead { msr } => {
@@ -504,7 +555,7 @@ impl Machine {
                 }
             }
             GuestAction::Window => self.run_exit(i, VcpuExit::IrqWindowOpen),
-            GuestAction::Eoi | GuestAction::Interrupted => {
+            GuestAction::Eoi | GuestAction::Interrupted | GuestAction::StoreDeadline(_) => {
                 let v = &mut self.vcpus[i];
                 v.irq.exit_done(&mut v.port);
             }

@@ -32,6 +32,11 @@
  *                     offers it (KVM_FEATURE_PV_EOI, bit 6): each CPU registers a flag with
  *                     MSR_KVM_PV_EOI_EN and an EOI that finds the flag set only clears it (no
  *                     exit), as Linux's kvm_guest_apic_eoi_write does
+ *   pv_deadline=0     1: arm TSC deadlines through lull's PV deadline when lull's CPUID leaf
+ *                     0x40000100 offers it (0x40000101 EAX bit 0; lull --irqchip user): each
+ *                     CPU registers an 8-byte slot with MSR_LULL_PV_DEADLINE and stores its
+ *                     next deadline there instead of writing IA32_TSC_DEADLINE; the HLT that
+ *                     follows is the only exit (docs/GUEST-ABI.md). Falls back to the MSR.
  * The guest exits 0 (lull status 1) when every CPU finished within duration + 2 s.
  */
 #include "rt.h"
@@ -69,7 +74,7 @@ static u32 mix_len, mix_total;
 static struct cpu_state cpu[RT_MAX_CPUS];
 static volatile u32 apic_of[RT_MAX_CPUS];
 static volatile u32 ready, go, done;
-static u32 ncpus, ipi_pct, use_deadline, busy, use_pv_eoi;
+static u32 ncpus, ipi_pct, use_deadline, busy, use_pv_eoi, use_pv_deadline;
 
 #define MSR_KVM_PV_EOI_EN 0x4b564d04
 #define KVM_FEATURE_PV_EOI (1u << 6)
@@ -82,6 +87,21 @@ static int kvm_offers_pv_eoi(void)
     if (sig.ebx != 0x4b4d564b || sig.eax < 0x40000001) /* "KVMK" */
         return 0;
     return (cpuid(0x40000001, 0).eax & KVM_FEATURE_PV_EOI) != 0;
+}
+
+#define MSR_LULL_PV_DEADLINE 0x4c554c01
+#define LULL_FEATURE_PV_DEADLINE (1u << 0)
+
+/* One PV deadline slot per CPU, 8-byte aligned (lull takes a non-zero value at the next exit). */
+static volatile u64 pv_deadline_slot[RT_MAX_CPUS] __attribute__((aligned(64)));
+
+static int lull_offers_pv_deadline(void)
+{
+    struct cpuid_regs sig = cpuid(0x40000100, 0);
+    if (sig.ebx != 0x6c6c754c || sig.ecx != 0x6c6c754c || sig.edx != 0x6c6c754c || /* "Lull" */
+        sig.eax < 0x40000101)
+        return 0;
+    return (cpuid(0x40000101, 0).eax & LULL_FEATURE_PV_DEADLINE) != 0;
 }
 
 /* Registers this CPU's PV EOI flag (a flat physical address: the runtime runs unpaged). */
@@ -299,6 +319,8 @@ static void run_idle(u32 idx)
     struct cpu_state *c = &cpu[idx];
     u32 next = (idx + 1) % ncpus;
     pv_eoi_register(idx);
+    if (use_pv_deadline)
+        wrmsr(MSR_LULL_PV_DEADLINE, (u64)(u32)&pv_deadline_slot[idx] | 1);
     if (use_deadline) {
         xapic_write(APIC_LVT_TIMER, TIMER_VECTOR | LVT_TIMER_TSC_DEADLINE);
     } else {
@@ -318,7 +340,10 @@ static void run_idle(u32 idx)
         u64 expected;
         if (use_deadline) {
             expected = rdtsc() + ticks;
-            wrmsr(MSR_TSC_DEADLINE, expected);
+            if (use_pv_deadline)
+                pv_deadline_slot[idx] = expected; /* taken at the HLT's exit below */
+            else
+                wrmsr(MSR_TSC_DEADLINE, expected);
         } else {
             u32 init = (u32)(ticks * rt_bus_khz / rt_tsc_khz);
             expected = rdtsc() + (u64)init * rt_tsc_khz / rt_bus_khz;
@@ -389,6 +414,11 @@ int main(void)
         printf("idle-sim: PV EOI not offered: using the EOI register\n");
         use_pv_eoi = 0;
     }
+    use_pv_deadline = (u32)cmdline_u64("pv_deadline", 0);
+    if (use_pv_deadline && !lull_offers_pv_deadline()) {
+        printf("idle-sim: PV deadline not offered: using IA32_TSC_DEADLINE\n");
+        use_pv_deadline = 0;
+    }
     early_ticks = ns_to_tsc(cmdline_u64("early_ns", 10000));
     cmdline_str("mix", buf, sizeof(buf));
     parse_mix(buf);
@@ -398,6 +428,8 @@ int main(void)
         printf("idle-sim: TSC-deadline not offered: using one-shot\n");
         use_deadline = 0;
     }
+    if (!use_deadline)
+        use_pv_deadline = 0;
     for (u32 i = 0; i < RT_MAX_CPUS; i++)
         cpu[i].rng = (seed + 1) * 2654435761u ^ (i * 40503u + 1);
 
@@ -406,9 +438,10 @@ int main(void)
     rt_set_irq_handler(SPURIOUS_VECTOR, spurious_irq);
     lapic_enable(SPURIOUS_VECTOR);
     apic_of[0] = lapic_id();
-    printf("idle-sim: %u CPUs (%u busy), %s, duration %llu ms, mix %s, ipi %u%%, eoi %s\n",
-           ncpus, busy, use_deadline ? "tsc-deadline" : "one-shot div1", duration_ms, buf,
-           ipi_pct, use_pv_eoi ? "pv" : "register");
+    printf("idle-sim: %u CPUs (%u busy), %s%s, duration %llu ms, mix %s, ipi %u%%, eoi %s\n",
+           ncpus, busy, use_deadline ? "tsc-deadline" : "one-shot div1",
+           use_pv_deadline ? " (pv)" : "", duration_ms, buf, ipi_pct,
+           use_pv_eoi ? "pv" : "register");
     if (ncpus > 1) {
         u32 online = smp_start_aps(ncpus, ap_main, 5000);
         u64 end = rdtsc() + ns_to_tsc(5000000000ull);

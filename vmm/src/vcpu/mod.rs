@@ -64,6 +64,8 @@ pub struct VcpuSetup<'a> {
     pub user_lapic: bool,
     /// With `user_lapic`: lull offers PV EOI.
     pub pv_eoi: bool,
+    /// With `user_lapic`: lull offers its PV TSC deadline.
+    pub pv_deadline: bool,
     /// x2APIC is advertised (`--x2apic`).
     pub x2apic: bool,
 }
@@ -84,6 +86,7 @@ pub fn configure(
             tsc_khz: setup.tsc_khz,
             user_lapic: setup.user_lapic,
             pv_eoi: setup.pv_eoi,
+            pv_deadline: setup.pv_deadline,
             x2apic: setup.x2apic,
         },
     );

@@ -75,6 +75,7 @@ pub fn create(
         tsc_khz,
         user_lapic: cfg.irqchip == IrqchipMode::User,
         pv_eoi: cfg.pv_eoi.is_on(),
+        pv_deadline: cfg.pv_deadline.is_on(),
         x2apic: cfg.x2apic.is_on(),
     };
     for port in &ports {
@@ -112,6 +113,7 @@ pub fn irqchip(
         cpu_quota: cfg.cpu_quota,
         global_timers: cfg.global_timers,
         pv_eoi: cfg.pv_eoi.is_on(),
+        pv_deadline: cfg.pv_deadline.is_on(),
         x2apic: cfg.x2apic.is_on(),
         max_phys_addr_bits: vcpus.max_phys_addr_bits,
     };

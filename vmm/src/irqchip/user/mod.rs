@@ -25,7 +25,9 @@ pub mod cr8;
 pub mod exit;
 pub mod host_timer;
 pub mod mailbox;
+pub mod pv_deadline;
 pub mod pv_eoi;
+pub mod pv_msr;
 pub mod router;
 pub mod timers;
 pub mod vcpu;
@@ -80,6 +82,8 @@ pub struct UserChipConfig {
     pub global_timers: Option<GlobalTimersConfig>,
     /// Offer KVM's PV EOI to the guest.
     pub pv_eoi: bool,
+    /// Offer lull's PV TSC deadline to the guest.
+    pub pv_deadline: bool,
     /// Whether the guest may switch its LAPIC to x2APIC mode (advertised in CPUID).
     pub x2apic: bool,
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]): IA32_APIC_BASE bits at or above it
@@ -112,6 +116,7 @@ pub struct UserIrqChip<C: VmTime = VmClock> {
     central: Option<Arc<SharedTimerFd>>,
     mem: Arc<GuestMemoryMmap>,
     pv_eoi: bool,
+    pv_deadline: bool,
 }
 
 /// The guest TSC at VM-clock time 0, from a TSC read just before `after` (VM clock): biased
@@ -258,6 +263,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
             central: None,
             mem,
             pv_eoi: cfg.pv_eoi,
+            pv_deadline: cfg.pv_deadline,
         })
     }
 
@@ -283,6 +289,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
             unknown_msr: self.unknown_msr.clone(),
             mem: self.mem.clone(),
             pv_eoi: self.pv_eoi,
+            pv_deadline: self.pv_deadline,
             wake_timer,
         })
         .ok_or(IrqChipError::NoVcpuPart(id))

@@ -13,6 +13,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use devices::lapic::regs::MSR_TSC_DEADLINE;
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
 use kvm_ioctls::VcpuExit;
 use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind};
@@ -21,7 +22,9 @@ use vm_memory::GuestMemoryMmap;
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::host_timer::SharedTimerFd;
-use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
+use super::pv_deadline::PvDeadline;
+use super::pv_eoi::PvEoi;
+use super::pv_msr::PvMsrs;
 use super::router::InterruptRouter;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
@@ -73,6 +76,8 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     pub mem: Arc<GuestMemoryMmap>,
     /// Whether the guest may use PV EOI (advertised in CPUID).
     pub pv_eoi: bool,
+    /// Whether the guest may use lull's PV TSC deadline (advertised in CPUID).
+    pub pv_deadline: bool,
     /// The wake-up timer the timer model arms for this vCPU while it is blocked (handed to
     /// the model with `CpuTimers::set_wake_timer`); `None`: block with the model's timeout.
     pub wake_timer: Option<Arc<SharedTimerFd>>,
@@ -100,6 +105,8 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     mem: Arc<GuestMemoryMmap>,
     /// PV EOI state, if the guest may use it.
     pv_eoi: Option<PvEoi>,
+    /// PV TSC deadline state, if the guest may use it.
+    pv_deadline: Option<PvDeadline>,
     /// What it blocks on.
     wait: VcpuWait,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
@@ -135,6 +142,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             effects: None,
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
+            pv_deadline: parts.pv_deadline.then(PvDeadline::default),
             wait: VcpuWait {
                 mailbox,
                 wake_timer: parts.wake_timer,
@@ -288,15 +296,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
 
     /// Applies what a LAPIC access asks for.
     fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
-        match effects.timer {
-            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
-            LapicTimerChange::Cancel => {
-                if let Some(h) = self.lapic_timer.take() {
-                    self.timers.cancel(h);
-                }
-            }
-            LapicTimerChange::Unchanged => {}
-        }
+        self.apply_timer(effects.timer);
         if effects.destination_changed {
             if let Ok(index) = usize::try_from(self.id) {
                 self.router
@@ -315,6 +315,19 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             if eoi.level_triggered {
                 self.router.end_of_interrupt(eoi.vector);
             }
+        }
+    }
+
+    /// Follows a change of the LAPIC timer.
+    fn apply_timer(&mut self, change: LapicTimerChange) {
+        match change {
+            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
+            LapicTimerChange::Cancel => {
+                if let Some(h) = self.lapic_timer.take() {
+                    self.timers.cancel(h);
+                }
+            }
+            LapicTimerChange::Unchanged => {}
         }
     }
 
@@ -487,6 +500,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
                 self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);
             }
         }
+        // Before the exit itself: a deadline stored in the PV slot is older than it.
+        if let Some(tsc) = self.pv_deadline.as_ref().and_then(|pv| pv.take(&self.mem)) {
+            self.counters.pv_deadlines.fetch_add(1, Ordering::Relaxed);
+            let now = self.clock.now();
+            if let Ok(effects) = self.lapic.write_msr(MSR_TSC_DEADLINE, tsc, now) {
+                self.apply_timer(effects.timer);
+            }
+        }
     }
 
     fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
@@ -494,20 +515,12 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             // A halted vCPU cannot write CR8: nothing to poll for until it runs again.
             self.tpr_poll.cancel(self.timers.as_mut());
         }
-        let exit = match (exit, &mut self.pv_eoi) {
-            (VcpuExit::X86Wrmsr(msr), Some(pv)) if msr.index == MSR_KVM_PV_EOI_EN => {
-                self.counters.msr.fetch_add(1, Ordering::Relaxed);
-                if pv.write_msr(msr.data, &self.mem).is_err() {
-                    *msr.error = 1;
-                }
-                return Ok(ChipExit::Continue);
-            }
-            (VcpuExit::X86Rdmsr(msr), Some(pv)) if msr.index == MSR_KVM_PV_EOI_EN => {
-                self.counters.msr.fetch_add(1, Ordering::Relaxed);
-                *msr.data = pv.msr();
-                return Ok(ChipExit::Continue);
-            }
-            (exit, _) => exit,
+        let pv = PvMsrs {
+            eoi: self.pv_eoi.as_mut(),
+            deadline: self.pv_deadline.as_mut(),
+        };
+        let Err(exit) = pv.handle(exit, &self.mem, &self.counters) else {
+            return Ok(ChipExit::Continue);
         };
         let mut ctx = UserExitContext {
             vcpu: self.id,

@@ -30,6 +30,8 @@ struct Rig {
     port: FakePort,
     /// vCPU 0's host tick.
     tick: FakeHostTimer,
+    /// Guest memory (64 KiB at 0).
+    mem: Arc<vm_memory::GuestMemoryMmap>,
 }
 
 const LAPIC: u64 = 0xfee0_0000;
@@ -37,6 +39,15 @@ const LAPIC: u64 = 0xfee0_0000;
 impl Rig {
     /// vCPU 0 of a one-vCPU VM, its LAPIC software-enabled.
     fn new(kind: ModelKind) -> Self {
+        Self::with_pv_deadline(kind, true)
+    }
+
+    /// As [`Rig::new`], with lull's PV deadline offered or not.
+    fn with_pv_deadline(kind: ModelKind, pv_deadline: bool) -> Self {
+        let mem = Arc::new(
+            vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 0x10000)])
+                .unwrap(),
+        );
         let clock = FakeClock::new(0);
         let lapic = Lapic::new(LapicConfig::default()).unwrap();
         let router = Arc::new(InterruptRouter::new(
@@ -66,11 +77,9 @@ impl Rig {
             idle,
             shared: shared.clone(),
             unknown_msr: Arc::new(LogLimiter::new()),
-            mem: Arc::new(
-                vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 0x10000)])
-                    .unwrap(),
-            ),
+            mem: mem.clone(),
             pv_eoi: true,
+            pv_deadline,
             wake_timer: None,
         })
         .unwrap();
@@ -81,6 +90,7 @@ impl Rig {
             shared,
             port: FakePort::default(),
             tick,
+            mem,
         };
         rig.mmio_write(0xf0, 0x1ff); // SVR: software enable, spurious vector 0xff
         rig
@@ -96,6 +106,15 @@ impl Rig {
     }
 
     fn wrmsr(&mut self, index: u32, data: u64) {
+        assert_eq!(
+            self.try_wrmsr(index, data),
+            0,
+            "MSR {index:#x} write faulted"
+        );
+    }
+
+    /// A WRMSR exit; returns its error byte (1: #GP).
+    fn try_wrmsr(&mut self, index: u32, data: u64) -> u8 {
         let mut error = 0u8;
         let exit = VcpuExit::X86Wrmsr(kvm_ioctls::WriteMsrExit {
             error: &mut error,
@@ -105,7 +124,7 @@ impl Rig {
         });
         assert!(matches!(self.irq.handle_exit(exit), Ok(ChipExit::Continue)));
         self.irq.exit_done(&mut self.port);
-        assert_eq!(error, 0, "MSR {index:#x} write faulted");
+        error
     }
 
     /// The guest handles the interrupt it was given and EOIs it.
@@ -333,4 +352,73 @@ fn a_periodic_timer_keeps_its_host_tick_armed() {
         2_000_000,
         "the next period's host tick is armed before the entry"
     );
+}
+
+/// lull's PV TSC deadline: a deadline stored in the guest's slot arms the LAPIC timer at the
+/// next exit (and only once), an MSR write at that same exit wins over it, and outside
+/// TSC-deadline mode it is ignored as the MSR write would be.
+#[test]
+fn a_pv_deadline_arms_the_timer_at_the_next_exit_once() {
+    use crate::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
+    use vm_memory::{Bytes, GuestAddress};
+    let slot = GuestAddress(0x1000);
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    rig.mmio_write(0x320, 0x4_0040); // LVT timer: TSC-deadline mode, vector 0x40
+    rig.wrmsr(MSR_LULL_PV_DEADLINE, slot.0 | 1);
+    // The default TSC map is 1 tick per ns from 0.
+    rig.mem.write_obj(2_000_000u64, slot).unwrap();
+    assert!(
+        rig.irq.lapic().timer_deadline().is_none(),
+        "armed before any exit"
+    );
+    rig.irq.after_run(None);
+    assert_eq!(rig.mem.read_obj::<u64>(slot).unwrap(), 0, "slot not taken");
+    assert!(rig.irq.lapic().timer_deadline().is_some());
+    rig.clock.set(1_999_999);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty(), "the interrupt came early");
+    rig.clock.set(2_000_100);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40]);
+    rig.eoi();
+    rig.port.injected.clear();
+    let c = rig.shared.counters(0).unwrap();
+    assert_eq!(c.pv_deadlines.load(Ordering::Relaxed), 1);
+
+    // Stored, then a WRMSR at the same exit: the WRMSR is the later write.
+    rig.mem.write_obj(3_000_000u64, slot).unwrap();
+    rig.irq.after_run(None);
+    rig.wrmsr(0x6e0, 5_000_000);
+    rig.clock.set(4_000_000);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(
+        rig.port.injected.is_empty(),
+        "fired for the overwritten deadline"
+    );
+    rig.clock.set(5_000_000);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40]);
+    rig.eoi();
+    rig.port.injected.clear();
+
+    // One-shot mode: a stored deadline is taken and ignored.
+    rig.mmio_write(0x320, 0x40);
+    rig.mem.write_obj(6_000_000u64, slot).unwrap();
+    rig.irq.after_run(None);
+    assert_eq!(rig.mem.read_obj::<u64>(slot).unwrap(), 0);
+    rig.clock.set(7_000_000);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty());
+}
+
+#[test]
+fn the_pv_deadline_msr_faults_unless_offered_or_on_a_bad_slot() {
+    use crate::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
+    let mut rig = Rig::with_pv_deadline(ModelKind::Pull, false);
+    assert_eq!(rig.try_wrmsr(MSR_LULL_PV_DEADLINE, 0x1000 | 1), 1);
+    let mut rig = Rig::new(ModelKind::Pull);
+    assert_eq!(rig.try_wrmsr(MSR_LULL_PV_DEADLINE, 0x1004 | 1), 1);
+    assert_eq!(rig.try_wrmsr(MSR_LULL_PV_DEADLINE, 0x2_0000 | 1), 1);
+    assert_eq!(rig.try_wrmsr(MSR_LULL_PV_DEADLINE, 0x1000 | 1), 0);
 }

@@ -459,7 +459,9 @@ int main(void)
     xapic_write(APIC_LVT_TIMER, TIMER_VECTOR | (use_deadline ? LVT_TIMER_TSC_DEADLINE : 0));
     while (done < ncpus - 1 && rdtsc() < end) {
         u32 before = cpu[0].fired;
-        if (use_deadline)
+        if (use_pv_deadline)
+            pv_deadline_slot[0] = rdtsc() + ns_to_tsc(1000000);
+        else if (use_deadline)
             wrmsr(MSR_TSC_DEADLINE, rdtsc() + ns_to_tsc(1000000));
         else
             xapic_write(APIC_TIMER_INIT, rt_bus_khz);

@@ -47,7 +47,8 @@ def percentile(buckets, q):
 
 
 def run_summary(work, tag):
-    blocks = migrations = binds = backoffs = bound_moves = 0
+    blocks = migrations = binds = backoffs = bound_moves = vcpu_cpu_ns = 0
+    bound_wakes = bound_late = free_wakes = free_late = 0
     buckets = []
     passed = 0
     vms = sorted(glob.glob(os.path.join(work, f"{tag}-vm*.json")))
@@ -60,6 +61,11 @@ def run_summary(work, tag):
             binds += v["placement"]["binds"]
             backoffs += v["placement"]["backoffs"]
             bound_moves += v["placement"]["bound_migrations"]
+            bound_wakes += v["placement"]["bound_wakes"]
+            bound_late += v["placement"]["bound_late_ns"]
+            free_wakes += v["placement"]["free_wakes"]
+            free_late += v["placement"]["free_late_ns"]
+        vcpu_cpu_ns += sum(t["cpu_ns"] for t in m["threads"] if t["name"].startswith("vcpu"))
         with open(path[: -len(".json")] + ".console") as f:
             console = f.read()
         passed += "idle-sim: PASS" in console
@@ -75,11 +81,16 @@ def run_summary(work, tag):
         "vms": len(vms),
         "blocks": blocks,
         "wake_migrations": migrations,
-        "migrations_per_wake": migrations / blocks if blocks else None,
+        "migrations_per_1000_wakes": 1000 * migrations / blocks if blocks else None,
         "binds": binds,
         "binds_per_block": binds / blocks if blocks else None,
         "backoffs": backoffs,
         "bound_migrations": bound_moves,
+        "vcpu_cpu_us_per_wake": vcpu_cpu_ns / blocks / 1000 if blocks else None,
+        "bound_wakes": bound_wakes,
+        "bound_mean_late_us": bound_late / bound_wakes / 1000 if bound_wakes else None,
+        "free_wakes": free_wakes,
+        "free_mean_late_us": free_late / free_wakes / 1000 if free_wakes else None,
         "lateness_p50_ns": percentile(buckets, 0.50),
         "lateness_p99_ns": percentile(buckets, 0.99),
         "competitor_mips": busy,
@@ -104,8 +115,9 @@ def main():
         r["competitor"] = compete == "c1"
         runs.append(r)
     cells = []
-    keys = ["migrations_per_wake", "binds_per_block", "lateness_p50_ns", "lateness_p99_ns",
-            "competitor_mips"]
+    keys = ["migrations_per_1000_wakes", "binds_per_block", "bound_mean_late_us",
+            "free_mean_late_us", "vcpu_cpu_us_per_wake", "lateness_p50_ns",
+            "lateness_p99_ns", "competitor_mips"]
     for competitor in (False, True):
         for mode in dict.fromkeys(r["mode"] for r in runs):
             rs = [r for r in runs if r["mode"] == mode and r["competitor"] == competitor]
@@ -118,19 +130,47 @@ def main():
             if cell["competitor_mips"] and alone_mips:
                 cell["competitor_share_of_alone"] = cell["competitor_mips"] / alone_mips
             cells.append(cell)
+    # Paired per repetition: each mode against the first (`off`) of the same repetition and
+    # competitor case, which ran minutes apart at most; the median of those ratios is less
+    # exposed to the host's load drifting between repetitions than the medians above.
+    base_mode = runs[0]["mode"] if runs else None
+    paired = []
+    for competitor in (False, True):
+        for mode in dict.fromkeys(r["mode"] for r in runs):
+            if mode == base_mode:
+                continue
+            ratios = {k: [] for k in ("lateness_p50_ns", "lateness_p99_ns", "competitor_mips")}
+            for r in runs:
+                if r["mode"] != mode or r["competitor"] != competitor:
+                    continue
+                rep = r["tag"].split("-")[0]
+                base = next(b for b in runs if b["tag"] == f"{rep}-c{int(competitor)}-{base_mode}")
+                for k in ratios:
+                    if r[k] and base[k]:
+                        ratios[k].append(r[k] / base[k])
+            paired.append({"mode": mode, "against": base_mode, "competitor": competitor,
+                           **{f"{k}_ratio": median(v) for k, v in ratios.items()}})
     fmt = lambda v, f: "-" if v is None else f.format(v)
     print(f"wake placement: {vms} VMs x {cpus} vCPUs of idle-sim mix={mix}, "
           f"{duration_ms} ms, {reps} reps (medians); load before {load}; "
           f"competitor alone {fmt(alone_mips, '{:.0f}')} M it/s")
-    print(f"{'competitor':<10} {'mode':<10} {'migr/wake':>9} {'binds/blk':>9} "
-          f"{'late p50':>9} {'late p99':>9} {'comp M it/s':>11} {'of alone':>8} {'backoffs':>8}")
+    print(f"{'competitor':<10} {'mode':<10} {'migr/1k':>7} {'binds/blk':>9} {'cpu/wake':>8} "
+          f"{'host late bound/free':>20} {'late p50':>9} {'late p99':>9} {'comp M it/s':>11} {'of alone':>8} {'backoffs':>8}")
     for c in cells:
         print(f"{'yes' if c['competitor'] else 'no':<10} {c['mode']:<10} "
-              f"{fmt(c['migrations_per_wake'], '{:.3f}'):>9} {fmt(c['binds_per_block'], '{:.3f}'):>9} "
+              f"{fmt(c['migrations_per_1000_wakes'], '{:.2f}'):>7} {fmt(c['binds_per_block'], '{:.3f}'):>9} "
+              f"{fmt(c['vcpu_cpu_us_per_wake'], '{:.1f}us'):>8} "
+              f"{fmt(c['bound_mean_late_us'], '{:.0f}us'):>10}/{fmt(c['free_mean_late_us'], '{:.0f}us'):<9} "
               f"{fmt(c['lateness_p50_ns'] and c['lateness_p50_ns'] / 1000, '{:.0f}us'):>9} "
               f"{fmt(c['lateness_p99_ns'] and c['lateness_p99_ns'] / 1000, '{:.0f}us'):>9} "
               f"{fmt(c['competitor_mips'], '{:.0f}'):>11} "
               f"{fmt(c.get('competitor_share_of_alone'), '{:.1%}'):>8} {c['backoffs']:>8}")
+    for p in paired:
+        print(f"paired per rep, {p['mode']} / {p['against']}, competitor "
+              f"{'yes' if p['competitor'] else 'no'}: lateness p50 "
+              f"{fmt(p['lateness_p50_ns_ratio'], '{:.2f}x')}, p99 "
+              f"{fmt(p['lateness_p99_ns_ratio'], '{:.2f}x')}, competitor throughput "
+              f"{fmt(p['competitor_mips_ratio'], '{:.3f}x')}")
     if json_path:
         report = {
             "schema": "lull-bench-placement/1",
@@ -143,6 +183,7 @@ def main():
             "host_cpus": os.cpu_count(),
             "competitor_alone_mips": alone_rates,
             "cells": cells,
+            "paired": paired,
             "runs": runs,
         }
         with open(json_path, "w") as f:

@@ -55,6 +55,15 @@ pub struct VcpuCounters {
     pub placement_bound_migrations: AtomicU64,
     /// Times a late bound wake-up made wake placement back off.
     pub placement_backoffs: AtomicU64,
+    /// Own-timer wake-ups of a bound thread, and their summed lateness behind the expected
+    /// wake-up (ns).
+    pub placement_bound_wakes: AtomicU64,
+    /// See `placement_bound_wakes`.
+    pub placement_bound_late_ns: AtomicU64,
+    /// Own-timer wake-ups of an unbound thread (either mode), and their summed lateness (ns).
+    pub placement_free_wakes: AtomicU64,
+    /// See `placement_free_wakes`.
+    pub placement_free_late_ns: AtomicU64,
     /// Halt polls started.
     pub polls: AtomicU64,
     /// Halt polls that saw the wake-up.
@@ -165,6 +174,14 @@ pub struct PlacementSnapshot {
     pub bound_migrations: u64,
     /// Back-offs after a late bound wake-up.
     pub backoffs: u64,
+    /// Own-timer wake-ups while bound.
+    pub bound_wakes: u64,
+    /// Their summed lateness behind the expected wake-up, ns.
+    pub bound_late_ns: u64,
+    /// Own-timer wake-ups while not bound (either mode).
+    pub free_wakes: u64,
+    /// Their summed lateness, ns.
+    pub free_late_ns: u64,
 }
 
 /// Wake-ups of a blocked vCPU by cause.
@@ -217,6 +234,10 @@ impl VcpuCounters {
                 binds: g(&self.placement_binds),
                 bound_migrations: g(&self.placement_bound_migrations),
                 backoffs: g(&self.placement_backoffs),
+                bound_wakes: g(&self.placement_bound_wakes),
+                bound_late_ns: g(&self.placement_bound_late_ns),
+                free_wakes: g(&self.placement_free_wakes),
+                free_late_ns: g(&self.placement_free_late_ns),
             },
             polls: g(&self.polls),
             polls_won: g(&self.polls_won),

@@ -2,7 +2,8 @@
 //! each wake-up what to do with the thread's CPU affinity, does it (`sys::affinity`), and
 //! counts, in either mode, the wake-ups that came on another host CPU than the block
 //! (`wake_migrations`), the blocks bound to their CPU, the bound wake-ups that still moved
-//! (none if the host honours the binding) and the back-offs.
+//! (none if the host honours the binding), the back-offs, and how late own-timer wake-ups
+//! came, bound and not (what binding costs in wake-up latency, under the same load).
 
 use std::sync::atomic::Ordering;
 
@@ -83,6 +84,21 @@ impl VcpuPlacement {
             Some(w) if now >= w => WakeOutcome::OnTime { late_ns: now - w },
             _ => WakeOutcome::Early,
         };
+        if let WakeOutcome::OnTime { late_ns } = outcome {
+            let (wakes, late) = if bound {
+                (
+                    &counters.placement_bound_wakes,
+                    &counters.placement_bound_late_ns,
+                )
+            } else {
+                (
+                    &counters.placement_free_wakes,
+                    &counters.placement_free_late_ns,
+                )
+            };
+            wakes.fetch_add(1, Ordering::Relaxed);
+            late.fetch_add(late_ns, Ordering::Relaxed);
+        }
         let (placement, gave_up) = self.decision.woke(now, outcome);
         if gave_up {
             counters.placement_backoffs.fetch_add(1, Ordering::Relaxed);

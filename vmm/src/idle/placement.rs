@@ -35,7 +35,7 @@
 //! these sleepers on the CPU they slept on (it prefers an idle previous CPU). Binding halved
 //! the remaining migrations when no other task competed (and raised them when one did),
 //! left the wake-up lateness p50 unchanged, and moved a competing host task's throughput by
-//! less than the shared host's noise; it saves ~0.01 us of refill per wake-up for ~1-2 us of
+//! less than the shared host's noise; it saves ~0.01 us of refill per wake-up for ~1-2.5 us of
 //! syscalls, so the default is `off`.
 
 use std::fmt;

@@ -295,10 +295,17 @@ mod tests {
         let cfg: VmConfig = serde_json::from_str(
             r#"{"cpus": 2, "memory": "128M", "serial": "off", "irqchip": "user",
                 "halt_poll": "adaptive", "idle_inject": "percent=20,period=50",
-                "cpu_quota": "quota=25,period=100,phase=aligned", "global_timers": "4"}"#,
+                "cpu_quota": "quota=25,period=100,phase=aligned", "global_timers": "4",
+                "wake_placement": "cache-hot=1ms"}"#,
         )
         .unwrap();
         assert_eq!(cfg.halt_poll, Some(HaltPollMode::Adaptive));
+        assert_eq!(
+            cfg.wake_placement,
+            Some(WakePlacementMode::CacheHot {
+                max_sleep_ns: 1_000_000
+            })
+        );
         assert_eq!(cfg.idle_inject.map(|c| c.percent), Some(20));
         assert_eq!(cfg.cpus, 2);
         assert_eq!(cfg.memory, ByteSize::mib(128));
@@ -328,5 +335,12 @@ mod tests {
         ));
         cfg.irqchip = IrqchipMode::User;
         assert!(cfg.validate().is_ok());
+        cfg.idle_inject = None;
+        cfg.wake_placement = Some(WakePlacementMode::default());
+        cfg.irqchip = IrqchipMode::Kernel;
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::NeedsUserIrqchip("--wake-placement"))
+        ));
     }
 }

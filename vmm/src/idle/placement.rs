@@ -15,8 +15,8 @@
 //!
 //! The binding is a CPU affinity, so it holds the vCPU, not the CPU: another host task may
 //! run on `c` while the vCPU sleeps, and the vCPU's wake-up then waits for it or preempts it
-//! instead of taking an idle CPU. That is the cost `lull bench`-style measurement must weigh
-//! (docs/PERFORMANCE.md, "Wake placement"): the give-up rule bounds it by backing off as soon
+//! instead of taking an idle CPU. That is the cost `resources/bench/placement.sh` weighs
+//! (docs/PERFORMANCE.md, "Wake placement"); the give-up rule bounds it by backing off as soon
 //! as a bound wake-up comes late. A binding lasts one sleep (bound before the block, released
 //! after the wake-up), so a vCPU never runs guest code bound.
 //!

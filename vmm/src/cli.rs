@@ -114,9 +114,9 @@ pub struct RunArgs {
     /// sleeps never bind, and a bound wake-up that comes late (its CPU was busy) stops the
     /// binding for 100ms. `off`: the host scheduler places every wake-up. Default: off,
     /// because on the 2-core hosts it was measured on, Linux already woke 99.5% of 1ms
-    /// sleepers on their previous CPU: binding halved the rest, gained no wake-up latency
-    /// (p50), and its two syscalls per sleep cost more than the cache refill it saves
-    /// (docs/PERFORMANCE.md, "Wake placement").
+    /// sleepers on their previous CPU: binding cut the rest by a third to a half, gained no
+    /// wake-up latency (p50), and its two syscalls per sleep cost more than the cache refill
+    /// it saves (docs/PERFORMANCE.md, "Wake placement").
     #[arg(long, value_name = "off|cache-hot[=MAX]")]
     pub wake_placement: Option<WakePlacementMode>,
 

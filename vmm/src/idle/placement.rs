@@ -32,11 +32,11 @@
 //! and release cost ~4.6 us of syscalls; a wake-up on the other CPU costs the thread
 //! 1.6-3.7 us of cache refill (256 KiB-1 MiB working set, shared L3,
 //! `resources/bench/migration_cost.c`); and with placement off Linux already wakes 99.5% of
-//! these sleepers on the CPU they slept on (it prefers an idle previous CPU). Binding halved
-//! the remaining migrations when no other task competed (and raised them when one did),
+//! these sleepers on the CPU they slept on (it prefers an idle previous CPU). Binding cut the
+//! remaining migrations by a third to a half when no other task competed (not when one did),
 //! left the wake-up lateness p50 unchanged, and moved a competing host task's throughput by
-//! less than the shared host's noise; it saves ~0.01 us of refill per wake-up for ~1-2.5 us of
-//! syscalls, so the default is `off`.
+//! less than the shared host's noise; it saves ~0.01 us of refill per wake-up for ~0.7-2.5 us
+//! of syscalls, so the default is `off`.
 
 use std::fmt;
 use std::str::FromStr;

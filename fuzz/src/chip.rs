@@ -93,6 +93,7 @@ impl FakeChip {
             tsc_khz: spec.tsc_khz,
             halt_poll: HaltPollMode::Off,
             timer_advance: vmm::idle::advance::TimerAdvanceMode::Off,
+            wake_placement: vmm::idle::placement::WakePlacementMode::Off,
             idle_inject: None,
             cpu_quota: None,
             global_timers: None,

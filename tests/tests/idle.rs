@@ -268,6 +268,38 @@ fn pv_deadline_arms_every_timer_without_a_wrmsr() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `--wake-placement cache-hot` on `idle-sim`'s 1 ms sleepers: blocks bind their thread to
+/// its host CPU (when the host gives lull more than one), no bound wake-up comes on another
+/// CPU, and the mode is reported; `off` never binds. No timing is asserted.
+fn wake_placement_binds_short_sleepers() -> Result<(), Failed> {
+    let args = |mode: &'static str| {
+        [
+            "--cpus",
+            "2",
+            "--wake-placement",
+            mode,
+            "--cmdline",
+            "duration_ms=1500 ipi_pct=0 mix=100:1",
+        ]
+    };
+    let host_cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let m = run_with_metrics("idle-sim", &args("cache-hot"), "idle-sim: PASS")?;
+    let (binds, blocks) = (sum(&m, "placement/binds"), sum(&m, "blocks"));
+    let moved = sum(&m, "placement/bound_migrations");
+    let engaged = if host_cpus > 1 { binds > 0 } else { binds == 0 };
+    if m["wake_placement"] != "cache-hot" || !engaged || binds > blocks || moved != 0 {
+        return Err(format!(
+            "cache-hot on {host_cpus} host CPUs: {binds} binds of {blocks} blocks, {moved} bound wake-ups moved: {m}"
+        )
+        .into());
+    }
+    let m = run_with_metrics("idle-sim", &args("off"), "idle-sim: PASS")?;
+    if sum(&m, "placement/binds") != 0 || m["wake_placement"] != "off" || sum(&m, "blocks") == 0 {
+        return Err(format!("--wake-placement off must never bind: {m}").into());
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -295,6 +327,10 @@ fn main() {
         kvm_trial(
             "pv_deadline_arms_every_timer_without_a_wrmsr",
             pv_deadline_arms_every_timer_without_a_wrmsr,
+        ),
+        kvm_trial(
+            "wake_placement_binds_short_sleepers",
+            wake_placement_binds_short_sleepers,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();

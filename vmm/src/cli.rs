@@ -9,6 +9,7 @@ use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::IdleInjectConfig;
+use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
@@ -107,6 +108,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
     pub timer_advance: Option<TimerAdvanceMode>,
 
+    /// Timer-aware wake placement with `--irqchip user`. `cache-hot`: a vCPU that blocks
+    /// for a short sleep (its next own deadline at most MAX away, default 2ms) is bound to
+    /// the host CPU it blocked on until it wakes, so it wakes where its caches are warm; long
+    /// sleeps never bind, and a bound wake-up that comes late (its CPU was busy) stops the
+    /// binding for 100ms. `off`: the host scheduler places every wake-up. Default: off,
+    /// because on the 2-core hosts it was measured on, Linux already woke 99.5% of 1ms
+    /// sleepers on their previous CPU: binding cut the rest by a third to a half, gained no
+    /// wake-up latency (p50), and its two syscalls per sleep cost more than the cache refill
+    /// it saves (docs/PERFORMANCE.md, "Wake placement").
+    #[arg(long, value_name = "off|cache-hot[=MAX]")]
+    pub wake_placement: Option<WakePlacementMode>,
+
     /// Synchronized idle injection with `--irqchip user`: the first PERCENT of every period
     /// (ms) holds all vCPUs idle together; interrupts and timers in the window wait for its
     /// end. Example: percent=25,period=100.
@@ -164,9 +177,8 @@ pub struct RunArgs {
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
-    /// idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi, pv_deadline,
-    /// x2apic);
-    /// flags win.
+    /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
+    /// pv_deadline, x2apic); flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -198,6 +210,7 @@ impl RunArgs {
             timer_model,
             halt_poll,
             timer_advance,
+            wake_placement,
             idle_inject,
             cpu_quota,
             global_timers,
@@ -221,6 +234,7 @@ impl RunArgs {
             timer_model.is_some(),
             halt_poll.is_some(),
             timer_advance.is_some(),
+            wake_placement.is_some(),
             idle_inject.is_some(),
             cpu_quota.is_some(),
             global_timers.is_some(),
@@ -267,6 +281,9 @@ impl RunArgs {
         }
         if let Some(v) = self.timer_advance {
             cfg.timer_advance = Some(v);
+        }
+        if let Some(v) = self.wake_placement {
+            cfg.wake_placement = Some(v);
         }
         if let Some(v) = self.idle_inject {
             cfg.idle_inject = Some(v);

@@ -12,6 +12,7 @@ use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::IdleInjectConfig;
+use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
@@ -161,6 +162,8 @@ pub struct VmConfig {
     pub halt_poll: Option<HaltPollMode>,
     /// Timer advance (user irqchip; `None`: adaptive).
     pub timer_advance: Option<TimerAdvanceMode>,
+    /// Wake placement (user irqchip; `None`: off).
+    pub wake_placement: Option<WakePlacementMode>,
     /// Synchronized idle injection (user irqchip).
     pub idle_inject: Option<IdleInjectConfig>,
     /// Per-VM CPU quota (user irqchip).
@@ -193,6 +196,7 @@ impl Default for VmConfig {
             timer_model: TimerModelKind::Pull,
             halt_poll: None,
             timer_advance: None,
+            wake_placement: None,
             idle_inject: None,
             cpu_quota: None,
             global_timers: None,
@@ -260,6 +264,7 @@ impl VmConfig {
         if self.irqchip == IrqchipMode::Kernel {
             let knobs = [
                 (self.halt_poll.is_some(), "--halt-poll"),
+                (self.wake_placement.is_some(), "--wake-placement"),
                 (self.idle_inject.is_some(), "--idle-inject"),
                 (self.cpu_quota.is_some(), "--cpu-quota"),
                 (self.global_timers.is_some(), "--global-timers"),
@@ -290,10 +295,17 @@ mod tests {
         let cfg: VmConfig = serde_json::from_str(
             r#"{"cpus": 2, "memory": "128M", "serial": "off", "irqchip": "user",
                 "halt_poll": "adaptive", "idle_inject": "percent=20,period=50",
-                "cpu_quota": "quota=25,period=100,phase=aligned", "global_timers": "4"}"#,
+                "cpu_quota": "quota=25,period=100,phase=aligned", "global_timers": "4",
+                "wake_placement": "cache-hot=1ms"}"#,
         )
         .unwrap();
         assert_eq!(cfg.halt_poll, Some(HaltPollMode::Adaptive));
+        assert_eq!(
+            cfg.wake_placement,
+            Some(WakePlacementMode::CacheHot {
+                max_sleep_ns: 1_000_000
+            })
+        );
         assert_eq!(cfg.idle_inject.map(|c| c.percent), Some(20));
         assert_eq!(cfg.cpus, 2);
         assert_eq!(cfg.memory, ByteSize::mib(128));
@@ -323,5 +335,12 @@ mod tests {
         ));
         cfg.irqchip = IrqchipMode::User;
         assert!(cfg.validate().is_ok());
+        cfg.idle_inject = None;
+        cfg.wake_placement = Some(WakePlacementMode::default());
+        cfg.irqchip = IrqchipMode::Kernel;
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::NeedsUserIrqchip("--wake-placement"))
+        ));
     }
 }

@@ -47,6 +47,23 @@ pub struct VcpuCounters {
     pub wake_global_timer: AtomicU64,
     /// Global timers (of any vCPU) this vCPU's thread expired.
     pub global_timer_fires: AtomicU64,
+    /// Wake-ups from a block on another host CPU than the block began on.
+    pub wake_migrations: AtomicU64,
+    /// Blocks for which wake placement bound the thread to its host CPU.
+    pub placement_binds: AtomicU64,
+    /// Bound wake-ups that still came on another host CPU (the host ignored the binding).
+    pub placement_bound_migrations: AtomicU64,
+    /// Times a late bound wake-up made wake placement back off.
+    pub placement_backoffs: AtomicU64,
+    /// Own-timer wake-ups of a bound thread, and their summed lateness behind the expected
+    /// wake-up (ns).
+    pub placement_bound_wakes: AtomicU64,
+    /// See `placement_bound_wakes`.
+    pub placement_bound_late_ns: AtomicU64,
+    /// Own-timer wake-ups of an unbound thread (either mode), and their summed lateness (ns).
+    pub placement_free_wakes: AtomicU64,
+    /// See `placement_free_wakes`.
+    pub placement_free_late_ns: AtomicU64,
     /// Halt polls started.
     pub polls: AtomicU64,
     /// Halt polls that saw the wake-up.
@@ -127,6 +144,11 @@ pub struct VcpuSnapshot {
     pub advance_wait_ns: u64,
     /// Global timers this vCPU's thread expired (its own and, as a migrator, others').
     pub global_timer_fires: u64,
+    /// Wake-ups on another host CPU than their block began on (user irqchip).
+    pub wake_migrations: u64,
+    /// Wake placement: blocks bound to their host CPU, bound wake-ups that moved anyway, and
+    /// back-offs after a late bound wake-up.
+    pub placement: PlacementSnapshot,
     /// Halt polls started.
     pub polls: u64,
     /// Halt polls that saw the wake-up.
@@ -141,6 +163,25 @@ pub struct VcpuSnapshot {
     pub throttled_ns: u64,
     /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
     pub lateness_us_log2: Vec<u64>,
+}
+
+/// Wake placement's counters of one vCPU.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PlacementSnapshot {
+    /// Blocks for which the thread was bound to its host CPU.
+    pub binds: u64,
+    /// Bound wake-ups that came on another CPU anyway.
+    pub bound_migrations: u64,
+    /// Back-offs after a late bound wake-up.
+    pub backoffs: u64,
+    /// Own-timer wake-ups while bound.
+    pub bound_wakes: u64,
+    /// Their summed lateness behind the expected wake-up, ns.
+    pub bound_late_ns: u64,
+    /// Own-timer wake-ups while not bound (either mode).
+    pub free_wakes: u64,
+    /// Their summed lateness, ns.
+    pub free_late_ns: u64,
 }
 
 /// Wake-ups of a blocked vCPU by cause.
@@ -188,6 +229,16 @@ impl VcpuCounters {
             timer_advance_ns: g(&self.timer_advance_ns),
             advance_wait_ns: g(&self.advance_wait_ns),
             global_timer_fires: g(&self.global_timer_fires),
+            wake_migrations: g(&self.wake_migrations),
+            placement: PlacementSnapshot {
+                binds: g(&self.placement_binds),
+                bound_migrations: g(&self.placement_bound_migrations),
+                backoffs: g(&self.placement_backoffs),
+                bound_wakes: g(&self.placement_bound_wakes),
+                bound_late_ns: g(&self.placement_bound_late_ns),
+                free_wakes: g(&self.placement_free_wakes),
+                free_late_ns: g(&self.placement_free_late_ns),
+            },
             polls: g(&self.polls),
             polls_won: g(&self.polls_won),
             polls_lost: g(&self.polls).saturating_sub(g(&self.polls_won)),
@@ -283,6 +334,8 @@ pub struct RunReport {
     pub halt_poll: Option<String>,
     /// Timer advance mode (user irqchip).
     pub timer_advance: Option<String>,
+    /// Wake placement mode (user irqchip).
+    pub wake_placement: Option<String>,
     /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.
     pub idle_inject: Option<IdleInjectReport>,
     /// CPU quota (user irqchip).

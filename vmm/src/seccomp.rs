@@ -16,7 +16,8 @@
 //! (`O_RDONLY|O_CLOEXEC`: its `/proc/thread-self` statistics at exit), and program timerfds and
 //! POSIX timers (host ticks; the `central` model's alarm is armed by whichever thread arms a
 //! guest timer). Beyond that:
-//! - **vCPU**: `ioctl` with KVM's ioctl type (0xAE) only;
+//! - **vCPU**: `ioctl` with KVM's ioctl type (0xAE) only; `getcpu`, and its own CPU affinity
+//!   (`sched_{get,set}affinity` of pid 0: wake placement);
 //! - **timers**: nothing more;
 //! - **VMM**: epoll, directory reads (`/proc/self/task` at exit),
 //!   creating the `--metrics` file (`O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC`), the terminal's
@@ -191,6 +192,12 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
             map.insert(libc::SYS_ioctl, vec![rule(vec![kvm])?]);
             // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
             map.insert(libc::SYS_ppoll, Vec::new());
+            // Wake placement: the thread's own host CPU (getcpu, when glibc has no rseq area
+            // or vDSO to answer from) and its own CPU affinity (pid 0: itself, no other).
+            map.insert(libc::SYS_getcpu, Vec::new());
+            for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
+                map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
+            }
         }
         ThreadKind::Timers => {}
         ThreadKind::Vmm => {

@@ -13,6 +13,7 @@
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
+//! - [`placement`]: timer-aware wake placement (bind a short sleeper to its host CPU).
 //!
 //! Each knob has a textual form shared by the command line and the JSON config.
 
@@ -21,6 +22,7 @@ pub mod core;
 pub mod global_load;
 pub mod halt_poll;
 pub mod inject;
+pub mod placement;
 pub mod quota;
 pub mod vcpu_timer;
 
@@ -42,6 +44,8 @@ pub struct IdleShared {
     pub quota: Option<CpuQuota>,
     /// Global-timer load, if enabled.
     pub global: Option<GlobalLoad>,
+    /// Wake placement of every vCPU.
+    pub wake_placement: placement::WakePlacementMode,
 }
 
 /// A knob's value does not parse.

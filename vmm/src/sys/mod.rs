@@ -12,7 +12,9 @@
 //! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
+//! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).
 
+pub mod affinity;
 pub mod clock;
 pub mod kick;
 pub mod kvm;

@@ -8,7 +8,7 @@ use crate::seccomp::*;
 #[derive(Debug, Clone, Copy)]
 enum Probe {
     /// Only allowed calls: getpid, a read-only open of /proc, a KVM-type ioctl (fails, is
-    /// allowed), exit 0.
+    /// allowed), for a vCPU its own CPU affinity read and set and getcpu, exit 0.
     Allowed,
     /// socket(2): forbidden for every thread.
     Socket,
@@ -20,6 +20,8 @@ enum Probe {
     TerminalIoctl,
     /// kill(2) of another process (init): forbidden (tgkill only, and only to lull).
     SignalOtherProcess,
+    /// sched_setaffinity of another task (init): forbidden (a vCPU sets its own only).
+    AffinityOfOtherTask,
 }
 
 /// How the child ended.
@@ -34,6 +36,9 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
     let path = c"/proc/self/status";
     let bin = c"/bin/true";
     let argv = [bin.as_ptr(), std::ptr::null()];
+    // Out buffers of the affinity and getcpu probes, made before the fork.
+    let mut cpu_set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
+    let mut cpu = std::mem::MaybeUninit::<libc::c_uint>::zeroed();
     // SAFETY: the child only makes raw system calls on data prepared before the fork (no
     // allocation, no locks) and leaves with _exit; the parent only waits for it.
     let pid = unsafe { libc::fork() };
@@ -44,7 +49,9 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
             unsafe { libc::_exit(100) };
         }
         // SAFETY: plain system calls with valid arguments (a NUL-terminated path, a null-ended
-        // argv, invalid descriptors where the call is meant to fail); the child then exits.
+        // argv, invalid descriptors where the call is meant to fail, out buffers of the sizes
+        // passed; the other task's affinity probe passes an empty set, which the kernel would
+        // refuse); the child then exits.
         unsafe {
             match probe {
                 Probe::Allowed => {
@@ -56,6 +63,14 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
                     libc::close(fd);
                     if kind == ThreadKind::Vcpu {
                         libc::ioctl(-1, 0xAE80); // KVM_RUN on no fd: EBADF, but allowed
+                        let size = std::mem::size_of::<libc::cpu_set_t>();
+                        let set: *mut libc::cpu_set_t = cpu_set.as_mut_ptr();
+                        if libc::syscall(libc::SYS_sched_getaffinity, 0, size, set) < 0
+                            || libc::syscall(libc::SYS_sched_setaffinity, 0, size, set) != 0
+                            || libc::syscall(libc::SYS_getcpu, cpu.as_mut_ptr(), 0, 0) != 0
+                        {
+                            libc::_exit(103);
+                        }
                     }
                 }
                 Probe::Socket => {
@@ -73,6 +88,11 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
                 }
                 Probe::SignalOtherProcess => {
                     libc::kill(1, 0);
+                }
+                Probe::AffinityOfOtherTask => {
+                    let size = std::mem::size_of::<libc::cpu_set_t>();
+                    let set: *mut libc::cpu_set_t = cpu_set.as_mut_ptr();
+                    libc::syscall(libc::SYS_sched_setaffinity, 1, size, set);
                 }
             }
             libc::_exit(0);
@@ -108,6 +128,8 @@ fn a_forbidden_syscall_kills_the_process() {
         (ThreadKind::Vcpu, Probe::OpenForWriting),
         (ThreadKind::Vcpu, Probe::TerminalIoctl),
         (ThreadKind::Vcpu, Probe::SignalOtherProcess),
+        (ThreadKind::Vcpu, Probe::AffinityOfOtherTask),
+        (ThreadKind::Timers, Probe::AffinityOfOtherTask),
         (ThreadKind::Timers, Probe::Socket),
         (ThreadKind::Vmm, Probe::Socket),
         (ThreadKind::Vmm, Probe::Exec),

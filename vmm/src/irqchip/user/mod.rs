@@ -19,12 +19,13 @@
 //! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
 //! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
 //! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks; [`wait`]: how a
-//!   blocked vCPU waits.
+//!   blocked vCPU waits; [`placement`]: where it wakes.
 
 pub mod cr8;
 pub mod exit;
 pub mod host_timer;
 pub mod mailbox;
+pub mod placement;
 pub mod pv_deadline;
 pub mod pv_eoi;
 pub mod pv_msr;
@@ -49,6 +50,7 @@ use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
+use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
@@ -74,6 +76,8 @@ pub struct UserChipConfig {
     pub halt_poll: HaltPollMode,
     /// Timer advance.
     pub timer_advance: TimerAdvanceMode,
+    /// Wake placement.
+    pub wake_placement: WakePlacementMode,
     /// Synchronized idle injection.
     pub idle_inject: Option<IdleInjectConfig>,
     /// Per-VM CPU quota.
@@ -246,6 +250,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
                 .cpu_quota
                 .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
             global: cfg.global_timers.map(GlobalLoad::new),
+            wake_placement: cfg.wake_placement,
         });
         let parts = lapics
             .into_iter()
@@ -411,6 +416,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         report.timers = Some(self.model.metrics());
         report.halt_poll = Some(self.idle.halt_poll.to_string());
         report.timer_advance = Some(self.idle.timer_advance.to_string());
+        report.wake_placement = Some(self.idle.wake_placement.to_string());
         report.idle_inject = self.idle.inject.as_ref().map(|inj| IdleInjectReport {
             config: inj.config().to_string(),
             all_idle_together_ns: inj.all_idle_together_ns(now),

@@ -22,6 +22,7 @@ use vm_memory::GuestMemoryMmap;
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::host_timer::SharedTimerFd;
+use super::placement::VcpuPlacement;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
 use super::pv_msr::PvMsrs;
@@ -109,6 +110,8 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     pv_deadline: Option<PvDeadline>,
     /// What it blocks on.
     wait: VcpuWait,
+    /// Where it wakes.
+    placement: VcpuPlacement,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
     tpr_poll: TprPoll,
     /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
@@ -126,6 +129,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         Some(Self {
             id: parts.id,
             core: IdleCore::new(&parts.idle, cpus),
+            placement: VcpuPlacement::new(parts.idle.wake_placement),
             lapic: parts.lapic,
             timers: parts.timers,
             lapic_timer: None,
@@ -406,8 +410,13 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         if let Some(inj) = &idle.inject {
             inj.enter_blocked(self.clock.now());
         }
+        // Its own next wake-up: the LAPIC timer's host timer, if armed.
+        let wake_at = self.lapic_timer.and(self.lapic_armed_at);
+        let now = self.clock.now();
+        self.placement.before_block(now, wake_at, &self.counters);
         self.block_until(None, true);
         let now = self.clock.now();
+        self.placement.after_wake(now, wake_at, &self.counters);
         if let Some(inj) = &idle.inject {
             inj.leave_blocked(now);
         }
@@ -444,6 +453,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
 impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     fn attach(&mut self, cpu: &mut dyn CpuPort) {
         self.wait.mailbox.bind_current_thread();
+        self.placement.attach();
         cpu.register_kick();
     }
 

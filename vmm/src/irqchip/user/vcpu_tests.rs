@@ -65,6 +65,7 @@ impl Rig {
             inject: None,
             quota: None,
             global: None,
+            wake_placement: crate::idle::placement::WakePlacementMode::Off,
         });
         let shared =
             Arc::new(VmShared::new(PioBus::new(), 1, std::time::Instant::now(), vec![]).unwrap());

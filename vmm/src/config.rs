@@ -424,8 +424,10 @@ mod tests {
             serde_json::from_str(r#"{"disks": ["path=/a", "path=/b,readonly=on"]}"#).unwrap();
         assert_eq!(cfg.disks.len(), 2);
         assert!(cfg.disks[1].readonly);
-        let mut many = VmConfig::default();
-        many.disks = vec![cfg.disks[0].clone(); MAX_DISKS + 1];
+        let many = VmConfig {
+            disks: vec![cfg.disks[0].clone(); MAX_DISKS + 1],
+            ..VmConfig::default()
+        };
         assert!(matches!(many.validate(), Err(ConfigError::TooManyDisks(_))));
     }
 

@@ -353,48 +353,45 @@ mod tests {
         assert!(parse(&["lull", "run", "--seccomp", "off"]).describes_vm());
     }
 
-    #[test]
-    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
-        let dir = std::env::temp_dir().join(format!("lull-cli-x2apic-{}", std::process::id()));
+    /// The configuration of `lull run --config FILE EXTRA...` where FILE holds `json`.
+    fn config_with(name: &str, json: &str, extra: &[&str]) -> VmConfig {
+        let dir = std::env::temp_dir().join(format!("lull-cli-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("vm.json");
-        std::fs::write(&file, r#"{"x2apic": "off"}"#).unwrap();
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
-            argv.extend_from_slice(extra);
-            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
-                panic!("expected the run subcommand");
-            };
-            args.to_config().unwrap().x2apic
+        std::fs::write(&file, json).unwrap();
+        let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("expected the run subcommand");
         };
+        let cfg = args.to_config().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        cfg
+    }
+
+    #[test]
+    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
+        let parse = |extra: &[&str]| config_with("x2apic", r#"{"x2apic": "off"}"#, extra).x2apic;
         assert_eq!(parse(&[]), Switch::Off);
         assert_eq!(parse(&["--x2apic", "on"]), Switch::On);
         assert_eq!(VmConfig::default().x2apic, Switch::On);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn disks_repeat_and_replace_the_config_files() {
-        let dir = std::env::temp_dir().join(format!("lull-cli-disks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("vm.json");
-        std::fs::write(&file, r#"{"disks": ["path=/from/file"]}"#).unwrap();
-        let config = |extra: &[&str]| {
-            let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
-            argv.extend_from_slice(extra);
-            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
-                panic!("expected the run subcommand");
-            };
-            args.to_config().unwrap().disks
-        };
-        assert_eq!(config(&[]).len(), 1);
-        let flags = config(&["--disk", "path=/a", "--disk", "path=/b,readonly=on"]);
+        let json = r#"{"disks": ["path=/from/file"]}"#;
+        assert_eq!(config_with("disks", json, &[]).disks.len(), 1);
+        let flags = config_with(
+            "disks",
+            json,
+            &["--disk", "path=/a", "--disk", "path=/b,readonly=on"],
+        )
+        .disks;
         assert_eq!(
             flags.iter().map(ToString::to_string).collect::<Vec<_>>(),
             ["path=/a", "path=/b,readonly=on"]
         );
         assert!(Cli::try_parse_from(["lull", "run", "--disk", "/a"]).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -202,19 +202,7 @@ impl fmt::Display for DiskConfig {
     }
 }
 
-impl Serialize for DiskConfig {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for DiskConfig {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
+crate::string_serde!(DiskConfig);
 
 /// Everything lull needs to build and run one VM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -19,7 +19,7 @@
 //! moves through one bounce buffer of [`CHUNK`] bytes, so a request's size never decides how
 //! much host memory lull allocates.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::ops::Deref;
 
 use virtio_bindings::virtio_blk::{
@@ -31,6 +31,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
+use vm_memory::bitmap::BitmapSlice;
 use vm_memory::GuestMemory;
 
 use super::disk::{Disk, SECTOR_SIZE};
@@ -142,8 +143,8 @@ impl<D: Disk> Block<D> {
     /// Returns the status.
     fn execute<B, W>(&mut self, mut reader: Reader<'_, B>, data: &mut Writer<'_, W>) -> u32
     where
-        B: vm_memory::bitmap::BitmapSlice,
-        W: vm_memory::bitmap::BitmapSlice,
+        B: BitmapSlice,
+        W: BitmapSlice,
     {
         let mut header = [0u8; HEADER_BYTES];
         if reader.read_exact(&mut header).is_err() {
@@ -185,44 +186,46 @@ impl<D: Disk> Block<D> {
         (len % SECTOR_SIZE == 0 && end <= self.disk.size()).then_some(start)
     }
 
-    fn read<W: vm_memory::bitmap::BitmapSlice>(
+    /// Moves the `len` bytes at `sector` through the bounce buffer, [`CHUNK`] at a time:
+    /// `step` gets the disk, the chunk's byte offset on it and the chunk. Returns the status.
+    fn transfer(
         &mut self,
         sector: u64,
-        data: &mut Writer<'_, W>,
+        len: usize,
+        mut step: impl FnMut(&mut D, u64, &mut [u8]) -> io::Result<()>,
     ) -> u32 {
-        let Some(mut offset) = self.range(sector, data.available_bytes()) else {
+        let Some(start) = self.range(sector, len) else {
             return VIRTIO_BLK_S_IOERR;
         };
-        while data.available_bytes() > 0 {
-            let n = data.available_bytes().min(CHUNK);
-            let buf = &mut self.bounce[..n];
-            if self.disk.read_at(offset, buf).is_err() || data.write_all(buf).is_err() {
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK);
+            if step(&mut self.disk, start + done as u64, &mut self.bounce[..n]).is_err() {
                 return VIRTIO_BLK_S_IOERR;
             }
-            offset += n as u64;
+            done += n;
         }
-        self.stats.reads += 1;
         VIRTIO_BLK_S_OK
     }
 
-    fn write<B: vm_memory::bitmap::BitmapSlice>(
-        &mut self,
-        sector: u64,
-        data: &mut Reader<'_, B>,
-    ) -> u32 {
-        let Some(mut offset) = self.range(sector, data.available_bytes()) else {
-            return VIRTIO_BLK_S_IOERR;
-        };
-        while data.available_bytes() > 0 {
-            let n = data.available_bytes().min(CHUNK);
-            let buf = &mut self.bounce[..n];
-            if data.read_exact(buf).is_err() || self.disk.write_at(offset, buf).is_err() {
-                return VIRTIO_BLK_S_IOERR;
-            }
-            offset += n as u64;
-        }
-        self.stats.writes += 1;
-        VIRTIO_BLK_S_OK
+    /// IN: the disk's sectors into the driver's writable buffers.
+    fn read<W: BitmapSlice>(&mut self, sector: u64, data: &mut Writer<'_, W>) -> u32 {
+        let code = self.transfer(sector, data.available_bytes(), |disk, offset, buf| {
+            disk.read_at(offset, buf)?;
+            data.write_all(buf)
+        });
+        self.stats.reads += u64::from(code == VIRTIO_BLK_S_OK);
+        code
+    }
+
+    /// OUT: the driver's readable buffers onto the disk.
+    fn write<B: BitmapSlice>(&mut self, sector: u64, data: &mut Reader<'_, B>) -> u32 {
+        let code = self.transfer(sector, data.available_bytes(), |disk, offset, buf| {
+            data.read_exact(buf)?;
+            disk.write_at(offset, buf)
+        });
+        self.stats.writes += u64::from(code == VIRTIO_BLK_S_OK);
+        code
     }
 }
 

@@ -161,7 +161,7 @@ pub struct RunArgs {
     /// writes fail. The guest finds disk n's virtio-mmio registers at 0xd0000000 + n * 4K on
     /// IOAPIC line 5, 6, 7, 9, 10, 11, 14, 15; a Linux (or PVH) guest is told on its command
     /// line (`virtio_mmio.device=4K@0xd0000000:5`). Requests run on the vCPU that notified;
-    /// FLUSH is an fsync, and lull syncs every disk when the VM stops (also on SIGTERM).
+    /// FLUSH is an fdatasync, and lull syncs every disk when the VM stops (also on SIGTERM).
     #[arg(long = "disk", value_name = "path=FILE[,readonly=on]")]
     pub disks: Vec<DiskConfig>,
 

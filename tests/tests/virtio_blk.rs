@@ -4,7 +4,9 @@
 //! the guest sits halted right after writes it never flushed.
 //!
 //! The kit's Linux (its own virtio-mmio and virtio-blk drivers) mounts an ext4 root from a
-//! `--disk` and writes its superblock, which the host reads back.
+//! `--disk` and writes its superblock, which the host reads back - where the kit's kernel has
+//! the drivers (resources/linux/README.md, "Disks": not yet); otherwise that test is reported
+//! as ignored with the reason.
 //!
 //! Tests that boot need `/dev/kvm`; where it is missing they are reported as ignored with the
 //! reason, never as passed. The bad-`--disk` tests need no KVM (lull refuses before it).
@@ -16,8 +18,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use lull_tests::{
-    kit_file, kvm_trial, linux_cmdline, lull_bin, run_lull, temp_path, Arguments, Failed,
-    RunResult, Trial,
+    kit_dir, kit_file, kvm_trial, kvm_unavailable, linux_cmdline, lull_bin, run_lull, temp_path,
+    Arguments, Completion, Failed, RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -82,23 +84,29 @@ fn disk_arg(path: &Path, readonly: bool) -> String {
     format!("path={}{ro}", path.display())
 }
 
+/// `lull run --irqchip IRQCHIP --kernel KERNEL EXTRA...` until it exits or `deadline`.
+fn run_guest(
+    irqchip: &str,
+    kernel: &Path,
+    extra: &[&str],
+    deadline: Duration,
+) -> Result<RunResult, Failed> {
+    let kernel = kernel.display().to_string();
+    let mut args = vec!["run", "--irqchip", irqchip, "--kernel", &kernel];
+    args.extend_from_slice(extra);
+    run_lull(&args, deadline)
+}
+
 /// The guest's checks on a writable and a read-only disk; then the images from the host.
 fn guest_passes(irqchip: &'static str) -> Result<(), Failed> {
     let kernel = kit_file("guests/virtio-blk.elf")?;
     let rw = image(&format!("rw-{irqchip}.img"), SECTORS * 512, 0)?;
     let ro = image(&format!("ro-{irqchip}.img"), 64 << 10, RO_FILL)?;
-    let r = run_lull(
-        &[
-            "run",
-            "--irqchip",
-            irqchip,
-            "--kernel",
-            &kernel.display().to_string(),
-            "--disk",
-            &disk_arg(&rw, false),
-            "--disk",
-            &disk_arg(&ro, true),
-        ],
+    let disks = [disk_arg(&rw, false), disk_arg(&ro, true)];
+    let r = run_guest(
+        irqchip,
+        &kernel,
+        &["--disk", &disks[0], "--disk", &disks[1]],
         DEADLINE,
     )?;
     let result = (|| {
@@ -184,6 +192,14 @@ fn mount_count(image: &Path) -> Result<u16, Failed> {
     Ok(u16::from_le_bytes([bytes[0], bytes[1]]))
 }
 
+/// Why the kit's Linux cannot take a root disk, if it cannot: its kernel has no virtio-blk.
+fn linux_without_disks() -> Option<String> {
+    let config = std::fs::read_to_string(kit_dir().join("linux/config")).ok()?;
+    (!config.lines().any(|l| l == "CONFIG_VIRTIO_BLK=y")).then(|| {
+        "the kit's Linux is built without virtio-blk (resources/linux/README.md, Disks)".into()
+    })
+}
+
 /// The kit's Linux mounts an ext4 root from virtio-blk: its driver finds the device on the
 /// command line lull extends, reads the capacity, mounts `/dev/vda` read-write (writing the
 /// superblock), and, finding no init there, panics into the reset that ends lull with 0.
@@ -203,20 +219,9 @@ fn linux_mounts_an_ext4_root(irqchip: &'static str) -> Result<(), Failed> {
     let result = (|| {
         let before = mount_count(&root)?;
         let cmdline = linux_cmdline("root=/dev/vda rw")?;
-        let r = run_lull(
-            &[
-                "run",
-                "--irqchip",
-                irqchip,
-                "--kernel",
-                &kernel.display().to_string(),
-                "--cmdline",
-                &cmdline,
-                "--disk",
-                &disk_arg(&root, false),
-            ],
-            LINUX_DEADLINE,
-        )?;
+        let disk = disk_arg(&root, false);
+        let extra = ["--cmdline", &cmdline, "--disk", &disk];
+        let r = run_guest(irqchip, &kernel, &extra, LINUX_DEADLINE)?;
         r.expect_stdout("virtio_blk virtio0: [vda] 65536 512-byte logical blocks")?;
         r.expect_stdout("VFS: Mounted root (ext4 filesystem)")?;
         r.expect_code(0)?;
@@ -275,8 +280,12 @@ fn main() {
         ));
     }
     // One Linux boot (~30 s of a core here): lull's own irqchip; the guest tests cover both.
-    trials.push(kvm_trial("linux_mounts_an_ext4_root_user", || {
-        linux_mounts_an_ext4_root("user")
-    }));
+    trials.push(Trial::ignorable_test(
+        "linux_mounts_an_ext4_root_user",
+        || match kvm_unavailable().or_else(linux_without_disks) {
+            Some(reason) => Ok(Completion::ignored_with(reason)),
+            None => linux_mounts_an_ext4_root("user").map(|()| Completion::Completed),
+        },
+    ));
     libtest_mimic::run(&args, trials).exit();
 }

@@ -86,7 +86,7 @@ clean-kit:
 # smoke of each. A crash stops the run and leaves its input in fuzz/artifacts/<target>/.
 FUZZ_TIME       ?= 600
 FUZZ_SMOKE_TIME ?= 20
-FUZZ_TARGETS    ?= lapic ioapic serial timer loader cli api
+FUZZ_TARGETS    ?= lapic ioapic serial timer loader cli api virtio_blk
 FUZZ_ENV        := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(CURDIR)/target/fuzz
 
 .PHONY: fuzz fuzz-smoke fuzz-tool

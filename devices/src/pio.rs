@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::sync::lock;
+
 /// Something a guest's port write asks of the whole machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MachineRequest {
@@ -130,13 +132,6 @@ impl PioBus {
             None => PioOutcome::Unclaimed,
         }
     }
-}
-
-/// Locks a device even if another thread panicked while holding it: device state stays usable.
-fn lock(device: &SharedPioDevice) -> std::sync::MutexGuard<'_, dyn PioDevice + 'static> {
-    device
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Ports that a guest touches and that lull deliberately accepts and ignores (PIT, port B,

@@ -10,6 +10,7 @@
 //! | `timer`  | `timer::model::PullModel` on 1-40 vCPUs through `timer::testing::Sim` | hierarchy snapshot invariants; no early, double or cancelled fire; remote fires only for idle CPUs; stale handles inert; every timer fires (no lost timer) |
 //! | `loader` | `vmm::boot::load` and the zero-page builder on arbitrary kernel bytes | no panic; a loaded image has a known format; refusals match `format_of`; command-line limits enforced; the zero page is one page |
 //! | `cli`    | `lull run` flags, the JSON config, sizes and serial modes | no panic; accepted configs validate; sizes and serial modes round-trip |
+//! | `virtio_blk` | `devices::virtio` (virtio-blk on a memory disk behind the virtio-mmio transport and its bus adapter) on a `GuestMemoryMmap`: register accesses, descriptor tables, rings and raw bytes from the input | no panic; the line is high iff InterruptStatus is not zero, and only changes level; FEATURES_OK only for an offered set with VERSION_1; the disk keeps its size, a read-only disk its contents; a notification serves at most the queue's size of chains |
 //! | `api`    | the management API's HTTP framing and routes (`vmm::api::http`, `routes`) on one request's bytes | no panic; refusals are 4xx/501 with a well-formed answer; a prefix parses to "need more" or the same request; reading in pieces equals parsing whole; a routed `vm.create` validates |
 //!
 //! `chip` builds the real irqchip the `lapic` and `serial` targets drive, so a bug in lull's
@@ -29,3 +30,4 @@ pub mod lapic;
 pub mod loader;
 pub mod serial;
 pub mod timer_model;
+pub mod virtio_blk;

@@ -193,6 +193,7 @@ impl<'a> Fuzz<'a> {
                 let ctx = ExitContext {
                     vcpu: 0,
                     pio: &self.shared.pio,
+                    mmio: &self.shared.mmio,
                     counters,
                     noise: &self.shared.noise,
                 };

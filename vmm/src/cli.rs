@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{ConfigError, IrqchipMode, SerialMode, Switch, TimerModelKind, VmConfig};
+use crate::config::{
+    ConfigError, DiskConfig, IrqchipMode, SerialMode, Switch, TimerModelKind, VmConfig,
+};
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::halt_poll::HaltPollMode;
@@ -18,7 +20,8 @@ Exit status:
   0        the guest reset or powered off the machine
   odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
   2        bad command line
-  4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket path
+  4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket
+           path, disk image
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
@@ -175,10 +178,20 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "on|off")]
     pub x2apic: Option<Switch>,
 
+    /// A virtio-blk disk backed by a raw image FILE (its size a non-zero multiple of 512
+    /// bytes), repeatable (at most 8). `readonly=on`: the guest sees a read-only disk and its
+    /// writes fail. The guest finds disk n's virtio-mmio registers at 0xd0000000 + n * 4K on
+    /// IOAPIC line 5, 6, 7, 9, 10, 11, 14, 15; a Linux (or PVH) guest is told on its command
+    /// line (`virtio_mmio.device=4K@0xd0000000:5`). Requests run on the vCPU that notified;
+    /// FLUSH is an fdatasync, and lull syncs every disk when the VM stops (also on SIGTERM).
+    #[arg(long = "disk", value_name = "path=FILE[,readonly=on]")]
+    pub disks: Vec<DiskConfig>,
+
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
     /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
-    /// pv_deadline, x2apic); flags win.
+    /// pv_deadline, x2apic, and disks: a list of `--disk` values); flags win (`--disk`
+    /// replaces the file's list).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -220,6 +233,7 @@ impl RunArgs {
             pv_eoi,
             pv_deadline,
             x2apic,
+            disks,
             config,
             api_socket: _,
             verbose: _,
@@ -244,6 +258,7 @@ impl RunArgs {
             pv_eoi.is_some(),
             pv_deadline.is_some(),
             x2apic.is_some(),
+            !disks.is_empty(),
             config.is_some(),
         ]
         .contains(&true)
@@ -312,6 +327,9 @@ impl RunArgs {
         if let Some(v) = self.x2apic {
             cfg.x2apic = v;
         }
+        if !self.disks.is_empty() {
+            cfg.disks = self.disks.clone();
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -368,24 +386,45 @@ mod tests {
         assert!(parse(&["lull", "run", "--seccomp", "off"]).describes_vm());
     }
 
-    #[test]
-    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
-        let dir = std::env::temp_dir().join(format!("lull-cli-x2apic-{}", std::process::id()));
+    /// The configuration of `lull run --config FILE EXTRA...` where FILE holds `json`.
+    fn config_with(name: &str, json: &str, extra: &[&str]) -> VmConfig {
+        let dir = std::env::temp_dir().join(format!("lull-cli-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("vm.json");
-        std::fs::write(&file, r#"{"x2apic": "off"}"#).unwrap();
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
-            argv.extend_from_slice(extra);
-            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
-                panic!("expected the run subcommand");
-            };
-            args.to_config().unwrap().x2apic
+        std::fs::write(&file, json).unwrap();
+        let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+            panic!("expected the run subcommand");
         };
+        let cfg = args.to_config().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        cfg
+    }
+
+    #[test]
+    fn x2apic_switch_comes_from_the_config_file_or_the_flag() {
+        let parse = |extra: &[&str]| config_with("x2apic", r#"{"x2apic": "off"}"#, extra).x2apic;
         assert_eq!(parse(&[]), Switch::Off);
         assert_eq!(parse(&["--x2apic", "on"]), Switch::On);
         assert_eq!(VmConfig::default().x2apic, Switch::On);
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn disks_repeat_and_replace_the_config_files() {
+        let json = r#"{"disks": ["path=/from/file"]}"#;
+        assert_eq!(config_with("disks", json, &[]).disks.len(), 1);
+        let flags = config_with(
+            "disks",
+            json,
+            &["--disk", "path=/a", "--disk", "path=/b,readonly=on"],
+        )
+        .disks;
+        assert_eq!(
+            flags.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["path=/a", "path=/b,readonly=on"]
+        );
+        assert!(Cli::try_parse_from(["lull", "run", "--disk", "/a"]).is_err());
     }
 
     #[test]

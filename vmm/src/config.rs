@@ -140,6 +140,71 @@ impl Switch {
     }
 }
 
+/// Most disks one VM takes (one MMIO window and one IOAPIC line each, see `layout`).
+pub const MAX_DISKS: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
+
+/// One `--disk`: a raw image file behind a virtio-blk device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The image file (its size a non-zero multiple of 512 bytes).
+    pub path: PathBuf,
+    /// The guest may not write (the device offers VIRTIO_BLK_F_RO, writes fail).
+    pub readonly: bool,
+}
+
+/// A `--disk` value that does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DiskConfigError {
+    /// No `path=`.
+    #[error("'{0}' is not a disk: use path=FILE[,readonly=on|off]")]
+    NoPath(String),
+    /// An option lull does not know.
+    #[error("Unknown --disk option '{0}': the options are path=FILE and readonly=on|off")]
+    UnknownOption(String),
+    /// `readonly=` with a value other than on or off.
+    #[error("--disk readonly={0} is neither on nor off")]
+    BadReadonly(String),
+}
+
+impl FromStr for DiskConfig {
+    type Err = DiskConfigError;
+
+    /// `path=FILE[,readonly=on|off]`; the options may come in any order.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut path = None;
+        let mut readonly = false;
+        for option in s.split(',') {
+            if let Some(p) = option.strip_prefix("path=").filter(|p| !p.is_empty()) {
+                path = Some(PathBuf::from(p));
+            } else if let Some(v) = option.strip_prefix("readonly=") {
+                readonly = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(DiskConfigError::BadReadonly(v.to_string())),
+                };
+            } else if !option.starts_with("path=") {
+                return Err(DiskConfigError::UnknownOption(option.to_string()));
+            }
+        }
+        match path {
+            Some(path) => Ok(Self { path, readonly }),
+            None => Err(DiskConfigError::NoPath(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for DiskConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "path={}", self.path.display())?;
+        if self.readonly {
+            f.write_str(",readonly=on")?;
+        }
+        Ok(())
+    }
+}
+
+crate::string_serde!(DiskConfig);
+
 /// Everything lull needs to build and run one VM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -182,6 +247,8 @@ pub struct VmConfig {
     pub pv_deadline: Switch,
     /// Offer x2APIC to the guest (CPUID.1:ECX[21]); off: the LAPIC refuses x2APIC mode.
     pub x2apic: Switch,
+    /// virtio-blk disks, in the order the guest finds them.
+    pub disks: Vec<DiskConfig>,
 }
 
 impl Default for VmConfig {
@@ -206,6 +273,7 @@ impl Default for VmConfig {
             pv_eoi: Switch::On,
             pv_deadline: Switch::On,
             x2apic: Switch::On,
+            disks: Vec::new(),
         }
     }
 }
@@ -235,6 +303,9 @@ pub enum ConfigError {
     /// `--memory` out of range.
     #[error("--memory {0} is out of range: use {MIN_MEMORY} to {MAX_MEMORY}")]
     Memory(ByteSize),
+    /// More disks than lull has MMIO windows and interrupt lines for.
+    #[error("{0} disks given; lull takes at most {MAX_DISKS}")]
+    TooManyDisks(usize),
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
@@ -260,6 +331,9 @@ impl VmConfig {
         }
         if self.memory < MIN_MEMORY || self.memory > MAX_MEMORY {
             return Err(ConfigError::Memory(self.memory));
+        }
+        if self.disks.len() > MAX_DISKS {
+            return Err(ConfigError::TooManyDisks(self.disks.len()));
         }
         if self.irqchip == IrqchipMode::Kernel {
             let knobs = [
@@ -314,6 +388,50 @@ mod tests {
         let back: VmConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
         assert_eq!(back, cfg);
         assert!(serde_json::from_str::<VmConfig>(r#"{"cpu": 2}"#).is_err());
+    }
+
+    #[test]
+    fn disks_parse_and_round_trip() {
+        let d: DiskConfig = "path=/tmp/a.img,readonly=on".parse().unwrap();
+        assert_eq!(
+            d,
+            DiskConfig {
+                path: "/tmp/a.img".into(),
+                readonly: true
+            }
+        );
+        assert_eq!(d.to_string().parse::<DiskConfig>(), Ok(d));
+        assert!(
+            !"readonly=off,path=b"
+                .parse::<DiskConfig>()
+                .unwrap()
+                .readonly
+        );
+        assert_eq!(
+            "readonly=on".parse::<DiskConfig>(),
+            Err(DiskConfigError::NoPath("readonly=on".into()))
+        );
+        assert_eq!(
+            "path=".parse::<DiskConfig>(),
+            Err(DiskConfigError::NoPath("path=".into()))
+        );
+        assert_eq!(
+            "path=a,cache=none".parse::<DiskConfig>(),
+            Err(DiskConfigError::UnknownOption("cache=none".into()))
+        );
+        assert_eq!(
+            "path=a,readonly=yes".parse::<DiskConfig>(),
+            Err(DiskConfigError::BadReadonly("yes".into()))
+        );
+        let cfg: VmConfig =
+            serde_json::from_str(r#"{"disks": ["path=/a", "path=/b,readonly=on"]}"#).unwrap();
+        assert_eq!(cfg.disks.len(), 2);
+        assert!(cfg.disks[1].readonly);
+        let many = VmConfig {
+            disks: vec![cfg.disks[0].clone(); MAX_DISKS + 1],
+            ..VmConfig::default()
+        };
+        assert!(matches!(many.validate(), Err(ConfigError::TooManyDisks(_))));
     }
 
     #[test]

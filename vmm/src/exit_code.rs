@@ -10,7 +10,8 @@ use crate::vm::VmError;
 pub const GUEST_RESET: i32 = 0;
 /// Bad command line (clap's own code).
 pub const USAGE: i32 = 2;
-/// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path.
+/// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path, disk
+/// image.
 pub const BAD_INPUT: i32 = 4;
 /// KVM unavailable.
 pub const KVM_UNAVAILABLE: i32 = 6;
@@ -46,13 +47,15 @@ pub fn for_vm_error(e: &VmError) -> i32 {
         VmError::Guest(_)
         | VmError::Boot(_)
         | VmError::SerialFile { .. }
-        | VmError::MetricsFile { .. } => BAD_INPUT,
+        | VmError::MetricsFile { .. }
+        | VmError::Disk(_) => BAD_INPUT,
         VmError::Kvm(k) if k.is_unavailable() => KVM_UNAVAILABLE,
         VmError::Kvm(KvmError::TooManyCpus { .. } | KvmError::AllocMemory { .. }) => BAD_INPUT,
         VmError::Kvm(_)
         | VmError::Vcpu(_)
         | VmError::IrqChip(_)
         | VmError::Bus(_)
+        | VmError::MmioBus(_)
         | VmError::Host { .. }
         | VmError::EventLoop(_)
         | VmError::Seccomp(_) => VMM_FAILURE,

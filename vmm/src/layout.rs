@@ -34,6 +34,12 @@ pub const HIMEM_START: u64 = 0x10_0000;
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 /// End of the 32-bit MMIO hole.
 pub const MMIO_HOLE_END: u64 = 1 << 32;
+/// First virtio-mmio window (one `devices::virtio::mmio::WINDOW_SIZE` page per device, in
+/// `--disk` order), in the MMIO hole and far below the IOAPIC and LAPIC pages.
+pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
+/// The IOAPIC input of each virtio-mmio device, in window order: ISA lines the MP table
+/// declares (edge, active high) that no other lull device uses (COM1 is 4, the RTC 8).
+pub const VIRTIO_MMIO_IRQS: [u32; 8] = [5, 6, 7, 9, 10, 11, 14, 15];
 /// IOAPIC MMIO base.
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// LAPIC MMIO base.

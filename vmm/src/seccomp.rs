@@ -13,7 +13,8 @@
 //! What every thread may do: read/write/close on descriptors it already has, futexes, memory
 //! management without `PROT_EXEC`, signals to threads of this process only (`tgkill` with
 //! lull's own pid), its own exit, clocks and sleeps, `getrandom`, and open files read-only
-//! (`O_RDONLY|O_CLOEXEC`: its `/proc/thread-self` statistics at exit), and program timerfds and
+//! (`O_RDONLY|O_CLOEXEC`: its `/proc/thread-self` statistics at exit), positioned reads and
+//! writes and `fdatasync` (disk images, opened before any filter), and program timerfds and
 //! POSIX timers (host ticks; the `central` model's alarm is armed by whichever thread arms a
 //! guest timer). Beyond that:
 //! - **vCPU**: `ioctl` with KVM's ioctl type (0xAE) only; `getcpu`, and its own CPU affinity
@@ -153,6 +154,10 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
         libc::SYS_fstat,
         libc::SYS_lseek,
         libc::SYS_pread64,
+        // Disk images (opened before the filters): virtio-blk requests on the vCPU threads,
+        // their sync at stop on the VMM thread.
+        libc::SYS_pwrite64,
+        libc::SYS_fdatasync,
         libc::SYS_fcntl,
         // Timerfds: the central model's (armed by the vCPU that arms a timer, the timer thread
         // and the VMM thread at stop) and each vCPU's wake-up (re-armed by other vCPUs).

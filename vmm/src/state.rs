@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use devices::mmio::MmioBus;
 use devices::pio::PioBus;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -103,6 +104,8 @@ impl StopSignal {
 pub struct VmShared {
     /// Port I/O devices.
     pub pio: PioBus,
+    /// MMIO devices outside the irqchip (virtio); empty until the VM puts its devices there.
+    pub mmio: MmioBus,
     /// Ignored guest accesses.
     pub noise: GuestNoise,
     /// One set of exit counters per vCPU.
@@ -129,6 +132,7 @@ impl VmShared {
     ) -> std::io::Result<Self> {
         Ok(Self {
             pio,
+            mmio: MmioBus::new(),
             noise: GuestNoise::default(),
             vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
             stop: StopSignal::new()?,

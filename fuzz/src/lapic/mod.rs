@@ -607,6 +607,7 @@ impl Machine {
                 let ctx = ExitContext {
                     vcpu: id,
                     pio: &shared.pio,
+                    mmio: &shared.mmio,
                     counters,
                     noise: &shared.noise,
                 };

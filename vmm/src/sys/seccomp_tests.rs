@@ -7,7 +7,8 @@ use crate::seccomp::*;
 /// What the child does after installing its filter.
 #[derive(Debug, Clone, Copy)]
 enum Probe {
-    /// Only allowed calls: getpid, a read-only open of /proc, a KVM-type ioctl (fails, is
+    /// Only allowed calls: getpid, a read-only open of /proc, disk-image I/O (pwrite and
+    /// fdatasync on no descriptor: they fail, are allowed), a KVM-type ioctl (fails, is
     /// allowed), for a vCPU its own CPU affinity read and set and getcpu, exit 0.
     Allowed,
     /// socket(2): forbidden for every thread.
@@ -61,6 +62,10 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
                         libc::_exit(101);
                     }
                     libc::close(fd);
+                    let byte = [0u8; 1];
+                    libc::pwrite(-1, byte.as_ptr().cast(), 1, 0);
+                    libc::pread(-1, std::ptr::null_mut(), 0, 0);
+                    libc::fdatasync(-1);
                     if kind == ThreadKind::Vcpu {
                         libc::ioctl(-1, 0xAE80); // KVM_RUN on no fd: EBADF, but allowed
                         let size = std::mem::size_of::<libc::cpu_set_t>();

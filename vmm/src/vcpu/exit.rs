@@ -1,9 +1,11 @@
 //! What a vCPU does about one KVM exit the irqchip did not take: port I/O to the device bus,
-//! unclaimed MMIO, HLT, shutdown and system events, KVM's failures. A free function over the
-//! exit, testable without a guest.
+//! MMIO to the MMIO bus (virtio devices, whose requests run here, on the notifying vCPU),
+//! HLT, shutdown and system events, KVM's failures. A free function over the exit, testable
+//! without a guest.
 
 use std::sync::atomic::Ordering;
 
+use devices::mmio::MmioBus;
 use devices::pio::{MachineRequest, PioBus, PioOutcome};
 use kvm_ioctls::VcpuExit;
 
@@ -29,6 +31,8 @@ pub struct ExitContext<'a> {
     pub vcpu: u32,
     /// Port I/O devices.
     pub pio: &'a PioBus,
+    /// MMIO devices.
+    pub mmio: &'a MmioBus,
     /// This vCPU's counters.
     pub counters: &'a VcpuCounters,
     /// VM-wide counters of ignored guest accesses.
@@ -70,13 +74,16 @@ pub fn handle_exit(exit: VcpuExit<'_>, ctx: &ExitContext<'_>) -> VcpuAction {
         }
         VcpuExit::MmioRead(addr, data) => {
             c.mmio_read.fetch_add(1, Ordering::Relaxed);
-            data.fill(0xff);
-            unknown_mmio(ctx, addr, "read", data.len());
+            if !ctx.mmio.read(addr, data) {
+                unknown_mmio(ctx, addr, "read", data.len());
+            }
             VcpuAction::Continue
         }
         VcpuExit::MmioWrite(addr, data) => {
             c.mmio_write.fetch_add(1, Ordering::Relaxed);
-            unknown_mmio(ctx, addr, "write", data.len());
+            if !ctx.mmio.write(addr, data) {
+                unknown_mmio(ctx, addr, "write", data.len());
+            }
             VcpuAction::Continue
         }
         VcpuExit::Hlt => {
@@ -134,6 +141,7 @@ mod tests {
     /// What an exit context borrows, owned by the test.
     struct Parts {
         bus: PioBus,
+        mmio: MmioBus,
         counters: VcpuCounters,
         noise: GuestNoise,
     }
@@ -144,6 +152,7 @@ mod tests {
             bus.insert(0xf4, 4, Arc::new(Mutex::new(TestExit))).unwrap();
             Self {
                 bus,
+                mmio: MmioBus::new(),
                 counters: VcpuCounters::default(),
                 noise: GuestNoise::default(),
             }
@@ -153,6 +162,7 @@ mod tests {
             ExitContext {
                 vcpu: 0,
                 pio: &self.bus,
+                mmio: &self.mmio,
                 counters: &self.counters,
                 noise: &self.noise,
             }

@@ -137,6 +137,7 @@ fn enter_guest(port: &mut KvmPort, irq: &mut dyn VcpuIrq, shared: &VmShared) -> 
                 let ctx = ExitContext {
                     vcpu: id,
                     pio: &shared.pio,
+                    mmio: &shared.mmio,
                     counters,
                     noise: &shared.noise,
                 };

@@ -13,6 +13,7 @@
 //! management API reads live counters through it and asks the VM to stop.
 
 pub mod devices;
+pub mod disks;
 pub mod event_loop;
 pub mod guest;
 pub mod kvm;
@@ -24,8 +25,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ::devices::mmio::MmioBusError;
 use ::devices::pio::PioBusError;
 use ::devices::serial::SerialCounters;
+use ::devices::virtio::disk::DiskError;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -75,6 +78,12 @@ pub enum VmError {
     /// A device could not be placed on the port bus (a lull bug).
     #[error("Device layout: {0}")]
     Bus(#[from] PioBusError),
+    /// A device could not be placed on the MMIO bus (a lull bug).
+    #[error("Device layout: {0}")]
+    MmioBus(#[from] MmioBusError),
+    /// A `--disk` image cannot be used.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
     /// A host resource (eventfd, signal handler, event loop) could not be created.
     #[error("Cannot create {what}: {source}")]
     Host {
@@ -178,6 +187,7 @@ pub fn run_observed(
     on_running: impl FnOnce(LiveVm),
 ) -> Result<RunOutcome, VmError> {
     check_metrics_path(cfg)?;
+    let open_disks = disks::open(&cfg.disks)?;
     let sink = devices::console_sink(&cfg.serial)?;
     let image = guest::resolve(cfg)?;
     let loaded = load(cfg, &image)?;
@@ -186,16 +196,18 @@ pub fn run_observed(
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
+    let disks = disks::attach(open_disks, &loaded.mem, &chip.irq_lines())?;
     let kvm_stats = vcpus
         .ports
         .iter()
         .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
         .collect();
-    let shared =
+    let mut shared =
         VmShared::new(pio, cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
             what: "the stop eventfd",
             source,
         })?;
+    shared.mmio = disks.bus;
     let shared = Arc::new(shared);
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
@@ -210,11 +222,13 @@ pub fn run_observed(
         chip: chip.clone(),
         serial: serial_counters.clone(),
     });
-    let reason = events
-        .run()
-        .inspect_err(|e| stop_started(&shared, chip.as_ref(), e))?;
+    let reason = events.run().inspect_err(|e| {
+        stop_started(&shared, chip.as_ref(), e);
+        disks::sync(&disks.files);
+    })?;
     let host = report::host_facts(&shared);
     chip.kick_all();
+    disks::sync(&disks.files);
     let _ = lock(&console.console).flush();
     let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
     Ok(RunOutcome { reason, report })

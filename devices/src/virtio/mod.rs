@@ -1,0 +1,50 @@
+//! Virtio devices over MMIO (virtio 1.x, "modern" MMIO register layout, version 2).
+//!
+//! ```text
+//!  guest driver ── MMIO registers ──► mmio::VirtioMmio (transport: features, status, queues,
+//!                                      │                 interrupt status)
+//!                                      │ QueueNotify(n)
+//!                                      ▼
+//!                           dyn-free VirtioDevice::process_queue(n, &mut Queue, &memory)
+//!                                      │ block::Block: parse chains, do I/O on its Disk
+//!                                      ▼
+//!                           used ring updated ──► interrupt status ──► line level
+//! ```
+//!
+//! The transport owns the split virtqueues (`virtio-queue`'s [`Queue`]); a device sees a queue
+//! only while it processes a notification, and reaches guest memory through `vm-memory`'s
+//! [`GuestMemory`] trait, so unit tests and fuzz targets run it on a `GuestMemoryMmap` of
+//! their own. Nothing here owns a thread or an interrupt controller: the interrupt is a level
+//! ([`mmio::VirtioMmio::interrupt_pending`]) that the bus adapter
+//! ([`mmio::VirtioMmioDevice`]) puts on an IOAPIC line after every access.
+
+pub mod block;
+pub mod disk;
+pub mod mmio;
+
+#[cfg(test)]
+mod proptests;
+// The spec's constants come as u32 and the tests' addresses are small: their casts are exact.
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
+mod tests;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemory;
+
+/// A virtio device behind a transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device type (`virtio_ids`), e.g. 2 for a block device.
+    fn device_type(&self) -> u32;
+    /// Every feature bit the device offers, transport bits (`VIRTIO_F_VERSION_1`) included.
+    fn features(&self) -> u64;
+    /// The largest size of each of the device's queues (their number is the slice's length).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Guest read of the device-specific configuration space at `offset`.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Guest write of the configuration space at `offset`.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Takes every chain the driver made available on queue `index` (at most the queue's size
+    /// of them) and returns each through the used ring; true if any was returned.
+    fn process_queue<M: GuestMemory>(&mut self, index: usize, queue: &mut Queue, mem: &M) -> bool;
+}

@@ -1,0 +1,404 @@
+/*
+ * virtio-blk - a virtio 1.x driver over MMIO (register layout version 2) that checks lull's
+ * virtio-blk device from the guest side: the handshake, one split virtqueue, the interrupt,
+ * and the requests IN, OUT, FLUSH, GET_ID, with their error statuses.
+ *
+ * Devices come from the command line, as Linux takes them (lull appends one word per --disk):
+ *   virtio_mmio.device=4K@0xd0000000:5 [virtio_mmio.device=4K@0xd0001000:6]
+ * The first device must be writable; a second one, if given, must be read-only.
+ *
+ * Interrupts: the device's IOAPIC pin (edge, active high) goes to vector 0x40 + device index;
+ * the handler reads InterruptStatus and acknowledges it. Every request waits for its
+ * interrupt (with interrupts enabled around a pause loop, bounded by a 2 s TSC deadline), then
+ * checks the used ring.
+ *
+ * What it writes to the first disk (byte i of sector s is PATTERN(s, i); see pattern()):
+ *   sectors 0-7   one 4 KiB OUT request
+ *   sectors 8-15  one OUT request whose 4 KiB are split over two descriptors
+ *   last sector   one OUT request
+ * then FLUSH, one 8 KiB IN of sectors 0-15 (compared), GET_ID (printed as "id <text>"), an
+ * IN at the capacity (IOERR), an IN straddling the end (IOERR), request type 11 (UNSUPP).
+ * The read-only disk: VIRTIO_BLK_F_RO offered, IN works, OUT gives IOERR.
+ *
+ * Parameters:
+ *   bench=N  then N 4 KiB OUT requests (sectors 24-535, round robin); prints the guest-TSC
+ *            time per request
+ *   idle=1   then writes sectors 16-23 WITHOUT a flush, prints "virtio-blk: idle after
+ *            writes" and halts with interrupts off until the VMM stops it (the host checks
+ *            that the data is in the file after SIGTERM)
+ * Otherwise prints "virtio-blk: PASS" and exits 0.
+ */
+#include "rt.h"
+
+#define MAX_DEVS 2
+#define QSIZE 8
+#define VEC_BASE 0x40
+#define IOAPIC_BASE 0xFEC00000u
+
+/* virtio-mmio registers (virtio 1.2, 4.2.2) */
+#define R_MAGIC 0x000
+#define R_VERSION 0x004
+#define R_DEVICE_ID 0x008
+#define R_DEV_FEATURES 0x010
+#define R_DEV_FEATURES_SEL 0x014
+#define R_DRV_FEATURES 0x020
+#define R_DRV_FEATURES_SEL 0x024
+#define R_QUEUE_SEL 0x030
+#define R_QUEUE_NUM_MAX 0x034
+#define R_QUEUE_NUM 0x038
+#define R_QUEUE_READY 0x044
+#define R_QUEUE_NOTIFY 0x050
+#define R_INT_STATUS 0x060
+#define R_INT_ACK 0x064
+#define R_STATUS 0x070
+#define R_QUEUE_DESC_LO 0x080
+#define R_QUEUE_DESC_HI 0x084
+#define R_QUEUE_AVAIL_LO 0x090
+#define R_QUEUE_AVAIL_HI 0x094
+#define R_QUEUE_USED_LO 0x0a0
+#define R_QUEUE_USED_HI 0x0a4
+#define R_CONFIG 0x100
+
+#define S_ACK 1
+#define S_DRIVER 2
+#define S_DRIVER_OK 4
+#define S_FEATURES_OK 8
+
+#define F_RO 5      /* VIRTIO_BLK_F_RO */
+#define F_FLUSH 9   /* VIRTIO_BLK_F_FLUSH */
+
+#define T_IN 0
+#define T_OUT 1
+#define T_FLUSH 4
+#define T_GET_ID 8
+#define BLK_OK 0
+#define BLK_IOERR 1
+#define BLK_UNSUPP 2
+
+#define DESC_F_NEXT 1
+#define DESC_F_WRITE 2
+
+struct desc {
+    u64 addr;
+    u32 len;
+    u16 flags;
+    u16 next;
+};
+struct avail {
+    u16 flags;
+    u16 idx;
+    u16 ring[QSIZE];
+    u16 used_event;
+};
+struct used_elem {
+    u32 id;
+    u32 len;
+};
+struct used {
+    u16 flags;
+    u16 idx;
+    struct used_elem ring[QSIZE];
+    u16 avail_event;
+};
+struct blk_header {
+    u32 type;
+    u32 reserved;
+    u64 sector;
+};
+
+struct vdev {
+    u32 base;
+    u32 irq;
+    u64 features;
+    u64 capacity;
+    u16 avail_idx;
+    volatile u32 irqs;
+    struct desc desc[QSIZE] __attribute__((aligned(16)));
+    struct avail avail __attribute__((aligned(2)));
+    struct used used __attribute__((aligned(4)));
+    struct blk_header hdr;
+    volatile u8 status;
+};
+
+static struct vdev devs[MAX_DEVS];
+static u32 ndevs;
+static u8 buf[8192] __attribute__((aligned(4096)));
+static u8 check_buf[8192] __attribute__((aligned(4096)));
+static char id[21];
+
+static u32 rd(struct vdev *d, u32 reg) { return mmio_read32(d->base + reg); }
+static void wr(struct vdev *d, u32 reg, u32 v) { mmio_write32(d->base + reg, v); }
+
+/* Byte i of sector s as this guest writes it (the host test computes the same). */
+static u8 pattern(u32 sector, u32 i) { return (u8)((sector * 131 + i) ^ 0x5a); }
+
+static void fill(u8 *p, u32 first_sector, u32 sectors)
+{
+    for (u32 s = 0; s < sectors; s++)
+        for (u32 i = 0; i < 512; i++)
+            p[s * 512 + i] = pattern(first_sector + s, i);
+}
+
+static void ioapic_route(u32 pin, u8 vector)
+{
+    mmio_write32(IOAPIC_BASE, 0x10 + 2 * pin + 1);
+    mmio_write32(IOAPIC_BASE + 0x10, 0); /* destination APIC 0 */
+    mmio_write32(IOAPIC_BASE, 0x10 + 2 * pin);
+    mmio_write32(IOAPIC_BASE + 0x10, vector); /* fixed, physical, edge, active high */
+}
+
+static void on_irq(struct trap_frame *f)
+{
+    struct vdev *d = &devs[f->vector - VEC_BASE];
+    u32 isr = rd(d, R_INT_STATUS);
+    wr(d, R_INT_ACK, isr);
+    if (isr & 1)
+        d->irqs++;
+    lapic_eoi();
+}
+
+/* Parse "4K@0xd0000000:5" (size in K, base in hex, irq in decimal). */
+static int parse_device(const char *p, struct vdev *d)
+{
+    while (*p && *p != '@')
+        p++;
+    if (*p++ != '@' || p[0] != '0' || p[1] != 'x')
+        return 0;
+    p += 2;
+    u32 base = 0, irq = 0;
+    for (;; p++) {
+        u32 c = (u8)*p;
+        if (c >= '0' && c <= '9')
+            base = base * 16 + (c - '0');
+        else if (c >= 'a' && c <= 'f')
+            base = base * 16 + (c - 'a' + 10);
+        else
+            break;
+    }
+    if (*p++ != ':')
+        return 0;
+    for (; *p >= '0' && *p <= '9'; p++)
+        irq = irq * 10 + (u32)(*p - '0');
+    d->base = base;
+    d->irq = irq;
+    return base != 0;
+}
+
+/* Every virtio_mmio.device= word of the command line, in order. */
+static void find_devices(void)
+{
+    static const char key[] = "virtio_mmio.device=";
+    const char *p = cmdline();
+    while (*p && ndevs < MAX_DEVS) {
+        while (*p == ' ')
+            p++;
+        if (!strncmp(p, key, sizeof(key) - 1)) {
+            if (!parse_device(p + sizeof(key) - 1, &devs[ndevs]))
+                fail("cannot parse %s", p);
+            ndevs++;
+        }
+        while (*p && *p != ' ')
+            p++;
+    }
+}
+
+/* The driver's side of the handshake (virtio 1.2, 3.1.1); accepts VERSION_1, FLUSH, RO. */
+static void init_device(struct vdev *d, u32 index)
+{
+    if (rd(d, R_MAGIC) != 0x74726976 || rd(d, R_VERSION) != 2 || rd(d, R_DEVICE_ID) != 2)
+        fail("no virtio-blk (version 2) at 0x%x: magic 0x%x version %u device %u", d->base,
+             rd(d, R_MAGIC), rd(d, R_VERSION), rd(d, R_DEVICE_ID));
+    wr(d, R_STATUS, 0);
+    wr(d, R_STATUS, S_ACK);
+    wr(d, R_STATUS, S_ACK | S_DRIVER);
+    wr(d, R_DEV_FEATURES_SEL, 0);
+    u32 lo = rd(d, R_DEV_FEATURES);
+    wr(d, R_DEV_FEATURES_SEL, 1);
+    u32 hi = rd(d, R_DEV_FEATURES);
+    d->features = ((u64)hi << 32) | lo;
+    if (!(hi & 1) || !(lo & (1u << F_FLUSH)))
+        fail("device 0x%x offers features 0x%x%08x: VERSION_1 or FLUSH missing", d->base, hi, lo);
+    wr(d, R_DRV_FEATURES_SEL, 0);
+    wr(d, R_DRV_FEATURES, lo & ((1u << F_FLUSH) | (1u << F_RO)));
+    wr(d, R_DRV_FEATURES_SEL, 1);
+    wr(d, R_DRV_FEATURES, 1);
+    wr(d, R_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK);
+    if (!(rd(d, R_STATUS) & S_FEATURES_OK))
+        fail("device 0x%x refused our features", d->base);
+    wr(d, R_QUEUE_SEL, 0);
+    u32 max = rd(d, R_QUEUE_NUM_MAX);
+    if (max < QSIZE)
+        fail("queue 0 of 0x%x holds %u descriptors, need %u", d->base, max, QSIZE);
+    wr(d, R_QUEUE_NUM, QSIZE);
+    wr(d, R_QUEUE_DESC_LO, (u32)d->desc);
+    wr(d, R_QUEUE_DESC_HI, 0);
+    wr(d, R_QUEUE_AVAIL_LO, (u32)&d->avail);
+    wr(d, R_QUEUE_AVAIL_HI, 0);
+    wr(d, R_QUEUE_USED_LO, (u32)&d->used);
+    wr(d, R_QUEUE_USED_HI, 0);
+    wr(d, R_QUEUE_READY, 1);
+    wr(d, R_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK | S_DRIVER_OK);
+    d->capacity = ((u64)rd(d, R_CONFIG + 4) << 32) | rd(d, R_CONFIG);
+    rt_set_irq_handler(VEC_BASE + index, on_irq);
+    ioapic_route(d->irq, VEC_BASE + index);
+    printf("virtio-blk: device %u at 0x%x irq %u: %llu sectors, features 0x%llx\n", index,
+           d->base, d->irq, d->capacity, d->features);
+}
+
+struct seg {
+    void *addr;
+    u32 len;
+};
+
+/* How a request ended: its status byte and the used length the device reported. */
+struct done {
+    u8 status;
+    u32 used;
+};
+
+/*
+ * One request: header, the data segments (device-writable if `in`), status. Waits for the
+ * interrupt and checks the used element.
+ */
+static struct done request(struct vdev *d, u32 type, u64 sector, const struct seg *segs,
+                           u32 nsegs, int in)
+{
+    d->hdr.type = type;
+    d->hdr.reserved = 0;
+    d->hdr.sector = sector;
+    d->status = 0xee;
+    u32 n = 0;
+    d->desc[n] = (struct desc){(u32)&d->hdr, sizeof(d->hdr), DESC_F_NEXT, 1};
+    for (u32 i = 0; i < nsegs; i++) {
+        n++;
+        d->desc[n] = (struct desc){(u32)segs[i].addr, segs[i].len,
+                                   (u16)(DESC_F_NEXT | (in ? DESC_F_WRITE : 0)), (u16)(n + 1)};
+    }
+    n++;
+    d->desc[n] = (struct desc){(u32)&d->status, 1, DESC_F_WRITE, 0};
+
+    cli();
+    u32 irqs = d->irqs;
+    u16 before = d->avail_idx;
+    d->avail.ring[before % QSIZE] = 0;
+    barrier();
+    d->avail_idx = before + 1;
+    d->avail.idx = d->avail_idx;
+    barrier();
+    wr(d, R_QUEUE_NOTIFY, 0);
+    u64 deadline = rdtsc() + (u64)rt_tsc_khz * 2000;
+    sti();
+    while (d->irqs == irqs && rdtsc() < deadline)
+        cpu_relax();
+    cli();
+    if (d->irqs == irqs)
+        fail("no interrupt for request type %u on 0x%x within 2 s", type, d->base);
+    volatile struct used *u = &d->used;
+    if (u->idx != d->avail_idx)
+        fail("used index %u after request %u", u->idx, d->avail_idx);
+    struct used_elem e = u->ring[before % QSIZE];
+    if (e.id != 0)
+        fail("used element names descriptor %u, not 0", e.id);
+    return (struct done){d->status, e.len};
+}
+
+static struct done rw(struct vdev *d, u32 type, u64 sector, void *p, u32 len)
+{
+    struct seg s = {p, len};
+    return request(d, type, sector, &s, len ? 1 : 0, type != T_OUT);
+}
+
+static void expect(const char *what, struct done got, u8 status, u32 used)
+{
+    if (got.status != status || got.used != used)
+        fail("%s: status %u used length %u, expected status %u used length %u", what,
+             got.status, got.used, status, used);
+}
+
+static void check_writable(struct vdev *d)
+{
+    if (d->features & (1u << F_RO))
+        fail("the first disk is read-only");
+    if (d->capacity < 536)
+        fail("the first disk has %llu sectors; the test needs 536", d->capacity);
+    fill(buf, 0, 8);
+    expect("write sectors 0-7", rw(d, T_OUT, 0, buf, 4096), BLK_OK, 1);
+    fill(buf, 8, 8);
+    struct seg halves[2] = {{buf, 2048}, {buf + 2048, 2048}};
+    expect("write sectors 8-15 in two segments", request(d, T_OUT, 8, halves, 2, 0), BLK_OK,
+           1);
+    u32 last = (u32)d->capacity - 1;
+    fill(buf, last, 1);
+    expect("write the last sector", rw(d, T_OUT, last, buf, 512), BLK_OK, 1);
+    expect("flush", rw(d, T_FLUSH, 0, NULL, 0), BLK_OK, 1);
+    printf("virtio-blk: written and flushed\n");
+
+    memset(check_buf, 0, sizeof(check_buf));
+    expect("read sectors 0-15", rw(d, T_IN, 0, check_buf, 8192), BLK_OK, 8193);
+    fill(buf, 0, 16);
+    for (u32 i = 0; i < 8192; i++)
+        if (check_buf[i] != buf[i])
+            fail("read back byte %u (sector %u) is 0x%x, wrote 0x%x", i, i / 512, check_buf[i],
+                 buf[i]);
+    printf("virtio-blk: read back 16 sectors\n");
+
+    memset(id, 0, sizeof(id));
+    expect("get id", rw(d, T_GET_ID, 0, id, 20), BLK_OK, 21);
+    printf("virtio-blk: id %s\n", id);
+
+    expect("read at the capacity", rw(d, T_IN, d->capacity, buf, 512), BLK_IOERR, 1);
+    expect("read across the end", rw(d, T_IN, last, buf, 1024), BLK_IOERR, 1);
+    expect("request type 11", rw(d, 11, 0, NULL, 0), BLK_UNSUPP, 1);
+    printf("virtio-blk: error statuses right\n");
+}
+
+static void check_readonly(struct vdev *d)
+{
+    if (!(d->features & (1u << F_RO)))
+        fail("the second disk does not offer VIRTIO_BLK_F_RO");
+    expect("read-only read", rw(d, T_IN, 0, buf, 512), BLK_OK, 513);
+    expect("read-only write", rw(d, T_OUT, 0, buf, 512), BLK_IOERR, 1);
+    printf("virtio-blk: read-only disk refuses writes\n");
+}
+
+static void bench(struct vdev *d, u32 count)
+{
+    fill(buf, 24, 8);
+    u64 start = rdtsc();
+    for (u32 i = 0; i < count; i++)
+        if (rw(d, T_OUT, 24 + (i % 64) * 8, buf, 4096).status != BLK_OK)
+            fail("bench write %u failed", i);
+    u64 ns = (u64)tsc_to_ns((s64)(rdtsc() - start));
+    printf("virtio-blk: bench %u writes of 4 KiB, %llu ns per request\n", count,
+           count ? ns / count : 0);
+}
+
+int main(void)
+{
+    find_devices();
+    if (ndevs == 0)
+        fail("no virtio_mmio.device= on the command line (run with --disk)");
+    /* An uninitialised 8259 (KVM's, with --irqchip kernel) must not turn the lines into
+     * ExtINT interrupts: mask it, and LINT0. */
+    outb(0x21, 0xff);
+    outb(0xa1, 0xff);
+    lapic_enable(0xff);
+    xapic_write(APIC_LVT_LINT0, LVT_MASKED);
+    for (u32 i = 0; i < ndevs; i++)
+        init_device(&devs[i], i);
+    check_writable(&devs[0]);
+    if (ndevs > 1)
+        check_readonly(&devs[1]);
+    u32 count = (u32)cmdline_u64("bench", 0);
+    if (count)
+        bench(&devs[0], count);
+    if (cmdline_u64("idle", 0)) {
+            fill(buf, 16, 8);
+        expect("write sectors 16-23", rw(&devs[0], T_OUT, 16, buf, 4096), BLK_OK, 1);
+        printf("virtio-blk: idle after writes\n");
+        for (;;)
+            __asm__ volatile("cli; hlt" ::: "memory");
+    }
+    printf("virtio-blk: PASS\n");
+    return RT_EXIT_PASS;
+}

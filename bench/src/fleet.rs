@@ -174,18 +174,21 @@ impl ApiVm {
     }
 }
 
+/// The instant of a sample and every VMM's counters then.
+type Snapshot = (Instant, Vec<ProcSample>);
+
 /// Where the window is, as the run goes.
 enum Phase {
     /// Not open yet.
     Before,
     /// Open since this sample; the last sample at which every VM was still in its phase.
     Open {
-        start: (Instant, Vec<ProcSample>),
-        last: Option<(Instant, Vec<ProcSample>)>,
+        start: Snapshot,
+        last: Option<Snapshot>,
         plan: Option<WindowPlan>,
     },
     /// Closed (or never to open): the samples at its two edges, if it had any.
-    Closed(Option<((Instant, Vec<ProcSample>), (Instant, Vec<ProcSample>))>),
+    Closed(Option<(Snapshot, Snapshot)>),
 }
 
 fn sum(samples: &[ProcSample]) -> ProcSample {

@@ -131,7 +131,7 @@ pub struct CommonArgs {
 #[derive(Debug, Subcommand)]
 pub enum Experiment {
     /// Many idle VMs at once: host CPU, wake-ups, exits, guest timer lateness and RSS per mode.
-    Density(DensityArgs),
+    Density(Box<DensityArgs>),
     /// Wake-up latency of a halted vCPU to an IPI, per halt-polling mode.
     Wakeup(WakeupArgs),
     /// Cost of one guest timer event per irqchip and timer model: exits, host wake-ups and CPU

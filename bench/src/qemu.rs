@@ -3,6 +3,7 @@
 //! `isa-debug-exit` port the test guests write their exit code to (QEMU exits with
 //! `code * 2 + 1`, so a guest's 0 is status 1, as with lull).
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,12 +21,12 @@ pub enum QemuUnusable {
     #[error("{0} is not installed")]
     NotInstalled(String),
     /// A trial VM of a test guest did not end as the guest asked.
-    #[error("{qemu} cannot run a guest here (exit status {status:?}): {why}")]
+    #[error("{qemu} cannot run a guest here ({status}): {why}")]
     Fails {
         /// The QEMU binary.
         qemu: String,
-        /// Its exit status (`None`: killed at the timeout or by a signal).
-        status: Option<i32>,
+        /// How it ended: `exit status N`, `killed by signal N`, `no exit`.
+        status: String,
         /// Its first error line on stderr, if any.
         why: String,
     },
@@ -46,7 +47,7 @@ pub fn can_run(qemu: &str, guest: &Path) -> Result<(), QemuUnusable> {
     if !installed(qemu) {
         return Err(QemuUnusable::NotInstalled(qemu.to_string()));
     }
-    let fails = |status: Option<i32>, why: String| QemuUnusable::Fails {
+    let fails = |status: String, why: String| QemuUnusable::Fails {
         qemu: qemu.to_string(),
         status,
         why,
@@ -58,29 +59,37 @@ pub fn can_run(qemu: &str, guest: &Path) -> Result<(), QemuUnusable> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| fails(None, e.to_string()))?;
+        .map_err(|e| fails("not started".into(), e.to_string()))?;
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status.code(),
+            Ok(Some(status)) => break status,
             Ok(None) if started.elapsed() < TRIAL_TIMEOUT => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(fails(None, format!("no exit within {TRIAL_TIMEOUT:?}")));
+                return Err(fails(
+                    "no exit".into(),
+                    format!("still running after {TRIAL_TIMEOUT:?}"),
+                ));
             }
         }
     };
-    if status == Some(1) {
+    if status.code() == Some(1) {
         return Ok(());
     }
     let mut stderr = String::new();
     if let Some(mut err) = child.stderr.take() {
         let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
     }
-    Err(fails(status, first_error(&stderr)))
+    let how = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    };
+    Err(fails(how, first_error(&stderr)))
 }
 
 /// The first line of QEMU's stderr that says what went wrong (`...: error: ...`), else the

@@ -138,10 +138,73 @@ impl DensityArgs {
         self.guest == LINUX_GUEST
     }
 
+    /// The VM counts as the header line shows them (`1/8/32`).
+    pub fn vm_counts(&self) -> String {
+        let counts: Vec<String> = self.vms.iter().map(u32::to_string).collect();
+        counts.join("/")
+    }
+
     /// Guest RAM per VM, bytes: `--memory`, else the guest's default.
     pub fn memory_bytes(&self) -> u64 {
         self.memory
             .unwrap_or(if self.is_linux() { 32 << 20 } else { 64 << 20 })
+    }
+}
+
+/// What one density VM boots and where its VMM writes.
+pub(crate) struct Launch<'a> {
+    /// The guest kernel (ELF).
+    pub kernel: &'a Path,
+    /// Its command line.
+    pub cmdline: &'a str,
+    /// The serial console's log.
+    pub serial: &'a Path,
+    /// lull's `--metrics` JSON (not for QEMU).
+    pub metrics: &'a Path,
+}
+
+impl DensityArgs {
+    /// The VMM command of one VM in `mode`: QEMU, or `lull` (with `global_timers` in the user
+    /// irqchip modes).
+    pub(crate) fn vm_command(
+        &self,
+        mode: Mode,
+        lull: &Path,
+        global_timers: Option<&str>,
+        l: &Launch,
+    ) -> Command {
+        let mib = self.memory_bytes() >> 20;
+        if mode.is_qemu() {
+            let mut c = qemu::command(&self.qemu, self.cpus, mib);
+            c.arg("-machine")
+                .arg(if mode == Mode::QemuOn {
+                    "kernel-irqchip=on"
+                } else {
+                    "kernel-irqchip=off"
+                })
+                .arg("-serial")
+                .arg(format!("file:{}", l.serial.display()))
+                .arg("-kernel")
+                .arg(l.kernel)
+                .args(["-append", l.cmdline]);
+            return c;
+        }
+        let mut c = Command::new(lull);
+        c.arg("run")
+            .arg("--kernel")
+            .arg(l.kernel)
+            .args(["--cpus", &self.cpus.to_string()])
+            .args(["--memory", &format!("{mib}M")])
+            .args(["--cmdline", l.cmdline])
+            .arg("--serial")
+            .arg(format!("file={}", l.serial.display()))
+            .arg("--metrics")
+            .arg(l.metrics)
+            .args(mode.lull_args());
+        if let (Some(g), false) = (global_timers, mode == Mode::Kernel) {
+            c.args(["--global-timers", g]);
+        }
+        c
     }
 }
 
@@ -161,39 +224,15 @@ impl Plan<'_> {
         let metrics = stem.with_extension("json");
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
-        let cpus = self.args.cpus.to_string();
-        let mib = self.args.memory_bytes() >> 20;
-        let command = if mode.is_qemu() {
-            let mut c = qemu::command(&self.args.qemu, self.args.cpus, mib);
-            c.arg("-machine")
-                .arg(if mode == Mode::QemuOn {
-                    "kernel-irqchip=on"
-                } else {
-                    "kernel-irqchip=off"
-                })
-                .arg("-serial")
-                .arg(format!("file:{}", serial.display()))
-                .arg("-kernel")
-                .arg(&self.guest)
-                .args(["-append", &self.cmdline]);
-            c
-        } else {
-            let mut c = Command::new(&self.lull);
-            c.arg("run")
-                .arg("--kernel")
-                .arg(&self.guest)
-                .args(["--cpus", &cpus, "--memory", &format!("{mib}M")])
-                .args(["--cmdline", &self.cmdline])
-                .arg("--serial")
-                .arg(format!("file={}", serial.display()))
-                .arg("--metrics")
-                .arg(&metrics)
-                .args(mode.lull_args());
-            if let (Some(g), false) = (self.global_timers, mode == Mode::Kernel) {
-                c.args(["--global-timers", g]);
-            }
-            c
+        let launch = Launch {
+            kernel: &self.guest,
+            cmdline: &self.cmdline,
+            serial: &serial,
+            metrics: &metrics,
         };
+        let command = self
+            .args
+            .vm_command(mode, &self.lull, self.global_timers, &launch);
         VmSpec {
             command,
             serial,
@@ -402,11 +441,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(
         "density: {} x {} vCPUs, guest {} ({}), {:?} per run",
-        args.vms
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join("/"),
+        args.vm_counts(),
         args.cpus,
         args.guest,
         plan.cmdline,

@@ -19,11 +19,10 @@
 //! Each workload is a separate experiment (its own VMs and rows): in one boot the kernel runs
 //! one workload and leaves the VM, and a second boot per mode costs as much as the first.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::density::{self, DensityArgs, Mode};
+use super::density::{self, DensityArgs, Launch, Mode};
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
@@ -96,52 +95,30 @@ impl Plan<'_> {
         for stale in [&serial, &metrics, &socket] {
             let _ = std::fs::remove_file(stale);
         }
-        let mib = self.args.memory_bytes() >> 20;
-        if mode.is_qemu() {
-            let mut c = qemu::command(&self.args.qemu, self.args.cpus, mib);
-            if std::path::Path::new(qemu::QBOOT).is_file() {
-                c.args(["-bios", qemu::QBOOT]);
+        let launch = Launch {
+            kernel: &self.kernel,
+            cmdline,
+            serial: &serial,
+            metrics: &metrics,
+        };
+        let mut command = self
+            .args
+            .vm_command(mode, &self.lull, self.global_timers, &launch);
+        let api = if mode.is_qemu() {
+            // qboot lists every vCPU in its MP table (SeaBIOS one per socket: 1 CPU for Linux).
+            if Path::new(qemu::QBOOT).is_file() {
+                command.args(["-bios", qemu::QBOOT]);
             }
-            c.arg("-machine")
-                .arg(if mode == Mode::QemuOn {
-                    "kernel-irqchip=on"
-                } else {
-                    "kernel-irqchip=off"
-                })
-                .arg("-serial")
-                .arg(format!("file:{}", serial.display()))
-                .arg("-kernel")
-                .arg(&self.kernel)
-                .args(["-append", cmdline]);
-            return VmSpec {
-                command: c,
-                serial,
-                stderr: stem.with_extension("stderr"),
-                api: None,
-            };
-        }
-        let mut c = Command::new(&self.lull);
-        c.arg("run")
-            .arg("--kernel")
-            .arg(&self.kernel)
-            .args(["--cpus", &self.args.cpus.to_string()])
-            .args(["--memory", &format!("{mib}M")])
-            .args(["--cmdline", cmdline])
-            .arg("--serial")
-            .arg(format!("file={}", serial.display()))
-            .arg("--metrics")
-            .arg(&metrics)
-            .arg("--api-socket")
-            .arg(&socket)
-            .args(mode.lull_args());
-        if let (Some(g), false) = (self.global_timers, mode == Mode::Kernel) {
-            c.args(["--global-timers", g]);
-        }
+            None
+        } else {
+            command.arg("--api-socket").arg(&socket);
+            Some(socket)
+        };
         VmSpec {
-            command: c,
+            command,
             serial,
             stderr: stem.with_extension("stderr"),
-            api: Some(socket),
+            api,
         }
     }
 }
@@ -458,11 +435,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     );
     println!(
         "density: {} x {} vCPUs, the kit's Linux ({}), {} MiB, {:?} window per run",
-        args.vms
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join("/"),
+        args.vm_counts(),
         args.cpus,
         report.params.guest_cmdline,
         report.params.memory_mib,

@@ -307,10 +307,15 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                 (Some(t), None) if all_alive && now >= t + watch.settle => {
                     open_window(&mut members, watch, now, None)
                 }
-                (Some(_), Some(rule)) if all_alive && plan.is_none() => {
+                (Some(_), Some(rule)) if plan.is_none() => {
                     let starts: Vec<Duration> = members.iter().filter_map(|m| m.booted).collect();
                     match window::plan(&starts, &rule) {
-                        Ok(p) if since >= p.start => {
+                        // A VM ended before the last one started: their workloads never overlapped.
+                        Ok(p) if members.iter().any(|m| m.finished) => {
+                            plan = Some(Err(WindowError::NoOverlap(p.spread)));
+                            Phase::Closed(None)
+                        }
+                        Ok(p) if all_alive && since >= p.start => {
                             plan = Some(Ok(p));
                             open_window(&mut members, watch, now, Some(p))
                         }

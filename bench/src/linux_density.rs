@@ -234,7 +234,10 @@ fn window_metrics(vms: &[VmOutcome]) -> Option<MetricsSum> {
 /// Why the window is short or missing, if it is.
 fn window_note(run: &FleetRun, rule: &WindowRule) -> Option<String> {
     match &run.plan {
-        None => Some("not every VM started its workload: no window".into()),
+        None => Some(
+            "not every VM started its workload, or one stopped before the window opened"
+                .into(),
+        ),
         Some(Err(e)) => Some(e.to_string()),
         Some(Ok(_)) if run.cut.is_some() => run.cut.clone(),
         Some(Ok(p)) if !p.is_full(rule) => Some(format!(

@@ -102,14 +102,15 @@ pub struct DensityArgs {
     /// idle-sim's mix).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,timers")]
     pub workload: Vec<Workload>,
-    /// `--guest linux` only: how far apart the VMs may reach their workload (it starts after
-    /// each kernel's own boot); the workload runs this much longer so that the window still
-    /// fits. Default: 20 s per VM beyond the first. A larger spread shortens the window
-    /// (reported).
+    /// `--guest linux` only: how far apart the VMs may reach their workload (they boot one
+    /// after the other, each once the one before has started it); the workload runs this much
+    /// longer so that the window still fits. Default: 60 s per VM beyond the first. A larger
+    /// spread shortens the window (reported).
     #[arg(long, value_parser = parse_duration)]
     pub boot_spread: Option<Duration>,
     /// `--guest linux` only: kill the VMs that have not finished this long after the workload
-    /// should have (a boot of the kit's Linux takes 30-200 s on PVM hosts).
+    /// should have (a boot of the kit's Linux takes 20-200 s on PVM hosts, and they boot one
+    /// after the other).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub boot_timeout: Duration,
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
@@ -461,6 +462,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
                 planned: None,
+                stagger: false,
                 label,
                 // The guests' run plus a boot of about a second.
                 expected: duration + Duration::from_secs(2),

@@ -1,5 +1,5 @@
-//! A fleet of VMM processes started together: launch, watch until every one has booted and
-//! exited, sample `/proc` meanwhile, and pick the steady-state window in which all of them ran.
+//! A fleet of VMM processes started together (or one after the other, each once the one
+//! before has booted): launch, watch until every one has booted and exited, sample `/proc` meanwhile, and pick the steady-state window in which all of them ran.
 //!
 //! Host CPU time and context switches are rates over that window (all VMs booted, none has
 //! begun its final report or exited), so boot, BIOS, the guests' report printing and exit do
@@ -104,6 +104,10 @@ pub struct Watch {
     pub settle: Duration,
     /// Place the window by this rule (`window.rs`) instead of the steady one.
     pub planned: Option<WindowRule>,
+    /// Launch the VMs one after the other, each once the one before has booted, instead of
+    /// all at once (guests whose boot is long and spins on sibling vCPUs: several booting
+    /// together on few host cores can starve each other for minutes).
+    pub stagger: bool,
     /// Label for progress lines.
     pub label: String,
     /// About how long the run should take (the progress bar's length).
@@ -202,6 +206,40 @@ fn sum(samples: &[ProcSample]) -> ProcSample {
         })
 }
 
+/// Spawns one VM.
+fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
+    let out = File::create(&spec.stderr).map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
+    let child = spec
+        .command
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| BenchError::Spawn(format!("{:?}", spec.command.get_program()), e))?;
+    Ok(Member {
+        pid: child.id(),
+        child,
+        serial: spec.serial,
+        stderr: spec.stderr,
+        booted: None,
+        finished: false,
+        code: None,
+        max_rss: 0,
+        split: None,
+        api: spec.api.map(|socket| ApiVm {
+            socket,
+            booted: false,
+            shut_down: false,
+            at_start: None,
+            at_end: None,
+            error: None,
+        }),
+    })
+}
+
 /// Samples every live member now (`None` for one that has exited).
 fn sample_all(members: &[Member]) -> Vec<Option<ProcSample>> {
     members
@@ -219,40 +257,16 @@ fn sample_all(members: &[Member]) -> Vec<Option<ProcSample>> {
 /// Launches every VM at once, watches them to the end, returns what each did and the window.
 pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     let start = Instant::now();
-    let mut members = Vec::with_capacity(specs.len());
-    for mut spec in specs {
-        let out = File::create(&spec.stderr).map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
-        let child = spec
-            .command
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| BenchError::Spawn(format!("{:?}", spec.command.get_program()), e))?;
-        members.push(Member {
-            pid: child.id(),
-            child,
-            serial: spec.serial,
-            stderr: spec.stderr,
-            booted: None,
-            finished: false,
-            code: None,
-            max_rss: 0,
-            split: None,
-            api: spec.api.map(|socket| ApiVm {
-                socket,
-                booted: false,
-                shut_down: false,
-                at_start: None,
-                at_end: None,
-                error: None,
-            }),
-        });
+    let n = specs.len();
+    let mut pending = specs.into_iter();
+    let mut members = Vec::with_capacity(n);
+    if watch.stagger {
+        members.extend(pending.next().map(launch).transpose()?);
+    } else {
+        for spec in pending.by_ref() {
+            members.push(launch(spec)?);
+        }
     }
-    let n = members.len();
     let mut all_booted_at: Option<Instant> = None;
     let mut phase = Phase::Before;
     let mut plan: Option<Result<WindowPlan, WindowError>> = None;
@@ -286,6 +300,15 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             };
             if !driven {
                 let _ = m.child.kill();
+            }
+        }
+        // Staggered: the next VM once the last one launched has booted (or ended).
+        if members
+            .last()
+            .is_some_and(|m| m.booted.is_some() || m.code.is_some())
+        {
+            if let Some(spec) = pending.next() {
+                members.push(launch(spec)?);
             }
         }
         let round = sample_all(&members);
@@ -428,6 +451,19 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                 api_error,
             }
         })
+        .chain(pending.map(|spec| VmOutcome {
+            code: None,
+            max_rss_kib: 0,
+            guest_rss_kib: None,
+            vmm_rss_kib: None,
+            console: String::new(),
+            stderr: format!(
+                "not launched: the VM before it had not booted by the deadline ({})",
+                spec.serial.display()
+            ),
+            counters: None,
+            api_error: None,
+        }))
         .collect();
     Ok(FleetRun {
         vms,

@@ -238,6 +238,7 @@ impl Plan {
             deadline: Duration::from_millis(self.ms) + Duration::from_secs(120 + 5 * n),
             settle: Duration::ZERO,
             planned: None,
+            stagger: false,
             label: label.into(),
             expected: Duration::from_millis(self.ms) + Duration::from_secs(2),
         };

@@ -4,6 +4,8 @@
 //! and KVM's exit counter. Two live reports of one VM give the counts between them
 //! ([`MetricsSum::since`]), which is how a window that excludes the boot is measured.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 /// Sums of lull's reports over a fleet (or their growth over a window).
@@ -13,6 +15,8 @@ pub struct MetricsSum {
     pub vm_reports: u32,
     /// Wake-ups of halted vCPU threads, every cause lull counts (`vcpus[].wakeups`).
     pub halted_wakeups: u64,
+    /// The same by cause (`timer`, `interrupt`, `control`, `other`, `global_timer`, ...).
+    pub wakeup_causes: BTreeMap<String, u64>,
     /// KVM's `halt_wakeup` (the in-kernel irqchip's wake-ups of halted vCPUs).
     pub kvm_halt_wakeups: u64,
     /// Wake-ups of blocked vCPUs by a global timer, where lull reports them.
@@ -51,7 +55,11 @@ impl MetricsSum {
             let w = &v["wakeups"];
             // Every cause lull reports (timer, interrupt, control, other, global_timer, ...).
             if let Some(causes) = w.as_object() {
-                self.halted_wakeups += causes.values().filter_map(Value::as_u64).sum::<u64>();
+                for (cause, count) in causes {
+                    let count = count.as_u64().unwrap_or(0);
+                    self.halted_wakeups += count;
+                    *self.wakeup_causes.entry(cause.clone()).or_insert(0) += count;
+                }
             }
             add_opt(&mut self.global_timer_wakeups, w["global_timer"].as_u64());
             add_opt(
@@ -74,6 +82,9 @@ impl MetricsSum {
     pub fn merge(&mut self, other: &Self) {
         self.vm_reports += other.vm_reports;
         self.halted_wakeups += other.halted_wakeups;
+        for (cause, count) in &other.wakeup_causes {
+            *self.wakeup_causes.entry(cause.clone()).or_insert(0) += count;
+        }
         self.kvm_halt_wakeups += other.kvm_halt_wakeups;
         add_opt(&mut self.global_timer_wakeups, other.global_timer_wakeups);
         add_opt(&mut self.global_timer_fires, other.global_timer_fires);
@@ -86,6 +97,14 @@ impl MetricsSum {
         Self {
             vm_reports: self.vm_reports,
             halted_wakeups: self.halted_wakeups.saturating_sub(earlier.halted_wakeups),
+            wakeup_causes: self
+                .wakeup_causes
+                .iter()
+                .map(|(cause, &n)| {
+                    let before = earlier.wakeup_causes.get(cause).copied().unwrap_or(0);
+                    (cause.clone(), n.saturating_sub(before))
+                })
+                .collect(),
             kvm_halt_wakeups: self
                 .kvm_halt_wakeups
                 .saturating_sub(earlier.kvm_halt_wakeups),
@@ -160,6 +179,9 @@ mod tests {
         let end = MetricsSum::of(&live(81_532, [[397, 60], [150, 22]], 45_238));
         let w = end.since(&start);
         assert_eq!(w.halted_wakeups, (120 + 2) + (133 + 1));
+        assert_eq!(w.wakeup_causes["timer"], 120 + 133);
+        assert_eq!(w.wakeup_causes["interrupt"], 2 + 1);
+        assert_eq!(w.wakeup_causes["control"], 0);
         assert_eq!(w.kvm_exits, Some(6_000));
         assert_eq!(w.global_timer_wakeups, Some(0));
         assert!((w.vcpu_seconds - 120.0).abs() < 1e-9);
@@ -167,6 +189,7 @@ mod tests {
         let mut fleet = w.clone();
         fleet.merge(&w);
         assert_eq!((fleet.vm_reports, fleet.halted_wakeups), (2, 512));
+        assert_eq!(fleet.wakeup_causes["timer"], 2 * 253);
         assert_eq!(fleet.kvm_exits, Some(12_000));
         // A counter only one report has gives no difference.
         let mut no_kvm = live(81_532, [[0, 0], [0, 0]], 0);

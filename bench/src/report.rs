@@ -163,6 +163,10 @@ pub struct LinuxRow {
     /// Wake-ups of halted vCPUs (lull's count of every cause, or KVM's `halt_wakeup` with the
     /// kernel irqchip) per vCPU per second of the window; `null` for QEMU.
     pub halted_vcpu_wakeups_per_vcpu_s: Option<f64>,
+    /// lull's wake-ups of halted vCPUs by cause (`timer`, `interrupt`, `control`, `other`,
+    /// `global_timer`) per vCPU per second of the window; empty for the kernel irqchip and QEMU.
+    #[serde(default)]
+    pub halted_vcpu_wakeups_by_cause: std::collections::BTreeMap<String, f64>,
 }
 
 /// The density JSON document.

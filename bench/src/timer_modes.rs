@@ -201,6 +201,7 @@ impl Plan {
             deadline: Duration::from_secs(300),
             settle: Duration::ZERO,
             planned: None,
+            stagger: false,
             label: format!("{} count={count} rep {rep}", mode.name()),
             // Four timer modes of `count` 1-ms timers, plus the boot.
             expected: Duration::from_millis(4 * u64::from(count)) + Duration::from_secs(2),

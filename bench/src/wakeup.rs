@@ -158,6 +158,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
                 deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
                 settle: Duration::from_secs(0),
                 planned: None,
+                stagger: false,
                 label,
                 // About a millisecond per sample (the guest's gap) plus the boot.
                 expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),

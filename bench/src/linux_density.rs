@@ -374,6 +374,18 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
                 .then(|| guest.timer_events_per_s / guest_cpus),
             thread_wake: guest.lateness(true),
             halted_vcpu_wakeups_per_vcpu_s: halted_per_vcpu_s,
+            host_timer_interrupts_per_vcpu_s: metrics
+                .as_ref()
+                .filter(|_| e.mode != Mode::Kernel)
+                .map(|m| per_vcpu_s(m.lapic_timer_fires as f64)),
+            host_injected_interrupts_per_vcpu_s: metrics.as_ref().and_then(|m| {
+                let n = if e.mode == Mode::Kernel {
+                    m.kvm_irq_injections?
+                } else {
+                    m.injected
+                };
+                Some(per_vcpu_s(n as f64))
+            }),
             halted_vcpu_wakeups_by_cause: metrics
                 .as_ref()
                 .filter(|_| e.mode != Mode::Kernel)

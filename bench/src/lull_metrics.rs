@@ -25,6 +25,12 @@ pub struct MetricsSum {
     pub global_timer_fires: Option<u64>,
     /// KVM's `exits`, where readable.
     pub kvm_exits: Option<u64>,
+    /// LAPIC timer expiries of lull's LAPIC (`vcpus[].lapic_timer_fires`; 0 with the kernel's).
+    pub lapic_timer_fires: u64,
+    /// Interrupts lull injected (`vcpus[].injected`; 0 with the kernel irqchip).
+    pub injected: u64,
+    /// KVM's `irq_injections` (every interrupt the in-kernel LAPIC delivered), where readable.
+    pub kvm_irq_injections: Option<u64>,
     /// Run time times vCPUs, seconds (lull's clock).
     pub vcpu_seconds: f64,
 }
@@ -66,6 +72,8 @@ impl MetricsSum {
                 &mut self.global_timer_fires,
                 v["global_timer_fires"].as_u64(),
             );
+            self.lapic_timer_fires += v["lapic_timer_fires"].as_u64().unwrap_or(0);
+            self.injected += v["injected"].as_u64().unwrap_or(0);
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
         add_opt(
@@ -74,6 +82,10 @@ impl MetricsSum {
         );
         self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
         add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
+        add_opt(
+            &mut self.kvm_irq_injections,
+            m["kvm"]["irq_injections"].as_u64(),
+        );
         let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
         self.vcpu_seconds += secs * vcpus.len() as f64;
     }
@@ -89,6 +101,9 @@ impl MetricsSum {
         add_opt(&mut self.global_timer_wakeups, other.global_timer_wakeups);
         add_opt(&mut self.global_timer_fires, other.global_timer_fires);
         add_opt(&mut self.kvm_exits, other.kvm_exits);
+        self.lapic_timer_fires += other.lapic_timer_fires;
+        self.injected += other.injected;
+        add_opt(&mut self.kvm_irq_injections, other.kvm_irq_injections);
         self.vcpu_seconds += other.vcpu_seconds;
     }
 
@@ -111,6 +126,11 @@ impl MetricsSum {
             global_timer_wakeups: sub_opt(self.global_timer_wakeups, earlier.global_timer_wakeups),
             global_timer_fires: sub_opt(self.global_timer_fires, earlier.global_timer_fires),
             kvm_exits: sub_opt(self.kvm_exits, earlier.kvm_exits),
+            lapic_timer_fires: self
+                .lapic_timer_fires
+                .saturating_sub(earlier.lapic_timer_fires),
+            injected: self.injected.saturating_sub(earlier.injected),
+            kvm_irq_injections: sub_opt(self.kvm_irq_injections, earlier.kvm_irq_injections),
             vcpu_seconds: (self.vcpu_seconds - earlier.vcpu_seconds).max(0.0),
         }
     }
@@ -161,6 +181,8 @@ mod tests {
             serde_json::json!({
                 "wakeups": { "timer": w[0], "interrupt": w[1], "control": 0, "other": 0, "global_timer": 0 },
                 "global_timer_fires": 0,
+                "lapic_timer_fires": 3 * w[0],
+                "injected": 3 * w[0] + w[1],
             })
         };
         serde_json::json!({
@@ -168,7 +190,7 @@ mod tests {
             "run_time_ms": run_ms,
             "vcpus": [vcpu(wakeups[0]), vcpu(wakeups[1])],
             "global_timers": null,
-            "kvm": { "exits": exits, "halt_wakeup": 0 },
+            "kvm": { "exits": exits, "halt_wakeup": 0, "irq_injections": exits / 10 },
         })
     }
 
@@ -183,6 +205,9 @@ mod tests {
         assert_eq!(w.wakeup_causes["interrupt"], 2 + 1);
         assert_eq!(w.wakeup_causes["control"], 0);
         assert_eq!(w.kvm_exits, Some(6_000));
+        assert_eq!(w.kvm_irq_injections, Some(600));
+        assert_eq!(w.lapic_timer_fires, 3 * (120 + 133));
+        assert_eq!(w.injected, 3 * (120 + 133) + 2 + 1);
         assert_eq!(w.global_timer_wakeups, Some(0));
         assert!((w.vcpu_seconds - 120.0).abs() < 1e-9);
         // Two VMs' windows add up.

@@ -163,6 +163,16 @@ pub struct LinuxRow {
     /// Wake-ups of halted vCPUs (lull's count of every cause, or KVM's `halt_wakeup` with the
     /// kernel irqchip) per vCPU per second of the window; `null` for QEMU.
     pub halted_vcpu_wakeups_per_vcpu_s: Option<f64>,
+    /// The host's own count of guest timer interrupts over the window (lull's LAPIC timer
+    /// expiries, `vcpus[].lapic_timer_fires`) per vCPU per second: the window's counterpart
+    /// of `loc_per_vcpu_s`; `null` for the kernel irqchip and QEMU.
+    #[serde(default)]
+    pub host_timer_interrupts_per_vcpu_s: Option<f64>,
+    /// Interrupts delivered to the guest over the window (lull's `injected`, or KVM's
+    /// `irq_injections` with the kernel irqchip: timer, IPIs, devices) per vCPU per second;
+    /// `null` for QEMU.
+    #[serde(default)]
+    pub host_injected_interrupts_per_vcpu_s: Option<f64>,
     /// lull's wake-ups of halted vCPUs by cause (`timer`, `interrupt`, `control`, `other`,
     /// `global_timer`) per vCPU per second of the window; empty for the kernel irqchip and QEMU.
     #[serde(default)]

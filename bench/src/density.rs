@@ -97,9 +97,9 @@ pub struct DensityArgs {
     #[arg(long, default_value = "")]
     pub guest_args: String,
     /// `--guest linux` only: the kernel-side workloads, comma-separated, each a separate
-    /// experiment (its own VMs, rows and plot line): `idle` (the kernel left alone: its tick,
-    /// NOHZ idle, RCU) and `timers` (a thread per CPU sleeping on hrtimers drawn from
-    /// idle-sim's mix).
+    /// experiment with its own VMs, rows and plot line (a kernel runs one workload per boot,
+    /// then leaves the VM): `idle` (the kernel left alone: its tick, NOHZ idle, RCU) and
+    /// `timers` (a thread per CPU sleeping on hrtimers drawn from idle-sim's mix).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,timers")]
     pub workload: Vec<Workload>,
     /// `--guest linux` only: how far apart the VMs may reach their workload (they boot one

@@ -422,6 +422,8 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
                 && r.linux.as_ref().map(|l| &l.workload) == like.linux.as_ref().map(|l| &l.workload)
         })
     };
+    // A row without a window measured nothing on the host.
+    let host = |r: &DensityRow, v: f64| (r.window_s > 0.0).then_some(v);
     let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
         _ => "-".to_string(),
@@ -436,14 +438,17 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
             Some(format!(
                 "pull / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, host wake-ups per timer interrupt {}",
                 pull.vms,
-                ratio(Some(pull.host_cpu_percent_per_vcpu), Some(kernel.host_cpu_percent_per_vcpu)),
+                ratio(
+                    host(pull, pull.host_cpu_percent_per_vcpu),
+                    host(kernel, kernel.host_cpu_percent_per_vcpu)
+                ),
                 ratio(
                     pull.halted_vcpu_wakeups_per_timer_event,
                     kernel.halted_vcpu_wakeups_per_timer_event
                 ),
                 ratio(
-                    Some(pull.host_wakeups_per_timer_event),
-                    Some(kernel.host_wakeups_per_timer_event)
+                    host(pull, pull.host_wakeups_per_timer_event),
+                    host(kernel, kernel.host_wakeups_per_timer_event)
                 ),
             ))
         })
@@ -595,6 +600,34 @@ pub(crate) mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn pull_is_compared_with_kernel_of_the_same_count() {
+        let mut kernel = density_row("kernel", 4, 0.5);
+        kernel.halted_vcpu_wakeups_per_timer_event = Some(0.5);
+        let mut pull = density_row("pull", 4, 0.75);
+        pull.halted_vcpu_wakeups_per_timer_event = Some(0.6);
+        let mut lost = density_row("pull", 8, 0.75);
+        lost.window_s = 0.0;
+        let kernel8 = density_row("kernel", 8, 0.5);
+        let lines = pull_kernel_ratios(&density_report(vec![kernel, pull, kernel8, lost]));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("N=4"), "{}", lines[0]);
+        // CPU 0.75 / 0.5; halted wake-ups 0.6 / 0.5; host wake-ups per event 0.75 / 0.5.
+        assert!(
+            lines[0].ends_with(
+                "host CPU per vCPU 1.50, halted-vCPU wake-ups per timer interrupt 1.20, host wake-ups per timer interrupt 1.50"
+            ),
+            "{}",
+            lines[0]
+        );
+        // No window: nothing to compare.
+        assert!(
+            lines[1].contains("N=8   host CPU per vCPU -,"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]

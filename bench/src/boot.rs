@@ -33,7 +33,6 @@ use super::{guest_path, lull_binary, proc_sample, qemu, work_dir, BenchError, Co
 pub const BOOT_SCHEMA: &str = "lull-bench-boot/1";
 /// Console lines of a Linux boot whose arrival is timed.
 pub const LINUX_MARKERS: [&str; 2] = ["smp: Brought up", "Run /init as init process"];
-const QBOOT: &str = "/usr/share/qemu/qboot.rom";
 const GUEST_MIB: u64 = 128;
 const TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -266,8 +265,8 @@ impl Plan {
 
     fn qemu(&self, qemu: &str, kernel: &Path, cpus: u32) -> Command {
         let mut c = qemu::command(qemu, cpus, GUEST_MIB);
-        if Path::new(QBOOT).is_file() {
-            c.args(["-bios", QBOOT]);
+        if Path::new(qemu::QBOOT).is_file() {
+            c.args(["-bios", qemu::QBOOT]);
         }
         c.args(["-serial", "stdio", "-kernel"]).arg(kernel);
         c

@@ -5,11 +5,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::Value;
 
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
-use super::report::{self, DensityParams, DensityReport, DensityRow, DENSITY_SCHEMA};
+pub use super::linux_density::Workload;
+use super::lull_metrics::MetricsSum;
+use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
 use super::units::{parse_duration, parse_size};
 use super::{
     guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
@@ -72,23 +73,46 @@ pub struct DensityArgs {
     /// vCPUs per VM.
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
-    /// Guest: a kit guest name (`idle-sim`) or a path to its ELF.
+    /// Guest: a kit guest name (`idle-sim`) or a path to its ELF; or `linux`: the kit's Linux
+    /// running its in-kernel workload (see --workload), measured only while every VM runs it
+    /// (its boot, tens of seconds on PVM hosts, is left out of every figure).
     #[arg(long, default_value = "idle-sim")]
     pub guest: String,
     /// How long each guest runs its timers: a number with a unit (30s, 500ms, 2m, 1m30s; a
-    /// bare number is refused).
+    /// bare number is refused). With `--guest linux`: the length of the measured window (the
+    /// workload runs longer: this + --boot-spread + 5 s).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub duration: Duration,
     /// Modes, comma-separated: kernel, pull, push, central, qemu-on, qemu-off. Default: all
-    /// (the QEMU ones only where qemu is installed).
+    /// (the QEMU ones only where QEMU can run a guest here; `--guest linux`: not qemu-off,
+    /// whose user-space LAPIC cannot boot the kit's Linux).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub modes: Vec<Mode>,
-    /// Guest RAM per VM in bytes, or with a binary K, M or G suffix (64M is 64 MiB).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
-    pub memory: u64,
-    /// More guest command-line words, e.g. `mix=50:1,50:10-100 ipi_pct=10`.
+    /// Guest RAM per VM in bytes, or with a binary K, M or G suffix (64M is 64 MiB). Default:
+    /// 64M; 32M with `--guest linux` (the least its kernel boots well with).
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// More guest command-line words, e.g. `mix=50:1,50:10-100 ipi_pct=10`. With `--guest
+    /// linux`: more options of `lull.workload=`, comma-separated (e.g. `seed=7,max_late_ms=5000`).
     #[arg(long, default_value = "")]
     pub guest_args: String,
+    /// `--guest linux` only: the kernel-side workloads, comma-separated, each a separate
+    /// experiment with its own VMs, rows and plot line (a kernel runs one workload per boot,
+    /// then leaves the VM): `idle` (the kernel left alone: its tick, NOHZ idle, RCU) and
+    /// `timers` (a thread per CPU sleeping on hrtimers drawn from idle-sim's mix).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,timers")]
+    pub workload: Vec<Workload>,
+    /// `--guest linux` only: how far apart the VMs may reach their workload (they boot one
+    /// after the other, each once the one before has started it); the workload runs this much
+    /// longer so that the window still fits. Default: 60 s per VM beyond the first. A larger
+    /// spread shortens the window (reported).
+    #[arg(long, value_parser = parse_duration)]
+    pub boot_spread: Option<Duration>,
+    /// `--guest linux` only: kill the VMs that have not finished this long after the workload
+    /// should have (a boot of the kit's Linux takes 20-200 s on PVM hosts, and they boot one
+    /// after the other).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub boot_timeout: Duration,
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
     #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<String>,
@@ -104,6 +128,85 @@ pub struct DensityArgs {
     /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
     #[arg(long, value_name = "PATH")]
     pub from_json: Option<PathBuf>,
+}
+
+/// The `--guest` that selects the kit's Linux.
+pub const LINUX_GUEST: &str = "linux";
+
+impl DensityArgs {
+    /// Whether the guest is the kit's Linux.
+    pub fn is_linux(&self) -> bool {
+        self.guest == LINUX_GUEST
+    }
+
+    /// The VM counts as the header line shows them (`1/8/32`).
+    pub fn vm_counts(&self) -> String {
+        let counts: Vec<String> = self.vms.iter().map(u32::to_string).collect();
+        counts.join("/")
+    }
+
+    /// Guest RAM per VM, bytes: `--memory`, else the guest's default.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory
+            .unwrap_or(if self.is_linux() { 32 << 20 } else { 64 << 20 })
+    }
+}
+
+/// What one density VM boots and where its VMM writes.
+pub(crate) struct Launch<'a> {
+    /// The guest kernel (ELF).
+    pub kernel: &'a Path,
+    /// Its command line.
+    pub cmdline: &'a str,
+    /// The serial console's log.
+    pub serial: &'a Path,
+    /// lull's `--metrics` JSON (not for QEMU).
+    pub metrics: &'a Path,
+}
+
+impl DensityArgs {
+    /// The VMM command of one VM in `mode`: QEMU, or `lull` (with `global_timers` in the user
+    /// irqchip modes).
+    pub(crate) fn vm_command(
+        &self,
+        mode: Mode,
+        lull: &Path,
+        global_timers: Option<&str>,
+        l: &Launch,
+    ) -> Command {
+        let mib = self.memory_bytes() >> 20;
+        if mode.is_qemu() {
+            let mut c = qemu::command(&self.qemu, self.cpus, mib);
+            c.arg("-machine")
+                .arg(if mode == Mode::QemuOn {
+                    "kernel-irqchip=on"
+                } else {
+                    "kernel-irqchip=off"
+                })
+                .arg("-serial")
+                .arg(format!("file:{}", l.serial.display()))
+                .arg("-kernel")
+                .arg(l.kernel)
+                .args(["-append", l.cmdline]);
+            return c;
+        }
+        let mut c = Command::new(lull);
+        c.arg("run")
+            .arg("--kernel")
+            .arg(l.kernel)
+            .args(["--cpus", &self.cpus.to_string()])
+            .args(["--memory", &format!("{mib}M")])
+            .args(["--cmdline", l.cmdline])
+            .arg("--serial")
+            .arg(format!("file={}", l.serial.display()))
+            .arg("--metrics")
+            .arg(l.metrics)
+            .args(mode.lull_args());
+        if let (Some(g), false) = (global_timers, mode == Mode::Kernel) {
+            c.args(["--global-timers", g]);
+        }
+        c
+    }
 }
 
 struct Plan<'a> {
@@ -122,90 +225,21 @@ impl Plan<'_> {
         let metrics = stem.with_extension("json");
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
-        let cpus = self.args.cpus.to_string();
-        let mib = self.args.memory >> 20;
-        let command = if mode.is_qemu() {
-            let mut c = qemu::command(&self.args.qemu, self.args.cpus, mib);
-            c.arg("-machine")
-                .arg(if mode == Mode::QemuOn {
-                    "kernel-irqchip=on"
-                } else {
-                    "kernel-irqchip=off"
-                })
-                .arg("-serial")
-                .arg(format!("file:{}", serial.display()))
-                .arg("-kernel")
-                .arg(&self.guest)
-                .args(["-append", &self.cmdline]);
-            c
-        } else {
-            let mut c = Command::new(&self.lull);
-            c.arg("run")
-                .arg("--kernel")
-                .arg(&self.guest)
-                .args(["--cpus", &cpus, "--memory", &format!("{mib}M")])
-                .args(["--cmdline", &self.cmdline])
-                .arg("--serial")
-                .arg(format!("file={}", serial.display()))
-                .arg("--metrics")
-                .arg(&metrics)
-                .args(mode.lull_args());
-            if let (Some(g), false) = (self.global_timers, mode == Mode::Kernel) {
-                c.args(["--global-timers", g]);
-            }
-            c
+        let launch = Launch {
+            kernel: &self.guest,
+            cmdline: &self.cmdline,
+            serial: &serial,
+            metrics: &metrics,
         };
+        let command = self
+            .args
+            .vm_command(mode, &self.lull, self.global_timers, &launch);
         VmSpec {
             command,
             serial,
             stderr: stem.with_extension("stderr"),
+            api: None,
         }
-    }
-}
-
-/// Sums of lull's `--metrics` over a fleet.
-#[derive(Debug, Default)]
-struct MetricsSum {
-    vm_reports: u32,
-    halted_wakeups: u64,
-    kvm_halt_wakeups: u64,
-    global_timer_wakeups: Option<u64>,
-    global_timer_fires: Option<u64>,
-    kvm_exits: Option<u64>,
-    vcpu_seconds: f64,
-}
-
-fn add_opt(acc: &mut Option<u64>, v: Option<u64>) {
-    if let Some(v) = v {
-        *acc = Some(acc.unwrap_or(0) + v);
-    }
-}
-
-impl MetricsSum {
-    fn add(&mut self, m: &Value) {
-        self.vm_reports += 1;
-        let vcpus = m["vcpus"].as_array().map_or(&[][..], Vec::as_slice);
-        for v in vcpus {
-            let w = &v["wakeups"];
-            // Every cause lull reports (timer, interrupt, control, other, global_timer, ...).
-            if let Some(causes) = w.as_object() {
-                self.halted_wakeups += causes.values().filter_map(Value::as_u64).sum::<u64>();
-            }
-            add_opt(&mut self.global_timer_wakeups, w["global_timer"].as_u64());
-            add_opt(
-                &mut self.global_timer_fires,
-                v["global_timer_fires"].as_u64(),
-            );
-        }
-        // The `central` model expires global timers on its own timer thread, not on a vCPU.
-        add_opt(
-            &mut self.global_timer_fires,
-            m["global_timers"]["timer_thread_fires"].as_u64(),
-        );
-        self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
-        add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
-        let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
-        self.vcpu_seconds += secs * vcpus.len() as f64;
     }
 }
 
@@ -292,47 +326,67 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         guest_ram_rss_kib_per_vm: mean(&|v| v.guest_rss_kib),
         vmm_rss_kib_per_vm: mean(&|v| v.vmm_rss_kib),
         failures,
+        linux: None,
     }
 }
 
-fn modes(args: &DensityArgs) -> Result<Vec<Mode>, BenchError> {
-    let qemu = qemu::installed(&args.qemu);
+/// Whether QEMU can run here: installed, and (where the kit has `hello`) able to run it.
+fn qemu_check(args: &DensityArgs) -> Result<(), qemu::QemuUnusable> {
+    match guest_path("hello", args.common.kit.as_ref()) {
+        Ok(hello) => qemu::can_run(&args.qemu, &hello),
+        Err(_) if qemu::installed(&args.qemu) => Ok(()),
+        Err(_) => Err(qemu::QemuUnusable::NotInstalled(args.qemu.clone())),
+    }
+}
+
+/// The modes to run, and the ones left out with the reason. Without `--modes`: every lull
+/// mode, and the QEMU ones where QEMU runs (`qemu-off` not for Linux: QEMU's user-space
+/// LAPIC cannot boot it, see resources/linux/README.md).
+pub(crate) fn modes(args: &DensityArgs) -> Result<(Vec<Mode>, Vec<SkippedMode>), BenchError> {
     let mut modes = if args.modes.is_empty() {
-        let mut m = vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central];
-        if qemu {
-            m.extend([Mode::QemuOn, Mode::QemuOff]);
+        let mut m = vec![
+            Mode::Kernel,
+            Mode::Pull,
+            Mode::Push,
+            Mode::Central,
+            Mode::QemuOn,
+        ];
+        if !args.is_linux() {
+            m.push(Mode::QemuOff);
         }
         m
     } else {
         args.modes.clone()
     };
-    if !qemu && modes.iter().any(|m| m.is_qemu()) {
-        eprintln!(
-            "bench: {} is not installed: leaving out the QEMU modes",
-            args.qemu
-        );
-        modes.retain(|m| !m.is_qemu());
+    let mut skipped = Vec::new();
+    if modes.iter().any(|m| m.is_qemu()) {
+        if let Err(why) = qemu_check(args) {
+            eprintln!("bench: leaving out the QEMU modes: {why}");
+            for m in modes.iter().filter(|m| m.is_qemu()) {
+                skipped.push(SkippedMode {
+                    mode: m.name().into(),
+                    reason: why.to_string(),
+                });
+            }
+            modes.retain(|m| !m.is_qemu());
+        }
     }
     if modes.is_empty() {
         return Err(BenchError::NoModes(
-            "every mode asked for needs QEMU".into(),
+            "every mode asked for needs QEMU, and QEMU cannot run here".into(),
         ));
     }
-    Ok(modes)
+    Ok((modes, skipped))
 }
 
 /// Prints the table of an earlier run and draws its plot.
 fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
     let text = std::fs::read_to_string(json).map_err(|e| BenchError::Io(json.into(), e))?;
     let report: DensityReport = serde_json::from_str(&text)?;
-    if let Some(path) = svg {
-        std::fs::write(path, plot::density_svg(&report)?)
-            .map_err(|e| BenchError::Io(path.clone(), e))?;
+    for line in report::density_table(&report) {
+        println!("{line}");
     }
-    println!("{}", report::density_header());
-    for r in &report.results {
-        println!("{}", report::density_line(r));
-    }
+    finish(&report, svg)?;
     Ok(report.results.iter().all(|r| r.failures.is_empty()))
 }
 
@@ -341,10 +395,13 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
+    if args.is_linux() {
+        return super::linux_density::run(args);
+    }
     let duration = args.duration;
     let lull = lull_binary(args.common.lull.as_ref())?;
     let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
-    let modes = modes(args)?;
+    let (modes, skipped) = modes(args)?;
     let has_global = lull_has_flag(&lull, "--global-timers");
     if args.global_timers.is_some() && !has_global {
         eprintln!(
@@ -373,21 +430,19 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             guest: plan.guest.display().to_string(),
             guest_cmdline: plan.cmdline.clone(),
             duration_s: duration.as_secs_f64(),
-            memory_mib: args.memory >> 20,
+            memory_mib: args.memory_bytes() >> 20,
             modes: modes.iter().map(|m| m.name().to_string()).collect(),
             global_timers: args.global_timers.clone(),
             global_timers_applied: plan.global_timers.is_some(),
+            linux: None,
         },
         results: Vec::new(),
+        skipped,
     };
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(
         "density: {} x {} vCPUs, guest {} ({}), {:?} per run",
-        args.vms
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join("/"),
+        args.vm_counts(),
         args.cpus,
         args.guest,
         plan.cmdline,
@@ -402,10 +457,12 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             let specs = (0..n).map(|i| plan.spec(mode, n, i)).collect();
             let watch = Watch {
                 boot_marker: format!("{}: ", guest_stem(&plan.guest)),
-                end_marker: Some(format!("{}: cpu 0: ", guest_stem(&plan.guest))),
-                guest_bytes: args.memory,
+                end_markers: vec![format!("{}: cpu 0: ", guest_stem(&plan.guest))],
+                guest_bytes: args.memory_bytes(),
                 deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
                 settle: Duration::from_secs(1),
+                planned: None,
+                stagger: false,
                 label,
                 // The guests' run plus a boot of about a second.
                 expected: duration + Duration::from_secs(2),
@@ -423,12 +480,24 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
             }
         }
     }
-    if let Some(path) = &args.plot {
-        let svg = plot::density_svg(&report)?;
+    finish(&report, args.plot.as_ref())?;
+    Ok(all_ok)
+}
+
+/// After the last row: the modes left out, the `pull / kernel` ratios, the plot.
+pub(crate) fn finish(report: &DensityReport, plot: Option<&PathBuf>) -> Result<(), BenchError> {
+    for s in &report.skipped {
+        println!("{} skipped: {}", s.mode, s.reason);
+    }
+    for line in report::pull_kernel_ratios(report) {
+        println!("{line}");
+    }
+    if let Some(path) = plot {
+        let svg = plot::density_svg(report)?;
         std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
         eprintln!("bench: plot written to {}", path.display());
     }
-    Ok(all_ok)
+    Ok(())
 }
 
 fn guest_stem(guest: &Path) -> String {
@@ -436,44 +505,4 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> Value {
-        let vcpu = |fires: u64| {
-            serde_json::json!({
-                "wakeups": { "timer": 3, "global_timer": 1 },
-                "global_timer_fires": fires,
-            })
-        };
-        let global = thread_fires.map_or(
-            Value::Null,
-            |f| serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f }),
-        );
-        serde_json::json!({
-            "run_time_ms": 2000,
-            "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],
-            "global_timers": global,
-            "kvm": { "exits": 100, "halt_wakeup": 0 },
-        })
-    }
-
-    #[test]
-    fn global_fires_count_every_model() {
-        // pull/push: the vCPUs expire global timers themselves.
-        let mut pull = MetricsSum::default();
-        pull.add(&metrics([5, 7], Some(0)));
-        assert_eq!(pull.global_timer_fires, Some(12));
-        // central: its timer thread does, and the vCPUs report none.
-        let mut central = MetricsSum::default();
-        central.add(&metrics([0, 0], Some(40)));
-        central.add(&metrics([0, 0], Some(2)));
-        assert_eq!(central.global_timer_fires, Some(42));
-        assert_eq!(central.global_timer_wakeups, Some(4));
-        assert_eq!(central.halted_wakeups, 16);
-        assert_eq!(central.kvm_exits, Some(200));
-    }
 }

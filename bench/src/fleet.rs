@@ -1,17 +1,34 @@
-//! A fleet of VMM processes started together: launch, watch until every one has booted and
-//! exited, sample `/proc` meanwhile, and pick the steady-state window in which all of them ran.
+//! A fleet of VMM processes started together (or one after the other, each once the one
+//! before has booted): launch, watch until every one has booted and exited, sample `/proc` meanwhile, and pick the steady-state window in which all of them ran.
 //!
 //! Host CPU time and context switches are rates over that window (all VMs booted, none has
 //! begun its final report or exited), so boot, BIOS, the guests' report printing and exit do
 //! not count; the same measurement applies to lull and QEMU alike.
+//!
+//! Two ways to place the window:
+//! - steady (the synthetic guests, which boot in a second): it opens `settle` after the last
+//!   VM has booted and closes at the last sample before any VM ends its measured phase;
+//! - planned (guests whose workload of fixed length follows a long boot, see `window.rs`): it
+//!   opens once every VM has started (+ settle) and closes at a time fixed then, before the
+//!   first workload ends.
+//!
+//! A VM given an API socket is driven through lull's management API (`api_client.rs`): the
+//! fleet boots it once the socket appears, reads its live counters as the window opens and
+//! as it closes (so lull's own counts are differenced over the window too), and ends lull
+//! once its VM has stopped. Nothing is asked of the API while the window is open: a request
+//! wakes lull's main thread, which the window would count.
 
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
+use super::api_client;
 use super::proc_sample::{self, ProcSample};
 use super::progress::Progress;
+use super::window::{self, WindowError, WindowPlan, WindowRule};
 use super::BenchError;
 
 /// One VM of the fleet: the command and where its console goes.
@@ -23,6 +40,8 @@ pub struct VmSpec {
     pub serial: PathBuf,
     /// Where the VMM's own stdout and stderr go.
     pub stderr: PathBuf,
+    /// lull's management API socket (`--api-socket`), if the VM is to be driven through it.
+    pub api: Option<PathBuf>,
 }
 
 /// What became of one VM.
@@ -40,6 +59,10 @@ pub struct VmOutcome {
     pub console: String,
     /// The VMM's stdout and stderr.
     pub stderr: String,
+    /// lull's live counters (`vm.counters`) as the window opened and as it closed (API VMs).
+    pub counters: Option<(Value, Value)>,
+    /// What went wrong with its API, if anything.
+    pub api_error: Option<String>,
 }
 
 /// Host counters of the whole fleet over its steady-state window.
@@ -58,6 +81,11 @@ pub struct FleetRun {
     pub vms: Vec<VmOutcome>,
     /// The steady-state window.
     pub window: Window,
+    /// Where a planned window was placed, or why there was none (`None`: steady window, or
+    /// not every VM booted).
+    pub plan: Option<Result<WindowPlan, WindowError>>,
+    /// Why a planned window closed before its time, if it did.
+    pub cut: Option<String>,
 }
 
 /// How to watch the fleet.
@@ -65,15 +93,21 @@ pub struct FleetRun {
 pub struct Watch {
     /// A VM has booted when its console contains this.
     pub boot_marker: String,
-    /// A VM's measured phase is over once its console contains this (its report begins);
-    /// the window ends before the first VM gets there.
-    pub end_marker: Option<String>,
+    /// A VM's measured phase is over once its console contains one of these (its report
+    /// begins); the window ends before the first VM gets there.
+    pub end_markers: Vec<String>,
     /// Guest RAM size, to split RSS.
     pub guest_bytes: u64,
     /// Kill whatever still runs after this long.
     pub deadline: Duration,
     /// Wait this long after the last boot before the window starts.
     pub settle: Duration,
+    /// Place the window by this rule (`window.rs`) instead of the steady one.
+    pub planned: Option<WindowRule>,
+    /// Launch the VMs one after the other, each once the one before has booted, instead of
+    /// all at once (guests whose boot is long and spins on sibling vCPUs: several booting
+    /// together on few host cores can starve each other for minutes).
+    pub stagger: bool,
     /// Label for progress lines.
     pub label: String,
     /// About how long the run should take (the progress bar's length).
@@ -87,11 +121,78 @@ struct Member {
     pid: u32,
     serial: PathBuf,
     stderr: PathBuf,
-    booted: bool,
+    booted: Option<Duration>,
     finished: bool,
     code: Option<Option<i32>>,
     max_rss: u64,
     split: Option<(u64, u64)>,
+    api: Option<ApiVm>,
+}
+
+/// The API side of a member.
+struct ApiVm {
+    socket: PathBuf,
+    booted: bool,
+    shut_down: bool,
+    at_start: Option<Value>,
+    at_end: Option<Value>,
+    error: Option<String>,
+}
+
+impl ApiVm {
+    /// Between windows: boots the VM once lull listens, ends lull once its VM has stopped.
+    /// Returns false if the VM cannot be driven (the caller kills it).
+    fn chores(&mut self) -> bool {
+        if self.shut_down || self.error.is_some() {
+            return self.error.is_none();
+        }
+        let step = if !self.booted {
+            if !self.socket.exists() {
+                return true;
+            }
+            api_client::boot(&self.socket).map(|()| self.booted = true)
+        } else {
+            match api_client::state(&self.socket) {
+                Ok(state) if state == "Shutdown" => {
+                    api_client::shutdown(&self.socket).map(|()| self.shut_down = true)
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = step {
+            self.error = Some(e.to_string());
+        }
+        self.error.is_none()
+    }
+
+    /// Live counters now, or the error noted.
+    fn counters(&mut self) -> Option<Value> {
+        match api_client::counters(&self.socket) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.error.get_or_insert(e.to_string());
+                None
+            }
+        }
+    }
+}
+
+/// The instant of a sample and every VMM's counters then.
+type Snapshot = (Instant, Vec<ProcSample>);
+
+/// Where the window is, as the run goes.
+enum Phase {
+    /// Not open yet.
+    Before,
+    /// Open since this sample; the last sample at which every VM was still in its phase.
+    Open {
+        start: Snapshot,
+        last: Option<Snapshot>,
+        plan: Option<WindowPlan>,
+    },
+    /// Closed (or never to open): the samples at its two edges, if it had any.
+    Closed(Option<(Snapshot, Snapshot)>),
 }
 
 fn sum(samples: &[ProcSample]) -> ProcSample {
@@ -105,43 +206,77 @@ fn sum(samples: &[ProcSample]) -> ProcSample {
         })
 }
 
+/// Spawns one VM.
+fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
+    let out = File::create(&spec.stderr).map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
+    let child = spec
+        .command
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| BenchError::Spawn(format!("{:?}", spec.command.get_program()), e))?;
+    Ok(Member {
+        pid: child.id(),
+        child,
+        serial: spec.serial,
+        stderr: spec.stderr,
+        booted: None,
+        finished: false,
+        code: None,
+        max_rss: 0,
+        split: None,
+        api: spec.api.map(|socket| ApiVm {
+            socket,
+            booted: false,
+            shut_down: false,
+            at_start: None,
+            at_end: None,
+            error: None,
+        }),
+    })
+}
+
+/// Samples every live member now (`None` for one that has exited).
+fn sample_all(members: &[Member]) -> Vec<Option<ProcSample>> {
+    members
+        .iter()
+        .map(|m| {
+            if m.code.is_none() {
+                proc_sample::sample(m.pid)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// Launches every VM at once, watches them to the end, returns what each did and the window.
 pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     let start = Instant::now();
-    let mut members = Vec::with_capacity(specs.len());
-    for mut spec in specs {
-        let out = File::create(&spec.stderr).map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
-        let err = out
-            .try_clone()
-            .map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
-        let child = spec
-            .command
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| BenchError::Spawn(format!("{:?}", spec.command.get_program()), e))?;
-        members.push(Member {
-            pid: child.id(),
-            child,
-            serial: spec.serial,
-            stderr: spec.stderr,
-            booted: false,
-            finished: false,
-            code: None,
-            max_rss: 0,
-            split: None,
-        });
+    let n = specs.len();
+    let mut pending = specs.into_iter();
+    let mut members = Vec::with_capacity(n);
+    if watch.stagger {
+        members.extend(pending.next().map(launch).transpose()?);
+    } else {
+        for spec in pending.by_ref() {
+            members.push(launch(spec)?);
+        }
     }
-    let n = members.len();
     let mut all_booted_at: Option<Instant> = None;
-    let mut window_start: Option<(Instant, Vec<ProcSample>)> = None;
-    let mut window_end: Option<(Instant, Vec<ProcSample>)> = None;
+    let mut phase = Phase::Before;
+    let mut plan: Option<Result<WindowPlan, WindowError>> = None;
+    let mut cut = None;
     let mut any_exited = false;
     let mut progress = Progress::start(&watch.label, watch.expected);
     loop {
         let now = Instant::now();
-        let mut round = Vec::with_capacity(n);
+        let since = now.duration_since(start);
+        let open = matches!(phase, Phase::Open { .. });
         for m in &mut members {
             if m.code.is_none() {
                 if let Ok(Some(status)) = m.child.try_wait() {
@@ -149,48 +284,109 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                     any_exited = true;
                 }
             }
-            if !m.booted || !m.finished {
+            if m.booted.is_none() || !m.finished {
                 let console = std::fs::read_to_string(&m.serial).unwrap_or_default();
-                m.booted = console.contains(&watch.boot_marker);
+                if m.booted.is_none() && console.contains(&watch.boot_marker) {
+                    m.booted = Some(since);
+                }
                 m.finished = watch
-                    .end_marker
-                    .as_ref()
-                    .is_some_and(|end| console.contains(end.as_str()));
+                    .end_markers
+                    .iter()
+                    .any(|end| console.contains(end.as_str()));
             }
-            let s = if m.code.is_none() {
-                proc_sample::sample(m.pid)
-            } else {
-                None
+            let driven = match (&mut m.api, m.code, open) {
+                (Some(api), None, false) => api.chores(),
+                _ => true,
             };
+            if !driven {
+                let _ = m.child.kill();
+            }
+        }
+        // Staggered: the next VM once the last one launched has booted (or ended).
+        if members
+            .last()
+            .is_some_and(|m| m.booted.is_some() || m.code.is_some())
+        {
+            if let Some(spec) = pending.next() {
+                members.push(launch(spec)?);
+            }
+        }
+        let round = sample_all(&members);
+        for (m, s) in members.iter_mut().zip(&round) {
             if let Some(s) = s {
                 m.max_rss = m.max_rss.max(s.rss_kib);
             }
-            round.push(s);
         }
-        let booted = members.iter().filter(|m| m.booted).count();
+        let booted = members.iter().filter(|m| m.booted.is_some()).count();
         let exited = members.iter().filter(|m| m.code.is_some()).count();
         if all_booted_at.is_none() && booted == n {
             all_booted_at = Some(now);
         }
         let all_alive =
             !any_exited && !members.iter().any(|m| m.finished) && round.iter().all(Option::is_some);
-        if all_alive {
-            let full: Vec<ProcSample> = round.iter().flatten().copied().collect();
-            match (&window_start, all_booted_at) {
-                (None, Some(t)) if now >= t + watch.settle => {
-                    for m in &mut members {
-                        m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
-                    }
-                    window_start = Some((now, full));
+        let full = || round.iter().flatten().copied().collect::<Vec<ProcSample>>();
+        phase = match phase {
+            Phase::Before => match (all_booted_at, watch.planned) {
+                (Some(t), None) if all_alive && now >= t + watch.settle => {
+                    open_window(&mut members, watch, now, None)
                 }
-                (Some(_), _) => window_end = Some((now, full)),
-                _ => {}
-            }
-        }
+                (Some(_), Some(rule)) if plan.is_none() => {
+                    let starts: Vec<Duration> = members.iter().filter_map(|m| m.booted).collect();
+                    match window::plan(&starts, &rule) {
+                        // A VM ended before the last one started: their workloads never overlapped.
+                        Ok(p) if members.iter().any(|m| m.finished) => {
+                            plan = Some(Err(WindowError::NoOverlap(p.spread)));
+                            Phase::Closed(None)
+                        }
+                        Ok(p) if all_alive && since >= p.start => {
+                            plan = Some(Ok(p));
+                            open_window(&mut members, watch, now, Some(p))
+                        }
+                        Ok(_) => Phase::Before,
+                        Err(e) => {
+                            plan = Some(Err(e));
+                            Phase::Closed(None)
+                        }
+                    }
+                }
+                _ => Phase::Before,
+            },
+            Phase::Open { start, last, plan } => match plan {
+                // Steady: the window grows while every VM is in its phase.
+                None if all_alive => Phase::Open {
+                    start,
+                    last: Some((now, full())),
+                    plan,
+                },
+                None => Phase::Closed(last.map(|l| (start, l))),
+                Some(p) if all_alive && since >= p.end => {
+                    let end = (now, full());
+                    for api in members.iter_mut().filter_map(|m| m.api.as_mut()) {
+                        api.at_end = api.counters();
+                    }
+                    Phase::Closed(Some((start, end)))
+                }
+                Some(_) if all_alive => Phase::Open {
+                    start,
+                    last: Some((now, full())),
+                    plan,
+                },
+                Some(_) => {
+                    cut = Some(
+                        match members.iter().position(|m| m.finished || m.code.is_some()) {
+                            Some(i) => format!("vm{i} ended its workload before the window's end"),
+                            None => "a VMM's /proc could not be read".to_string(),
+                        },
+                    );
+                    Phase::Closed(last.map(|l| (start, l)))
+                }
+            },
+            closed @ Phase::Closed(_) => closed,
+        };
         if exited == n {
             break;
         }
-        if now.duration_since(start) > watch.deadline {
+        if since > watch.deadline {
             for m in members.iter_mut().filter(|m| m.code.is_none()) {
                 let _ = m.child.kill();
                 m.code = Some(m.child.wait().ok().and_then(|s| s.code()));
@@ -203,12 +399,27 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             ));
             break;
         }
-        progress.update(now.duration_since(start), booted, exited, n);
-        std::thread::sleep(SAMPLE_EVERY);
+        progress.update(since, booted, exited, n);
+        // A planned window's edges are kept to the sampling period's precision or better.
+        let next_edge = match (&phase, &plan) {
+            (Phase::Before | Phase::Open { .. }, Some(Ok(p))) => [p.start, p.end]
+                .into_iter()
+                .filter(|&t| t > since)
+                .min()
+                .map(|t| t - since),
+            _ => None,
+        };
+        std::thread::sleep(next_edge.map_or(SAMPLE_EVERY, |d| d.min(SAMPLE_EVERY)));
     }
     progress.finish();
-    let window = match (window_start, window_end) {
-        (Some((t0, a)), Some((t1, b))) if t1 > t0 => {
+    let edges = match phase {
+        Phase::Closed(edges) => edges,
+        // The run ended with the window open (the last VM exited, or the deadline).
+        Phase::Open { start, last, .. } => last.map(|l| (start, l)),
+        Phase::Before => None,
+    };
+    let window = match edges {
+        Some(((t0, a), (t1, b))) if t1 > t0 => {
             let (a, b) = (sum(&a), sum(&b));
             Window {
                 seconds: t1.duration_since(t0).as_secs_f64(),
@@ -224,14 +435,66 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     };
     let vms = members
         .into_iter()
-        .map(|m| VmOutcome {
-            code: m.code.flatten(),
-            max_rss_kib: m.max_rss,
-            guest_rss_kib: m.split.map(|s| s.0),
-            vmm_rss_kib: m.split.map(|s| s.1),
-            console: std::fs::read_to_string(&m.serial).unwrap_or_default(),
-            stderr: std::fs::read_to_string(&m.stderr).unwrap_or_default(),
+        .map(|m| {
+            let (counters, api_error) = match m.api {
+                Some(api) => (api.at_start.zip(api.at_end), api.error),
+                None => (None, None),
+            };
+            VmOutcome {
+                code: m.code.flatten(),
+                max_rss_kib: m.max_rss,
+                guest_rss_kib: m.split.map(|s| s.0),
+                vmm_rss_kib: m.split.map(|s| s.1),
+                console: std::fs::read_to_string(&m.serial).unwrap_or_default(),
+                stderr: std::fs::read_to_string(&m.stderr).unwrap_or_default(),
+                counters,
+                api_error,
+            }
         })
+        .chain(pending.map(|spec| VmOutcome {
+            code: None,
+            max_rss_kib: 0,
+            guest_rss_kib: None,
+            vmm_rss_kib: None,
+            console: String::new(),
+            stderr: format!(
+                "not launched: the VM before it had not booted by the deadline ({})",
+                spec.serial.display()
+            ),
+            counters: None,
+            api_error: None,
+        }))
         .collect();
-    Ok(FleetRun { vms, window })
+    Ok(FleetRun {
+        vms,
+        window,
+        plan,
+        cut,
+    })
+}
+
+/// Opens the window now: lull's counters first (the requests' own cost stays outside), then
+/// every VMM's /proc, and the memory split.
+fn open_window(
+    members: &mut [Member],
+    watch: &Watch,
+    now: Instant,
+    plan: Option<WindowPlan>,
+) -> Phase {
+    for api in members.iter_mut().filter_map(|m| m.api.as_mut()) {
+        api.at_start = api.counters();
+    }
+    for m in members.iter_mut() {
+        m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
+    }
+    let at = Instant::now().max(now);
+    let samples = sample_all(members);
+    if samples.iter().any(Option::is_none) {
+        return Phase::Closed(None);
+    }
+    Phase::Open {
+        start: (at, samples.into_iter().flatten().collect()),
+        last: None,
+        plan,
+    }
 }

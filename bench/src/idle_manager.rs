@@ -222,6 +222,7 @@ impl Plan {
             command: c,
             serial,
             stderr: stem.with_extension("stderr"),
+            api: None,
         };
         (spec, metrics)
     }
@@ -232,10 +233,12 @@ impl Plan {
         let (specs, metrics): (Vec<VmSpec>, Vec<PathBuf>) = vms.into_iter().unzip();
         let watch = Watch {
             boot_marker: "spin: ".into(),
-            end_marker: None,
+            end_markers: Vec::new(),
             guest_bytes: 64 << 20,
             deadline: Duration::from_millis(self.ms) + Duration::from_secs(120 + 5 * n),
             settle: Duration::ZERO,
+            planned: None,
+            stagger: false,
             label: label.into(),
             expected: Duration::from_millis(self.ms) + Duration::from_secs(2),
         };

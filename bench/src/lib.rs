@@ -17,12 +17,15 @@
 //! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
 //! ```
 
+mod api_client;
 mod boot;
 mod density;
 mod fleet;
 mod guest_output;
 mod host;
 mod idle_manager;
+mod linux_density;
+mod lull_metrics;
 mod plot;
 mod proc_sample;
 mod progress;
@@ -31,6 +34,8 @@ mod report;
 mod timer_modes;
 mod units;
 mod wakeup;
+mod window;
+mod workload_output;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -126,7 +131,7 @@ pub struct CommonArgs {
 #[derive(Debug, Subcommand)]
 pub enum Experiment {
     /// Many idle VMs at once: host CPU, wake-ups, exits, guest timer lateness and RSS per mode.
-    Density(DensityArgs),
+    Density(Box<DensityArgs>),
     /// Wake-up latency of a halted vCPU to an IPI, per halt-polling mode.
     Wakeup(WakeupArgs),
     /// Cost of one guest timer event per irqchip and timer model: exits, host wake-ups and CPU
@@ -290,7 +295,7 @@ mod tests {
         };
         assert_eq!(d.vms, vec![1, 8]);
         assert_eq!(d.duration, std::time::Duration::from_secs(3));
-        assert_eq!(d.memory, 64 << 20);
+        assert_eq!(d.memory_bytes(), 64 << 20);
         assert!(matches!(
             parse(&["lull", "bench", "timer-modes", "--kit", "/k"]).unwrap(),
             Experiment::TimerModes(t) if t.common.kit == Some(PathBuf::from("/k")) && t.count == 200

@@ -106,7 +106,7 @@ fn draw_panel<DB: DrawingBackend>(
         let points: Vec<(SegmentValue<i32>, f64)> = report
             .results
             .iter()
-            .filter(|r| &r.mode == mode)
+            .filter(|r| &r.series() == mode)
             .filter_map(|r| {
                 let x = i32::try_from(xs.iter().position(|&n| n == r.vms)?).ok()?;
                 Some((SegmentValue::CenterOf(x), (p.value)(r)))
@@ -145,8 +145,8 @@ pub fn density_svg(report: &DensityReport) -> Result<String, PlotError> {
     let mut modes: Vec<String> = Vec::new();
     let mut xs: Vec<u32> = Vec::new();
     for r in &report.results {
-        if !modes.contains(&r.mode) {
-            modes.push(r.mode.clone());
+        if !modes.contains(&r.series()) {
+            modes.push(r.series());
         }
         if !xs.contains(&r.vms) {
             xs.push(r.vms);

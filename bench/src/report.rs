@@ -35,6 +35,33 @@ pub struct DensityParams {
     pub global_timers: Option<String>,
     /// Whether the lull binary had `--global-timers` and it was passed.
     pub global_timers_applied: bool,
+    /// `--guest linux`: how its workload and window were set (absent for the other guests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linux: Option<LinuxParams>,
+}
+
+/// How `lull bench density --guest linux` ran its kernels.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinuxParams {
+    /// Workloads (`idle`, `timers`), in run order.
+    pub workloads: Vec<String>,
+    /// The window asked for, seconds (`duration_s` is the same).
+    pub window_s: f64,
+    /// The boot spread allowed for, per VM count: `[vms, seconds]`.
+    pub boot_spread_s: Vec<(u32, f64)>,
+    /// Wait after the last VM started its workload before the window opens, seconds.
+    pub settle_s: f64,
+    /// The window closes this long before the first VM's workload ends, seconds.
+    pub margin_s: f64,
+}
+
+/// A mode that was asked for (or is a default) but cannot run here.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SkippedMode {
+    /// The mode (`qemu-on`, `qemu-off`).
+    pub mode: String,
+    /// Why it was left out.
+    pub reason: String,
 }
 
 /// One (mode, VM count) of the density experiment. Rates are per vCPU.
@@ -88,6 +115,68 @@ pub struct DensityRow {
     pub vmm_rss_kib_per_vm: Option<f64>,
     /// What went wrong, one line per failed VM.
     pub failures: Vec<String>,
+    /// `--guest linux`: the workload's own figures and the window (absent for the others).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linux: Option<LinuxRow>,
+}
+
+impl DensityRow {
+    /// The name of its line in the plot: the mode, and the Linux workload if there is one.
+    pub fn series(&self) -> String {
+        match &self.linux {
+            Some(l) => format!("{} {}", self.mode, l.workload),
+            None => self.mode.clone(),
+        }
+    }
+}
+
+/// What a row of `--guest linux` adds. The guest's rates are its own counts over its whole
+/// workload (guest clock); the host's are over the window inside it, in which every VM ran
+/// the workload. In the generic fields of the row a guest "timer event" is a local APIC
+/// timer interrupt (`loc`), and `lateness` holds the `timers` workload's hrtimer lateness
+/// (`n`: timer events; p50: median of the VMs' p50s, p99: largest of their p99s, max and
+/// mean exact: the guest prints percentiles, not its histogram).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinuxRow {
+    /// `idle` or `timers`.
+    pub workload: String,
+    /// Each VM's workload length, seconds (guest command line).
+    pub workload_s: u64,
+    /// Guest time from boot to the workload (`boot_ms`), shortest and longest VM, seconds.
+    pub boot_s: (f64, f64),
+    /// Host time between the first and the last VM starting the workload, seconds.
+    pub start_spread_s: f64,
+    /// Why the window is shorter than asked, or missing, if it is.
+    pub window_note: Option<String>,
+    /// Local APIC timer interrupts per vCPU per second (guest `loc`).
+    pub loc_per_vcpu_s: f64,
+    /// Passes through the guest's idle loop (one per HLT) per vCPU per second.
+    pub guest_idle_calls_per_vcpu_s: f64,
+    /// Rescheduling + function-call IPIs received per vCPU per second.
+    pub guest_ipis_per_vcpu_s: f64,
+    /// Guest idle residency, mean over the VMs, percent.
+    pub guest_idle_pct: f64,
+    /// `timers`: hrtimer events per vCPU per second.
+    pub timer_events_per_vcpu_s: Option<f64>,
+    /// `timers`: lateness when the timer's thread ran again (same combination as `lateness`).
+    pub thread_wake: Option<LatencySummary>,
+    /// Wake-ups of halted vCPUs (lull's count of every cause, or KVM's `halt_wakeup` with the
+    /// kernel irqchip) per vCPU per second of the window; `null` for QEMU.
+    pub halted_vcpu_wakeups_per_vcpu_s: Option<f64>,
+    /// The host's own count of guest timer interrupts over the window (lull's LAPIC timer
+    /// expiries, `vcpus[].lapic_timer_fires`) per vCPU per second: the window's counterpart
+    /// of `loc_per_vcpu_s`; `null` for the kernel irqchip and QEMU.
+    #[serde(default)]
+    pub host_timer_interrupts_per_vcpu_s: Option<f64>,
+    /// Interrupts delivered to the guest over the window (lull's `injected`, or KVM's
+    /// `irq_injections` with the kernel irqchip: timer, IPIs, devices) per vCPU per second;
+    /// `null` for QEMU.
+    #[serde(default)]
+    pub host_injected_interrupts_per_vcpu_s: Option<f64>,
+    /// lull's wake-ups of halted vCPUs by cause (`timer`, `interrupt`, `control`, `other`,
+    /// `global_timer`) per vCPU per second of the window; empty for the kernel irqchip and QEMU.
+    #[serde(default)]
+    pub halted_vcpu_wakeups_by_cause: std::collections::BTreeMap<String, f64>,
 }
 
 /// The density JSON document.
@@ -101,6 +190,9 @@ pub struct DensityReport {
     pub params: DensityParams,
     /// One row per (mode, VM count), in run order.
     pub results: Vec<DensityRow>,
+    /// Modes left out, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedMode>,
 }
 
 /// One (mode, delay) of the wake-up experiment.
@@ -251,6 +343,118 @@ pub fn density_line(r: &DensityRow) -> String {
     )
 }
 
+/// Header of the `--guest linux` density table.
+pub fn linux_header() -> String {
+    format!(
+        "{:<9}{:<8}{:>4}{:>6}{:>4}{:>6} {:>9}{:>8}{:>9}{:>9}{:>9}{:>10}{:>7}{:>9}{:>9}{:>8}",
+        "mode",
+        "work",
+        "VMs",
+        "vCPUs",
+        "ok",
+        "win_s",
+        "cpu%/vcpu",
+        "loc/v/s",
+        "halt/v/s",
+        "halt/loc",
+        "csw/loc",
+        "exits/v/s",
+        "idle%",
+        "p50_us",
+        "p99_us",
+        "boot_s"
+    )
+}
+
+/// One `--guest linux` row as a table line.
+pub fn linux_line(r: &DensityRow) -> String {
+    let Some(l) = &r.linux else {
+        return density_line(r);
+    };
+    let late = |ns: u64| (r.lateness.n > 0).then(|| ns as f64 / 1000.0);
+    format!(
+        "{:<9}{:<8}{:>4}{:>6}{:>4}{:>6.1} {:>9.3}{:>8.2}{:>9}{:>9}{:>9.2}{:>10}{:>7.1}{:>9}{:>9}{:>8.0}",
+        r.mode,
+        l.workload,
+        r.vms,
+        r.vcpus,
+        r.vms_ok,
+        r.window_s,
+        r.host_cpu_percent_per_vcpu,
+        l.loc_per_vcpu_s,
+        opt(l.halted_vcpu_wakeups_per_vcpu_s, 2),
+        opt(r.halted_vcpu_wakeups_per_timer_event, 3),
+        r.host_wakeups_per_timer_event,
+        opt(r.vm_exits_per_vcpu_s, 1),
+        l.guest_idle_pct,
+        opt(late(r.lateness.p50_ns), 0),
+        opt(late(r.lateness.p99_ns), 0),
+        l.boot_s.1
+    )
+}
+
+/// The header and lines of a density report's table (the Linux one if it has Linux rows).
+pub fn density_table(report: &DensityReport) -> Vec<String> {
+    let linux = report.results.iter().any(|r| r.linux.is_some());
+    let mut lines = vec![if linux {
+        linux_header()
+    } else {
+        density_header()
+    }];
+    for r in &report.results {
+        lines.push(if linux {
+            linux_line(r)
+        } else {
+            density_line(r)
+        });
+    }
+    lines
+}
+
+/// `pull / kernel` per workload and VM count: host CPU per vCPU, wake-ups of halted vCPUs
+/// per guest timer event (Linux: per local timer interrupt) and host wake-ups (voluntary
+/// context switches) per guest timer event, where both rows have them.
+pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
+    let find = |mode: &str, like: &DensityRow| {
+        report.results.iter().find(|r| {
+            r.mode == mode
+                && r.vms == like.vms
+                && r.linux.as_ref().map(|l| &l.workload) == like.linux.as_ref().map(|l| &l.workload)
+        })
+    };
+    // A row without a window measured nothing on the host.
+    let host = |r: &DensityRow, v: f64| (r.window_s > 0.0).then_some(v);
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".to_string(),
+    };
+    report
+        .results
+        .iter()
+        .filter(|r| r.mode == "pull")
+        .filter_map(|pull| {
+            let kernel = find("kernel", pull)?;
+            let workload = pull.linux.as_ref().map_or("", |l| l.workload.as_str());
+            Some(format!(
+                "pull / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, host wake-ups per timer interrupt {}",
+                pull.vms,
+                ratio(
+                    host(pull, pull.host_cpu_percent_per_vcpu),
+                    host(kernel, kernel.host_cpu_percent_per_vcpu)
+                ),
+                ratio(
+                    pull.halted_vcpu_wakeups_per_timer_event,
+                    kernel.halted_vcpu_wakeups_per_timer_event
+                ),
+                ratio(
+                    host(pull, pull.host_wakeups_per_timer_event),
+                    host(kernel, kernel.host_wakeups_per_timer_event)
+                ),
+            ))
+        })
+        .collect()
+}
+
 /// Header of the wake-up table.
 pub fn wakeup_header() -> String {
     format!(
@@ -365,6 +569,7 @@ pub(crate) mod tests {
             guest_ram_rss_kib_per_vm: None,
             vmm_rss_kib_per_vm: None,
             failures: Vec::new(),
+            linux: None,
         }
     }
 
@@ -383,8 +588,10 @@ pub(crate) mod tests {
                 modes: results.iter().map(|r| r.mode.clone()).collect(),
                 global_timers: None,
                 global_timers_applied: false,
+                linux: None,
             },
             results,
+            skipped: Vec::new(),
         }
     }
 
@@ -393,6 +600,34 @@ pub(crate) mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(Vec::new()), None);
+    }
+
+    #[test]
+    fn pull_is_compared_with_kernel_of_the_same_count() {
+        let mut kernel = density_row("kernel", 4, 0.5);
+        kernel.halted_vcpu_wakeups_per_timer_event = Some(0.5);
+        let mut pull = density_row("pull", 4, 0.75);
+        pull.halted_vcpu_wakeups_per_timer_event = Some(0.6);
+        let mut lost = density_row("pull", 8, 0.75);
+        lost.window_s = 0.0;
+        let kernel8 = density_row("kernel", 8, 0.5);
+        let lines = pull_kernel_ratios(&density_report(vec![kernel, pull, kernel8, lost]));
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("N=4"), "{}", lines[0]);
+        // CPU 0.75 / 0.5; halted wake-ups 0.6 / 0.5; host wake-ups per event 0.75 / 0.5.
+        assert!(
+            lines[0].ends_with(
+                "host CPU per vCPU 1.50, halted-vCPU wake-ups per timer interrupt 1.20, host wake-ups per timer interrupt 1.50"
+            ),
+            "{}",
+            lines[0]
+        );
+        // No window: nothing to compare.
+        assert!(
+            lines[1].contains("N=8   host CPU per vCPU -,"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]

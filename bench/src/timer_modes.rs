@@ -196,10 +196,12 @@ impl Plan {
             .args(mode.lull_args());
         let watch = Watch {
             boot_marker: "lapic-timer: ".into(),
-            end_marker: None,
+            end_markers: Vec::new(),
             guest_bytes: 64 << 20,
             deadline: Duration::from_secs(300),
             settle: Duration::ZERO,
+            planned: None,
+            stagger: false,
             label: format!("{} count={count} rep {rep}", mode.name()),
             // Four timer modes of `count` 1-ms timers, plus the boot.
             expected: Duration::from_millis(4 * u64::from(count)) + Duration::from_secs(2),
@@ -208,6 +210,7 @@ impl Plan {
             command: c,
             serial,
             stderr: stem.with_extension("stderr"),
+            api: None,
         };
         let vm = fleet::run(vec![spec], &watch)?.vms.remove(0);
         if vm.code != Some(1) || !vm.console.contains("lapic-timer: PASS") {

@@ -153,10 +153,12 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             eprintln!("bench: wakeup {label}");
             let watch = Watch {
                 boot_marker: "wake-ipi: ".into(),
-                end_marker: None,
+                end_markers: Vec::new(),
                 guest_bytes: 64 << 20,
                 deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
                 settle: Duration::from_secs(0),
+                planned: None,
+                stagger: false,
                 label,
                 // About a millisecond per sample (the guest's gap) plus the boot.
                 expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),
@@ -165,6 +167,7 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
                 command: c,
                 serial,
                 stderr: stem.with_extension("stderr"),
+                api: None,
             };
             let run = fleet::run(vec![spec], &watch)?;
             let vm = &run.vms[0];

@@ -229,6 +229,72 @@ fn density_counts_central_timer_thread_fires() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `density --guest linux`: one VM of the kit's Linux running its idle workload under the
+/// pull model; the row comes from a window inside the workload, so lull's exit rate in it is
+/// far below that of the whole run, whose boot emulates the entire kernel's start-up (about
+/// 600 exits per vCPU-second here against tens when idle).
+fn density_linux_measures_inside_the_workload() -> Result<(), Failed> {
+    kit_file("linux/vmlinux")?;
+    let dir = temp_dir("density-linux")?;
+    let json = dir.join("report.json");
+    let (kit, json_arg, dir_arg) = (arg(&kit_dir()), arg(&json), arg(&dir));
+    let args = [
+        "bench",
+        "density",
+        "--guest",
+        "linux",
+        "--vms",
+        "1",
+        "--duration",
+        "3s",
+        "--modes",
+        "pull",
+        "--workload",
+        "idle",
+        "--kit",
+        &kit,
+        "--json",
+        &json_arg,
+        "--work-dir",
+        &dir_arg,
+    ];
+    let r = run_lull(&args, Duration::from_secs(600))?;
+    r.expect_code(0)?;
+    r.expect_stdout("halt/loc")?;
+    let v = read_json(&json)?;
+    let results = rows(&v, "results");
+    let [row] = results.as_slice() else {
+        return Err(format!("expected one row: {v}").into());
+    };
+    let linux = &row["linux"];
+    if row["vms_ok"] != 1 || linux["workload"] != "idle" || v["params"]["linux"].is_null() {
+        return Err(format!("unexpected row: {row}").into());
+    }
+    let window = row["window_s"].as_f64().unwrap_or(0.0);
+    let workload = linux["workload_s"].as_f64().unwrap_or(0.0);
+    if !(window > 0.0 && window < workload) || linux["window_note"] != Value::Null {
+        return Err(format!("the window is not inside the workload: {row}").into());
+    }
+    if row["guest_timer_events_per_vcpu_s"].as_f64().unwrap_or(0.0) <= 0.0
+        || row["halted_vcpu_wakeups_per_timer_event"].is_null()
+    {
+        return Err(format!("no guest or halted-vCPU counts: {row}").into());
+    }
+    let whole = read_json(&dir.join("pull-idle-n1-vm0.json"))?;
+    let vcpu_s = whole["run_time_ms"].as_f64().unwrap_or(0.0) / 1000.0 * 2.0;
+    let whole_rate = whole["kvm"]["exits"].as_f64().unwrap_or(0.0) / vcpu_s;
+    let window_rate = row["vm_exits_per_vcpu_s"].as_f64().unwrap_or(f64::MAX);
+    if window_rate * 3.0 > whole_rate {
+        return Err(format!(
+            "the window's {window_rate:.1} exits/vCPU/s are not far below the run's \
+             {whole_rate:.1}: the boot was counted? {row}"
+        )
+        .into());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 fn timer_modes_measures_every_model() -> Result<(), Failed> {
     kit_file("guests/lapic-timer.elf")?;
     let (v, r) = run_bench("timer-modes", &["--count", "20", "--reps", "1"])?;
@@ -314,6 +380,8 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
         "--global-timers",
         "--json",
         "--plot",
+        "--workload",
+        "--boot-spread",
     ] {
         r.expect_stdout(flag)?;
     }
@@ -339,6 +407,10 @@ fn main() {
         kvm_trial(
             "density_counts_central_timer_thread_fires",
             density_counts_central_timer_thread_fires,
+        ),
+        kvm_trial(
+            "density_linux_measures_inside_the_workload",
+            density_linux_measures_inside_the_workload,
         ),
         kvm_trial(
             "timer_modes_measures_every_model",

@@ -1,0 +1,595 @@
+//! `lull bench density --guest linux`: N VMs of the kit's Linux at once, per workload and
+//! mode, measured only while every kernel runs its in-kernel workload.
+//!
+//! ```text
+//! per VM count N, per workload (idle, timers), per mode:
+//!   start N VMs one after the other, each once the one before has started its workload
+//!   (booting together, 4 kernels spun for minutes in stop_machine on 2 host cores):
+//!                vmlinux (PVH), no initramfs, 32 MiB, the kit's command line +
+//!                lull.workload=KIND,seconds=S,cpus=C   (S = window + boot spread + 5 s)
+//!     lull: --api-socket; the fleet boots each VM through the API
+//!     QEMU: -machine kernel-irqchip=on (qboot where installed)
+//!   each kernel boots (30-200 s here), prints "lull-workload: start", runs S s, reports, exits
+//!   window: opens 2 s after the last VM started, closes after the asked length or 3 s
+//!           before the first VM's workload ends (window.rs); at each edge the fleet reads
+//!           lull's live counters (vm.counters) and every VMM's /proc
+//!   row: host CPU, context switches, halted-vCPU wake-ups and KVM exits over the window;
+//!        the guests' loc, idle passes, IPIs, idle share and timer lateness over their
+//!        workload (steady by then, so its rates stand for the window's)
+//! ```
+//!
+//! Each workload is a separate experiment (its own VMs and rows): in one boot the kernel runs
+//! one workload and leaves the VM, and a second boot per mode costs as much as the first.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::density::{self, DensityArgs, Launch, Mode};
+use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
+use super::guest_output::LatencySummary;
+use super::lull_metrics::MetricsSum;
+use super::report::{
+    self, DensityParams, DensityReport, DensityRow, LinuxParams, LinuxRow, DENSITY_SCHEMA,
+};
+use super::window::{self, WindowRule};
+use super::workload_output::{self, parse_workload, WorkloadReport};
+use super::{host, lull_binary, lull_has_flag, qemu, work_dir, BenchError};
+
+/// The kernel-side workload of `--guest linux` (`lull.workload=KIND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// The kernel left alone: its tick, NOHZ idle, RCU, workqueues.
+    Idle,
+    /// A thread per CPU sleeping on pinned hrtimers drawn from idle-sim's mix.
+    Timers,
+}
+
+impl Workload {
+    /// The name on the command line, in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Timers => "timers",
+        }
+    }
+}
+
+/// The window opens this long after the last VM started its workload.
+const SETTLE: Duration = Duration::from_secs(2);
+/// ... and closes at least this long before the first VM's workload ends.
+const MARGIN: Duration = Duration::from_secs(3);
+/// The boot spread allowed for by default, per VM beyond the first: the VMs boot one after
+/// the other (a boot alone takes 20-40 s here at a host load of 2-4).
+const SPREAD_PER_VM: Duration = Duration::from_secs(60);
+
+struct Plan<'a> {
+    args: &'a DensityArgs,
+    lull: PathBuf,
+    kernel: PathBuf,
+    /// The kit's command line without any `lull.workload=`.
+    base_cmdline: String,
+    global_timers: Option<&'a str>,
+    work: PathBuf,
+}
+
+impl Plan<'_> {
+    /// The kernel command line of one experiment.
+    fn cmdline(&self, workload: Workload, seconds: u64) -> String {
+        self.cmdline_of(workload.name(), &seconds.to_string())
+    }
+
+    /// The kernel command line with `kind` and `seconds` as given (placeholders for the JSON).
+    fn cmdline_of(&self, kind: &str, seconds: &str) -> String {
+        let mut arg = format!("{kind},seconds={seconds},cpus={}", self.args.cpus);
+        if !self.args.guest_args.trim().is_empty() {
+            arg.push(',');
+            arg.push_str(self.args.guest_args.trim());
+        }
+        format!("{} lull.workload={arg}", self.base_cmdline)
+    }
+
+    fn spec(&self, mode: Mode, workload: Workload, n: u32, i: u32, cmdline: &str) -> VmSpec {
+        let stem = self
+            .work
+            .join(format!("{}-{}-n{n}-vm{i}", mode.name(), workload.name()));
+        let serial = stem.with_extension("console");
+        let metrics = stem.with_extension("json");
+        let socket = stem.with_extension("sock");
+        for stale in [&serial, &metrics, &socket] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let launch = Launch {
+            kernel: &self.kernel,
+            cmdline,
+            serial: &serial,
+            metrics: &metrics,
+        };
+        let mut command = self
+            .args
+            .vm_command(mode, &self.lull, self.global_timers, &launch);
+        let api = if mode.is_qemu() {
+            // qboot lists every vCPU in its MP table (SeaBIOS one per socket: 1 CPU for Linux).
+            if Path::new(qemu::QBOOT).is_file() {
+                command.args(["-bios", qemu::QBOOT]);
+            }
+            None
+        } else {
+            command.arg("--api-socket").arg(&socket);
+            Some(socket)
+        };
+        VmSpec {
+            command,
+            serial,
+            stderr: stem.with_extension("stderr"),
+            api,
+        }
+    }
+}
+
+/// The kit's Linux command line for this host without its `lull.workload=` word.
+fn base_cmdline(linux: &kit::DefaultGuest) -> String {
+    let full = kit::default_cmdline(
+        linux.cmdline.as_deref(),
+        linux.cmdline_pvm.as_deref(),
+        kit::host_is_pvm(),
+    );
+    full.split_whitespace()
+        .filter(|w| !w.starts_with("lull.workload="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The boot spread allowed for with `n` VMs.
+fn boot_spread(args: &DensityArgs, n: u32) -> Duration {
+    args.boot_spread
+        .unwrap_or(SPREAD_PER_VM * n.saturating_sub(1))
+}
+
+/// The median of `v` (the lower middle for an even count), 0 for none.
+fn median_u64(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
+/// The guests' own figures summed over the VMs that reported them.
+#[derive(Debug, Default, PartialEq)]
+struct GuestRates {
+    /// VMs with a `cpu=all` counters line.
+    vms: u32,
+    /// vCPUs they counted.
+    cpus: u64,
+    /// Per second of each VM's workload, summed over the VMs.
+    loc_per_s: f64,
+    idle_calls_per_s: f64,
+    ipis_per_s: f64,
+    timer_events_per_s: f64,
+    idle_pct_sum: f64,
+    /// `timers` totals: (events, late p50, p99, max, mean; wake p50, p99, max), per VM.
+    timers: Vec<workload_output::TimerTotals>,
+}
+
+impl GuestRates {
+    fn add(&mut self, r: &WorkloadReport) {
+        let Some(c) = r.counters.filter(|c| c.run_us > 0) else {
+            return;
+        };
+        let secs = c.run_us as f64 / 1e6;
+        self.vms += 1;
+        self.cpus += c.cpus;
+        self.loc_per_s += c.loc as f64 / secs;
+        self.idle_calls_per_s += c.wakeups as f64 / secs;
+        self.ipis_per_s += (c.res + c.cal) as f64 / secs;
+        self.idle_pct_sum += c.idle_pct;
+        if let Some(t) = r.timers {
+            self.timer_events_per_s += t.events as f64 / secs;
+            self.timers.push(t);
+        }
+    }
+
+    /// Combines the VMs' `timers` totals: `late` (callback) or the thread's wake.
+    fn lateness(&self, thread: bool) -> Option<LatencySummary> {
+        if self.timers.is_empty() {
+            return None;
+        }
+        let pick = |t: &workload_output::TimerTotals| {
+            if thread {
+                (t.wake_p50_us, t.wake_p99_us, t.wake_max_us, None)
+            } else {
+                (
+                    t.late_p50_us,
+                    t.late_p99_us,
+                    t.late_max_us,
+                    Some(t.late_mean_us),
+                )
+            }
+        };
+        let n: u64 = self.timers.iter().map(|t| t.events).sum();
+        let weighted: u64 = self
+            .timers
+            .iter()
+            .filter_map(|t| Some(pick(t).3? * t.events))
+            .sum();
+        Some(LatencySummary {
+            n,
+            p50_ns: median_u64(self.timers.iter().map(|t| pick(t).0).collect()) * 1000,
+            p99_ns: self.timers.iter().map(|t| pick(t).1).max().unwrap_or(0) * 1000,
+            max_ns: self.timers.iter().map(|t| pick(t).2).max().unwrap_or(0) * 1000,
+            mean_ns: if thread || n == 0 {
+                0
+            } else {
+                weighted / n * 1000
+            },
+        })
+    }
+}
+
+/// lull's counters over the window, summed over the VMs; `None` unless every VM has both
+/// edges (a partial sum would read as a lower rate).
+fn window_metrics(vms: &[VmOutcome]) -> Option<MetricsSum> {
+    let mut sum = MetricsSum::default();
+    for vm in vms {
+        let (a, b) = vm.counters.as_ref()?;
+        sum.merge(&MetricsSum::of(b).since(&MetricsSum::of(a)));
+    }
+    Some(sum)
+}
+
+/// Why the window is short or missing, if it is.
+fn window_note(run: &FleetRun, rule: &WindowRule) -> Option<String> {
+    match &run.plan {
+        None => Some(
+            "not every VM started its workload, or one stopped before the window opened"
+                .into(),
+        ),
+        Some(Err(e)) => Some(e.to_string()),
+        Some(Ok(_)) if run.cut.is_some() => run.cut.clone(),
+        Some(Ok(p)) if !p.is_full(rule) => Some(format!(
+            "the VMs started their workloads {:.0?} apart: the window is {:.1?} instead of {:.0?}; raise --boot-spread",
+            p.spread,
+            p.end - p.start,
+            rule.length
+        )),
+        Some(Ok(_)) => None,
+    }
+}
+
+struct Experiment {
+    mode: Mode,
+    workload: Workload,
+    n: u32,
+    rule: WindowRule,
+}
+
+fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
+    let vcpus = e.n * plan.args.cpus;
+    let mut guest = GuestRates::default();
+    let mut ok = 0;
+    let mut failures = Vec::new();
+    let mut boot_ms = Vec::new();
+    for (i, vm) in run.vms.iter().enumerate() {
+        let g = parse_workload(&vm.console);
+        guest.add(&g);
+        boot_ms.extend(g.start.as_ref().map(|s| s.boot_ms));
+        if vm.code == Some(1) && g.passed {
+            ok += 1;
+        } else {
+            let last = vm.console.lines().last().unwrap_or("").trim();
+            let err = vm.stderr.lines().last().unwrap_or("").trim();
+            let why = g.failure.as_deref().unwrap_or("no PASS");
+            failures.push(format!(
+                "vm{i}: status {:?}, {why}, console {last:?}, stderr {err:?}",
+                vm.code
+            ));
+        }
+        if let Some(api) = &vm.api_error {
+            failures.push(format!("vm{i}: management API: {api}"));
+        }
+    }
+    let note = window_note(run, &e.rule);
+    if run.window.seconds == 0.0 {
+        failures.push(format!(
+            "no window: {}",
+            note.as_deref().unwrap_or("the VMs never ran together")
+        ));
+    }
+    let w = &run.window;
+    let per_vcpu_s = |x: f64| {
+        if w.seconds > 0.0 {
+            x / w.seconds / f64::from(vcpus)
+        } else {
+            0.0
+        }
+    };
+    let metrics = (!e.mode.is_qemu() && w.seconds > 0.0)
+        .then(|| window_metrics(&run.vms))
+        .flatten();
+    if metrics.is_none() && !e.mode.is_qemu() && w.seconds > 0.0 {
+        failures.push("lull's counters were not read at both edges of the window".into());
+    }
+    let halted = metrics.as_ref().map(|m| {
+        if e.mode == Mode::Kernel {
+            m.kvm_halt_wakeups
+        } else {
+            m.halted_wakeups
+        }
+    });
+    // Guest rates per vCPU; over the guests that reported (all of them in a good run).
+    let guest_cpus = guest.cpus.max(1) as f64;
+    let loc_per_vcpu_s = guest.loc_per_s / guest_cpus;
+    let cpu_pct = per_vcpu_s(w.delta.cpu_ns as f64) / 1e9 * 100.0;
+    let wakeups = per_vcpu_s(w.delta.voluntary as f64);
+    let halted_per_vcpu_s = halted.map(|h| per_vcpu_s(h as f64));
+    let per_loc = |x: f64| (loc_per_vcpu_s > 0.0).then(|| x / loc_per_vcpu_s);
+    let mean = |f: &dyn Fn(&VmOutcome) -> Option<u64>| {
+        let v: Vec<u64> = run.vms.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
+    };
+    let boot_s = |ms: Option<&u64>| ms.map_or(0.0, |&ms| ms as f64 / 1000.0);
+    DensityRow {
+        mode: e.mode.name().into(),
+        vms: e.n,
+        vcpus,
+        vms_ok: ok,
+        window_s: w.seconds,
+        host_cpu_percent_per_vcpu: cpu_pct,
+        host_cpu_percent_total: cpu_pct * f64::from(vcpus),
+        host_wakeups_per_vcpu_s: wakeups,
+        host_ctxt_switches_per_vcpu_s: per_vcpu_s(
+            (w.delta.voluntary + w.delta.nonvoluntary) as f64,
+        ),
+        guest_timer_events_per_vcpu_s: loc_per_vcpu_s,
+        host_wakeups_per_timer_event: per_loc(wakeups).unwrap_or(0.0),
+        halted_vcpu_wakeups_per_timer_event: halted_per_vcpu_s.and_then(per_loc),
+        global_timer_wakeups: metrics.as_ref().and_then(|m| m.global_timer_wakeups),
+        global_timer_fires: metrics.as_ref().and_then(|m| m.global_timer_fires),
+        vm_exits_per_vcpu_s: metrics
+            .as_ref()
+            .filter(|m| m.vcpu_seconds > 0.0)
+            .and_then(|m| Some(m.kvm_exits? as f64 / m.vcpu_seconds)),
+        lateness: guest.lateness(false).unwrap_or_default(),
+        ipi_latency: LatencySummary::default(),
+        early_interrupts: 0,
+        rss_kib_per_vm: mean(&|v| Some(v.max_rss_kib)).unwrap_or(0.0),
+        guest_ram_rss_kib_per_vm: mean(&|v| v.guest_rss_kib),
+        vmm_rss_kib_per_vm: mean(&|v| v.vmm_rss_kib),
+        failures,
+        linux: Some(LinuxRow {
+            workload: e.workload.name().into(),
+            workload_s: e.rule.workload.as_secs(),
+            boot_s: (boot_s(boot_ms.iter().min()), boot_s(boot_ms.iter().max())),
+            start_spread_s: match &run.plan {
+                Some(Ok(p)) => p.spread.as_secs_f64(),
+                _ => 0.0,
+            },
+            window_note: note,
+            loc_per_vcpu_s,
+            guest_idle_calls_per_vcpu_s: guest.idle_calls_per_s / guest_cpus,
+            guest_ipis_per_vcpu_s: guest.ipis_per_s / guest_cpus,
+            guest_idle_pct: if guest.vms > 0 {
+                guest.idle_pct_sum / f64::from(guest.vms)
+            } else {
+                0.0
+            },
+            timer_events_per_vcpu_s: (!guest.timers.is_empty())
+                .then(|| guest.timer_events_per_s / guest_cpus),
+            thread_wake: guest.lateness(true),
+            halted_vcpu_wakeups_per_vcpu_s: halted_per_vcpu_s,
+            host_timer_interrupts_per_vcpu_s: metrics
+                .as_ref()
+                .filter(|_| e.mode != Mode::Kernel)
+                .map(|m| per_vcpu_s(m.lapic_timer_fires as f64)),
+            host_injected_interrupts_per_vcpu_s: metrics.as_ref().and_then(|m| {
+                let n = if e.mode == Mode::Kernel {
+                    m.kvm_irq_injections?
+                } else {
+                    m.injected
+                };
+                Some(per_vcpu_s(n as f64))
+            }),
+            halted_vcpu_wakeups_by_cause: metrics
+                .as_ref()
+                .filter(|_| e.mode != Mode::Kernel)
+                .map(|m| {
+                    m.wakeup_causes
+                        .iter()
+                        .map(|(cause, &n)| (cause.clone(), per_vcpu_s(n as f64)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }),
+    }
+}
+
+/// Runs `lull bench density --guest linux`; `Ok(false)` if some VM failed.
+pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
+    let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
+    let (modes, skipped) = density::modes(args)?;
+    let has_global = lull_has_flag(&lull, "--global-timers");
+    let plan = Plan {
+        args,
+        lull,
+        kernel: linux.kernel.clone(),
+        base_cmdline: base_cmdline(&linux),
+        global_timers: args.global_timers.as_deref().filter(|_| has_global),
+        work: work_dir(args.common.work_dir.as_ref())?,
+    };
+    let rule = |n: u32| {
+        let spread = boot_spread(args, n);
+        WindowRule {
+            settle: SETTLE,
+            length: args.duration,
+            workload: Duration::from_secs(window::guest_seconds(
+                args.duration,
+                spread,
+                SETTLE,
+                MARGIN,
+            )),
+            margin: MARGIN,
+        }
+    };
+    let mut report = DensityReport {
+        schema: DENSITY_SCHEMA.into(),
+        host: host::host_info(),
+        params: DensityParams {
+            vms: args.vms.clone(),
+            cpus_per_vm: args.cpus,
+            guest: plan.kernel.display().to_string(),
+            guest_cmdline: plan.cmdline_of("WORKLOAD", "S"),
+            duration_s: args.duration.as_secs_f64(),
+            memory_mib: args.memory_bytes() >> 20,
+            modes: modes.iter().map(|m| m.name().to_string()).collect(),
+            global_timers: args.global_timers.clone(),
+            global_timers_applied: plan.global_timers.is_some(),
+            linux: Some(LinuxParams {
+                workloads: args.workload.iter().map(|w| w.name().to_string()).collect(),
+                window_s: args.duration.as_secs_f64(),
+                boot_spread_s: args
+                    .vms
+                    .iter()
+                    .map(|&n| (n, boot_spread(args, n).as_secs_f64()))
+                    .collect(),
+                settle_s: SETTLE.as_secs_f64(),
+                margin_s: MARGIN.as_secs_f64(),
+            }),
+        },
+        results: Vec::new(),
+        skipped,
+    };
+    eprintln!(
+        "bench: density --guest linux, logs in {}",
+        plan.work.display()
+    );
+    println!(
+        "density: {} x {} vCPUs, the kit's Linux ({}), {} MiB, {:?} window per run",
+        args.vm_counts(),
+        args.cpus,
+        report.params.guest_cmdline,
+        report.params.memory_mib,
+        args.duration
+    );
+    println!("{}", report::linux_header());
+    let mut all_ok = true;
+    for &n in &args.vms {
+        for &workload in &args.workload {
+            for &mode in &modes {
+                let e = Experiment {
+                    mode,
+                    workload,
+                    n,
+                    rule: rule(n),
+                };
+                let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
+                let label = format!("{} {} N={n}", mode.name(), workload.name());
+                eprintln!(
+                    "bench: {label}: starting {n} VM(s), workload {} s",
+                    e.rule.workload.as_secs()
+                );
+                let specs = (0..n)
+                    .map(|i| plan.spec(mode, workload, n, i, &cmdline))
+                    .collect();
+                let watch = Watch {
+                    boot_marker: workload_output::START_MARKER.into(),
+                    end_markers: std::iter::once(workload_output::report_marker(workload.name()))
+                        .chain(workload_output::END_MARKERS.map(String::from))
+                        .collect(),
+                    guest_bytes: args.memory_bytes(),
+                    deadline: args.boot_timeout + e.rule.workload + Duration::from_secs(30),
+                    settle: SETTLE,
+                    planned: Some(e.rule),
+                    stagger: true,
+                    label,
+                    // The first boot, about a minute, then the workload.
+                    expected: Duration::from_secs(60) + e.rule.workload,
+                };
+                let run = fleet::run(specs, &watch)?;
+                let r = row(&plan, &e, &run);
+                all_ok &= r.failures.is_empty();
+                println!("{}", report::linux_line(&r));
+                if let Some(note) = r.linux.as_ref().and_then(|l| l.window_note.as_ref()) {
+                    println!("  {} {} N={n}: {note}", mode.name(), workload.name());
+                }
+                for f in &r.failures {
+                    println!("  {} {} N={n} failed: {f}", mode.name(), workload.name());
+                }
+                report.results.push(r);
+                if let Some(path) = &args.common.json {
+                    report::write_json(path, &report)?;
+                }
+            }
+        }
+    }
+    density::finish(&report, args.plot.as_ref())?;
+    Ok(all_ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload_output::tests::TIMERS_LOG;
+
+    #[test]
+    fn guest_rates_are_per_second_of_each_workload() {
+        let mut g = GuestRates::default();
+        let r = parse_workload(TIMERS_LOG);
+        g.add(&r);
+        g.add(&r);
+        g.add(&WorkloadReport::default()); // a VM that never reported adds nothing
+        assert_eq!((g.vms, g.cpus), (2, 4));
+        // 418 loc over 10.025589 s, twice.
+        assert!((g.loc_per_s - 2.0 * 418.0 / 10.025_589).abs() < 1e-9);
+        assert!((g.ipis_per_s - 2.0 * 65.0 / 10.025_589).abs() < 1e-9);
+        let late = g.lateness(false).unwrap();
+        assert_eq!(late.n, 356);
+        assert_eq!((late.p50_ns, late.p99_ns), (1_966_000, 19_922_000));
+        assert_eq!((late.max_ns, late.mean_ns), (19_975_000, 3_197_000));
+        let wake = g.lateness(true).unwrap();
+        assert_eq!(
+            (wake.p50_ns, wake.p99_ns, wake.max_ns),
+            (8_126_000, 37_748_000, 40_075_000)
+        );
+    }
+
+    #[test]
+    fn vm_lateness_combines_as_documented() {
+        let t = |p50, p99, max, mean, events| workload_output::TimerTotals {
+            events,
+            late_p50_us: p50,
+            late_p99_us: p99,
+            late_max_us: max,
+            late_mean_us: mean,
+            ..Default::default()
+        };
+        let g = GuestRates {
+            timers: vec![
+                t(100, 900, 1000, 200, 100),
+                t(300, 5000, 7000, 600, 300),
+                t(200, 800, 850, 100, 100),
+            ],
+            ..GuestRates::default()
+        };
+        let l = g.lateness(false).unwrap();
+        // Median of the p50s, largest p99 and max, event-weighted mean.
+        assert_eq!(
+            (l.p50_ns, l.p99_ns, l.max_ns),
+            (200_000, 5_000_000, 7_000_000)
+        );
+        assert_eq!(l.mean_ns, (200 * 100 + 600 * 300 + 100 * 100) / 500 * 1000);
+        assert_eq!(GuestRates::default().lateness(false), None);
+    }
+
+    #[test]
+    fn the_command_line_drops_the_kits_workload() {
+        let linux = kit::DefaultGuest {
+            kernel: PathBuf::from("/k/vmlinux"),
+            initramfs: None,
+            cmdline: Some("console=ttyS0 panic=-1".into()),
+            cmdline_pvm: Some("noxsave lull.workload=idle,seconds=10 tsc=reliable".into()),
+        };
+        let base = base_cmdline(&linux);
+        assert!(!base.contains("lull.workload"), "{base}");
+        assert!(base.starts_with("console=ttyS0 panic=-1"), "{base}");
+        assert_eq!(kit::host_is_pvm(), base.contains("tsc=reliable"));
+    }
+}

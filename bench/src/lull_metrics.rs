@@ -1,0 +1,224 @@
+//! lull's own counters of a run (its `--metrics` JSON, or the same report live from the
+//! management API's `vm.counters`), summed over a fleet: the wake-ups of halted vCPUs (lull's
+//! per-cause counts, or KVM's `halt_wakeup` with the in-kernel irqchip), global-timer work
+//! and KVM's exit counter. Two live reports of one VM give the counts between them
+//! ([`MetricsSum::since`]), which is how a window that excludes the boot is measured.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// Sums of lull's reports over a fleet (or their growth over a window).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSum {
+    /// Reports summed.
+    pub vm_reports: u32,
+    /// Wake-ups of halted vCPU threads, every cause lull counts (`vcpus[].wakeups`).
+    pub halted_wakeups: u64,
+    /// The same by cause (`timer`, `interrupt`, `control`, `other`, `global_timer`, ...).
+    pub wakeup_causes: BTreeMap<String, u64>,
+    /// KVM's `halt_wakeup` (the in-kernel irqchip's wake-ups of halted vCPUs).
+    pub kvm_halt_wakeups: u64,
+    /// Wake-ups of blocked vCPUs by a global timer, where lull reports them.
+    pub global_timer_wakeups: Option<u64>,
+    /// Global timer expiries (vCPUs and the `central` timer thread), where lull reports them.
+    pub global_timer_fires: Option<u64>,
+    /// KVM's `exits`, where readable.
+    pub kvm_exits: Option<u64>,
+    /// LAPIC timer expiries of lull's LAPIC (`vcpus[].lapic_timer_fires`; 0 with the kernel's).
+    pub lapic_timer_fires: u64,
+    /// Interrupts lull injected (`vcpus[].injected`; 0 with the kernel irqchip).
+    pub injected: u64,
+    /// KVM's `irq_injections` (every interrupt the in-kernel LAPIC delivered), where readable.
+    pub kvm_irq_injections: Option<u64>,
+    /// Run time times vCPUs, seconds (lull's clock).
+    pub vcpu_seconds: f64,
+}
+
+fn add_opt(acc: &mut Option<u64>, v: Option<u64>) {
+    if let Some(v) = v {
+        *acc = Some(acc.unwrap_or(0) + v);
+    }
+}
+
+fn sub_opt(later: Option<u64>, earlier: Option<u64>) -> Option<u64> {
+    Some(later?.saturating_sub(earlier?))
+}
+
+impl MetricsSum {
+    /// The sums of one report.
+    pub fn of(m: &Value) -> Self {
+        let mut s = Self::default();
+        s.add(m);
+        s
+    }
+
+    /// Adds one report.
+    pub fn add(&mut self, m: &Value) {
+        self.vm_reports += 1;
+        let vcpus = m["vcpus"].as_array().map_or(&[][..], Vec::as_slice);
+        for v in vcpus {
+            let w = &v["wakeups"];
+            // Every cause lull reports (timer, interrupt, control, other, global_timer, ...).
+            if let Some(causes) = w.as_object() {
+                for (cause, count) in causes {
+                    let count = count.as_u64().unwrap_or(0);
+                    self.halted_wakeups += count;
+                    *self.wakeup_causes.entry(cause.clone()).or_insert(0) += count;
+                }
+            }
+            add_opt(&mut self.global_timer_wakeups, w["global_timer"].as_u64());
+            add_opt(
+                &mut self.global_timer_fires,
+                v["global_timer_fires"].as_u64(),
+            );
+            self.lapic_timer_fires += v["lapic_timer_fires"].as_u64().unwrap_or(0);
+            self.injected += v["injected"].as_u64().unwrap_or(0);
+        }
+        // The `central` model expires global timers on its own timer thread, not on a vCPU.
+        add_opt(
+            &mut self.global_timer_fires,
+            m["global_timers"]["timer_thread_fires"].as_u64(),
+        );
+        self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
+        add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
+        add_opt(
+            &mut self.kvm_irq_injections,
+            m["kvm"]["irq_injections"].as_u64(),
+        );
+        let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
+        self.vcpu_seconds += secs * vcpus.len() as f64;
+    }
+
+    /// Adds the sums of other VMs.
+    pub fn merge(&mut self, other: &Self) {
+        self.vm_reports += other.vm_reports;
+        self.halted_wakeups += other.halted_wakeups;
+        for (cause, count) in &other.wakeup_causes {
+            *self.wakeup_causes.entry(cause.clone()).or_insert(0) += count;
+        }
+        self.kvm_halt_wakeups += other.kvm_halt_wakeups;
+        add_opt(&mut self.global_timer_wakeups, other.global_timer_wakeups);
+        add_opt(&mut self.global_timer_fires, other.global_timer_fires);
+        add_opt(&mut self.kvm_exits, other.kvm_exits);
+        self.lapic_timer_fires += other.lapic_timer_fires;
+        self.injected += other.injected;
+        add_opt(&mut self.kvm_irq_injections, other.kvm_irq_injections);
+        self.vcpu_seconds += other.vcpu_seconds;
+    }
+
+    /// What one VM counted between an `earlier` report and this one.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            vm_reports: self.vm_reports,
+            halted_wakeups: self.halted_wakeups.saturating_sub(earlier.halted_wakeups),
+            wakeup_causes: self
+                .wakeup_causes
+                .iter()
+                .map(|(cause, &n)| {
+                    let before = earlier.wakeup_causes.get(cause).copied().unwrap_or(0);
+                    (cause.clone(), n.saturating_sub(before))
+                })
+                .collect(),
+            kvm_halt_wakeups: self
+                .kvm_halt_wakeups
+                .saturating_sub(earlier.kvm_halt_wakeups),
+            global_timer_wakeups: sub_opt(self.global_timer_wakeups, earlier.global_timer_wakeups),
+            global_timer_fires: sub_opt(self.global_timer_fires, earlier.global_timer_fires),
+            kvm_exits: sub_opt(self.kvm_exits, earlier.kvm_exits),
+            lapic_timer_fires: self
+                .lapic_timer_fires
+                .saturating_sub(earlier.lapic_timer_fires),
+            injected: self.injected.saturating_sub(earlier.injected),
+            kvm_irq_injections: sub_opt(self.kvm_irq_injections, earlier.kvm_irq_injections),
+            vcpu_seconds: (self.vcpu_seconds - earlier.vcpu_seconds).max(0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> Value {
+        let vcpu = |fires: u64| {
+            serde_json::json!({
+                "wakeups": { "timer": 3, "global_timer": 1 },
+                "global_timer_fires": fires,
+            })
+        };
+        let global = thread_fires.map_or(
+            Value::Null,
+            |f| serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f }),
+        );
+        serde_json::json!({
+            "run_time_ms": 2000,
+            "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],
+            "global_timers": global,
+            "kvm": { "exits": 100, "halt_wakeup": 0 },
+        })
+    }
+
+    #[test]
+    fn global_fires_count_every_model() {
+        // pull/push: the vCPUs expire global timers themselves.
+        let mut pull = MetricsSum::default();
+        pull.add(&metrics([5, 7], Some(0)));
+        assert_eq!(pull.global_timer_fires, Some(12));
+        // central: its timer thread does, and the vCPUs report none.
+        let mut central = MetricsSum::default();
+        central.add(&metrics([0, 0], Some(40)));
+        central.add(&metrics([0, 0], Some(2)));
+        assert_eq!(central.global_timer_fires, Some(42));
+        assert_eq!(central.global_timer_wakeups, Some(4));
+        assert_eq!(central.halted_wakeups, 16);
+        assert_eq!(central.kvm_exits, Some(200));
+    }
+
+    /// A live report's counted parts, as `vm.counters` gives them (user irqchip, 2 vCPUs).
+    fn live(run_ms: u64, wakeups: [[u64; 2]; 2], exits: u64) -> Value {
+        let vcpu = |w: [u64; 2]| {
+            serde_json::json!({
+                "wakeups": { "timer": w[0], "interrupt": w[1], "control": 0, "other": 0, "global_timer": 0 },
+                "global_timer_fires": 0,
+                "lapic_timer_fires": 3 * w[0],
+                "injected": 3 * w[0] + w[1],
+            })
+        };
+        serde_json::json!({
+            "stop_reason": "running",
+            "run_time_ms": run_ms,
+            "vcpus": [vcpu(wakeups[0]), vcpu(wakeups[1])],
+            "global_timers": null,
+            "kvm": { "exits": exits, "halt_wakeup": 0, "irq_injections": exits / 10 },
+        })
+    }
+
+    #[test]
+    fn a_window_counts_what_grew_between_two_reports() {
+        // Window start 21.5 s into the run (boot counted 335 + 38 wake-ups), end 81.5 s.
+        let start = MetricsSum::of(&live(21_532, [[277, 58], [17, 21]], 39_238));
+        let end = MetricsSum::of(&live(81_532, [[397, 60], [150, 22]], 45_238));
+        let w = end.since(&start);
+        assert_eq!(w.halted_wakeups, (120 + 2) + (133 + 1));
+        assert_eq!(w.wakeup_causes["timer"], 120 + 133);
+        assert_eq!(w.wakeup_causes["interrupt"], 2 + 1);
+        assert_eq!(w.wakeup_causes["control"], 0);
+        assert_eq!(w.kvm_exits, Some(6_000));
+        assert_eq!(w.kvm_irq_injections, Some(600));
+        assert_eq!(w.lapic_timer_fires, 3 * (120 + 133));
+        assert_eq!(w.injected, 3 * (120 + 133) + 2 + 1);
+        assert_eq!(w.global_timer_wakeups, Some(0));
+        assert!((w.vcpu_seconds - 120.0).abs() < 1e-9);
+        // Two VMs' windows add up.
+        let mut fleet = w.clone();
+        fleet.merge(&w);
+        assert_eq!((fleet.vm_reports, fleet.halted_wakeups), (2, 512));
+        assert_eq!(fleet.wakeup_causes["timer"], 2 * 253);
+        assert_eq!(fleet.kvm_exits, Some(12_000));
+        // A counter only one report has gives no difference.
+        let mut no_kvm = live(81_532, [[0, 0], [0, 0]], 0);
+        no_kvm["kvm"] = Value::Null;
+        assert_eq!(MetricsSum::of(&no_kvm).since(&start).kvm_exits, None);
+    }
+}

@@ -2,12 +2,14 @@
 //! migrator vCPU's, or the `central` model's timer thread).
 //!
 //! Pinned timers flag their owner's mailbox (and the model kicks the owner if they fired on
-//! another thread); global ones are queued for re-arming and wake nobody.
+//! another thread); global ones wake nobody: the synthetic load's are queued for re-arming, a
+//! device's runs the device's callback right here (`crate::device_timers`).
 
 use timer::{AfterFire, Fired};
 
 use super::mailbox::Mailbox;
 use super::router::InterruptRouter;
+use crate::device_timers::DeviceTimers;
 use crate::idle::global_load::GlobalLoad;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 
@@ -15,6 +17,7 @@ use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 pub fn on_timer_fired(
     router: &InterruptRouter,
     global: Option<&GlobalLoad>,
+    devices: Option<&DeviceTimers>,
     summary: &mut FiredSummary,
     fired: Fired<VcpuTimer>,
 ) -> AfterFire {
@@ -39,14 +42,25 @@ pub fn on_timer_fired(
         }
         // Not counted as a wake-up cause: it exists only to end a KVM_RUN.
         VcpuTimer::TprPoll => notify(Mailbox::flag_recheck),
-        VcpuTimer::Global(slot) => {
+        VcpuTimer::Global(_) | VcpuTimer::Device(_) => {
             if fired.remote {
                 summary.remote_global += 1;
             } else {
                 summary.own_global += 1;
             }
-            if let Some(g) = global {
-                g.fired(slot);
+            match fired.payload {
+                VcpuTimer::Device(id) => {
+                    summary.device += 1;
+                    if let Some(d) = devices {
+                        d.fire(id);
+                    }
+                }
+                VcpuTimer::Global(slot) => {
+                    if let Some(g) = global {
+                        g.fired(slot);
+                    }
+                }
+                _ => {}
             }
             AfterFire::Done
         }

@@ -350,17 +350,21 @@ fn service_central<C: VmTime>(
 ) {
     let now = clock.now();
     let mut summary = FiredSummary::default();
-    let device_timers = devices.map(AsRef::as_ref);
+    let mut devices_due = Vec::new();
     model.service(now, &mut |fired| {
         on_timer_fired(
             router,
             idle.global.as_ref(),
-            device_timers,
+            &mut devices_due,
             &mut summary,
             fired,
         )
     });
     if let Some(d) = devices {
+        // After the model's expiry, outside its locks (see `timers`).
+        for id in devices_due {
+            d.fire(id);
+        }
         let epoch = clock.to_monotonic(0);
         for (id, at) in d.take_pending() {
             model.arm_global(0, at.saturating_sub(epoch), VcpuTimer::Device(id));

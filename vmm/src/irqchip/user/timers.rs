@@ -3,13 +3,15 @@
 //!
 //! Pinned timers flag their owner's mailbox (and the model kicks the owner if they fired on
 //! another thread); global ones wake nobody: the synthetic load's are queued for re-arming, a
-//! device's runs the device's callback right here (`crate::device_timers`).
+//! device's is collected into `devices_due` for the caller to run the device's callback
+//! (`crate::device_timers`) on the same thread once the timer model has returned: the
+//! callback may raise an interrupt that wakes a vCPU, which must not then find its timer
+//! queues still locked by the expiry.
 
 use timer::{AfterFire, Fired};
 
 use super::mailbox::Mailbox;
 use super::router::InterruptRouter;
-use crate::device_timers::DeviceTimers;
 use crate::idle::global_load::GlobalLoad;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 
@@ -17,7 +19,7 @@ use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 pub fn on_timer_fired(
     router: &InterruptRouter,
     global: Option<&GlobalLoad>,
-    devices: Option<&DeviceTimers>,
+    devices_due: &mut Vec<u32>,
     summary: &mut FiredSummary,
     fired: Fired<VcpuTimer>,
 ) -> AfterFire {
@@ -51,9 +53,7 @@ pub fn on_timer_fired(
             match fired.payload {
                 VcpuTimer::Device(id) => {
                     summary.device += 1;
-                    if let Some(d) = devices {
-                        d.fire(id);
-                    }
+                    devices_due.push(id);
                 }
                 VcpuTimer::Global(slot) => {
                     if let Some(g) = global {

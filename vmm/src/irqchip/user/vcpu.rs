@@ -232,11 +232,14 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// vCPUs' global ones if it is a migrator), programs the host tick, counts global fires.
     fn run_timers(&mut self, now: Nanos) -> FiredSummary {
         let (router, global) = (&self.router, self.idle.global.as_ref());
-        let devices = Some(self.shared.device_timers.as_ref());
         let mut summary = FiredSummary::default();
+        let mut devices_due = Vec::new();
         self.timers.run(now, &mut |fired| {
-            on_timer_fired(router, global, devices, &mut summary, fired)
+            on_timer_fired(router, global, &mut devices_due, &mut summary, fired)
         });
+        for id in devices_due {
+            self.shared.device_timers.fire(id);
+        }
         if summary.global() > 0 {
             self.counters()
                 .global_timer_fires

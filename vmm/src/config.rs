@@ -467,6 +467,16 @@ mod tests {
             "path=/a,ops=x".parse::<DiskConfig>(),
             Err(DiskConfigError::Rate(_))
         ));
+        let mut cfg = VmConfig::default();
+        assert_eq!(cfg.device_timer_mode(), DeviceTimerMode::Hierarchy);
+        cfg.irqchip = IrqchipMode::Kernel;
+        assert_eq!(cfg.device_timer_mode(), DeviceTimerMode::Timerfd);
+        assert!(cfg.validate().is_ok());
+        cfg.device_timers = Some(DeviceTimerMode::Hierarchy);
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::NeedsUserIrqchip(_))
+        ));
         assert!(
             !"readonly=off,path=b"
                 .parse::<DiskConfig>()

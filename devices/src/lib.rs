@@ -14,6 +14,7 @@ pub mod lapic;
 pub mod mmio;
 pub mod pio;
 pub mod port92;
+pub mod rate_limiter;
 pub mod serial;
 mod sync;
 pub mod test_exit;

@@ -14,6 +14,8 @@ pub trait MmioDevice: Send {
     fn read(&mut self, offset: u64, data: &mut [u8]);
     /// Guest write of `data` at `offset` from the start of the device's window.
     fn write(&mut self, offset: u64, data: &[u8]);
+    /// A timer the device asked for (through its `virtio::DeviceTimer`) fired.
+    fn timer_fired(&mut self) {}
 }
 
 /// A shared, lockable device on the bus.

@@ -10,8 +10,13 @@
 //!   changes level (no repeated raise or lower);
 //! - FEATURES_OK stands only for a feature set the device offered that includes VERSION_1;
 //! - the disk keeps its size, and a read-only disk keeps its contents;
-//! - one notification serves at most the queue's size of chains.
+//! - one notification serves at most the queue's size of chains;
+//! - with an `ops=` rate limit (chosen by the input, on a fake clock the input advances, its
+//!   refill timer fired whenever the input says), the device never admits more requests than
+//!   the bucket's size plus what refilled since the start, and it asks for a refill timer
+//!   only for an instant after the clock's now.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arbitrary::{Arbitrary, Unstructured};
@@ -20,7 +25,8 @@ use devices::testdev::IrqLines;
 use devices::virtio::block::{Block, BlockStats};
 use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice};
-use devices::virtio::VirtioDevice;
+use devices::rate_limiter::RateLimit;
+use devices::virtio::{DeviceTimer, VirtioDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const MEM_SIZE: usize = 0x10000;
@@ -82,6 +88,30 @@ enum Op {
     Notify(u8),
     /// InterruptACK.
     Ack(u32),
+    /// The fake clock moves on by this many microseconds.
+    Advance(u16),
+    /// The refill timer fires (whether or not one was asked for, and whenever).
+    TimerFired,
+}
+
+/// The rate limits an input may choose (index by its first byte; none most often).
+const LIMITS: [&str; 4] = ["", "ops=1000,refill=5ms", "ops=50", "bandwidth=8K,refill=1ms"];
+
+/// The device's fake clock and the refill timers it asked for.
+#[derive(Default)]
+struct Timers {
+    now: AtomicU64,
+    asked: Mutex<Vec<u64>>,
+}
+
+impl DeviceTimer for Timers {
+    fn request(&self, deadline: u64) {
+        assert!(
+            deadline > self.now.load(Ordering::Relaxed),
+            "a refill timer asked for at or before now"
+        );
+        vmm::state::lock(&self.asked).push(deadline);
+    }
 }
 
 /// Records the line's levels.
@@ -102,6 +132,8 @@ struct Fuzz {
     readonly: bool,
     initial: Vec<u8>,
     avail_idx: u16,
+    timers: Arc<Timers>,
+    limit: RateLimit,
 }
 
 fn le(value: u64, len: usize) -> Vec<u8> {
@@ -195,6 +227,12 @@ impl Fuzz {
                 );
             }
             Op::Ack(value) => self.write32(0x064, value),
+            Op::Advance(us) => {
+                self.timers
+                    .now
+                    .fetch_add(u64::from(us) * 1000, Ordering::Relaxed);
+            }
+            Op::TimerFired => self.dev.timer_fired(),
         }
     }
 
@@ -292,6 +330,24 @@ impl Fuzz {
         if self.readonly {
             assert!(*disk == self.initial, "a read-only disk changed");
         }
+        if self.limit.ops_per_sec > 0 {
+            // The bucket holds `refill` of the rate (100 ms by default) and starts full.
+            let depth = if self.limit.refill_ns == 0 {
+                100_000_000
+            } else {
+                self.limit.refill_ns
+            };
+            let size = (self.limit.ops_per_sec * depth / 1_000_000_000).max(1);
+            let now = self.timers.now.load(Ordering::Relaxed);
+            let refilled = now * self.limit.ops_per_sec / 1_000_000_000;
+            let s = self.stats();
+            let admitted = served(s) - s.bad_heads;
+            assert!(
+                admitted <= size + refilled + 1,
+                "{admitted} requests admitted by {now} ns with {:?}",
+                self.limit
+            );
+        }
     }
 }
 
@@ -316,6 +372,20 @@ pub fn run(data: &[u8]) {
     let Ok(readonly) = u.arbitrary::<bool>() else {
         return;
     };
+    let Ok(which) = u.arbitrary::<u8>() else {
+        return;
+    };
+    let Some(limit) = LIMITS.get(usize::from(which % 8)).map(|l| l.parse::<RateLimit>()) else {
+        return run_with(u, readonly, RateLimit::default());
+    };
+    let Ok(limit) = limit else {
+        return;
+    };
+    run_with(u, readonly, limit);
+}
+
+/// Runs the rest of an input on a device limited by `limit`.
+fn run_with(mut u: Unstructured<'_>, readonly: bool, limit: RateLimit) {
     let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)]) else {
         return;
     };
@@ -326,15 +396,22 @@ pub fn run(data: &[u8]) {
     }
     let initial = disk.bytes.clone();
     let line = Arc::new(Line::default());
-    let block = Block::new(disk, readonly, b"fuzz");
+    let timers = Arc::new(Timers::default());
+    let clock = timers.clone();
+    let block = Block::new(disk, readonly, b"fuzz").with_rate_limit(
+        limit,
+        Arc::new(move || clock.now.load(Ordering::Relaxed)),
+    );
     let transport = VirtioMmio::new(block, mem.clone());
     let mut fuzz = Fuzz {
-        dev: VirtioMmioDevice::new(transport, line.clone(), LINE),
+        dev: VirtioMmioDevice::new(transport, line.clone(), LINE).with_timer(timers.clone()),
         mem,
         line,
         readonly,
         initial,
         avail_idx: 0,
+        timers,
+        limit,
     };
     while let Ok(op) = u.arbitrary::<Op>() {
         fuzz.step(op);

@@ -8,6 +8,9 @@
 //! the drivers (resources/linux/README.md, "Disks": not yet); otherwise that test is reported
 //! as ignored with the reason.
 //!
+//! A rate-limited disk (`bandwidth=`) under the guest's timed write loop stays within its limit
+//! under both irqchips, its refills as global timers (user) or timerfds (kernel).
+//!
 //! Tests that boot need `/dev/kvm`; where it is missing they are reported as ignored with the
 //! reason, never as passed. The bad-`--disk` tests need no KVM (lull refuses before it).
 
@@ -238,6 +241,94 @@ fn linux_mounts_an_ext4_root(irqchip: &'static str) -> Result<(), Failed> {
 }
 
 /// A `--disk` lull cannot use is refused before any guest runs, with a message that says why.
+/// `--disk ...,bandwidth=` the limiter's rate, in bytes a second (400 KiB).
+const RATE: u64 = 400 << 10;
+/// The bandwidth bucket: 100 ms of the rate (the default `refill=`).
+const BUCKET: u64 = RATE / 10;
+
+/// A rate-limited disk under the guest's timed write loop (`rate_ms`, every request waited
+/// for halted) with two vCPUs, the AP spinning: the guest never gets more than the rate over
+/// its loop plus the bucket and one request (the safe direction: no timing upper bound), gets
+/// something (no starvation), and every request the limiter held back got its refill timer.
+/// In `pull` the refills are global timers that the spinning AP expires; with
+/// `--irqchip kernel` they are timerfds on the VMM thread.
+fn rate_limit_holds(irqchip: &'static str) -> Result<(), Failed> {
+    let kernel = kit_file("guests/virtio-blk.elf")?;
+    let rw = image(&format!("rate-{irqchip}.img"), SECTORS * 512, 0)?;
+    let metrics = temp_path(&format!("rate-{irqchip}.json"));
+    let disk = format!("{},bandwidth={RATE}", disk_arg(&rw, false));
+    let metrics_arg = metrics.display().to_string();
+    let r = run_guest(
+        irqchip,
+        &kernel,
+        &[
+            "--cpus",
+            "2",
+            "--disk",
+            &disk,
+            "--cmdline",
+            "rate_ms=1000 ap=spin",
+            "--metrics",
+            &metrics_arg,
+        ],
+        DEADLINE,
+    );
+    let _ = std::fs::remove_file(&rw);
+    let r = r?;
+    let report = lull_tests::take_metrics(&metrics)?;
+    r.expect_stdout("virtio-blk: PASS")?;
+    r.expect_code(1)?;
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("virtio-blk: rate "))
+        .ok_or_else(|| r.failure("no rate line"))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let number = |i: usize| -> Result<u64, Failed> {
+        let w = words.get(i).ok_or_else(|| r.failure("short rate line"))?;
+        w.parse()
+            .map_err(|_| r.failure(&format!("{w:?} in the rate line")))
+    };
+    // "virtio-blk: rate <bytes> bytes in <ns> ns, ..."
+    let (bytes, ns) = (number(2)?, number(5)?);
+    let allowed = RATE * ns / 1_000_000_000 + BUCKET + 4096;
+    if bytes > allowed {
+        return Err(r.failure(&format!(
+            "{bytes} bytes in {ns} ns: more than the {allowed} the limit allows"
+        )));
+    }
+    if bytes < 4 * 4096 {
+        return Err(r.failure(&format!("only {bytes} bytes in {ns} ns: starved")));
+    }
+    let device = &report["device_timers"]["devices"][0];
+    let (requested, fired) = (device["requested"].as_u64(), device["fired"].as_u64());
+    let want_mode = if irqchip == "user" {
+        "hierarchy"
+    } else {
+        "timerfd"
+    };
+    if report["device_timers"]["mode"] != want_mode
+        || requested.is_none_or(|n| n == 0)
+        || requested != fired
+    {
+        return Err(r.failure(&format!(
+            "device timers: {} (want mode {want_mode}, refills asked for and all fired)",
+            report["device_timers"]
+        )));
+    }
+    if irqchip == "user" {
+        let woken: u64 = (0..2)
+            .filter_map(|i| report["vcpus"][i]["wakeups"]["global_timer"].as_u64())
+            .sum();
+        if woken != 0 {
+            return Err(r.failure(&format!(
+                "{woken} wake-up(s) of a halted vCPU by a device timer while the AP ran"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn bad_disks_are_refused() -> Result<(), Failed> {
     let odd = image("odd.img", 1000, 0)?;
     let cases = [
@@ -247,11 +338,15 @@ fn bad_disks_are_refused() -> Result<(), Failed> {
         ),
         (disk_arg(&odd, false), "multiple of 512"),
         ("readonly=on".to_string(), "is not a disk"),
+        (
+            format!("{},bandwidth=fast", disk_arg(&odd, false)),
+            "is not a size",
+        ),
     ];
     let mut result = Ok(());
     for (arg, message) in &cases {
         let r: RunResult = run_lull(&["run", "--disk", arg], DEADLINE)?;
-        let expected_code = if arg.starts_with("path=") {
+        let expected_code = if arg.starts_with("path=") && !arg.contains("bandwidth") {
             BAD_INPUT
         } else {
             2
@@ -277,6 +372,10 @@ fn main() {
         trials.push(kvm_trial(
             &format!("writes_survive_sigterm_{irqchip}"),
             move || writes_survive_sigterm(irqchip),
+        ));
+        trials.push(kvm_trial(
+            &format!("rate_limit_holds_{irqchip}"),
+            move || rate_limit_holds(irqchip),
         ));
     }
     // One Linux boot (~30 s of a core here): lull's own irqchip; the guest tests cover both.

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    ConfigError, DiskConfig, IrqchipMode, SerialMode, Switch, TimerModelKind, VmConfig,
+    ConfigError, DeviceTimerMode, DiskConfig, IrqchipMode, SerialMode, Switch, TimerModelKind,
+    VmConfig,
 };
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
@@ -184,13 +185,30 @@ pub struct RunArgs {
     /// IOAPIC line 5, 6, 7, 9, 10, 11, 14, 15; a Linux (or PVH) guest is told on its command
     /// line (`virtio_mmio.device=4K@0xd0000000:5`). Requests run on the vCPU that notified;
     /// FLUSH is an fdatasync, and lull syncs every disk when the VM stops (also on SIGTERM).
-    #[arg(long = "disk", value_name = "path=FILE[,readonly=on]")]
+    /// Rate limits (token buckets, as Firecracker's): `bandwidth=BYTES` a second (K, M, G
+    /// binary suffixes), `ops=N` requests a second, `burst=BYTES` a one-time extra, and
+    /// `refill=DURATION` the buckets' depth in time (default 100ms: a bucket holds 100 ms of
+    /// its rate). A request that does not fit waits in its queue until a refill timer (see
+    /// --device-timers) fires at the instant it will.
+    #[arg(
+        long = "disk",
+        value_name = "path=FILE[,readonly=on][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=D]"
+    )]
     pub disks: Vec<DiskConfig>,
+
+    /// What expires the refill timers of rate-limited disks. `hierarchy` (the default with
+    /// --irqchip user): global timers in the --timer-model, armed on the vCPU that ran the
+    /// request; in `pull` a running vCPU expires them and a halted one is never woken for
+    /// them while another runs; no extra thread or host timer. `timerfd` (the only choice
+    /// with --irqchip kernel): one timerfd per disk on the VMM thread's event loop, which
+    /// wakes that thread at each refill (Firecracker's way; the baseline to compare with).
+    #[arg(long, value_enum, value_name = "hierarchy|timerfd")]
+    pub device_timers: Option<DeviceTimerMode>,
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
     /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
-    /// pv_deadline, x2apic, and disks: a list of `--disk` values); flags win (`--disk`
+    /// pv_deadline, x2apic, disks: a list of `--disk` values, and device_timers); flags win (`--disk`
     /// replaces the file's list).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -234,6 +252,7 @@ impl RunArgs {
             pv_deadline,
             x2apic,
             disks,
+            device_timers,
             config,
             api_socket: _,
             verbose: _,
@@ -259,6 +278,7 @@ impl RunArgs {
             pv_deadline.is_some(),
             x2apic.is_some(),
             !disks.is_empty(),
+            device_timers.is_some(),
             config.is_some(),
         ]
         .contains(&true)
@@ -329,6 +349,9 @@ impl RunArgs {
         }
         if !self.disks.is_empty() {
             cfg.disks = self.disks.clone();
+        }
+        if let Some(v) = self.device_timers {
+            cfg.device_timers = Some(v);
         }
         cfg.validate()?;
         Ok(cfg)

@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use devices::rate_limiter::{RateLimit, RateLimitError};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::idle::advance::TimerAdvanceMode;
@@ -63,6 +64,28 @@ impl TimerModelKind {
             Self::Pull => "pull",
             Self::Push => "push",
             Self::Central => "central",
+        }
+    }
+}
+
+/// What expires the refill timers of rate-limited devices (`--device-timers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceTimerMode {
+    /// Global timers in the user irqchip's timer model, armed on the base of the vCPU that
+    /// ran the request and expired by whichever thread the model says (a running vCPU in
+    /// `pull`). Needs `--irqchip user`.
+    Hierarchy,
+    /// One timerfd per device on the VMM thread's event loop (Firecracker's way).
+    Timerfd,
+}
+
+impl DeviceTimerMode {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hierarchy => "hierarchy",
+            Self::Timerfd => "timerfd",
         }
     }
 }
@@ -150,17 +173,25 @@ pub struct DiskConfig {
     pub path: PathBuf,
     /// The guest may not write (the device offers VIRTIO_BLK_F_RO, writes fail).
     pub readonly: bool,
+    /// Rate limit of the device's requests (`bandwidth=`, `ops=`, `burst=`, `refill=`).
+    pub rate: RateLimit,
 }
 
 /// A `--disk` value that does not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DiskConfigError {
     /// No `path=`.
-    #[error("'{0}' is not a disk: use path=FILE[,readonly=on|off]")]
+    #[error("'{0}' is not a disk: use path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N]")]
     NoPath(String),
     /// An option lull does not know.
-    #[error("Unknown --disk option '{0}': the options are path=FILE and readonly=on|off")]
+    #[error(
+        "Unknown --disk option '{0}': the options are path=FILE, readonly=on|off, \
+         bandwidth=BYTES (a second), ops=N (a second), burst=BYTES and refill=DURATION"
+    )]
     UnknownOption(String),
+    /// A rate option with a bad value.
+    #[error("--disk: {0}")]
+    Rate(#[from] RateLimitError),
     /// `readonly=` with a value other than on or off.
     #[error("--disk readonly={0} is neither on nor off")]
     BadReadonly(String),
@@ -169,11 +200,17 @@ pub enum DiskConfigError {
 impl FromStr for DiskConfig {
     type Err = DiskConfigError;
 
-    /// `path=FILE[,readonly=on|off]`; the options may come in any order.
+    /// `path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=DURATION]`;
+    /// the options may come in any order.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut path = None;
         let mut readonly = false;
+        let mut rate = RateLimit::default();
         for option in s.split(',') {
+            let (key, value) = option.split_once('=').unwrap_or((option, ""));
+            if rate.apply_option(key, value)? {
+                continue;
+            }
             if let Some(p) = option.strip_prefix("path=").filter(|p| !p.is_empty()) {
                 path = Some(PathBuf::from(p));
             } else if let Some(v) = option.strip_prefix("readonly=") {
@@ -187,7 +224,11 @@ impl FromStr for DiskConfig {
             }
         }
         match path {
-            Some(path) => Ok(Self { path, readonly }),
+            Some(path) => Ok(Self {
+                path,
+                readonly,
+                rate,
+            }),
             None => Err(DiskConfigError::NoPath(s.to_string())),
         }
     }
@@ -199,7 +240,7 @@ impl fmt::Display for DiskConfig {
         if self.readonly {
             f.write_str(",readonly=on")?;
         }
-        Ok(())
+        write!(f, "{}", self.rate)
     }
 }
 
@@ -249,6 +290,8 @@ pub struct VmConfig {
     pub x2apic: Switch,
     /// virtio-blk disks, in the order the guest finds them.
     pub disks: Vec<DiskConfig>,
+    /// What expires device timers (`None`: hierarchy with the user irqchip, else timerfd).
+    pub device_timers: Option<DeviceTimerMode>,
 }
 
 impl Default for VmConfig {
@@ -274,6 +317,7 @@ impl Default for VmConfig {
             pv_deadline: Switch::On,
             x2apic: Switch::On,
             disks: Vec::new(),
+            device_timers: None,
         }
     }
 }
@@ -324,6 +368,15 @@ impl VmConfig {
         })
     }
 
+    /// What expires device timers: the setting, or the default of the irqchip.
+    pub fn device_timer_mode(&self) -> DeviceTimerMode {
+        match (self.device_timers, self.irqchip) {
+            (Some(mode), _) => mode,
+            (None, IrqchipMode::User) => DeviceTimerMode::Hierarchy,
+            (None, IrqchipMode::Kernel) => DeviceTimerMode::Timerfd,
+        }
+    }
+
     /// Checks ranges that do not depend on the host.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.cpus == 0 || self.cpus > MAX_CPUS {
@@ -342,6 +395,10 @@ impl VmConfig {
                 (self.idle_inject.is_some(), "--idle-inject"),
                 (self.cpu_quota.is_some(), "--cpu-quota"),
                 (self.global_timers.is_some(), "--global-timers"),
+                (
+                    self.device_timers == Some(DeviceTimerMode::Hierarchy),
+                    "--device-timers hierarchy",
+                ),
             ];
             if let Some((_, name)) = knobs.iter().find(|(set, _)| *set) {
                 return Err(ConfigError::NeedsUserIrqchip(name));
@@ -397,10 +454,29 @@ mod tests {
             d,
             DiskConfig {
                 path: "/tmp/a.img".into(),
-                readonly: true
+                readonly: true,
+                rate: RateLimit::default()
             }
         );
         assert_eq!(d.to_string().parse::<DiskConfig>(), Ok(d));
+        let limited: DiskConfig = "path=/a,bandwidth=10M,ops=1000".parse().unwrap();
+        assert_eq!(limited.rate.bytes_per_sec, 10 << 20);
+        assert_eq!(limited.rate.ops_per_sec, 1000);
+        assert_eq!(limited.to_string().parse::<DiskConfig>(), Ok(limited));
+        assert!(matches!(
+            "path=/a,ops=x".parse::<DiskConfig>(),
+            Err(DiskConfigError::Rate(_))
+        ));
+        let mut cfg = VmConfig::default();
+        assert_eq!(cfg.device_timer_mode(), DeviceTimerMode::Hierarchy);
+        cfg.irqchip = IrqchipMode::Kernel;
+        assert_eq!(cfg.device_timer_mode(), DeviceTimerMode::Timerfd);
+        assert!(cfg.validate().is_ok());
+        cfg.device_timers = Some(DeviceTimerMode::Hierarchy);
+        assert!(matches!(
+            cfg.validate(),
+            Err(ConfigError::NeedsUserIrqchip(_))
+        ));
         assert!(
             !"readonly=off,path=b"
                 .parse::<DiskConfig>()

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod console;
 pub mod cpuid;
+pub mod device_timers;
 pub mod exit_code;
 pub mod host_stats;
 pub mod idle;

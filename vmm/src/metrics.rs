@@ -342,6 +342,8 @@ pub struct RunReport {
     pub cpu_quota: Option<crate::idle::quota::QuotaReport>,
     /// Global-timer load (user irqchip): setting and fires on the `central` timer thread.
     pub global_timers: Option<GlobalTimersReport>,
+    /// Refill timers of rate-limited disks: what expired them and what each did.
+    pub device_timers: Option<crate::device_timers::DeviceTimersReport>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
     /// lull's threads: context switches (host wake-ups) and CPU time.

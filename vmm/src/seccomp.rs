@@ -22,7 +22,8 @@
 //! - **timers**: nothing more;
 //! - **VMM**: epoll, directory reads (`/proc/self/task` at exit),
 //!   creating the `--metrics` file (`O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC`), the terminal's
-//!   `TCGETS`/`TCSETS` (restoring it at exit).
+//!   `TCGETS`/`TCSETS` (restoring it at exit), and `KVM_IRQ_LINE` (a disk's refill timerfd
+//!   fired there raises the disk's line in KVM's IOAPIC).
 //!
 //! No thread may `execve`, `fork`/`clone`, open sockets, `ptrace`, signal other processes,
 //! `mmap` executable memory or open a file for writing (the VMM thread: only by creating one).
@@ -104,6 +105,9 @@ static PREPARED: OnceLock<Prepared> = OnceLock::new();
 const KVMIO: u64 = 0xAE;
 const TCGETS: u64 = 0x5401;
 const TCSETS: u64 = 0x5402;
+/// `KVM_IRQ_LINE` (`_IOW(KVMIO, 0x61, struct kvm_irq_level)`): a disk's refill timer fired on
+/// the VMM thread (`--device-timers timerfd` with `--irqchip kernel`) raises the disk's line.
+const KVM_IRQ_LINE: u64 = 0x4008_ae61;
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
     Ok(SeccompCondition::new(
@@ -214,11 +218,11 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
             ] {
                 map.insert(sys, Vec::new());
             }
-            let terminal = [TCGETS, TCSETS]
+            let allowed = [TCGETS, TCSETS, KVM_IRQ_LINE]
                 .into_iter()
                 .map(|request| rule(vec![cond(1, SeccompCmpOp::Eq, request)?]))
                 .collect::<Result<Vec<_>, _>>()?;
-            map.insert(libc::SYS_ioctl, terminal);
+            map.insert(libc::SYS_ioctl, allowed);
             for flags in [
                 libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
                 libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,

@@ -14,6 +14,7 @@ use devices::mmio::MmioBus;
 use devices::pio::PioBus;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::device_timers::DeviceTimers;
 use crate::host_stats::{self, ThreadStat};
 use crate::metrics::{GuestNoise, VcpuCounters};
 pub use crate::sync::lock;
@@ -120,6 +121,8 @@ pub struct VmShared {
     pub kvm_stats: Vec<std::fs::File>,
     /// Statistics of threads that have ended (recorded by each thread on its way out).
     pub ended_threads: Mutex<Vec<ThreadStat>>,
+    /// The refill timers of rate-limited devices; empty until the VM puts its devices there.
+    pub device_timers: Arc<DeviceTimers>,
 }
 
 impl VmShared {
@@ -140,6 +143,7 @@ impl VmShared {
             booted: OnceLock::new(),
             kvm_stats,
             ended_threads: Mutex::new(Vec::new()),
+            device_timers: Arc::new(DeviceTimers::none()),
         })
     }
 

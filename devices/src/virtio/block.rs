@@ -35,7 +35,9 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::GuestMemory;
 
 use super::disk::{Disk, SECTOR_SIZE};
+use super::throttle::{DeviceClock, Throttle};
 use super::VirtioDevice;
+use crate::rate_limiter::RateLimit;
 
 /// Size of the request queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -65,6 +67,10 @@ pub struct BlockStats {
     /// Available-ring entries naming no descriptor (index past the queue's size): skipped,
     /// as there is no chain to return.
     pub bad_heads: u64,
+    /// Requests the rate limiter held back (each left in the queue until a refill timer).
+    pub throttled: u64,
+    /// Refill timers that fired.
+    pub refills: u64,
 }
 
 /// A virtio-blk device on `D`.
@@ -74,6 +80,7 @@ pub struct Block<D> {
     id: [u8; ID_BYTES],
     bounce: Vec<u8>,
     stats: BlockStats,
+    throttle: Option<Throttle>,
 }
 
 impl<D: Disk> Block<D> {
@@ -88,7 +95,15 @@ impl<D: Disk> Block<D> {
             id: padded,
             bounce: vec![0; CHUNK],
             stats: BlockStats::default(),
+            throttle: None,
         }
+    }
+
+    /// The same device, its requests rate-limited by `limit` on `clock` (no-op if `limit`
+    /// limits nothing).
+    pub fn with_rate_limit(mut self, limit: RateLimit, clock: DeviceClock) -> Self {
+        self.throttle = limit.is_limited().then(|| Throttle::new(limit, clock));
+        self
     }
 
     /// The disk.
@@ -229,6 +244,17 @@ impl<D: Disk> Block<D> {
     }
 }
 
+/// The bytes a request moves, for the bandwidth bucket: every buffer of the chain less the
+/// header and the status byte (a FLUSH or GET_ID costs an operation and about nothing else).
+fn request_bytes<M, T>(chain: &DescriptorChain<T>) -> u64
+where
+    M: GuestMemory,
+    T: Deref<Target = M> + Clone,
+{
+    let total: u64 = chain.clone().map(|d| u64::from(d.len())).sum();
+    total.saturating_sub(HEADER_BYTES as u64 + 1)
+}
+
 impl<D: Disk> VirtioDevice for Block<D> {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
@@ -270,6 +296,7 @@ impl<D: Disk> VirtioDevice for Block<D> {
         }
         let mut any = false;
         for _ in 0..queue.size() {
+            let before = queue.next_avail();
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
                 break;
             };
@@ -278,10 +305,29 @@ impl<D: Disk> VirtioDevice for Block<D> {
                 self.stats.bad_heads += 1;
                 continue;
             }
+            if let Some(throttle) = &mut self.throttle {
+                if let Err(new_wait) = throttle.admit(request_bytes(&chain)) {
+                    // Leave it for the refill timer (or the next notification).
+                    queue.set_next_avail(before);
+                    self.stats.throttled += u64::from(new_wait);
+                    break;
+                }
+            }
             let len = self.serve(mem, chain);
             // add_used fails only if the used ring left guest memory: nothing to tell then.
             any |= queue.add_used(mem, head, len).is_ok();
         }
         any
+    }
+
+    fn take_timer_request(&mut self) -> Option<u64> {
+        self.throttle.as_mut().and_then(Throttle::take_request)
+    }
+
+    fn timer_fired(&mut self) {
+        if let Some(throttle) = &mut self.throttle {
+            throttle.fired();
+            self.stats.refills += 1;
+        }
     }
 }

@@ -27,7 +27,7 @@ use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemory;
 
-use super::VirtioDevice;
+use super::{DeviceTimer, VirtioDevice};
 use crate::mmio::MmioDevice;
 use crate::testdev::IrqLines;
 
@@ -242,6 +242,21 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmio<D, M> {
         self.interrupt_status = 0;
     }
 
+    /// The device's timer fired: it gets every queue again (as if notified) once the driver
+    /// is ready. Returns the timer the device asks for next, if any.
+    pub fn timer_fired(&mut self) -> Option<u64> {
+        self.device.timer_fired();
+        for index in 0..self.queues.len() {
+            self.notify(u32::try_from(index).unwrap_or(u32::MAX));
+        }
+        self.device.take_timer_request()
+    }
+
+    /// The timer the device asked for during the last accesses, if any.
+    pub fn take_timer_request(&mut self) -> Option<u64> {
+        self.device.take_timer_request()
+    }
+
     fn notify(&mut self, index: u32) {
         if self.status & VIRTIO_CONFIG_S_DRIVER_OK == 0 {
             return;
@@ -280,6 +295,7 @@ pub struct VirtioMmioDevice<D, M> {
     lines: Arc<dyn IrqLines>,
     line: u32,
     level: bool,
+    timer: Option<Arc<dyn DeviceTimer>>,
 }
 
 impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
@@ -290,6 +306,19 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
             lines,
             line,
             level: false,
+            timer: None,
+        }
+    }
+
+    /// The same, its timer requests (a rate limiter's refills) going to `timer`.
+    pub fn with_timer(mut self, timer: Arc<dyn DeviceTimer>) -> Self {
+        self.timer = Some(timer);
+        self
+    }
+
+    fn forward_timer_request(&mut self, request: Option<u64>) {
+        if let (Some(timer), Some(at)) = (&self.timer, request) {
+            timer.request(at);
         }
     }
 
@@ -315,5 +344,13 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
     fn write(&mut self, offset: u64, data: &[u8]) {
         self.transport.write(offset, data);
         self.update_line();
+        let request = self.transport.take_timer_request();
+        self.forward_timer_request(request);
+    }
+
+    fn timer_fired(&mut self) {
+        let request = self.transport.timer_fired();
+        self.update_line();
+        self.forward_timer_request(request);
     }
 }

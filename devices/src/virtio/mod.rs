@@ -21,6 +21,7 @@
 pub mod block;
 pub mod disk;
 pub mod mmio;
+pub mod throttle;
 
 #[cfg(test)]
 mod proptests;
@@ -47,4 +48,19 @@ pub trait VirtioDevice: Send {
     /// Takes every chain the driver made available on queue `index` (at most the queue's size
     /// of them) and returns each through the used ring; true if any was returned.
     fn process_queue<M: GuestMemory>(&mut self, index: usize, queue: &mut Queue, mem: &M) -> bool;
+    /// A timer the device wants, as an effect: the time (on the device's clock) at which its
+    /// [`DeviceTimer`] should fire once. Taken after every access and every timer callback.
+    fn take_timer_request(&mut self) -> Option<u64> {
+        None
+    }
+    /// The timer the device asked for fired: it may process its queues again.
+    fn timer_fired(&mut self) {}
+}
+
+/// Where a device's timer requests go: the VMM arms a timer for the device and, when it
+/// fires, calls the device's `MmioDevice::timer_fired` on whatever thread expired it.
+pub trait DeviceTimer: Send + Sync {
+    /// Fire once at `deadline` (ns on the device's clock); an earlier request still pending
+    /// may be replaced.
+    fn request(&self, deadline: u64);
 }

@@ -9,10 +9,14 @@ use virtio_bindings::virtio_mmio::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::block::Block;
 use super::disk::MemDisk;
 use super::mmio::{VirtioMmio, VirtioMmioDevice, MAGIC};
+use super::DeviceTimer;
 use crate::mmio::MmioDevice;
+use crate::rate_limiter::RateLimit;
 use crate::testdev::IrqLines;
 
 pub(super) const MEM_SIZE: usize = 1 << 20;
@@ -39,8 +43,16 @@ pub(super) type Desc = (u64, u32, bool);
 impl Driver {
     /// A device on `sectors` zeroed sectors, not yet initialised by the driver.
     pub fn raw(sectors: u64, readonly: bool) -> Self {
+        Self::raw_with(Block::new(
+            MemDisk::new(sectors),
+            readonly,
+            b"lull-test-disk",
+        ))
+    }
+
+    /// A driver of `block`, not yet initialised.
+    pub fn raw_with(block: Block<MemDisk>) -> Self {
         let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
-        let block = Block::new(MemDisk::new(sectors), readonly, b"lull-test-disk");
         Self {
             mmio: VirtioMmio::new(block, mem.clone()),
             mem,
@@ -50,7 +62,16 @@ impl Driver {
 
     /// A device the driver has brought to DRIVER_OK with one queue of [`QSIZE`].
     pub fn ready(sectors: u64, readonly: bool) -> Self {
-        let mut d = Self::raw(sectors, readonly);
+        Self::ready_with(Block::new(
+            MemDisk::new(sectors),
+            readonly,
+            b"lull-test-disk",
+        ))
+    }
+
+    /// A driver of `block`, brought to DRIVER_OK.
+    pub fn ready_with(block: Block<MemDisk>) -> Self {
+        let mut d = Self::raw_with(block);
         d.w(
             VIRTIO_MMIO_STATUS,
             VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER,
@@ -385,4 +406,92 @@ fn interrupt_line_follows_interrupt_status() {
     assert!(!dev.transport().interrupt_pending());
     // Raised once for both completions (the line was still high), lowered at the ack.
     assert_eq!(*lines.0.lock().unwrap(), vec![(5, true), (5, false)]);
+}
+
+/// The timer requests a device made, in order.
+#[derive(Default)]
+struct Timers(Mutex<Vec<u64>>);
+
+impl DeviceTimer for Timers {
+    fn request(&self, deadline: u64) {
+        self.0.lock().unwrap().push(deadline);
+    }
+}
+
+#[test]
+fn a_throttled_request_waits_in_the_queue_for_its_refill_timer() {
+    let now = Arc::new(AtomicU64::new(0));
+    let clock = now.clone();
+    // 4 KiB per 10 ms: one 4 KiB write every 10 ms after the first.
+    let limit: RateLimit = "bandwidth=400K,refill=10ms".parse().unwrap();
+    let block = Block::new(MemDisk::new(64), false, b"limited")
+        .with_rate_limit(limit, Arc::new(move || clock.load(Ordering::Relaxed)));
+    let d = Driver::ready_with(block);
+    let lines = Arc::new(Lines::default());
+    let timers = Arc::new(Timers::default());
+    let mut dev = VirtioMmioDevice::new(d.mmio, lines.clone(), 5).with_timer(timers.clone());
+    let mem = d.mem;
+    let write = |mem: &GuestMemoryMmap, first_desc: u16, sector: u64| {
+        let hdr = HDR + 0x100 * u64::from(first_desc);
+        mem.write_obj(VIRTIO_BLK_T_OUT, GuestAddress(hdr)).unwrap();
+        mem.write_obj(sector, GuestAddress(hdr + 8)).unwrap();
+        set_desc(
+            mem,
+            first_desc,
+            hdr,
+            16,
+            VRING_DESC_F_NEXT as u16,
+            first_desc + 1,
+        );
+        set_desc(
+            mem,
+            first_desc + 1,
+            DATA,
+            4096,
+            VRING_DESC_F_NEXT as u16,
+            first_desc + 2,
+        );
+        let status = STATUS + u64::from(first_desc);
+        set_desc(mem, first_desc + 2, status, 1, VRING_DESC_F_WRITE as u16, 0);
+    };
+    let used = |mem: &GuestMemoryMmap| mem.read_obj::<u16>(GuestAddress(USED + 2)).unwrap();
+    let notify = |dev: &mut VirtioMmioDevice<_, _>| {
+        dev.write(u64::from(VIRTIO_MMIO_QUEUE_NOTIFY), &0u32.to_le_bytes());
+    };
+    let stats =
+        |dev: &VirtioMmioDevice<Block<MemDisk>, GuestMemoryMmap>| dev.transport().device().stats();
+    // Two writes offered together: the first goes, the second waits in the queue.
+    for (i, head) in [0u16, 3].into_iter().enumerate() {
+        write(&mem, head, i as u64 * 8);
+        mem.write_obj(head, GuestAddress(AVAIL + 4 + 2 * i as u64))
+            .unwrap();
+    }
+    // The bucket holds 4000 bytes of 4096 less header and status: the first write is
+    // oversized (let through full), the second waits for the debt to be repaid.
+    mem.write_obj(2u16, GuestAddress(AVAIL + 2)).unwrap();
+    notify(&mut dev);
+    assert_eq!(used(&mem), 1);
+    let asked = timers.0.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1);
+    let at = asked[0];
+    assert!((10_000_000..=20_100_000).contains(&at), "{at}");
+    assert_eq!(stats(&dev).throttled, 1);
+    // A notification before the refill changes nothing and asks for no second timer.
+    now.store(at - 1, Ordering::Relaxed);
+    notify(&mut dev);
+    assert_eq!(used(&mem), 1);
+    assert_eq!(timers.0.lock().unwrap().len(), 1);
+    dev.write(u64::from(VIRTIO_MMIO_INTERRUPT_ACK), &1u32.to_le_bytes());
+    // The timer fires: the waiting write completes and the line goes up again.
+    now.store(at, Ordering::Relaxed);
+    dev.timer_fired();
+    assert_eq!(used(&mem), 2);
+    assert!(dev.transport().interrupt_pending());
+    assert_eq!(stats(&dev).writes, 2);
+    assert_eq!(stats(&dev).refills, 1);
+    assert_eq!(timers.0.lock().unwrap().len(), 1, "nothing left waiting");
+    assert_eq!(
+        *lines.0.lock().unwrap(),
+        vec![(5, true), (5, false), (5, true)]
+    );
 }

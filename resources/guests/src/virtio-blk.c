@@ -23,6 +23,12 @@
  * Parameters:
  *   bench=N  then N 4 KiB OUT requests (sectors 24-535, round robin); prints the guest-TSC
  *            time per request
+ *   rate_ms=MS  then 4 KiB OUT requests (sectors 24-535, round robin) for MS ms of guest
+ *            TSC, each waited for with STI;HLT (the vCPU halts while its request waits for
+ *            the device, e.g. for a rate limiter's refill); prints
+ *            "virtio-blk: rate <bytes> bytes in <ns> ns, <bytes/s> bytes/s, <n> requests".
+ *            With ap=spin every AP spins (runs) meanwhile, with ap=idle every AP halts
+ *            with interrupts off; the APs are not started otherwise.
  *   idle=1   then writes sectors 16-23 WITHOUT a flush, prints "virtio-blk: idle after
  *            writes" and halts with interrupts off until the VMM stops it (the host checks
  *            that the data is in the file after SIGTERM)
@@ -31,6 +37,10 @@
 #include "rt.h"
 
 #define MAX_DEVS 2
+
+/* Wait for a request's interrupt halted (rate_ms), not in a pause loop. */
+static volatile int halt_wait;
+static int rate_ap_spins;
 #define QSIZE 8
 #define VEC_BASE 0x40
 #define IOAPIC_BASE 0xFEC00000u
@@ -287,6 +297,11 @@ static struct done request(struct vdev *d, u32 type, u64 sector, const struct se
     barrier();
     wr(d, R_QUEUE_NOTIFY, 0);
     u64 deadline = rdtsc() + (u64)rt_tsc_khz * 2000;
+    if (halt_wait) {
+        /* STI;HLT: the interrupt shadow makes the check and the halt atomic. */
+        while (d->irqs == irqs)
+            __asm__ volatile("sti; hlt; cli" ::: "memory");
+    }
     sti();
     while (d->irqs == irqs && rdtsc() < deadline)
         cpu_relax();
@@ -361,6 +376,46 @@ static void check_readonly(struct vdev *d)
     printf("virtio-blk: read-only disk refuses writes\n");
 }
 
+static volatile u32 rate_done;
+
+/* An AP during the rate test: spins until the BSP is done (ap=spin) or halts for good. */
+static void rate_ap(u32 cpu)
+{
+    (void)cpu;
+    if (rate_ap_spins) {
+        while (!rate_done)
+            cpu_relax();
+        return;
+    }
+    for (;;)
+        __asm__ volatile("cli; hlt" ::: "memory");
+}
+
+static void rate(struct vdev *d, u64 ms)
+{
+    char ap[8];
+    if (cmdline_str("ap", ap, sizeof(ap))) {
+        rate_ap_spins = ap[0] == 's';
+        u32 ncpus = smp_cpu_count();
+        if (ncpus > 1 && smp_start_aps(ncpus, rate_ap, 5000) != ncpus - 1)
+            fail("not every AP started");
+    }
+    fill(buf, 24, 8);
+    halt_wait = 1;
+    u64 ticks = ms * rt_tsc_khz, start = rdtsc(), bytes = 0, n = 0;
+    while (rdtsc() - start < ticks) {
+        if (rw(d, T_OUT, 24 + (n % 64) * 8, buf, 4096).status != BLK_OK)
+            fail("rate write %llu failed", n);
+        bytes += 4096;
+        n++;
+    }
+    halt_wait = 0;
+    rate_done = 1;
+    u64 ns = (u64)tsc_to_ns((s64)(rdtsc() - start));
+    printf("virtio-blk: rate %llu bytes in %llu ns, %llu bytes/s, %llu requests\n", bytes, ns,
+           ns ? bytes * 1000000000ull / ns : 0, n);
+}
+
 static void bench(struct vdev *d, u32 count)
 {
     fill(buf, 24, 8);
@@ -392,6 +447,9 @@ int main(void)
     u32 count = (u32)cmdline_u64("bench", 0);
     if (count)
         bench(&devs[0], count);
+    u64 rate_ms = cmdline_u64("rate_ms", 0);
+    if (rate_ms)
+        rate(&devs[0], rate_ms);
     if (cmdline_u64("idle", 0)) {
             fill(buf, 16, 8);
         expect("write sectors 16-23", rw(&devs[0], T_OUT, 16, buf, 4096), BLK_OK, 1);

@@ -101,7 +101,11 @@ pub fn classify_wake(
         Some(WakeCause::Control) => WakeCount::Control,
         Some(WakeCause::Interrupt) => WakeCount::Interrupt,
         Some(WakeCause::Timer) => WakeCount::OwnTimer,
-        None if fired.own_pinned > 0 || interrupt_pending => WakeCount::OwnTimer,
+        None if fired.own_pinned > 0 => WakeCount::OwnTimer,
+        // A device timer's callback may have raised the interrupt that is now pending: the
+        // wake-up is the device timer's.
+        None if fired.device > 0 => WakeCount::GlobalTimer,
+        None if interrupt_pending => WakeCount::OwnTimer,
         None if fired.global() > 0 => WakeCount::GlobalTimer,
         None => WakeCount::Empty,
     }

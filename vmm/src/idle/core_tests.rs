@@ -230,6 +230,13 @@ fn wake_ups_are_counted_by_what_woke_them() {
     assert_eq!(classify_wake(None, none, true), WakeCount::OwnTimer);
     assert_eq!(classify_wake(None, remote, false), WakeCount::GlobalTimer);
     assert_eq!(classify_wake(None, none, false), WakeCount::Empty);
+    // A device timer whose callback raised the pending interrupt woke it.
+    let device = FiredSummary {
+        own_global: 1,
+        device: 1,
+        ..FiredSummary::default()
+    };
+    assert_eq!(classify_wake(None, device, true), WakeCount::GlobalTimer);
     assert_eq!(WakeCount::OwnTimer.kind(), WakeKind::OwnTimer);
     assert_eq!(WakeCount::GlobalTimer.kind(), WakeKind::Other);
 }

@@ -15,6 +15,8 @@ pub enum VcpuTimer {
     TprPoll,
     /// A synthetic device/housekeeping deadline (global), by load slot.
     Global(u32),
+    /// A device's timer (global): a rate-limited disk's refill, by device index.
+    Device(u32),
 }
 
 /// What one pass over the timers fired, for the thread that ran it.
@@ -26,6 +28,8 @@ pub struct FiredSummary {
     pub own_global: u32,
     /// Global timers of other vCPUs (this one is a migrator).
     pub remote_global: u32,
+    /// Of the global timers, device timers (their callbacks ran on this thread).
+    pub device: u32,
 }
 
 impl FiredSummary {

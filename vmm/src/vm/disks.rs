@@ -21,14 +21,16 @@
 use std::fs::File;
 use std::sync::{Arc, Mutex};
 
-use devices::mmio::{MmioBus, MmioBusError};
+use devices::mmio::{MmioBus, MmioBusError, SharedMmioDevice};
 use devices::testdev::IrqLines;
 use devices::virtio::block::Block;
 use devices::virtio::disk::{DiskError, FileDisk};
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
+use devices::virtio::throttle::DeviceClock;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::DiskConfig;
+use crate::device_timers::DeviceTimers;
 use crate::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_IRQS};
 
 /// The opened images, in `--disk` order.
@@ -78,25 +80,37 @@ fn serial(cfg: &DiskConfig) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-/// Puts every opened disk on a new MMIO bus, with its queues in `mem` and its line on `lines`.
+/// Puts every opened disk on a new MMIO bus, with its queues in `mem`, its line on `lines`
+/// and its refill timer (if rate-limited) in `timers` (which gets every device, by index).
 pub fn attach(
     open: OpenDisks,
     mem: &Arc<GuestMemoryMmap>,
     lines: &Arc<dyn IrqLines>,
+    timers: &Arc<DeviceTimers>,
 ) -> Result<Disks, MmioBusError> {
     let mut bus = MmioBus::new();
     let mut files = Vec::new();
+    let mut devices: Vec<SharedMmioDevice> = Vec::new();
+    // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
+    let clock: DeviceClock = Arc::new(crate::sys::clock::monotonic_ns);
     for (index, (disk, cfg)) in open.0.into_iter().enumerate() {
         let Some((base, irq)) = placement(index) else {
             break; // VmConfig::validate caps the count at the lines there are
         };
         files.push(disk.file().clone());
-        let block = Block::new(disk, cfg.readonly, &serial(&cfg));
+        let block =
+            Block::new(disk, cfg.readonly, &serial(&cfg)).with_rate_limit(cfg.rate, clock.clone());
         let transport = VirtioMmio::new(block, mem.clone());
-        let device = VirtioMmioDevice::new(transport, lines.clone(), irq);
-        bus.insert(base, WINDOW_SIZE, Arc::new(Mutex::new(device)))?;
+        let mut device = VirtioMmioDevice::new(transport, lines.clone(), irq);
+        if cfg.rate.is_limited() {
+            device = device.with_timer(timers.handle(u32::try_from(index).unwrap_or(u32::MAX)));
+        }
+        let device: SharedMmioDevice = Arc::new(Mutex::new(device));
+        devices.push(device.clone());
+        bus.insert(base, WINDOW_SIZE, device)?;
         tracing::debug!(path = %cfg.path.display(), base, irq, "virtio-blk disk attached");
     }
+    timers.set_devices(devices);
     Ok(Disks { bus, files })
 }
 

@@ -1,5 +1,6 @@
-//! The VMM thread: its event loop over console input, stop requests and SIGINT/SIGTERM. It
-//! runs until the first stop request (from any thread) and returns its reason.
+//! The VMM thread: its event loop over console input, stop requests, SIGINT/SIGTERM and, with
+//! `--device-timers timerfd`, the refill timerfds of rate-limited disks. It runs until the
+//! first stop request (from any thread) and returns its reason.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -135,6 +136,8 @@ impl MutEventSubscriber for VmmEvents {
             }
         } else if fd == Self::stdin_fd() {
             self.on_stdin(ops);
+        } else if let Some((id, _)) = self.shared.device_timers.timerfds().find(|t| t.1 == fd) {
+            self.shared.device_timers.on_timerfd(id);
         }
     }
 
@@ -142,6 +145,9 @@ impl MutEventSubscriber for VmmEvents {
         let _ = ops.add(Events::new(&self.signal, EventSet::IN));
         let _ = ops.add(Events::new(self.shared.stop.event(), EventSet::IN));
         let _ = ops.add(Events::new(self.drained.as_ref(), EventSet::IN));
+        for (_, fd) in self.shared.device_timers.timerfds() {
+            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
+        }
         if self.stdin_open
             && ops
                 .add(Events::new_raw(Self::stdin_fd(), EventSet::IN))

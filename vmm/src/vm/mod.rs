@@ -34,6 +34,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::boot::{self, BootError, BootSpec};
 use crate::config::{IrqchipMode, VmConfig};
+use crate::device_timers::DeviceTimers;
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::metrics::RunReport;
 use crate::state::{lock, StopReason, VmShared};
@@ -196,7 +197,15 @@ pub fn run_observed(
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
-    let disks = disks::attach(open_disks, &loaded.mem, &chip.irq_lines())?;
+    let device_timers = Arc::new(
+        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len()).map_err(|source| {
+            VmError::Host {
+                what: "a device's refill timerfd",
+                source,
+            }
+        })?,
+    );
+    let disks = disks::attach(open_disks, &loaded.mem, &chip.irq_lines(), &device_timers)?;
     let kvm_stats = vcpus
         .ports
         .iter()
@@ -208,6 +217,7 @@ pub fn run_observed(
             source,
         })?;
     shared.mmio = disks.bus;
+    shared.device_timers = device_timers;
     let shared = Arc::new(shared);
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;

@@ -78,6 +78,7 @@ fn assemble(
             .collect(),
         threads: host.threads,
         kvm: host.kvm,
+        device_timers: shared.device_timers.summary(),
         ..RunReport::default()
     };
     chip.report(&mut report);

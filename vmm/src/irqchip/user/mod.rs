@@ -46,6 +46,7 @@ use vm_memory::GuestMemoryMmap;
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
 use crate::cpuid::APIC_BUS_KHZ;
+use crate::device_timers::DeviceTimers;
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt_poll::HaltPollMode;
@@ -304,7 +305,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     /// timer and notifies the owners. The thread does this at each timerfd expiry; a chip
     /// built by [`Self::with_clock`] has no thread, and its owner calls this instead.
     pub fn service_timers(&self) {
-        service_central(&self.model, &self.router, &self.idle, self.clock.now());
+        service_central(&self.model, &self.router, &self.idle, None, &self.clock);
     }
 
     /// The central model's timer thread: expires every timer at the timerfd's deadline.
@@ -331,24 +332,44 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
                 if shared.stop.is_requested() {
                     return;
                 }
-                service_central(&model, &router, &idle, clock.now());
+                service_central(&model, &router, &idle, Some(&shared.device_timers), &clock);
             }
         }
     }
 }
 
 /// What the `central` model's timer thread does at each wake-up: expires every due timer
-/// (notifying owners) and counts the global ones.
-fn service_central(
+/// (notifying owners, running device callbacks), counts the global ones and arms what the
+/// devices asked for meanwhile.
+fn service_central<C: VmTime>(
     model: &Arc<dyn TimerModel<VcpuTimer>>,
     router: &InterruptRouter,
     idle: &IdleShared,
-    now: Nanos,
+    devices: Option<&Arc<DeviceTimers>>,
+    clock: &C,
 ) {
+    let now = clock.now();
     let mut summary = FiredSummary::default();
+    let mut devices_due = Vec::new();
     model.service(now, &mut |fired| {
-        on_timer_fired(router, idle.global.as_ref(), &mut summary, fired)
+        on_timer_fired(
+            router,
+            idle.global.as_ref(),
+            &mut devices_due,
+            &mut summary,
+            fired,
+        )
     });
+    if let Some(d) = devices {
+        // After the model's expiry, outside its locks (see `timers`).
+        for id in devices_due {
+            d.fire(id);
+        }
+        let epoch = clock.to_monotonic(0);
+        for (id, at) in d.take_pending() {
+            model.arm_global(0, at.saturating_sub(epoch), VcpuTimer::Device(id));
+        }
+    }
     if let Some(g) = &idle.global {
         for _ in 0..summary.global() {
             g.timer_thread_fired();

@@ -2,7 +2,11 @@
 //! migrator vCPU's, or the `central` model's timer thread).
 //!
 //! Pinned timers flag their owner's mailbox (and the model kicks the owner if they fired on
-//! another thread); global ones are queued for re-arming and wake nobody.
+//! another thread); global ones wake nobody: the synthetic load's are queued for re-arming, a
+//! device's is collected into `devices_due` for the caller to run the device's callback
+//! (`crate::device_timers`) on the same thread once the timer model has returned: the
+//! callback may raise an interrupt that wakes a vCPU, which must not then find its timer
+//! queues still locked by the expiry.
 
 use timer::{AfterFire, Fired};
 
@@ -15,6 +19,7 @@ use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 pub fn on_timer_fired(
     router: &InterruptRouter,
     global: Option<&GlobalLoad>,
+    devices_due: &mut Vec<u32>,
     summary: &mut FiredSummary,
     fired: Fired<VcpuTimer>,
 ) -> AfterFire {
@@ -39,14 +44,23 @@ pub fn on_timer_fired(
         }
         // Not counted as a wake-up cause: it exists only to end a KVM_RUN.
         VcpuTimer::TprPoll => notify(Mailbox::flag_recheck),
-        VcpuTimer::Global(slot) => {
+        VcpuTimer::Global(_) | VcpuTimer::Device(_) => {
             if fired.remote {
                 summary.remote_global += 1;
             } else {
                 summary.own_global += 1;
             }
-            if let Some(g) = global {
-                g.fired(slot);
+            match fired.payload {
+                VcpuTimer::Device(id) => {
+                    summary.device += 1;
+                    devices_due.push(id);
+                }
+                VcpuTimer::Global(slot) => {
+                    if let Some(g) = global {
+                        g.fired(slot);
+                    }
+                }
+                _ => {}
             }
             AfterFire::Done
         }

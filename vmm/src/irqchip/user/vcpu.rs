@@ -176,10 +176,19 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         }
         self.wait.mailbox.take_recheck();
         self.rearm_global_load(now);
+        self.arm_device_timers();
         let summary = self.run_timers(now);
-        // Re-arm the global timers that just fired at once, and cover them with the host tick.
-        if summary.global() > 0 && self.rearm_global_load(now) {
+        // Re-arm the global timers that just fired at once (and arm what devices asked for
+        // in their callbacks), and cover them with the host tick.
+        if summary.global() > 0 && (self.rearm_global_load(now) | self.arm_device_timers()) {
             self.run_timers(now);
+        }
+        if summary.device > 0 {
+            // A device's callback may have raised a line to this vCPU: take it now rather
+            // than at the next exit.
+            for ipi in self.wait.mailbox.take_mail() {
+                self.lapic.receive(&ipi);
+            }
         }
         self.core.timers_fired(now);
         self.tpr_poll.fired(now);
@@ -224,9 +233,13 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     fn run_timers(&mut self, now: Nanos) -> FiredSummary {
         let (router, global) = (&self.router, self.idle.global.as_ref());
         let mut summary = FiredSummary::default();
+        let mut devices_due = Vec::new();
         self.timers.run(now, &mut |fired| {
-            on_timer_fired(router, global, &mut summary, fired)
+            on_timer_fired(router, global, &mut devices_due, &mut summary, fired)
         });
+        for id in devices_due {
+            self.shared.device_timers.fire(id);
+        }
         if summary.global() > 0 {
             self.counters()
                 .global_timer_fires
@@ -253,6 +266,19 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
                 .arm(TimerKind::Global, deadline, VcpuTimer::Global(slot));
         }
         armed
+    }
+
+    /// Arms the device timers devices asked for (in MMIO exits or timer callbacks) as global
+    /// timers on this vCPU's base. True if anything was armed.
+    fn arm_device_timers(&mut self) -> bool {
+        let pending = self.shared.device_timers.take_pending();
+        let epoch = self.clock.to_monotonic(0);
+        for &(id, at) in &pending {
+            let deadline = at.saturating_sub(epoch);
+            self.timers
+                .arm(TimerKind::Global, deadline, VcpuTimer::Device(id));
+        }
+        !pending.is_empty()
     }
 
     /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.

@@ -1,0 +1,88 @@
+//! A device's rate limiter at work: it admits a request or says it must wait, and then asks
+//! for one timer at the instant enough tokens will be there (an effect the transport takes
+//! with `VirtioDevice::take_timer_request`), until that timer has fired.
+//!
+//! The time comes from a clock the VMM hands in (the same one its device timers are armed
+//! on); the arithmetic is [`RateLimiter`]'s, on plain values.
+
+use std::sync::Arc;
+
+use crate::rate_limiter::{Nanos, RateLimit, RateLimiter};
+
+/// The clock a throttled device reads (monotonic nanoseconds).
+pub type DeviceClock = Arc<dyn Fn() -> Nanos + Send + Sync>;
+
+/// A limiter, its clock, and the timer it waits for.
+pub struct Throttle {
+    limiter: RateLimiter,
+    clock: DeviceClock,
+    /// The deadline of the timer asked for and not yet fired.
+    waiting: Option<Nanos>,
+    /// A timer to ask for, not yet taken by the transport.
+    request: Option<Nanos>,
+}
+
+impl Throttle {
+    /// A throttle for `limit` on `clock`, its buckets full now.
+    pub fn new(limit: RateLimit, clock: DeviceClock) -> Self {
+        let now = clock();
+        Self {
+            limiter: RateLimiter::new(limit, now),
+            clock,
+            waiting: None,
+            request: None,
+        }
+    }
+
+    /// Lets a request of `bytes` go now, or records the wait. `Err(true)`: it must wait and a
+    /// new timer is asked for; `Err(false)`: it must wait for the timer already asked for.
+    pub fn admit(&mut self, bytes: u64) -> Result<(), bool> {
+        let now = (self.clock)();
+        match self.limiter.consume(bytes, now) {
+            Ok(()) => Ok(()),
+            Err(at) if self.waiting.is_some_and(|w| w <= at) => Err(false),
+            Err(at) => {
+                self.waiting = Some(at);
+                self.request = Some(at);
+                Err(true)
+            }
+        }
+    }
+
+    /// The timer fired: nothing is waited for any more.
+    pub fn fired(&mut self) {
+        self.waiting = None;
+    }
+
+    /// The timer to ask for, once.
+    pub fn take_request(&mut self) -> Option<Nanos> {
+        self.request.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn asks_for_one_timer_per_wait() {
+        let t = Arc::new(AtomicU64::new(0));
+        let clock = t.clone();
+        let limit: RateLimit = "ops=10,refill=1s".parse().unwrap();
+        let mut th = Throttle::new(limit, Arc::new(move || clock.load(Ordering::Relaxed)));
+        for _ in 0..10 {
+            assert_eq!(th.admit(0), Ok(()));
+        }
+        assert_eq!(th.admit(0), Err(true));
+        assert_eq!(th.take_request(), Some(100_000_000));
+        assert_eq!(th.admit(0), Err(false), "the same wait: no second timer");
+        assert_eq!(th.take_request(), None);
+        t.store(100_000_000, Ordering::Relaxed);
+        th.fired();
+        assert_eq!(th.admit(0), Ok(()));
+        assert_eq!(th.admit(0), Err(true));
+        assert_eq!(th.take_request(), Some(200_000_000));
+    }
+}

@@ -67,6 +67,8 @@ unit-tests:
 	$(FUZZ_CHECK) $(CARGO) test
 
 integration-tests: build kit
+	@# mkfs.ext4 and e2fsck for the Linux root-disk test (tests/tests/virtio_blk.rs).
+	resources/ensure-apt.sh e2fsprogs
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
 
 test: fmt-check clippy unit-tests integration-tests fuzz-smoke

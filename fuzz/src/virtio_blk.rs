@@ -21,11 +21,11 @@ use std::sync::{Arc, Mutex};
 
 use arbitrary::{Arbitrary, Unstructured};
 use devices::mmio::MmioDevice;
+use devices::rate_limiter::RateLimit;
 use devices::testdev::IrqLines;
 use devices::virtio::block::{Block, BlockStats};
 use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice};
-use devices::rate_limiter::RateLimit;
 use devices::virtio::{DeviceTimer, VirtioDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -95,7 +95,12 @@ enum Op {
 }
 
 /// The rate limits an input may choose (index by its first byte; none most often).
-const LIMITS: [&str; 4] = ["", "ops=1000,refill=5ms", "ops=50", "bandwidth=8K,refill=1ms"];
+const LIMITS: [&str; 4] = [
+    "",
+    "ops=1000,refill=5ms",
+    "ops=50",
+    "bandwidth=8K,refill=1ms",
+];
 
 /// The device's fake clock and the refill timers it asked for.
 #[derive(Default)]
@@ -375,7 +380,10 @@ pub fn run(data: &[u8]) {
     let Ok(which) = u.arbitrary::<u8>() else {
         return;
     };
-    let Some(limit) = LIMITS.get(usize::from(which % 8)).map(|l| l.parse::<RateLimit>()) else {
+    let Some(limit) = LIMITS
+        .get(usize::from(which % 8))
+        .map(|l| l.parse::<RateLimit>())
+    else {
         return run_with(u, readonly, RateLimit::default());
     };
     let Ok(limit) = limit else {
@@ -398,10 +406,8 @@ fn run_with(mut u: Unstructured<'_>, readonly: bool, limit: RateLimit) {
     let line = Arc::new(Line::default());
     let timers = Arc::new(Timers::default());
     let clock = timers.clone();
-    let block = Block::new(disk, readonly, b"fuzz").with_rate_limit(
-        limit,
-        Arc::new(move || clock.now.load(Ordering::Relaxed)),
-    );
+    let block = Block::new(disk, readonly, b"fuzz")
+        .with_rate_limit(limit, Arc::new(move || clock.now.load(Ordering::Relaxed)));
     let transport = VirtioMmio::new(block, mem.clone());
     let mut fuzz = Fuzz {
         dev: VirtioMmioDevice::new(transport, line.clone(), LINE).with_timer(timers.clone()),

@@ -287,10 +287,6 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
     let events_per_vcpu_s = events as f64 / f64::from(vcpus) / duration.as_secs_f64();
     let wakeups = per_vcpu_s(w.delta.voluntary);
     let per_event = |x: u64| (events > 0).then(|| x as f64 / events as f64);
-    let mean = |f: &dyn Fn(&fleet::VmOutcome) -> Option<u64>| {
-        let v: Vec<u64> = run.vms.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
-    };
     let cpu_pct = per_vcpu_s(w.delta.cpu_ns) / 1e9 * 100.0;
     DensityRow {
         mode: mode.name().into(),
@@ -322,9 +318,9 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         lateness: lateness.summary(),
         ipi_latency: ipi.summary(),
         early_interrupts: early,
-        rss_kib_per_vm: mean(&|v| Some(v.max_rss_kib)).unwrap_or(0.0),
-        guest_ram_rss_kib_per_vm: mean(&|v| v.guest_rss_kib),
-        vmm_rss_kib_per_vm: mean(&|v| v.vmm_rss_kib),
+        rss_kib_per_vm: run.mean(|v| Some(v.max_rss_kib)).unwrap_or(0.0),
+        guest_ram_rss_kib_per_vm: run.mean(|v| v.guest_rss_kib),
+        vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
         failures,
         linux: None,
     }

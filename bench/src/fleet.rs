@@ -88,6 +88,15 @@ pub struct FleetRun {
     pub cut: Option<String>,
 }
 
+impl FleetRun {
+    /// The mean over the VMs of what `f` reads (VMs where it reads nothing left out; `None`
+    /// if none has it).
+    pub fn mean(&self, f: impl Fn(&VmOutcome) -> Option<u64>) -> Option<f64> {
+        let v: Vec<u64> = self.vms.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
+    }
+}
+
 /// How to watch the fleet.
 #[derive(Debug, Clone)]
 pub struct Watch {

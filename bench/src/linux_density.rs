@@ -320,10 +320,6 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
     let wakeups = per_vcpu_s(w.delta.voluntary as f64);
     let halted_per_vcpu_s = halted.map(|h| per_vcpu_s(h as f64));
     let per_loc = |x: f64| (loc_per_vcpu_s > 0.0).then(|| x / loc_per_vcpu_s);
-    let mean = |f: &dyn Fn(&VmOutcome) -> Option<u64>| {
-        let v: Vec<u64> = run.vms.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
-    };
     let boot_s = |ms: Option<&u64>| ms.map_or(0.0, |&ms| ms as f64 / 1000.0);
     DensityRow {
         mode: e.mode.name().into(),
@@ -349,9 +345,9 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         lateness: guest.lateness(false).unwrap_or_default(),
         ipi_latency: LatencySummary::default(),
         early_interrupts: 0,
-        rss_kib_per_vm: mean(&|v| Some(v.max_rss_kib)).unwrap_or(0.0),
-        guest_ram_rss_kib_per_vm: mean(&|v| v.guest_rss_kib),
-        vmm_rss_kib_per_vm: mean(&|v| v.vmm_rss_kib),
+        rss_kib_per_vm: run.mean(|v| Some(v.max_rss_kib)).unwrap_or(0.0),
+        guest_ram_rss_kib_per_vm: run.mean(|v| v.guest_rss_kib),
+        vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
         failures,
         linux: Some(LinuxRow {
             workload: e.workload.name().into(),

@@ -20,8 +20,6 @@ pub struct PushCpu<T> {
     shared: Arc<PushModel>,
     tick: HostTick,
     sleeper: Sleeper,
-    /// A host wake-up is attached: it alone wakes the idle CPU (the tick is released).
-    wakeup_attached: bool,
     idle: bool,
 }
 
@@ -41,7 +39,6 @@ impl PushModel {
                 shared: Arc::clone(&shared),
                 tick: HostTick::new(host(Some(cpu))),
                 sleeper: Sleeper::new(),
-                wakeup_attached: false,
                 idle: false,
             })
             .collect();
@@ -71,7 +68,7 @@ impl<T: Send + 'static> PushCpu<T> {
     /// Follows the head of the base: the wake-up while idle (the tick too when no host
     /// wake-up is attached), the tick while running.
     fn sync(&mut self, now: Option<Nanos>) {
-        if self.idle && self.wakeup_attached {
+        if self.idle && self.sleeper.has_timer() {
             self.sleep(now);
             return;
         }
@@ -124,7 +121,7 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
 
     fn idle(&mut self, now: Nanos) -> Nanos {
         self.idle = true;
-        if self.wakeup_attached {
+        if self.sleeper.has_timer() {
             self.tick.release(now, &self.shared.metrics);
         }
         self.sleep(Some(now))
@@ -146,7 +143,6 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
 
     fn set_wake_timer(&mut self, timer: Box<dyn HostTimer>) {
         self.sleeper.attach(timer);
-        self.wakeup_attached = true;
     }
 
     fn next_deadline(&self) -> Nanos {

@@ -15,12 +15,15 @@
 //! timer-modes:  per rep, per mode: lapic-timer at two lengths -> costs per timer event (median)
 //! idle-manager: spin under idle injection and under CPU quota -> idle shares, throughput
 //! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
+//! global-timers: per case (all vCPUs idle, one busy), per timer model: idle-sim with a
+//!               global-timer load -> global fires, who woke for them, empty wake-ups
 //! ```
 
 mod api_client;
 mod boot;
 mod density;
 mod fleet;
+mod global_timers;
 mod guest_output;
 mod host;
 mod idle_manager;
@@ -44,6 +47,7 @@ use clap::{Args, Subcommand};
 
 pub use boot::{BootArgs, BootReport, BOOT_SCHEMA};
 pub use density::{DensityArgs, Mode};
+pub use global_timers::{GlobalTimersArgs, GlobalTimersReport, GLOBAL_TIMERS_SCHEMA};
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
@@ -143,6 +147,9 @@ pub enum Experiment {
     /// Boot time of lull against QEMU (the `hello` guest and the kit's Linux) and lull's own
     /// memory beside a Linux guest.
     Boot(BootArgs),
+    /// Who wakes for global timers in each timer model, every vCPU idle and one busy: global
+    /// fires, wake-ups of blocked vCPUs per expiry, empty wake-ups, host wake-ups.
+    GlobalTimers(GlobalTimersArgs),
 }
 
 /// Why a benchmark could not run.
@@ -235,6 +242,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::TimerModes(a) => timer_modes::run(a),
         Experiment::IdleManager(a) => idle_manager::run(a),
         Experiment::Boot(a) => boot::run(a),
+        Experiment::GlobalTimers(a) => global_timers::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),

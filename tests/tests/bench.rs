@@ -229,6 +229,33 @@ fn density_counts_central_timer_thread_fires() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `global-timers`: both cases and every model in one run. The load fires in every model (on
+/// the vCPUs, or on central's timer thread), and pull, with vCPU 0 spinning, wakes no blocked
+/// vCPU for a global timer: the running vCPU expires them all.
+fn global_timers_runs_every_case_and_model() -> Result<(), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let args = ["--duration", "2s", "--global-timers", "4,period=1"];
+    let (v, r) = run_bench("global-timers", &args)?;
+    let results = rows(&v, "results");
+    if v["schema"] != "lull-bench-global-timers/1" || results.len() != 6 {
+        return Err(format!("expected 6 rows of lull-bench-global-timers/1: {v}").into());
+    }
+    for row in &results {
+        if row["passed"] != true || row["global_fires"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("a run failed or fired no global timer: {row}").into());
+        }
+    }
+    let pull_busy = results
+        .iter()
+        .find(|row| row["case"] == "one-busy" && row["model"] == "pull")
+        .ok_or("no one-busy pull row")?;
+    if pull_busy["global_timer_wakeups"] != 0 {
+        return Err(format!("pull woke a halted vCPU for a global timer: {pull_busy}").into());
+    }
+    r.expect_stdout("one-busy: global fires per second differ by")?;
+    Ok(())
+}
+
 /// `density --guest linux`: one VM of the kit's Linux running its idle workload under the
 /// pull model; the row comes from a window inside the workload, so lull's exit rate in it is
 /// far below that of the whole run, whose boot emulates the entire kernel's start-up (about
@@ -369,7 +396,13 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
     let r = run_lull(&["bench", "--help"], Duration::from_secs(30))?;
     r.expect_code(0)?;
     r.expect_stdout("density")?;
-    for experiment in ["wakeup", "timer-modes", "idle-manager", "boot"] {
+    for experiment in [
+        "wakeup",
+        "timer-modes",
+        "idle-manager",
+        "boot",
+        "global-timers",
+    ] {
         r.expect_stdout(experiment)?;
     }
     let r = run_lull(&["bench", "density", "--help"], Duration::from_secs(30))?;
@@ -407,6 +440,10 @@ fn main() {
         kvm_trial(
             "density_counts_central_timer_thread_fires",
             density_counts_central_timer_thread_fires,
+        ),
+        kvm_trial(
+            "global_timers_runs_every_case_and_model",
+            global_timers_runs_every_case_and_model,
         ),
         kvm_trial(
             "density_linux_measures_inside_the_workload",

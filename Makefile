@@ -18,7 +18,7 @@ help:
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
-	@echo "make bench-timer-modes|bench-idle-manager|bench-boot  the other lull bench experiments"
+	@echo "make bench-timer-modes|bench-idle-manager|bench-boot|bench-linux  the other lull bench experiments"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
 build:
@@ -117,14 +117,13 @@ bench: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench density --vms 1,8,32,64 --cpus 2 --duration 30s \
 	    --json docs/bench/density.json --plot docs/bench/density.svg | tee docs/bench/density.txt
-	LULL_KIT=$(KIT) target/release/lull bench density --vms 1 --cpus 2 --duration 10s \
-	    --modes pull,push,central --global-timers 4 --guest-args busy=1 \
+	LULL_KIT=$(KIT) target/release/lull bench global-timers --duration 10s --global-timers 4 \
 	    --json docs/bench/global-timers.json | tee docs/bench/global-timers.txt
 	LULL_KIT=$(KIT) target/release/lull bench wakeup --json docs/bench/wakeup.json \
 	    | tee docs/bench/wakeup.txt
 
 # The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
-.PHONY: bench-timer-modes bench-idle-manager bench-boot
+.PHONY: bench-timer-modes bench-idle-manager bench-boot bench-linux
 bench-timer-modes: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
@@ -139,3 +138,12 @@ bench-boot: build-release kit
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench boot --reps 5 --linux-reps 3 \
 	    --json docs/bench/boot.json | tee docs/bench/boot.txt
+
+# The kit's Linux in the density experiment: 4 VMs x 2 vCPUs, both workloads, every lull mode
+# (about 4 minutes per mode and workload: the kernels boot one after the other).
+bench-linux: build-release kit
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench density --guest linux --vms 4 --cpus 2 \
+	    --duration 60s --boot-spread 90s --modes kernel,pull,push,central --workload idle,timers \
+	    --json docs/bench/linux-density.json --plot docs/bench/linux-density.svg \
+	    | tee docs/bench/linux-density.txt

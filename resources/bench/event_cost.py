@@ -7,6 +7,7 @@ again and again (`mix=100:1 ipi_pct=0`, PV EOI when offered), for `--seconds`. C
   kernel           --irqchip kernel (KVM's LAPIC; the guest writes IA32_TSC_DEADLINE)
   pull             --irqchip user   (the guest writes IA32_TSC_DEADLINE: 2 exits per event)
   pull-pvdeadline  --irqchip user, idle-sim pv_deadline=1 (lull's PV deadline: 1 exit)
+  pull-pvdeadline-noadvance  the same with --timer-advance off (no early wake-up, no wait)
 
 Runs are interleaved (rep 1 of every configuration, then rep 2, ...) so that host noise hits
 each alike; a row is the median over the reps. Per event: the vCPU thread's CPU time (from
@@ -31,6 +32,10 @@ CONFIGS = {
     "kernel": (["--irqchip", "kernel"], ""),
     "pull": (["--irqchip", "user", "--timer-model", "pull"], ""),
     "pull-pvdeadline": (["--irqchip", "user", "--timer-model", "pull"], "pv_deadline=1"),
+    "pull-pvdeadline-noadvance": (
+        ["--irqchip", "user", "--timer-model", "pull", "--timer-advance", "off"],
+        "pv_deadline=1",
+    ),
 }
 
 EVENTS = re.compile(r"idle-sim: cpu 0: events (\d+)")

@@ -324,7 +324,7 @@ fn density_linux_measures_inside_the_workload() -> Result<(), Failed> {
 
 fn timer_modes_measures_every_model() -> Result<(), Failed> {
     kit_file("guests/lapic-timer.elf")?;
-    let (v, r) = run_bench("timer-modes", &["--count", "20", "--reps", "1"])?;
+    let (v, r) = run_bench("timer-modes", &["--count", "40", "--reps", "1"])?;
     r.expect_stdout("lull_ex/ev")?;
     let results = rows(&v, "results");
     let modes: Vec<&str> = results.iter().filter_map(|r| r["mode"].as_str()).collect();

@@ -5,6 +5,7 @@
 //! the tests look in `target/debug/lull` and `target/kit`.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -167,8 +168,10 @@ pub fn run_lull(args: &[&str], deadline: Duration) -> Result<RunResult, Failed> 
         .into());
     }
     let start = Instant::now();
+    // Its own process group, so that a deadline kills what it started too (`lull bench`'s VMs).
     let mut child = Command::new(&bin)
         .args(args)
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -185,9 +188,9 @@ pub fn run_lull(args: &[&str], deadline: Duration) -> Result<RunResult, Failed> 
     });
     let killed = rx.recv_timeout(deadline).is_err();
     if killed {
-        // Deadline: kill lull; the waiter then reaps it.
+        // Deadline: kill lull and its children (a bench's VMs); the waiter then reaps lull.
         let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
+            .args(["-KILL", "--", &format!("-{pid}")])
             .status();
     }
     let status = waiter.join().map_err(|_| "waiter thread panicked")?.ok();

@@ -245,12 +245,25 @@ fn global_timers_runs_every_case_and_model() -> Result<(), Failed> {
             return Err(format!("a run failed or fired no global timer: {row}").into());
         }
     }
-    let pull_busy = results
-        .iter()
-        .find(|row| row["case"] == "one-busy" && row["model"] == "pull")
-        .ok_or("no one-busy pull row")?;
-    if pull_busy["global_timer_wakeups"] != 0 {
-        return Err(format!("pull woke a halted vCPU for a global timer: {pull_busy}").into());
+    // While a vCPU runs, pull expires the global load on it and wakes no halted vCPU for it
+    // (push wakes the arming vCPU for ~0.4 of them). Not exactly 0 per run: before the busy
+    // vCPU starts spinning and after it stops (the guest's start and its final report, longer
+    // on a loaded host) both vCPUs halt, and a global expiry then must wake one (a loaded host gave 3
+    // of 9,602).
+    let per_expiry = |model: &str| -> Result<f64, Failed> {
+        results
+            .iter()
+            .find(|row| row["case"] == "one-busy" && row["model"] == model)
+            .and_then(|row| row["global_timer_wakeups_per_expiry"].as_f64())
+            .ok_or_else(|| format!("no one-busy {model} row with wake-ups per expiry: {v}").into())
+    };
+    let (pull, push) = (per_expiry("pull")?, per_expiry("push")?);
+    if pull > 0.01 || pull > push {
+        return Err(format!(
+            "one-busy: pull woke halted vCPUs for {pull:.4} of its global expiries (push \
+             {push:.4}): the running vCPU should expire them"
+        )
+        .into());
     }
     r.expect_stdout("one-busy: global fires per second differ by")?;
     Ok(())

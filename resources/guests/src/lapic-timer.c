@@ -252,18 +252,28 @@ static void test_tsc_deadline(void)
     }
     report(mode, late, count);
 
-    /* Cancel: arm, disarm at once, then poll (interrupts on) for twice the period. */
+    /* Cancel: arm, disarm at once, then poll (interrupts on) for twice the period. An
+     * interrupt is wrong only if the disarm was certainly in time: a vCPU thread the host
+     * preempts between the two writes can reach the second after the deadline, when the
+     * interrupt is already due (the SDM: writing 0 disarms the timer; it does not take back
+     * an interrupt it has generated). */
     u32 before = irq_count;
     cli();
-    wrmsr(MSR_TSC_DEADLINE, rdtsc() + ticks);
+    u64 deadline = rdtsc() + ticks;
+    wrmsr(MSR_TSC_DEADLINE, deadline);
     wrmsr(MSR_TSC_DEADLINE, 0);
-    u64 end = rdtsc() + 2 * ticks;
+    u64 disarmed = rdtsc();
+    u64 end = disarmed + 2 * ticks;
     sti();
     while (rdtsc() < end && irq_count == before)
         cpu_relax();
     cli();
-    if (irq_count != before)
+    if (irq_count != before && disarmed < deadline)
         fail("%s: interrupt arrived after the deadline was cancelled (wrmsr 0)", mode);
+    if (irq_count != before)
+        printf("lapic-timer: %s: note: the disarm came %lld ns after the deadline (the vCPU "
+               "was held up), its interrupt was already due\n",
+               mode, tsc_to_ns((s64)(disarmed - deadline)));
     printf("lapic-timer: %s: cancel by writing 0: no interrupt in %llu ns\n", mode,
            2 * period_ns);
 }

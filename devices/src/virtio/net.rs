@@ -44,7 +44,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemory;
 
-use super::throttle::{DeviceClock, Throttle};
+use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
 use super::VirtioDevice;
 use crate::rate_limiter::RateLimit;
 
@@ -248,23 +248,18 @@ impl<B: NetBackend> Net<B> {
     fn transmit<M: GuestMemory>(&mut self, queue: &mut Queue, mem: &M) -> bool {
         let mut any = false;
         for _ in 0..queue.size() {
-            let before = queue.next_avail();
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                break;
+            let overhead = HEADER_BYTES as u64;
+            let throttled = &mut self.stats.throttled;
+            let chain = match pop_admitted(queue, mem, self.throttle.as_mut(), overhead, throttled)
+            {
+                Popped::Chain(chain) => chain,
+                Popped::BadHead => {
+                    self.stats.bad_heads += 1;
+                    continue;
+                }
+                Popped::Stop => break,
             };
             let head = chain.head_index();
-            if head >= queue.size() {
-                self.stats.bad_heads += 1;
-                continue;
-            }
-            if let Some(throttle) = &mut self.throttle {
-                if let Err(new_wait) = throttle.admit(frame_bytes(&chain)) {
-                    // Leave it for the refill timer (or the next notification).
-                    queue.set_next_avail(before);
-                    self.stats.throttled += u64::from(new_wait);
-                    break;
-                }
-            }
             self.send(mem, chain);
             // add_used fails only if the used ring left guest memory: nothing to tell then.
             any |= queue.add_used(mem, head, 0).is_ok();
@@ -299,17 +294,6 @@ impl<B: NetBackend> Net<B> {
             Err(_) => self.stats.tx_errors += 1,
         }
     }
-}
-
-/// The bytes a transmit chain would send, for the bandwidth bucket: its buffers less the
-/// header.
-fn frame_bytes<M, T>(chain: &DescriptorChain<T>) -> u64
-where
-    M: GuestMemory,
-    T: Deref<Target = M> + Clone,
-{
-    let total: u64 = chain.clone().map(|d| u64::from(d.len())).sum();
-    total.saturating_sub(HEADER_BYTES as u64)
 }
 
 impl<B: NetBackend> VirtioDevice for Net<B> {

@@ -5,7 +5,7 @@
 //! chain and frame.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use virtio_bindings::virtio_config::*;
@@ -16,10 +16,9 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::mmio::{VirtioMmio, VirtioMmioDevice};
 use super::net::{MemBackend, Net, NetStats, HEADER_BYTES, RX_QUEUE, TX_QUEUE};
-use super::DeviceTimer;
+use super::tests::{Lines, Timers};
 use crate::mmio::MmioDevice;
 use crate::rate_limiter::RateLimit;
-use crate::testdev::IrqLines;
 
 const MEM_SIZE: usize = 1 << 20;
 const QSIZE: u16 = 16;
@@ -345,22 +344,6 @@ fn nothing_moves_before_driver_ok() {
     d.notify(RX_QUEUE);
     assert_eq!(d.mmio.device().backend().incoming.len(), 1);
     assert_eq!(d.stats(), NetStats::default());
-}
-
-#[derive(Default)]
-struct Lines(Mutex<Vec<(u32, bool)>>);
-impl IrqLines for Lines {
-    fn set_level(&self, line: u32, asserted: bool) {
-        self.0.lock().unwrap().push((line, asserted));
-    }
-}
-
-#[derive(Default)]
-struct Timers(Mutex<Vec<u64>>);
-impl DeviceTimer for Timers {
-    fn request(&self, deadline: u64) {
-        self.0.lock().unwrap().push(deadline);
-    }
 }
 
 #[test]

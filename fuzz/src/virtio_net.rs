@@ -73,7 +73,12 @@ enum Op {
     /// A well-formed frame to send (header and frame, maybe split), offered and notified.
     Send { head: u8, len: u16, split: bool },
     /// A well-formed receive buffer (maybe split) offered, the driver notifying or not.
-    PostRx { head: u8, len: u16, split: bool, notify: bool },
+    PostRx {
+        head: u8,
+        len: u16,
+        split: bool,
+        notify: bool,
+    },
     /// The host has a frame for the guest.
     Frame { len: u16, seed: u8 },
     /// The VMM thread polls (the tap became readable).

@@ -197,10 +197,11 @@ pub struct RunArgs {
     pub disks: Vec<DiskConfig>,
 
     /// A virtio-net device on the host tap device NAME, repeatable (disks and nets together
-    /// at most 8). lull opens the tap (/dev/net/tun, IFF_TAP|IFF_NO_PI): it must exist and
-    /// be free, e.g. `ip tuntap add dev lulltap0 mode tap; ip link set lulltap0 up`, or lull
-    /// needs CAP_NET_ADMIN to create it; a tap lull cannot open stops it before the guest
-    /// runs (exit status 4). The guest finds the nets after the disks: the next virtio-mmio
+    /// at most 8). lull attaches to the tap (/dev/net/tun, IFF_TAP|IFF_NO_PI) and never
+    /// creates one: it must exist, be free and belong to lull's user (or lull needs
+    /// CAP_NET_ADMIN), e.g. `ip tuntap add dev lulltap0 mode tap user USER; ip link set
+    /// lulltap0 up`; a tap lull cannot attach to stops it before the guest runs (exit
+    /// status 4). The guest finds the nets after the disks: the next virtio-mmio
     /// windows and IOAPIC lines, on the Linux command line after the disks' entries.
     /// `mac=`: the device's address (default 52:54:00 and three bytes hashed from NAME, the
     /// same on every run). Frames the guest sends go to the tap on the notifying vCPU; frames

@@ -67,8 +67,9 @@ unit-tests:
 	$(FUZZ_CHECK) $(CARGO) test
 
 integration-tests: build kit
-	@# mkfs.ext4 and e2fsck for the Linux root-disk test (tests/tests/virtio_blk.rs).
-	resources/ensure-apt.sh e2fsprogs
+	@# mkfs.ext4 and e2fsck for the Linux root-disk test (tests/tests/virtio_blk.rs); ip
+	@# (network namespaces, taps) and ping for the virtio-net tests (tests/tests/virtio_net.rs).
+	resources/ensure-apt.sh e2fsprogs iproute2 iputils-ping
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
 
 test: fmt-check clippy unit-tests integration-tests fuzz-smoke
@@ -88,7 +89,7 @@ clean-kit:
 # smoke of each. A crash stops the run and leaves its input in fuzz/artifacts/<target>/.
 FUZZ_TIME       ?= 600
 FUZZ_SMOKE_TIME ?= 20
-FUZZ_TARGETS    ?= lapic ioapic serial timer loader cli api virtio_blk
+FUZZ_TARGETS    ?= lapic ioapic serial timer loader cli api virtio_blk virtio_net
 FUZZ_ENV        := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(CURDIR)/target/fuzz
 
 .PHONY: fuzz fuzz-smoke fuzz-tool

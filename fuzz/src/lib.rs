@@ -11,6 +11,7 @@
 //! | `loader` | `vmm::boot::load` and the zero-page builder on arbitrary kernel bytes | no panic; a loaded image has a known format; refusals match `format_of`; command-line limits enforced; the zero page is one page |
 //! | `cli`    | `lull run` flags, the JSON config, sizes and serial modes | no panic; accepted configs validate; sizes and serial modes round-trip |
 //! | `virtio_blk` | `devices::virtio` (virtio-blk on a memory disk behind the virtio-mmio transport and its bus adapter) on a `GuestMemoryMmap`: register accesses, descriptor tables, rings and raw bytes from the input | no panic; the line is high iff InterruptStatus is not zero, and only changes level; FEATURES_OK only for an offered set with VERSION_1; the disk keeps its size, a read-only disk its contents; a notification serves at most the queue's size of chains |
+//! | `virtio_net` | `devices::virtio` (virtio-net on an in-memory backend behind the virtio-mmio transport and its bus adapter) on a `GuestMemoryMmap`: register accesses, both queues' descriptor tables and rings, raw bytes, frames of any length from the host, VMM polls, transmit rate limit | no panic; the line is high iff InterruptStatus is not zero, and only changes level; FEATURES_OK only for an offered set with VERSION_1; every received frame delivered, dropped (counted) or waiting; sent frames reach the backend whole, of valid length, as counted; a pass serves at most a queue's worth of chains; the `ops=` limit holds |
 //! | `api`    | the management API's HTTP framing and routes (`vmm::api::http`, `routes`) on one request's bytes | no panic; refusals are 4xx/501 with a well-formed answer; a prefix parses to "need more" or the same request; reading in pieces equals parsing whole; a routed `vm.create` validates |
 //!
 //! `chip` builds the real irqchip the `lapic` and `serial` targets drive, so a bug in lull's
@@ -31,3 +32,4 @@ pub mod loader;
 pub mod serial;
 pub mod timer_model;
 pub mod virtio_blk;
+pub mod virtio_net;

@@ -36,7 +36,7 @@ fn replay(target: &str, run: Driver) {
 }
 
 /// Every target's driver, by the name of its `fuzz_targets/` file.
-const TARGETS: [(&str, Driver); 8] = [
+const TARGETS: [(&str, Driver); 9] = [
     ("lapic", lull_fuzz::lapic::run),
     ("ioapic", lull_fuzz::ioapic::run),
     ("serial", lull_fuzz::serial::run),
@@ -45,6 +45,7 @@ const TARGETS: [(&str, Driver); 8] = [
     ("cli", lull_fuzz::cli::run),
     ("api", lull_fuzz::api::run),
     ("virtio_blk", lull_fuzz::virtio_blk::run),
+    ("virtio_net", lull_fuzz::virtio_net::run),
 ];
 
 #[test]

@@ -159,6 +159,16 @@ impl RunResult {
 
 /// Runs lull with `args`, no stdin, and kills it after `deadline`.
 pub fn run_lull(args: &[&str], deadline: Duration) -> Result<RunResult, Failed> {
+    run_lull_in(&[], args, deadline)
+}
+
+/// [`run_lull`] under a wrapper command: `WRAPPER... lull ARGS...` (e.g. `ip netns exec NS`).
+/// On the deadline the wrapper is killed, which `ip netns exec` passes on by exec'ing lull.
+pub fn run_lull_in(
+    wrapper: &[&str],
+    args: &[&str],
+    deadline: Duration,
+) -> Result<RunResult, Failed> {
     let bin = lull_bin();
     if !bin.is_file() {
         return Err(format!(
@@ -168,15 +178,24 @@ pub fn run_lull(args: &[&str], deadline: Duration) -> Result<RunResult, Failed> 
         .into());
     }
     let start = Instant::now();
-    // Its own process group, so that a deadline kills what it started too (`lull bench`'s VMs).
-    let mut child = Command::new(&bin)
+    // Its own process group, so that a deadline kills what it started too (`lull bench`'s VMs,
+    // or lull under a wrapper that did not exec it).
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    let mut child = command
         .args(args)
         .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        .map_err(|e| format!("cannot start {wrapper:?} {}: {e}", bin.display()))?;
     let stdout = child.stdout.take().map(drain);
     let stderr = child.stderr.take().map(drain);
     let (tx, rx) = mpsc::channel();

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    ConfigError, DeviceTimerMode, DiskConfig, IrqchipMode, SerialMode, Switch, TimerModelKind,
-    VmConfig,
+    ConfigError, DeviceTimerMode, DiskConfig, IrqchipMode, NetConfig, SerialMode, Switch,
+    TimerModelKind, VmConfig,
 };
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
@@ -22,7 +22,7 @@ Exit status:
   odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
   2        bad command line
   4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket
-           path, disk image
+           path, disk image, tap device
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
@@ -196,11 +196,29 @@ pub struct RunArgs {
     )]
     pub disks: Vec<DiskConfig>,
 
-    /// What expires the refill timers of rate-limited disks. `hierarchy` (the default with
+    /// A virtio-net device on the host tap device NAME, repeatable (disks and nets together
+    /// at most 8). lull attaches to the tap (/dev/net/tun, IFF_TAP|IFF_NO_PI) and never
+    /// creates one: it must exist, be free and belong to lull's user (or lull needs
+    /// CAP_NET_ADMIN), e.g. `ip tuntap add dev lulltap0 mode tap user USER; ip link set
+    /// lulltap0 up`; a tap lull cannot attach to stops it before the guest runs (exit
+    /// status 4). The guest finds the nets after the disks: the next virtio-mmio
+    /// windows and IOAPIC lines, on the Linux command line after the disks' entries.
+    /// `mac=`: the device's address (default 52:54:00 and three bytes hashed from NAME, the
+    /// same on every run). Frames the guest sends go to the tap on the notifying vCPU; frames
+    /// from the tap reach the guest from lull's VMM thread, only into buffers the guest has
+    /// posted (until then they wait in the tap's queue). Rate limits of the frames the guest
+    /// sends: as for --disk (a frame is one operation).
+    #[arg(
+        long = "net",
+        value_name = "tap=NAME[,mac=XX:XX:XX:XX:XX:XX][,bandwidth=BYTES][,ops=N]"
+    )]
+    pub nets: Vec<NetConfig>,
+
+    /// What expires the refill timers of rate-limited disks and nets. `hierarchy` (the default with
     /// --irqchip user): global timers in the --timer-model, armed on the vCPU that ran the
     /// request; in `pull` a running vCPU expires them and a halted one is never woken for
     /// them while another runs; no extra thread or host timer. `timerfd` (the only choice
-    /// with --irqchip kernel): one timerfd per disk on the VMM thread's event loop, which
+    /// with --irqchip kernel): one timerfd per device on the VMM thread's event loop, which
     /// wakes that thread at each refill (Firecracker's way; the baseline to compare with).
     #[arg(long, value_enum, value_name = "hierarchy|timerfd")]
     pub device_timers: Option<DeviceTimerMode>,
@@ -208,8 +226,8 @@ pub struct RunArgs {
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
     /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
-    /// pv_deadline, x2apic, disks: a list of `--disk` values, and device_timers); flags win (`--disk`
-    /// replaces the file's list).
+    /// pv_deadline, x2apic, disks: a list of `--disk` values, nets: a list of `--net` values,
+    /// and device_timers); flags win (`--disk` and `--net` replace the file's lists).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -252,6 +270,7 @@ impl RunArgs {
             pv_deadline,
             x2apic,
             disks,
+            nets,
             device_timers,
             config,
             api_socket: _,
@@ -278,6 +297,7 @@ impl RunArgs {
             pv_deadline.is_some(),
             x2apic.is_some(),
             !disks.is_empty(),
+            !nets.is_empty(),
             device_timers.is_some(),
             config.is_some(),
         ]
@@ -349,6 +369,9 @@ impl RunArgs {
         }
         if !self.disks.is_empty() {
             cfg.disks = self.disks.clone();
+        }
+        if !self.nets.is_empty() {
+            cfg.nets = self.nets.clone();
         }
         if let Some(v) = self.device_timers {
             cfg.device_timers = Some(v);
@@ -448,6 +471,32 @@ mod tests {
             ["path=/a", "path=/b,readonly=on"]
         );
         assert!(Cli::try_parse_from(["lull", "run", "--disk", "/a"]).is_err());
+    }
+
+    #[test]
+    fn nets_repeat_and_replace_the_config_files() {
+        let json = r#"{"nets": ["tap=fromfile"]}"#;
+        assert_eq!(config_with("nets", json, &[]).nets[0].tap, "fromfile");
+        let flags = config_with(
+            "nets",
+            json,
+            &["--net", "tap=a", "--net", "tap=b,mac=52:54:00:00:00:0b"],
+        )
+        .nets;
+        assert_eq!(
+            flags.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["tap=a", "tap=b,mac=52:54:00:00:00:0b"]
+        );
+        assert!(Cli::try_parse_from(["lull", "run", "--net", "lulltap0"]).is_err());
+        let cli = Cli::try_parse_from(["lull", "run", "--net", "tap=a", "--net", "tap=a"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected the run subcommand");
+        };
+        assert!(args.describes_vm());
+        assert!(matches!(
+            args.to_config(),
+            Err(ConfigError::DuplicateTap(_))
+        ));
     }
 
     #[test]

@@ -17,6 +17,10 @@ use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
+mod net;
+
+pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
+
 /// Smallest guest memory lull accepts.
 pub const MIN_MEMORY: ByteSize = ByteSize::mib(32);
 /// Largest guest memory lull accepts.
@@ -165,6 +169,9 @@ impl Switch {
 
 /// Most disks one VM takes (one MMIO window and one IOAPIC line each, see `layout`).
 pub const MAX_DISKS: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
+/// Most virtio devices (disks and network devices together) one VM takes: they share the
+/// windows and lines.
+pub const MAX_VIRTIO_DEVICES: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
 
 /// One `--disk`: a raw image file behind a virtio-blk device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +297,8 @@ pub struct VmConfig {
     pub x2apic: Switch,
     /// virtio-blk disks, in the order the guest finds them.
     pub disks: Vec<DiskConfig>,
+    /// virtio-net devices on host taps, found by the guest after the disks.
+    pub nets: Vec<NetConfig>,
     /// What expires device timers (`None`: hierarchy with the user irqchip, else timerfd).
     pub device_timers: Option<DeviceTimerMode>,
 }
@@ -317,6 +326,7 @@ impl Default for VmConfig {
             pv_deadline: Switch::On,
             x2apic: Switch::On,
             disks: Vec::new(),
+            nets: Vec::new(),
             device_timers: None,
         }
     }
@@ -350,6 +360,20 @@ pub enum ConfigError {
     /// More disks than lull has MMIO windows and interrupt lines for.
     #[error("{0} disks given; lull takes at most {MAX_DISKS}")]
     TooManyDisks(usize),
+    /// More disks and network devices together than lull has MMIO windows and lines for.
+    #[error(
+        "{disks} disks and {nets} network devices given; lull takes at most \
+         {MAX_VIRTIO_DEVICES} of them together"
+    )]
+    TooManyDevices {
+        /// `--disk`s.
+        disks: usize,
+        /// `--net`s.
+        nets: usize,
+    },
+    /// Two `--net`s on one tap.
+    #[error("Tap {0} is given to two --net devices; give each its own tap")]
+    DuplicateTap(String),
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
@@ -387,6 +411,17 @@ impl VmConfig {
         }
         if self.disks.len() > MAX_DISKS {
             return Err(ConfigError::TooManyDisks(self.disks.len()));
+        }
+        if self.disks.len() + self.nets.len() > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::TooManyDevices {
+                disks: self.disks.len(),
+                nets: self.nets.len(),
+            });
+        }
+        for (i, net) in self.nets.iter().enumerate() {
+            if self.nets[..i].iter().any(|n| n.tap == net.tap) {
+                return Err(ConfigError::DuplicateTap(net.tap.clone()));
+            }
         }
         if self.irqchip == IrqchipMode::Kernel {
             let knobs = [
@@ -508,6 +543,33 @@ mod tests {
             ..VmConfig::default()
         };
         assert!(matches!(many.validate(), Err(ConfigError::TooManyDisks(_))));
+    }
+
+    #[test]
+    fn nets_come_from_json_and_share_the_windows_with_disks() {
+        let cfg: VmConfig = serde_json::from_str(
+            r#"{"disks": ["path=/a"], "nets": ["tap=t0", "tap=t1,mac=52:54:00:00:00:02"]}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.nets.len(), 2);
+        assert_eq!(cfg.nets[1].mac(), MacAddr([0x52, 0x54, 0, 0, 0, 2]));
+        assert!(cfg.validate().is_ok());
+        let back: VmConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+        assert_eq!(back, cfg);
+        assert!(serde_json::from_str::<VmConfig>(r#"{"nets": ["tap="]}"#).is_err());
+        let mut full = cfg.clone();
+        full.disks = vec![cfg.disks[0].clone(); MAX_VIRTIO_DEVICES - 1];
+        assert!(matches!(
+            full.validate(),
+            Err(ConfigError::TooManyDevices { disks: 7, nets: 2 })
+        ));
+        full.nets.pop();
+        assert!(full.validate().is_ok());
+        let twice = VmConfig {
+            nets: vec![cfg.nets[0].clone(), cfg.nets[0].clone()],
+            ..VmConfig::default()
+        };
+        assert!(matches!(twice.validate(), Err(ConfigError::DuplicateTap(t)) if t == "t0"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Device timers: the refill timers of rate-limited disks, and what expires them.
+//! Device timers: the refill timers of rate-limited disks and nets (their transmit side), and
+//! what expires them. Device ids are the virtio-mmio devices' indexes: disks first, then nets.
 //!
 //! A device asks for a timer as an effect of a guest access (`devices::virtio::DeviceTimer`):
 //! that happens inside an MMIO exit on the vCPU thread that ran the request. Two ways to
@@ -59,7 +60,7 @@ pub struct DeviceTimerReport {
 pub struct DeviceTimersReport {
     /// `hierarchy` or `timerfd`.
     pub mode: String,
-    /// Per disk, in `--disk` order.
+    /// Per device: the disks in `--disk` order, then the nets in `--net` order.
     pub devices: Vec<DeviceTimerReport>,
 }
 

@@ -11,7 +11,7 @@ pub const GUEST_RESET: i32 = 0;
 /// Bad command line (clap's own code).
 pub const USAGE: i32 = 2;
 /// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path, disk
-/// image.
+/// image, tap device.
 pub const BAD_INPUT: i32 = 4;
 /// KVM unavailable.
 pub const KVM_UNAVAILABLE: i32 = 6;
@@ -48,7 +48,8 @@ pub fn for_vm_error(e: &VmError) -> i32 {
         | VmError::Boot(_)
         | VmError::SerialFile { .. }
         | VmError::MetricsFile { .. }
-        | VmError::Disk(_) => BAD_INPUT,
+        | VmError::Disk(_)
+        | VmError::Net(_) => BAD_INPUT,
         VmError::Kvm(k) if k.is_unavailable() => KVM_UNAVAILABLE,
         VmError::Kvm(KvmError::TooManyCpus { .. } | KvmError::AllocMemory { .. }) => BAD_INPUT,
         VmError::Kvm(_)

@@ -35,7 +35,8 @@ pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 /// End of the 32-bit MMIO hole.
 pub const MMIO_HOLE_END: u64 = 1 << 32;
 /// First virtio-mmio window (one `devices::virtio::mmio::WINDOW_SIZE` page per device, in
-/// `--disk` order), in the MMIO hole and far below the IOAPIC and LAPIC pages.
+/// `--disk` order, then `--net` order), in the MMIO hole and far below the IOAPIC and LAPIC
+/// pages.
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 /// The IOAPIC input of each virtio-mmio device, in window order: ISA lines the MP table
 /// declares (edge, active high) that no other lull device uses (COM1 is 4, the RTC 8).

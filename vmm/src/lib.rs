@@ -10,7 +10,7 @@
 //!     inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
 //! ```
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
-//! `metrics`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
+//! `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
 //! locates the guest kit; `lull bench` is the `bench` crate.
 
 pub mod api;
@@ -27,6 +27,7 @@ pub mod irqchip;
 pub use kit;
 pub mod layout;
 pub mod metrics;
+pub mod net_port;
 pub mod ratelimit;
 pub mod seccomp;
 pub mod size;

@@ -342,8 +342,10 @@ pub struct RunReport {
     pub cpu_quota: Option<crate::idle::quota::QuotaReport>,
     /// Global-timer load (user irqchip): setting and fires on the `central` timer thread.
     pub global_timers: Option<GlobalTimersReport>,
-    /// Refill timers of rate-limited disks: what expired them and what each did.
+    /// Refill timers of rate-limited disks and nets: what expired them and what each did.
     pub device_timers: Option<crate::device_timers::DeviceTimersReport>,
+    /// virtio-net devices, in `--net` order: frames and bytes each way, drops.
+    pub nets: Vec<crate::net_port::NetReport>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
     /// lull's threads: context switches (host wake-ups) and CPU time.

@@ -10,7 +10,8 @@
 //!   VMM thread:    apply(ThreadKind::Vmm)    then its event loop (and lull's exit path)
 //! ```
 //!
-//! What every thread may do: read/write/close on descriptors it already has, futexes, memory
+//! What every thread may do: read/write/close on descriptors it already has (virtio-net taps
+//! included: attached before any filter, then only read and written), futexes, memory
 //! management without `PROT_EXEC`, signals to threads of this process only (`tgkill` with
 //! lull's own pid), its own exit, clocks and sleeps, `getrandom`, and open files read-only
 //! (`O_RDONLY|O_CLOEXEC`: its `/proc/thread-self` statistics at exit), positioned reads and
@@ -20,10 +21,10 @@
 //! - **vCPU**: `ioctl` with KVM's ioctl type (0xAE) only; `getcpu`, and its own CPU affinity
 //!   (`sched_{get,set}affinity` of pid 0: wake placement);
 //! - **timers**: nothing more;
-//! - **VMM**: epoll, directory reads (`/proc/self/task` at exit),
+//! - **VMM**: epoll (taps too), directory reads (`/proc/self/task` at exit),
 //!   creating the `--metrics` file (`O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC`), the terminal's
 //!   `TCGETS`/`TCSETS` (restoring it at exit), and `KVM_IRQ_LINE` (a disk's refill timerfd
-//!   fired there raises the disk's line in KVM's IOAPIC).
+//!   fired there, or frames a tap delivered there, raise the device's line in KVM's IOAPIC).
 //!
 //! No thread may `execve`, `fork`/`clone`, open sockets, `ptrace`, signal other processes,
 //! `mmap` executable memory or open a file for writing (the VMM thread: only by creating one).
@@ -106,7 +107,8 @@ const KVMIO: u64 = 0xAE;
 const TCGETS: u64 = 0x5401;
 const TCSETS: u64 = 0x5402;
 /// `KVM_IRQ_LINE` (`_IOW(KVMIO, 0x61, struct kvm_irq_level)`): a disk's refill timer fired on
-/// the VMM thread (`--device-timers timerfd` with `--irqchip kernel`) raises the disk's line.
+/// the VMM thread (`--device-timers timerfd` with `--irqchip kernel`) raises the disk's line,
+/// and a net's frames delivered there (its tap readable) raise the net's.
 const KVM_IRQ_LINE: u64 = 0x4008_ae61;
 
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {

@@ -17,6 +17,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::device_timers::DeviceTimers;
 use crate::host_stats::{self, ThreadStat};
 use crate::metrics::{GuestNoise, VcpuCounters};
+use crate::net_port::NetPort;
 pub use crate::sync::lock;
 
 /// Why a VM stops.
@@ -123,6 +124,8 @@ pub struct VmShared {
     pub ended_threads: Mutex<Vec<ThreadStat>>,
     /// The refill timers of rate-limited devices; empty until the VM puts its devices there.
     pub device_timers: Arc<DeviceTimers>,
+    /// The virtio-net devices, in `--net` order: the VMM thread watches their taps.
+    pub nets: Vec<Arc<dyn NetPort>>,
 }
 
 impl VmShared {
@@ -144,6 +147,7 @@ impl VmShared {
             kvm_stats,
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
+            nets: Vec::new(),
         })
     }
 

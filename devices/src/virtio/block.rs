@@ -35,7 +35,7 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::GuestMemory;
 
 use super::disk::{Disk, SECTOR_SIZE};
-use super::throttle::{DeviceClock, Throttle};
+use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
 use super::VirtioDevice;
 use crate::rate_limiter::RateLimit;
 
@@ -244,17 +244,6 @@ impl<D: Disk> Block<D> {
     }
 }
 
-/// The bytes a request moves, for the bandwidth bucket: every buffer of the chain less the
-/// header and the status byte (a FLUSH or GET_ID costs an operation and about nothing else).
-fn request_bytes<M, T>(chain: &DescriptorChain<T>) -> u64
-where
-    M: GuestMemory,
-    T: Deref<Target = M> + Clone,
-{
-    let total: u64 = chain.clone().map(|d| u64::from(d.len())).sum();
-    total.saturating_sub(HEADER_BYTES as u64 + 1)
-}
-
 impl<D: Disk> VirtioDevice for Block<D> {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
@@ -296,23 +285,18 @@ impl<D: Disk> VirtioDevice for Block<D> {
         }
         let mut any = false;
         for _ in 0..queue.size() {
-            let before = queue.next_avail();
-            let Some(chain) = queue.pop_descriptor_chain(mem) else {
-                break;
+            let overhead = HEADER_BYTES as u64 + 1;
+            let throttled = &mut self.stats.throttled;
+            let chain = match pop_admitted(queue, mem, self.throttle.as_mut(), overhead, throttled)
+            {
+                Popped::Chain(chain) => chain,
+                Popped::BadHead => {
+                    self.stats.bad_heads += 1;
+                    continue;
+                }
+                Popped::Stop => break,
             };
             let head = chain.head_index();
-            if head >= queue.size() {
-                self.stats.bad_heads += 1;
-                continue;
-            }
-            if let Some(throttle) = &mut self.throttle {
-                if let Err(new_wait) = throttle.admit(request_bytes(&chain)) {
-                    // Leave it for the refill timer (or the next notification).
-                    queue.set_next_avail(before);
-                    self.stats.throttled += u64::from(new_wait);
-                    break;
-                }
-            }
             let len = self.serve(mem, chain);
             // add_used fails only if the used ring left guest memory: nothing to tell then.
             any |= queue.add_used(mem, head, len).is_ok();

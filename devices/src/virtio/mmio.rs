@@ -79,6 +79,11 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmio<D, M> {
         &self.device
     }
 
+    /// The device behind the transport, to reach its backend (tests, fuzz targets).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
     /// The device status register.
     pub fn status(&self) -> u32 {
         self.status
@@ -257,6 +262,12 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmio<D, M> {
         self.device.take_timer_request()
     }
 
+    /// Serves queue `index` as if the driver had notified it: the device's backend has
+    /// something for it (a net device's received frames). Nothing happens before DRIVER_OK.
+    pub fn poll_queue(&mut self, index: u32) {
+        self.notify(index);
+    }
+
     fn notify(&mut self, index: u32) {
         if self.status & VIRTIO_CONFIG_S_DRIVER_OK == 0 {
             return;
@@ -325,6 +336,20 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
     /// The transport.
     pub fn transport(&self) -> &VirtioMmio<D, M> {
         &self.transport
+    }
+
+    /// The transport, to reach its device's backend (tests, fuzz targets).
+    pub fn transport_mut(&mut self) -> &mut VirtioMmio<D, M> {
+        &mut self.transport
+    }
+
+    /// [`VirtioMmio::poll_queue`], then the line and the timer as after a guest access: called
+    /// on the thread that learnt the backend is ready (lull's VMM thread for a tap).
+    pub fn poll_queue(&mut self, index: u32) {
+        self.transport.poll_queue(index);
+        self.update_line();
+        let request = self.transport.take_timer_request();
+        self.forward_timer_request(request);
     }
 
     fn update_line(&mut self) {

@@ -7,6 +7,7 @@
 //!                                      ▼
 //!                           dyn-free VirtioDevice::process_queue(n, &mut Queue, &memory)
 //!                                      │ block::Block: parse chains, do I/O on its Disk
+//!                                      │ net::Net: frames between chains and a NetBackend
 //!                                      ▼
 //!                           used ring updated ──► interrupt status ──► line level
 //! ```
@@ -16,13 +17,20 @@
 //! [`GuestMemory`] trait, so unit tests and fuzz targets run it on a `GuestMemoryMmap` of
 //! their own. Nothing here owns a thread or an interrupt controller: the interrupt is a level
 //! ([`mmio::VirtioMmio::interrupt_pending`]) that the bus adapter
-//! ([`mmio::VirtioMmioDevice`]) puts on an IOAPIC line after every access.
+//! ([`mmio::VirtioMmioDevice`]) puts on an IOAPIC line after every access, and after every
+//! [`mmio::VirtioMmioDevice::poll_queue`], which the VMM calls when a backend has something
+//! for the guest (a net device's received frames).
 
 pub mod block;
 pub mod disk;
 pub mod mmio;
+pub mod net;
 pub mod throttle;
 
+// Test addresses and lengths are small: their casts are exact.
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
+mod net_tests;
 #[cfg(test)]
 mod proptests;
 // The spec's constants come as u32 and the tests' addresses are small: their casts are exact.

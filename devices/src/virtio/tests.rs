@@ -375,8 +375,9 @@ fn notifications_wait_for_driver_ok_and_valid_rings() {
     assert!(!d.mmio.interrupt_pending());
 }
 
+/// The levels a device drove its lines to, in order.
 #[derive(Default)]
-struct Lines(Mutex<Vec<(u32, bool)>>);
+pub(super) struct Lines(pub Mutex<Vec<(u32, bool)>>);
 impl IrqLines for Lines {
     fn set_level(&self, line: u32, asserted: bool) {
         self.0.lock().unwrap().push((line, asserted));
@@ -410,7 +411,7 @@ fn interrupt_line_follows_interrupt_status() {
 
 /// The timer requests a device made, in order.
 #[derive(Default)]
-struct Timers(Mutex<Vec<u64>>);
+pub(super) struct Timers(pub Mutex<Vec<u64>>);
 
 impl DeviceTimer for Timers {
     fn request(&self, deadline: u64) {

@@ -7,6 +7,9 @@
 
 use std::sync::Arc;
 
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::GuestMemory;
+
 use crate::rate_limiter::{Nanos, RateLimit, RateLimiter};
 
 /// The clock a throttled device reads (monotonic nanoseconds).
@@ -58,6 +61,45 @@ impl Throttle {
     pub fn take_request(&mut self) -> Option<Nanos> {
         self.request.take()
     }
+}
+
+/// What [`pop_admitted`] took from a queue.
+pub enum Popped<T> {
+    /// A chain to serve (admitted by the limiter, if any).
+    Chain(DescriptorChain<T>),
+    /// An available-ring entry naming no descriptor (index past the queue's size): skipped.
+    BadHead,
+    /// Nothing more now: the ring is empty, or the limiter holds the next chain back (it stays
+    /// in the ring for the refill timer or the next notification).
+    Stop,
+}
+
+/// Takes the next available chain of `queue` if `throttle` (if any) admits it, its cost the
+/// bytes of its buffers less `overhead` (a request's header and status, a frame's header).
+/// A chain held back counts in `throttled` when it asked for a new refill timer.
+pub fn pop_admitted<'a, M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &'a M,
+    throttle: Option<&mut Throttle>,
+    overhead: u64,
+    throttled: &mut u64,
+) -> Popped<&'a M> {
+    let before = queue.next_avail();
+    let Some(chain) = queue.pop_descriptor_chain(mem) else {
+        return Popped::Stop;
+    };
+    if chain.head_index() >= queue.size() {
+        return Popped::BadHead;
+    }
+    if let Some(throttle) = throttle {
+        let total: u64 = chain.clone().map(|d| u64::from(d.len())).sum();
+        if let Err(new_wait) = throttle.admit(total.saturating_sub(overhead)) {
+            queue.set_next_avail(before);
+            *throttled += u64::from(new_wait);
+            return Popped::Stop;
+        }
+    }
+    Popped::Chain(chain)
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@
  *            that the data is in the file after SIGTERM)
  * Otherwise prints "virtio-blk: PASS" and exits 0.
  */
-#include "rt.h"
+#include "virtio.h"
 
 #define MAX_DEVS 2
 
@@ -43,37 +43,6 @@ static volatile int halt_wait;
 static int rate_ap_spins;
 #define QSIZE 8
 #define VEC_BASE 0x40
-#define IOAPIC_BASE 0xFEC00000u
-
-/* virtio-mmio registers (virtio 1.2, 4.2.2) */
-#define R_MAGIC 0x000
-#define R_VERSION 0x004
-#define R_DEVICE_ID 0x008
-#define R_DEV_FEATURES 0x010
-#define R_DEV_FEATURES_SEL 0x014
-#define R_DRV_FEATURES 0x020
-#define R_DRV_FEATURES_SEL 0x024
-#define R_QUEUE_SEL 0x030
-#define R_QUEUE_NUM_MAX 0x034
-#define R_QUEUE_NUM 0x038
-#define R_QUEUE_READY 0x044
-#define R_QUEUE_NOTIFY 0x050
-#define R_INT_STATUS 0x060
-#define R_INT_ACK 0x064
-#define R_STATUS 0x070
-#define R_QUEUE_DESC_LO 0x080
-#define R_QUEUE_DESC_HI 0x084
-#define R_QUEUE_AVAIL_LO 0x090
-#define R_QUEUE_AVAIL_HI 0x094
-#define R_QUEUE_USED_LO 0x0a0
-#define R_QUEUE_USED_HI 0x0a4
-#define R_CONFIG 0x100
-
-#define S_ACK 1
-#define S_DRIVER 2
-#define S_DRIVER_OK 4
-#define S_FEATURES_OK 8
-
 #define F_RO 5      /* VIRTIO_BLK_F_RO */
 #define F_FLUSH 9   /* VIRTIO_BLK_F_FLUSH */
 
@@ -85,24 +54,11 @@ static int rate_ap_spins;
 #define BLK_IOERR 1
 #define BLK_UNSUPP 2
 
-#define DESC_F_NEXT 1
-#define DESC_F_WRITE 2
-
-struct desc {
-    u64 addr;
-    u32 len;
-    u16 flags;
-    u16 next;
-};
 struct avail {
     u16 flags;
     u16 idx;
     u16 ring[QSIZE];
     u16 used_event;
-};
-struct used_elem {
-    u32 id;
-    u32 len;
 };
 struct used {
     u16 flags;
@@ -149,14 +105,6 @@ static void fill(u8 *p, u32 first_sector, u32 sectors)
             p[s * 512 + i] = pattern(first_sector + s, i);
 }
 
-static void ioapic_route(u32 pin, u8 vector)
-{
-    mmio_write32(IOAPIC_BASE, 0x10 + 2 * pin + 1);
-    mmio_write32(IOAPIC_BASE + 0x10, 0); /* destination APIC 0 */
-    mmio_write32(IOAPIC_BASE, 0x10 + 2 * pin);
-    mmio_write32(IOAPIC_BASE + 0x10, vector); /* fixed, physical, edge, active high */
-}
-
 static void on_irq(struct trap_frame *f)
 {
     struct vdev *d = &devs[f->vector - VEC_BASE];
@@ -167,87 +115,27 @@ static void on_irq(struct trap_frame *f)
     lapic_eoi();
 }
 
-/* Parse "4K@0xd0000000:5" (size in K, base in hex, irq in decimal). */
-static int parse_device(const char *p, struct vdev *d)
-{
-    while (*p && *p != '@')
-        p++;
-    if (*p++ != '@' || p[0] != '0' || p[1] != 'x')
-        return 0;
-    p += 2;
-    u32 base = 0, irq = 0;
-    for (;; p++) {
-        u32 c = (u8)*p;
-        if (c >= '0' && c <= '9')
-            base = base * 16 + (c - '0');
-        else if (c >= 'a' && c <= 'f')
-            base = base * 16 + (c - 'a' + 10);
-        else
-            break;
-    }
-    if (*p++ != ':')
-        return 0;
-    for (; *p >= '0' && *p <= '9'; p++)
-        irq = irq * 10 + (u32)(*p - '0');
-    d->base = base;
-    d->irq = irq;
-    return base != 0;
-}
-
 /* Every virtio_mmio.device= word of the command line, in order. */
 static void find_devices(void)
 {
-    static const char key[] = "virtio_mmio.device=";
-    const char *p = cmdline();
-    while (*p && ndevs < MAX_DEVS) {
-        while (*p == ' ')
-            p++;
-        if (!strncmp(p, key, sizeof(key) - 1)) {
-            if (!parse_device(p + sizeof(key) - 1, &devs[ndevs]))
-                fail("cannot parse %s", p);
-            ndevs++;
-        }
-        while (*p && *p != ' ')
-            p++;
+    struct virtio_loc locs[MAX_DEVS];
+    ndevs = virtio_find_devices(locs, MAX_DEVS);
+    for (u32 i = 0; i < ndevs; i++) {
+        devs[i].base = locs[i].base;
+        devs[i].irq = locs[i].irq;
     }
 }
 
 /* The driver's side of the handshake (virtio 1.2, 3.1.1); accepts VERSION_1, FLUSH, RO. */
 static void init_device(struct vdev *d, u32 index)
 {
-    if (rd(d, R_MAGIC) != 0x74726976 || rd(d, R_VERSION) != 2 || rd(d, R_DEVICE_ID) != 2)
-        fail("no virtio-blk (version 2) at 0x%x: magic 0x%x version %u device %u", d->base,
-             rd(d, R_MAGIC), rd(d, R_VERSION), rd(d, R_DEVICE_ID));
-    wr(d, R_STATUS, 0);
-    wr(d, R_STATUS, S_ACK);
-    wr(d, R_STATUS, S_ACK | S_DRIVER);
-    wr(d, R_DEV_FEATURES_SEL, 0);
-    u32 lo = rd(d, R_DEV_FEATURES);
-    wr(d, R_DEV_FEATURES_SEL, 1);
-    u32 hi = rd(d, R_DEV_FEATURES);
-    d->features = ((u64)hi << 32) | lo;
+    d->features = virtio_begin(d->base, 2, "virtio-blk");
+    u32 lo = (u32)d->features, hi = (u32)(d->features >> 32);
     if (!(hi & 1) || !(lo & (1u << F_FLUSH)))
         fail("device 0x%x offers features 0x%x%08x: VERSION_1 or FLUSH missing", d->base, hi, lo);
-    wr(d, R_DRV_FEATURES_SEL, 0);
-    wr(d, R_DRV_FEATURES, lo & ((1u << F_FLUSH) | (1u << F_RO)));
-    wr(d, R_DRV_FEATURES_SEL, 1);
-    wr(d, R_DRV_FEATURES, 1);
-    wr(d, R_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK);
-    if (!(rd(d, R_STATUS) & S_FEATURES_OK))
-        fail("device 0x%x refused our features", d->base);
-    wr(d, R_QUEUE_SEL, 0);
-    u32 max = rd(d, R_QUEUE_NUM_MAX);
-    if (max < QSIZE)
-        fail("queue 0 of 0x%x holds %u descriptors, need %u", d->base, max, QSIZE);
-    wr(d, R_QUEUE_NUM, QSIZE);
-    wr(d, R_QUEUE_DESC_LO, (u32)d->desc);
-    wr(d, R_QUEUE_DESC_HI, 0);
-    wr(d, R_QUEUE_AVAIL_LO, (u32)&d->avail);
-    wr(d, R_QUEUE_AVAIL_HI, 0);
-    wr(d, R_QUEUE_USED_LO, (u32)&d->used);
-    wr(d, R_QUEUE_USED_HI, 0);
-    wr(d, R_QUEUE_READY, 1);
-    wr(d, R_STATUS, S_ACK | S_DRIVER | S_FEATURES_OK | S_DRIVER_OK);
+    virtio_accept(d->base, (1ull << 32) | (lo & ((1u << F_FLUSH) | (1u << F_RO))));
+    virtio_queue(d->base, 0, QSIZE, d->desc, &d->avail, &d->used);
+    virtio_driver_ok(d->base);
     d->capacity = ((u64)rd(d, R_CONFIG + 4) << 32) | rd(d, R_CONFIG);
     rt_set_irq_handler(VEC_BASE + index, on_irq);
     ioapic_route(d->irq, VEC_BASE + index);

@@ -13,6 +13,7 @@
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
 //! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).
+//! - [`tap`]: attaching to a host tap device (`TUNSETIFF`) for virtio-net.
 
 pub mod affinity;
 pub mod clock;
@@ -21,6 +22,7 @@ pub mod kvm;
 pub mod poll;
 pub mod posix_timer;
 pub mod stop_signals;
+pub mod tap;
 pub mod terminal;
 pub mod thread;
 pub mod timerfd;

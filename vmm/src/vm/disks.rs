@@ -42,6 +42,8 @@ pub struct Disks {
     pub bus: MmioBus,
     /// The image files, to [`sync`] when the VM stops.
     pub files: Vec<Arc<File>>,
+    /// The devices in `--disk` order (their device-timer ids), for [`DeviceTimers`].
+    pub devices: Vec<SharedMmioDevice>,
 }
 
 /// Opens every image (early, so that a bad `--disk` fails before KVM is touched).
@@ -53,7 +55,7 @@ pub fn open(disks: &[DiskConfig]) -> Result<OpenDisks, DiskError> {
         .map(OpenDisks)
 }
 
-/// Window base and IOAPIC line of disk `index`.
+/// Window base and IOAPIC line of virtio device `index` (disks first, then nets).
 pub fn placement(index: usize) -> Option<(u64, u32)> {
     let irq = *VIRTIO_MMIO_IRQS.get(index)?;
     Some((
@@ -81,7 +83,7 @@ fn serial(cfg: &DiskConfig) -> Vec<u8> {
 }
 
 /// Puts every opened disk on a new MMIO bus, with its queues in `mem`, its line on `lines`
-/// and its refill timer (if rate-limited) in `timers` (which gets every device, by index).
+/// and its refill timer (if rate-limited) in `timers` under its index.
 pub fn attach(
     open: OpenDisks,
     mem: &Arc<GuestMemoryMmap>,
@@ -110,8 +112,11 @@ pub fn attach(
         bus.insert(base, WINDOW_SIZE, device)?;
         tracing::debug!(path = %cfg.path.display(), base, irq, "virtio-blk disk attached");
     }
-    timers.set_devices(devices);
-    Ok(Disks { bus, files })
+    Ok(Disks {
+        bus,
+        files,
+        devices,
+    })
 }
 
 /// Makes every completed write to `files` durable; failures are logged (the VM is over).

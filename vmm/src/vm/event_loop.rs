@@ -1,6 +1,7 @@
-//! The VMM thread: its event loop over console input, stop requests, SIGINT/SIGTERM and, with
-//! `--device-timers timerfd`, the refill timerfds of rate-limited disks. It runs until the
-//! first stop request (from any thread) and returns its reason.
+//! The VMM thread: its event loop over console input, stop requests, SIGINT/SIGTERM, the taps
+//! of virtio-net devices (edge-triggered: see `vm::nets`) and, with `--device-timers timerfd`,
+//! the refill timerfds of rate-limited devices. It runs until the first stop request (from any
+//! thread) and returns its reason.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -136,6 +137,8 @@ impl MutEventSubscriber for VmmEvents {
             }
         } else if fd == Self::stdin_fd() {
             self.on_stdin(ops);
+        } else if let Some(net) = self.shared.nets.iter().find(|n| n.fd() == fd) {
+            net.poll_rx();
         } else if let Some((id, _)) = self.shared.device_timers.timerfds().find(|t| t.1 == fd) {
             self.shared.device_timers.on_timerfd(id);
         }
@@ -147,6 +150,12 @@ impl MutEventSubscriber for VmmEvents {
         let _ = ops.add(Events::new(self.drained.as_ref(), EventSet::IN));
         for (_, fd) in self.shared.device_timers.timerfds() {
             let _ = ops.add(Events::new_raw(fd, EventSet::IN));
+        }
+        for net in &self.shared.nets {
+            let _ = ops.add(Events::new_raw(
+                net.fd(),
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+            ));
         }
         if self.stdin_open
             && ops

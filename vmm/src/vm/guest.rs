@@ -56,9 +56,12 @@ pub fn resolve(cfg: &VmConfig) -> Result<GuestImage, GuestError> {
         None if format == boot::KernelFormat::Multiboot => String::new(),
         None => kit::default_cmdline(kit_cmdline.as_deref(), kit_pvm.as_deref(), pvm),
     };
-    // Linux (and lull's PVH test guests) find virtio-mmio devices on the command line; a
-    // multiboot image's command line is its argv, left as given.
-    let cmdline = match (format, super::disks::cmdline_params(cfg.disks.len())) {
+    // Linux (and lull's PVH test guests) find virtio-mmio devices on the command line (the
+    // disks, then the nets); a multiboot image's command line is its argv, left as given.
+    let cmdline = match (
+        format,
+        super::disks::cmdline_params(cfg.disks.len() + cfg.nets.len()),
+    ) {
         (boot::KernelFormat::Multiboot, _) => cmdline,
         (_, params) if params.is_empty() => cmdline,
         (_, params) if cmdline.is_empty() => params,

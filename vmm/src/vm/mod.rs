@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  guest::resolve ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
-//!    ─► devices: console, port bus ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► devices: console, port bus, disks, nets ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
 //!
@@ -17,6 +17,7 @@ pub mod disks;
 pub mod event_loop;
 pub mod guest;
 pub mod kvm;
+pub mod nets;
 pub mod report;
 pub mod test_devices;
 pub mod vcpus;
@@ -85,6 +86,9 @@ pub enum VmError {
     /// A `--disk` image cannot be used.
     #[error(transparent)]
     Disk(#[from] DiskError),
+    /// A `--net` tap cannot be used.
+    #[error(transparent)]
+    Net(#[from] crate::sys::tap::TapError),
     /// A host resource (eventfd, signal handler, event loop) could not be created.
     #[error("Cannot create {what}: {source}")]
     Host {
@@ -189,6 +193,7 @@ pub fn run_observed(
 ) -> Result<RunOutcome, VmError> {
     check_metrics_path(cfg)?;
     let open_disks = disks::open(&cfg.disks)?;
+    let open_nets = nets::open(&cfg.nets)?;
     let sink = devices::console_sink(&cfg.serial)?;
     let image = guest::resolve(cfg)?;
     let loaded = load(cfg, &image)?;
@@ -198,14 +203,26 @@ pub fn run_observed(
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
     let device_timers = Arc::new(
-        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len()).map_err(|source| {
-            VmError::Host {
+        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len() + cfg.nets.len()).map_err(
+            |source| VmError::Host {
                 what: "a device's refill timerfd",
                 source,
-            }
-        })?,
+            },
+        )?,
     );
-    let disks = disks::attach(open_disks, &loaded.mem, &chip.irq_lines(), &device_timers)?;
+    let lines = chip.irq_lines();
+    let mut disks = disks::attach(open_disks, &loaded.mem, &lines, &device_timers)?;
+    let nets = nets::attach(
+        open_nets,
+        cfg.disks.len(),
+        &mut disks.bus,
+        &loaded.mem,
+        &lines,
+        &device_timers,
+    )?;
+    let mut timed = std::mem::take(&mut disks.devices);
+    timed.extend(nets.devices);
+    device_timers.set_devices(timed);
     let kvm_stats = vcpus
         .ports
         .iter()
@@ -218,6 +235,7 @@ pub fn run_observed(
         })?;
     shared.mmio = disks.bus;
     shared.device_timers = device_timers;
+    shared.nets = nets.ports;
     let shared = Arc::new(shared);
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;

@@ -79,6 +79,7 @@ fn assemble(
         threads: host.threads,
         kvm: host.kvm,
         device_timers: shared.device_timers.summary(),
+        nets: shared.nets.iter().map(|n| n.report()).collect(),
         ..RunReport::default()
     };
     chip.report(&mut report);

@@ -1,0 +1,309 @@
+//! Integration tests: virtio-net over MMIO (`--net tap=NAME`) against the host's own network
+//! stack. Each test makes a network namespace of its own (`ip netns add`, a unique name,
+//! deleted on drop even when the test fails) holding a tap `lulltap0` with 10.0.2.1/24, up,
+//! and runs lull inside it (`ip netns exec NS lull run ...`), so the host kernel answers the
+//! guest and nothing outside the namespace sees a frame.
+//!
+//! - the kit's `virtio-net` guest (resources/guests/src/virtio-net.c) sends an ARP request for
+//!   10.0.2.1 and checks the reply, under both irqchips; `--metrics` counts its frames;
+//! - the kit's Linux configures eth0 from `ip=` (IP_PNP), sits in its idle workload, and the
+//!   namespace pings it (`ping -c 2 -W 3 10.0.2.15`), under both irqchips;
+//! - a tap lull cannot use (missing, not a tap, named twice, a bad name) is refused before any
+//!   guest runs, with a message that says why and the documented exit status.
+//!
+//! Tests that boot need `/dev/kvm`, root and `ip` (iproute2; `ping` from iputils-ping for the
+//! Linux test); without them they are reported as ignored with the reason, never as passed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lull_tests::{
+    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, temp_path,
+    Arguments, Completion, Failed, Trial,
+};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// The tiny Linux kernel needs ~0.5-3 minutes to boot on a PVM host; allow 10.
+const LINUX_DEADLINE: Duration = Duration::from_secs(600);
+/// Exit status for bad input.
+const BAD_INPUT: i32 = 4;
+/// Exit status for a bad command line.
+const USAGE: i32 = 2;
+/// The tap inside each namespace.
+const TAP: &str = "lulltap0";
+
+/// Why the namespace tests cannot run here, if they cannot.
+fn netns_unavailable() -> Option<String> {
+    if let Some(reason) = kvm_unavailable() {
+        return Some(reason);
+    }
+    let uid = Command::new("id").arg("-u").output().ok();
+    let root = uid.is_some_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Some("needs root (network namespaces and taps)".into());
+    }
+    match Command::new("ip").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("needs `ip` (iproute2: resources/ensure-apt.sh iproute2)".into()),
+    }
+}
+
+/// A test that needs KVM, root and `ip`: reported as ignored, with the reason, without them.
+fn netns_trial<F>(name: &str, body: F) -> Trial
+where
+    F: FnOnce() -> Result<(), Failed> + Send + 'static,
+{
+    Trial::ignorable_test(name, move || match netns_unavailable() {
+        Some(reason) => Ok(Completion::ignored_with(reason)),
+        None => body().map(|()| Completion::Completed),
+    })
+}
+
+/// Runs a command to completion; fails with its output unless it succeeds.
+fn sh(program: &str, args: &[&str]) -> Result<String, Failed> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{program} {args:?}: {}\n{text}", out.status).into())
+    }
+}
+
+/// A network namespace with `lulltap0` (10.0.2.1/24, up); deleted, tap and all, on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(test: &str) -> Result<Self, Failed> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("lull-{}-{n}-{test}", std::process::id());
+        sh("ip", &["netns", "add", &name])?;
+        // From here on, drop deletes it whatever fails next.
+        let ns = Self { name };
+        ns.exec("ip", &["link", "set", "lo", "up"])?;
+        ns.exec("ip", &["tuntap", "add", "dev", TAP, "mode", "tap"])?;
+        ns.exec("ip", &["addr", "add", "10.0.2.1/24", "dev", TAP])?;
+        ns.exec("ip", &["link", "set", TAP, "up"])?;
+        Ok(ns)
+    }
+
+    /// `ip netns exec NS PROGRAM ARGS...`.
+    fn exec(&self, program: &str, args: &[&str]) -> Result<String, Failed> {
+        let mut all = vec!["netns", "exec", &self.name, program];
+        all.extend_from_slice(args);
+        sh("ip", &all)
+    }
+
+    /// The wrapper that runs a command inside the namespace.
+    fn wrapper(&self) -> [&str; 3] {
+        ["netns", "exec", &self.name]
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["netns", "del", &self.name]);
+    }
+}
+
+/// The kit's virtio-net guest ARPs for 10.0.2.1 and gets the host's answer; the run report
+/// counts the frames each way on the device.
+fn guest_gets_an_arp_reply(irqchip: &'static str) -> Result<(), Failed> {
+    let kernel = kit_file("guests/virtio-net.elf")?.display().to_string();
+    let ns = Netns::new(&format!("arp-{irqchip}"))?;
+    let metrics = temp_path(&format!("net-{irqchip}.json"));
+    let metrics_arg = metrics.display().to_string();
+    let wrapper = ns.wrapper();
+    let mut wrap = vec!["ip"];
+    wrap.extend_from_slice(&wrapper);
+    let r = run_lull_in(
+        &wrap,
+        &[
+            "run",
+            "--irqchip",
+            irqchip,
+            "--kernel",
+            &kernel,
+            "--net",
+            &format!("tap={TAP}"),
+            "--metrics",
+            &metrics_arg,
+        ],
+        DEADLINE,
+    )?;
+    let report = lull_tests::take_metrics(&metrics);
+    r.expect_stdout("virtio-net: ARP reply from 10.0.2.1 is-at ")?;
+    r.expect_stdout("virtio-net: PASS")?;
+    r.expect_code(1)?;
+    // The guest prints the MAC lull gave it: the one derived from the tap's name.
+    r.expect_stdout("mac 52:54:00:bc:84:f1")?;
+    let report = report?;
+    let net = &report["nets"][0];
+    let count = |k: &str| net[k].as_u64().unwrap_or(0);
+    if net["tap"] != TAP || count("tx_frames") < 1 || count("rx_frames") < 1 {
+        return Err(r.failure(&format!("nets in the report: {}", report["nets"])));
+    }
+    if count("tx_dropped") + count("tx_errors") + count("rx_dropped") + count("rx_errors") != 0 {
+        return Err(r.failure(&format!("drops or errors: {net}")));
+    }
+    Ok(())
+}
+
+/// The kit's Linux brings eth0 up from `ip=` and answers the namespace's pings while its idle
+/// workload runs; then the workload PASSes.
+fn linux_answers_ping(irqchip: &'static str) -> Result<(), Failed> {
+    let kernel = kit_file("linux/vmlinux")?;
+    let ns = Netns::new(&format!("ping-{irqchip}"))?;
+    let cmdline = linux_cmdline(
+        "ip=10.0.2.15::10.0.2.1:255.255.255.0::eth0:off lull.workload=idle,seconds=20,cpus=1",
+    )?;
+    let mut child = Command::new("ip")
+        .args(ns.wrapper())
+        .arg(lull_bin())
+        .args(["run", "--irqchip", irqchip, "--kernel"])
+        .arg(&kernel)
+        .args(["--cmdline", &cmdline, "--net", &format!("tap={TAP}")])
+        .args(["--cpus", "1", "--memory", "64M"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start lull in {}: {e}", ns.name))?;
+    let pid = child.id().to_string();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("lull-workload: start") {
+                let _ = tx.send(());
+            }
+            lines.push(line);
+        }
+        lines.join("\n")
+    });
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
+        text
+    });
+    let started = rx.recv_timeout(LINUX_DEADLINE).is_ok();
+    let ping = if started {
+        Some(ns.exec("ping", &["-c", "2", "-W", "3", "10.0.2.15"]))
+    } else {
+        None
+    };
+    // The workload ends the run by itself; past the deadline lull is killed.
+    let (done_tx, done_rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = done_tx.send(());
+        status
+    });
+    if done_rx.recv_timeout(Duration::from_secs(120)).is_err() {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+    let status = waiter.join().map_err(|_| "waiter thread panicked")?;
+    let out = reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    let code = status.as_ref().ok().and_then(|s| s.code());
+    let fail = |what: String| -> Failed {
+        format!("{what}\n--- status: {status:?}\n--- stdout:\n{out}\n--- stderr:\n{err}").into()
+    };
+    if !started {
+        return Err(fail("the workload never started".into()));
+    }
+    match ping {
+        Some(Ok(text)) if text.contains("2 received") => {}
+        Some(Ok(text)) => return Err(fail(format!("ping: {text}"))),
+        Some(Err(e)) => return Err(fail(format!("ping failed: {}", e.message().unwrap_or("")))),
+        None => unreachable!("ping runs once the workload started"),
+    }
+    for needle in ["IP-Config: Complete", "lull-workload: PASS"] {
+        if !out.contains(needle) {
+            return Err(fail(format!("console output lacks {needle:?}")));
+        }
+    }
+    // The workload writes 0 to port 0xf4 on PASS: status (0 << 1) | 1.
+    match code {
+        Some(1) => Ok(()),
+        other => Err(fail(format!("exit status {other:?}, want 1"))),
+    }
+}
+
+/// A `--net` lull cannot use is refused before any guest runs (no KVM needed), with a message
+/// that says why and the documented status.
+fn bad_nets_are_refused() -> Result<(), Failed> {
+    let mut cases = vec![
+        (
+            vec!["--net", "tap=lull-none0"],
+            BAD_INPUT,
+            "Tap device lull-none0 does not exist",
+        ),
+        (
+            vec!["--net", "tap=name-too-long-for-linux"],
+            USAGE,
+            "is not a tap device name",
+        ),
+        (
+            vec!["--net", "tap=t0", "--net", "tap=t0"],
+            BAD_INPUT,
+            "Tap t0 is given to two --net devices",
+        ),
+        (
+            vec!["--net", "tap=t0,mac=01:00:5e:00:00:01"],
+            USAGE,
+            "is not a unicast MAC address",
+        ),
+        (vec!["--net", "lulltap0"], USAGE, "Unknown --net option"),
+    ];
+    if std::path::Path::new("/dev/net/tun").exists() {
+        // The loopback device exists in every namespace and is no tap.
+        cases.push((vec!["--net", "tap=lo"], BAD_INPUT, "lo is not a tap device"));
+    }
+    for (args, code, message) in cases {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(&args);
+        let r = run_lull(&argv, DEADLINE)?;
+        if r.code()? != code || !r.stderr.contains(message) {
+            return Err(r.failure(&format!(
+                "{args:?}: want exit {code} and {message:?} on stderr"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = vec![Trial::test("bad_nets_are_refused", bad_nets_are_refused)];
+    for irqchip in ["user", "kernel"] {
+        trials.push(netns_trial(
+            &format!("guest_gets_an_arp_reply_{irqchip}"),
+            move || guest_gets_an_arp_reply(irqchip),
+        ));
+    }
+    // Two Linux boots (~30-60 s of a core each here), one per irqchip.
+    for irqchip in ["user", "kernel"] {
+        trials.push(netns_trial(
+            &format!("linux_answers_ping_{irqchip}"),
+            move || linux_answers_ping(irqchip),
+        ));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -1,0 +1,211 @@
+//! A host tap device as a virtio-net backend: `/dev/net/tun` attached to an existing tap with
+//! `TUNSETIFF` (`IFF_TAP | IFF_NO_PI`: whole Ethernet frames, no packet-information prefix, no
+//! virtio-net header, so the tap hands lull no offloaded (GSO) packets and the device adds and
+//! strips its 12-byte header itself), non-blocking and close-on-exec.
+//!
+//! lull attaches only to a tap that exists: `TUNSETIFF` would create a missing one when lull
+//! has CAP_NET_ADMIN, but such a tap is down and has no address, which would only hide a
+//! typo. So the name is looked up first (`if_nametoindex`, in lull's network namespace).
+//! Errors say what to do: create the tap, give lull's user access to it, free it.
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+use devices::virtio::net::NetBackend;
+
+/// The clone device every tap is attached through.
+pub const TUN_PATH: &str = "/dev/net/tun";
+
+/// Why a tap cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// No interface has the name (in lull's network namespace).
+    #[error(
+        "Tap device {name} does not exist: create it first, e.g. \
+         `ip tuntap add dev {name} mode tap && ip link set {name} up`"
+    )]
+    NoSuchDevice {
+        /// The name.
+        name: String,
+    },
+    /// `/dev/net/tun` cannot be opened.
+    #[error("Cannot open {TUN_PATH} for tap {name}: {source} (is the tun module loaded, and may lull's user read and write it?)")]
+    OpenTun {
+        /// The tap.
+        name: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The tap belongs to another user or group and lull lacks CAP_NET_ADMIN.
+    #[error(
+        "No permission to attach to tap {name}: create it for lull's user \
+         (`ip tuntap add dev {name} mode tap user USER`) or run lull with CAP_NET_ADMIN"
+    )]
+    Permission {
+        /// The tap.
+        name: String,
+    },
+    /// Another process (or another `--net`) has the tap open.
+    #[error("Tap {name} is busy: another process has it open; stop it or use another tap")]
+    Busy {
+        /// The tap.
+        name: String,
+    },
+    /// The interface exists but is not a tap (a tun, a bridge, a physical device...).
+    #[error("{name} is not a tap device (`ip -d link show {name}` says what it is): use a tap, `ip tuntap add dev NAME mode tap`")]
+    NotATap {
+        /// The interface.
+        name: String,
+    },
+    /// Any other refusal of `TUNSETIFF`.
+    #[error("Cannot attach to tap {name}: {source}")]
+    Attach {
+        /// The tap.
+        name: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// An attached tap: frames in and out, without blocking.
+#[derive(Debug)]
+pub struct Tap {
+    file: File,
+    name: String,
+}
+
+impl Tap {
+    /// Attaches to the existing tap `name` (at most 15 bytes, checked by the configuration).
+    pub fn open(name: &str) -> Result<Self, TapError> {
+        let owned = || name.to_string();
+        if !interface_exists(name) {
+            return Err(TapError::NoSuchDevice { name: owned() });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(TUN_PATH)
+            .map_err(|source| TapError::OpenTun {
+                name: owned(),
+                source,
+            })?;
+        let mut ifr = libc::ifreq {
+            ifr_name: [0; libc::IFNAMSIZ],
+            ifr_ifru: libc::__c_anonymous_ifr_ifru {
+                ifru_flags: short(libc::IFF_TAP | libc::IFF_NO_PI),
+            },
+        };
+        // Leave the last byte NUL: names are at most IFNAMSIZ - 1 bytes.
+        for (dst, src) in ifr.ifr_name[..libc::IFNAMSIZ - 1]
+            .iter_mut()
+            .zip(name.bytes())
+        {
+            *dst = libc::c_char::from_ne_bytes([src]);
+        }
+        // SAFETY: TUNSETIFF reads and writes one `struct ifreq`, which `ifr` is and which
+        // outlives the call; the fd is /dev/net/tun, owned by `file`.
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::TUNSETIFF,
+                std::ptr::addr_of_mut!(ifr),
+            )
+        };
+        if rc != 0 {
+            let source = io::Error::last_os_error();
+            return Err(match source.raw_os_error() {
+                Some(libc::EPERM | libc::EACCES) => TapError::Permission { name: owned() },
+                Some(libc::EBUSY) => TapError::Busy { name: owned() },
+                Some(libc::EINVAL) => TapError::NotATap { name: owned() },
+                _ => TapError::Attach {
+                    name: owned(),
+                    source,
+                },
+            });
+        }
+        Ok(Self {
+            file,
+            name: owned(),
+        })
+    }
+
+    /// The tap's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// `flags` as the `short` of `ifr_flags` (the IFF_ bits lull uses fit in 15 bits).
+fn short(flags: libc::c_int) -> libc::c_short {
+    libc::c_short::try_from(flags).unwrap_or(0)
+}
+
+/// Whether an interface named `name` exists in this network namespace.
+fn interface_exists(name: &str) -> bool {
+    let Ok(c_name) = CString::new(name) else {
+        return false;
+    };
+    // SAFETY: if_nametoindex reads the NUL-terminated string `c_name`, which outlives the
+    // call; it returns 0 for an unknown name.
+    unsafe { libc::if_nametoindex(c_name.as_ptr()) != 0 }
+}
+
+impl AsRawFd for Tap {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+impl NetBackend for Tap {
+    /// One `read`: the tap hands over one frame per read, `WouldBlock` when its queue is empty.
+    fn read_frame(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.file.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// One `write` per frame (a tap takes a frame whole or not at all).
+    fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
+        loop {
+            match self.file.write(frame) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(_) => return Err(io::ErrorKind::WriteZero.into()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_tap_is_refused_before_tun_is_touched() {
+        let e = Tap::open("lull-no-such0").unwrap_err();
+        assert!(matches!(e, TapError::NoSuchDevice { .. }), "{e}");
+        assert!(e.to_string().contains("ip tuntap add dev lull-no-such0"));
+    }
+
+    #[test]
+    fn an_interface_that_is_not_a_tap_is_refused() {
+        // Every network namespace has a loopback device; skip where even that is missing.
+        if !interface_exists("lo") {
+            return;
+        }
+        match Tap::open("lo") {
+            Err(
+                TapError::NotATap { .. } | TapError::Permission { .. } | TapError::OpenTun { .. },
+            ) => {}
+            other => panic!("attaching to lo: {other:?}"),
+        }
+    }
+}

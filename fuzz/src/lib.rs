@@ -16,7 +16,8 @@
 //!
 //! `chip` builds the real irqchip the `lapic` and `serial` targets drive, so a bug in lull's
 //! glue (what `vmm` does between a KVM exit and the devices) shows in them, not only a bug in
-//! the device models.
+//! the device models. `virtio_mmio_driver` holds what the two virtio drivers share (guest
+//! memory size, registers, the interrupt line's recorder).
 //!
 //! Each `fuzz_targets/<name>.rs` is one line that calls `<module>::run`. `tests/replay.rs`
 //! replays the inputs kept in `regressions/<name>/` (seeds and past crashes) through the same
@@ -32,4 +33,5 @@ pub mod loader;
 pub mod serial;
 pub mod timer_model;
 pub mod virtio_blk;
+pub mod virtio_mmio_driver;
 pub mod virtio_net;

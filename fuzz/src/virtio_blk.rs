@@ -22,27 +22,18 @@ use std::sync::{Arc, Mutex};
 use arbitrary::{Arbitrary, Unstructured};
 use devices::mmio::MmioDevice;
 use devices::rate_limiter::RateLimit;
-use devices::testdev::IrqLines;
 use devices::virtio::block::{Block, BlockStats};
 use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice};
 use devices::virtio::{DeviceTimer, VirtioDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-const MEM_SIZE: usize = 0x10000;
+use crate::virtio_mmio_driver::{le, Line, FEATURES_OK, LINE, MEM_SIZE, REGISTERS, VERSION_1};
+
 const DESC: u32 = 0x0;
 const AVAIL: u32 = 0x1000;
 const USED: u32 = 0x2000;
 const DISK_SECTORS: u64 = 16;
-const LINE: u32 = 5;
-const FEATURES_OK: u32 = 8;
-const VERSION_1: u64 = 1 << 32;
-
-/// Register offsets worth hitting more often than a random one.
-const REGISTERS: [u16; 22] = [
-    0x000, 0x004, 0x008, 0x010, 0x014, 0x020, 0x024, 0x030, 0x034, 0x038, 0x044, 0x050, 0x060,
-    0x064, 0x070, 0x080, 0x084, 0x090, 0x094, 0x0a0, 0x0a4, 0x100,
-];
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -119,17 +110,6 @@ impl DeviceTimer for Timers {
     }
 }
 
-/// Records the line's levels.
-#[derive(Default)]
-struct Line(Mutex<Vec<bool>>);
-
-impl IrqLines for Line {
-    fn set_level(&self, line: u32, asserted: bool) {
-        assert_eq!(line, LINE, "the device drove a line that is not its own");
-        vmm::state::lock(&self.0).push(asserted);
-    }
-}
-
 struct Fuzz {
     dev: VirtioMmioDevice<Block<MemDisk>, GuestMemoryMmap>,
     mem: Arc<GuestMemoryMmap>,
@@ -139,16 +119,6 @@ struct Fuzz {
     avail_idx: u16,
     timers: Arc<Timers>,
     limit: RateLimit,
-}
-
-fn le(value: u64, len: usize) -> Vec<u8> {
-    value
-        .to_le_bytes()
-        .iter()
-        .copied()
-        .cycle()
-        .take(len)
-        .collect()
 }
 
 impl Fuzz {

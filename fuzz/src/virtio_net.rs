@@ -19,12 +19,11 @@
 //!   for a refill timer only for an instant after the clock's now.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
 use devices::mmio::MmioDevice;
 use devices::rate_limiter::RateLimit;
-use devices::testdev::IrqLines;
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice};
 use devices::virtio::net::{
     MemBackend, Net, NetStats, ETH_HEADER_BYTES, FRAME_MAX, RX_DROPS_PER_PASS,
@@ -32,19 +31,11 @@ use devices::virtio::net::{
 use devices::virtio::{DeviceTimer, VirtioDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-const MEM_SIZE: usize = 0x10000;
+use crate::virtio_mmio_driver::{le, Line, FEATURES_OK, LINE, MEM_SIZE, REGISTERS, VERSION_1};
+
 /// Descriptor table, available ring and used ring of each queue (0: RX, 1: TX).
 const RINGS: [(u32, u32, u32); 2] = [(0x0, 0x1000, 0x2000), (0x3000, 0x4000, 0x5000)];
-const LINE: u32 = 5;
-const FEATURES_OK: u32 = 8;
-const VERSION_1: u64 = 1 << 32;
 const MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
-
-/// Register offsets worth hitting more often than a random one.
-const REGISTERS: [u16; 22] = [
-    0x000, 0x004, 0x008, 0x010, 0x014, 0x020, 0x024, 0x030, 0x034, 0x038, 0x044, 0x050, 0x060,
-    0x064, 0x070, 0x080, 0x084, 0x090, 0x094, 0x0a0, 0x0a4, 0x100,
-];
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -119,17 +110,6 @@ impl DeviceTimer for Timers {
     }
 }
 
-/// Records the line's levels.
-#[derive(Default)]
-struct Line(Mutex<Vec<bool>>);
-
-impl IrqLines for Line {
-    fn set_level(&self, line: u32, asserted: bool) {
-        assert_eq!(line, LINE, "the device drove a line that is not its own");
-        vmm::state::lock(&self.0).push(asserted);
-    }
-}
-
 struct Fuzz {
     dev: VirtioMmioDevice<Net<MemBackend>, GuestMemoryMmap>,
     mem: Arc<GuestMemoryMmap>,
@@ -139,16 +119,6 @@ struct Fuzz {
     limit: RateLimit,
     /// Frames handed to the backend so far.
     frames_in: u64,
-}
-
-fn le(value: u64, len: usize) -> Vec<u8> {
-    value
-        .to_le_bytes()
-        .iter()
-        .copied()
-        .cycle()
-        .take(len)
-        .collect()
 }
 
 /// A buffer address: mostly one of 32 slots of 1 KiB in the data area (`shape` / 8), else one

@@ -25,10 +25,12 @@ use devices::rate_limiter::RateLimit;
 use devices::virtio::block::{Block, BlockStats};
 use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice};
-use devices::virtio::{DeviceTimer, VirtioDevice};
+use devices::virtio::DeviceTimer;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::virtio_mmio_driver::{le, Line, FEATURES_OK, LINE, MEM_SIZE, REGISTERS, VERSION_1};
+use crate::virtio_mmio_driver::{
+    check_transport, le, Line, FEATURES_OK, LINE, MEM_SIZE, REGISTERS,
+};
 
 const DESC: u32 = 0x0;
 const AVAIL: u32 = 0x1000;
@@ -280,26 +282,7 @@ impl Fuzz {
 
     fn check(&self) {
         let transport = self.dev.transport();
-        let levels = vmm::state::lock(&self.line.0);
-        assert_eq!(
-            levels.last().copied().unwrap_or(false),
-            transport.interrupt_pending(),
-            "the line does not follow InterruptStatus"
-        );
-        assert!(
-            levels.windows(2).all(|w| w[0] != w[1]),
-            "the line was driven to the level it had"
-        );
-        if transport.status() & FEATURES_OK != 0 {
-            let accepted = transport.driver_features();
-            let offered = transport.device().features();
-            assert_eq!(
-                accepted & !offered,
-                0,
-                "FEATURES_OK with unoffered features"
-            );
-            assert_ne!(accepted & VERSION_1, 0, "FEATURES_OK without VERSION_1");
-        }
+        check_transport(transport, &self.line);
         let disk = &transport.device().disk().bytes;
         assert_eq!(disk.len() as u64, DISK_SECTORS * 512);
         if self.readonly {

@@ -4,6 +4,9 @@
 use std::sync::Mutex;
 
 use devices::testdev::IrqLines;
+use devices::virtio::mmio::VirtioMmio;
+use devices::virtio::VirtioDevice;
+use vm_memory::GuestMemory;
 
 /// Guest memory of a driven device: queues, buffers and the area inputs poke.
 pub const MEM_SIZE: usize = 0x10000;
@@ -40,4 +43,30 @@ pub fn le(value: u64, len: usize) -> Vec<u8> {
         .cycle()
         .take(len)
         .collect()
+}
+
+/// The transport's invariants after a step: the line is high exactly while InterruptStatus is
+/// not zero and only ever changes level; FEATURES_OK stands only for an offered feature set
+/// that includes VERSION_1.
+pub fn check_transport<D: VirtioDevice, M: GuestMemory>(transport: &VirtioMmio<D, M>, line: &Line) {
+    let levels = vmm::state::lock(&line.0);
+    assert_eq!(
+        levels.last().copied().unwrap_or(false),
+        transport.interrupt_pending(),
+        "the line does not follow InterruptStatus"
+    );
+    assert!(
+        levels.windows(2).all(|w| w[0] != w[1]),
+        "the line was driven to the level it had"
+    );
+    if transport.status() & FEATURES_OK != 0 {
+        let accepted = transport.driver_features();
+        let offered = transport.device().features();
+        assert_eq!(
+            accepted & !offered,
+            0,
+            "FEATURES_OK with unoffered features"
+        );
+        assert_ne!(accepted & VERSION_1, 0, "FEATURES_OK without VERSION_1");
+    }
 }

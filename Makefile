@@ -142,7 +142,7 @@ bench-boot: build-release kit
 
 # The kit's Linux in the density experiment: 4 VMs x 2 vCPUs, both workloads, every lull mode
 # (the kernels boot one after the other: about 4 minutes per mode with the idle workload, 7 with
-# the timers one, whose running guests fill the 2 host cores and slow the later boots to ~75 s
+# the timers one, whose running guests take about one of the 2 host cores and slow the later boots to 30-100 s
 # each, hence its longer --boot-spread).
 bench-linux: build-release kit
 	mkdir -p docs/bench

@@ -141,9 +141,9 @@ bench-boot: build-release kit
 	    --json docs/bench/boot.json | tee docs/bench/boot.txt
 
 # The kit's Linux in the density experiment: 4 VMs x 2 vCPUs, both workloads, every lull mode
-# (the kernels boot one after the other: about 4 minutes per mode with the idle workload, 7 with
-# the timers one, whose running guests take about one of the 2 host cores and slow the later boots to 30-100 s
-# each, hence its longer --boot-spread).
+# (the kernels boot one after the other: about 4 minutes per mode with the idle workload, 9 with
+# the timers one, whose running guests take about one of the 2 host cores and slow the later
+# boots to 30-100 s each, hence its longer --boot-spread).
 bench-linux: build-release kit
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench density --guest linux --vms 4 --cpus 2 \

@@ -118,6 +118,14 @@ pub trait CpuTimers<T>: Send {
     /// At an exit or host tick: expires what is due (own timers, and remote ones if this CPU
     /// is a migrator), re-arms the host tick if needed, returns the deadline it must fire by.
     fn run(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos;
+    /// [`CpuTimers::run`] for a CPU that runs no guest code until its next `run` (a halted
+    /// vCPU that polls or blocks next): the same expiries, but a host tick that only
+    /// interrupts guest code may be left unprogrammed (`pull`: the next `run` programs it, or
+    /// `idle` hands over to the wake-up), which spares "arm the tick, halt, disarm it" at
+    /// every timer event. Models whose tick must follow every change keep `run`'s behaviour.
+    fn run_halted(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        self.run(now, f)
+    }
     /// Going idle: returns the absolute timeout to block with (`NEVER`: until kicked).
     fn idle(&mut self, now: Nanos) -> Nanos;
     /// The timeout to block with while idle, re-read after arming timers while idle.

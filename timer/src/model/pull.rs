@@ -187,6 +187,26 @@ impl<T> RemoteExpiry for Remote<'_, T> {
 }
 
 impl<T: Send + 'static> PullCpu<T> {
+    /// Expires what is due at `now`: its own timers, and remote ones while it is an active
+    /// migrator; returns the deadline its host tick must fire by (the timeout while idle).
+    fn expire_due(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        let shared = Arc::clone(&self.shared);
+        let cpu = self.base.cpu();
+        shared.metrics.local(self.base.expire(now, f));
+        if self.idle {
+            self.update_idle(Some(now));
+            return self.idle_timeout();
+        }
+        if shared.hierarchy.requires_handle_remote(cpu, now) {
+            shared.metrics.remote_run();
+            let mut remote = Remote { shared: &shared, f };
+            shared.hierarchy.handle_remote(cpu, now, &mut remote);
+        }
+        self.base
+            .next_expiry()
+            .min(shared.hierarchy.remote_deadline(cpu))
+    }
+
     /// The first global expiry this CPU reports when idle: only if before its first pinned.
     fn reported(&self) -> Nanos {
         let g = self.base.next_global();
@@ -252,24 +272,15 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     }
 
     fn run(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
-        let shared = Arc::clone(&self.shared);
-        let cpu = self.base.cpu();
-        shared.metrics.local(self.base.expire(now, f));
-        if self.idle {
-            self.update_idle(Some(now));
-            return self.idle_timeout();
+        let deadline = self.expire_due(now, f);
+        if !self.idle {
+            self.tick.ensure(deadline, now, &self.shared.metrics);
         }
-        if shared.hierarchy.requires_handle_remote(cpu, now) {
-            shared.metrics.remote_run();
-            let mut remote = Remote { shared: &shared, f };
-            shared.hierarchy.handle_remote(cpu, now, &mut remote);
-        }
-        let deadline = self
-            .base
-            .next_expiry()
-            .min(shared.hierarchy.remote_deadline(cpu));
-        self.tick.ensure(deadline, now, &shared.metrics);
         deadline
+    }
+
+    fn run_halted(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        self.expire_due(now, f)
     }
 
     fn idle(&mut self, now: Nanos) -> Nanos {

@@ -262,3 +262,50 @@ fn a_halted_cpu_is_woken_once_and_a_fired_tick_costs_no_disarm() {
         assert_eq!(fired, vec![1, 2], "{kind:?}");
     }
 }
+
+/// `pull` at the timer event of a vCPU that arms its next deadline with the HLT that ends its
+/// run (lull's PV deadline): the halted pass programs no tick, the wake-up alone covers the
+/// deadline, and a vCPU that resumes instead gets its tick from the `run` before its entry.
+#[test]
+fn pull_programs_no_tick_for_a_cpu_that_halts() {
+    let tick = FakeHostTimer::new();
+    let t2 = tick.clone();
+    let mut m = build::<u32>(
+        ModelKind::Pull,
+        &[0],
+        &mut |_| Box::new(t2.clone()),
+        Arc::new(|_: CpuId| {}),
+    )
+    .unwrap();
+    let wake = FakeHostTimer::new();
+    let cpu = &mut m.cpus[0];
+    cpu.set_wake_timer(Box::new(wake.clone()));
+    let fired = Mutex::new(Vec::new());
+    let mut on_fire = |f: Fired<u32>| {
+        fired.lock().unwrap().push(f.payload);
+        AfterFire::Done
+    };
+
+    // Armed at the HLT exit, halted pass, block: no tick syscall at all.
+    cpu.arm(TimerKind::Pinned, 100, 1);
+    assert_eq!(cpu.run_halted(0, &mut on_fire), 100);
+    cpu.idle(0);
+    assert_eq!((tick.arms(), tick.disarms()), (0, 0));
+    assert_eq!(wake.deadline(), 100);
+    wake.expire();
+    cpu.wake(100);
+    cpu.run_halted(100, &mut on_fire);
+    assert_eq!(*fired.lock().unwrap(), vec![1]);
+
+    // Armed at the HLT exit, but an interrupt makes it resume at once: the run before the
+    // entry programs the tick for it.
+    cpu.arm(TimerKind::Pinned, 200, 2);
+    cpu.run_halted(110, &mut on_fire);
+    assert_eq!(tick.arms(), 0);
+    cpu.run(110, &mut on_fire);
+    assert_eq!((tick.deadline(), tick.arms()), (200, 1));
+    tick.expire();
+    cpu.run(200, &mut on_fire);
+    assert_eq!(*fired.lock().unwrap(), vec![1, 2]);
+    assert_eq!((tick.arms(), tick.disarms()), (1, 0));
+}

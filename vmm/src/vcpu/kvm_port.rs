@@ -10,9 +10,24 @@
 //! NMIs: KVM queues what `KVM_NMI` gives it and keeps a second NMI until the guest's IRET from
 //! the first; `KVM_GET_VCPU_EVENTS` tells whether one is still held, and INIT drops any (as
 //! KVM's own INIT does, `kvm_vcpu_reset`) with `KVM_SET_VCPU_EVENTS`.
+//!
+//! Injection: without an in-kernel irqchip KVM takes an external interrupt with `KVM_INTERRUPT`,
+//! an ioctl of its own, for which KVM loads the vCPU (`vcpu_load`, ~5-8 us on our PVM hosts:
+//! one per injected interrupt, on top of the `KVM_RUN` that follows). Where KVM offers the
+//! synchronized vCPU events (`KVM_CAP_SYNC_REGS` with `KVM_SYNC_X86_EVENTS`), lull asks KVM to
+//! store them in `kvm_run` at every exit and hands the interrupt back in them, marked dirty:
+//! KVM applies them inside the next `KVM_RUN` (`sync_regs`, before it completes the exit and
+//! before it checks `immediate_exit`), exactly as `KVM_INTERRUPT` would have queued it. The
+//! events go back with no `flags`, so KVM leaves its NMI queue, the interrupt shadow and SMM
+//! alone (lull may have queued an NMI with `KVM_NMI` since the exit); the exception and NMI
+//! state it does write back are the ones it stored at that exit, unchanged since (lull's only
+//! other change of them, INIT, refreshes the copy).
 
-use kvm_bindings::{kvm_msr_entry, kvm_regs, kvm_sregs, Msrs, KVM_VCPUEVENT_VALID_NMI_PENDING};
-use kvm_ioctls::VcpuFd;
+use kvm_bindings::{
+    kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, Msrs, KVM_SYNC_X86_EVENTS,
+    KVM_VCPUEVENT_VALID_NMI_PENDING,
+};
+use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 
 use crate::irqchip::{CpuPort, KvmNmi};
 use crate::ratelimit::LogLimiter;
@@ -33,9 +48,65 @@ pub struct KvmPort {
     pub reset_regs: kvm_regs,
     /// Special registers at reset.
     pub reset_sregs: kvm_sregs,
+    /// How it hands KVM an interrupt.
+    pub inject_path: InjectPath,
+}
+
+/// How lull hands KVM an external interrupt to inject (no in-kernel irqchip).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectPath {
+    /// `KVM_INTERRUPT`, an ioctl of its own.
+    Ioctl,
+    /// The vCPU events `kvm_run` carries (`KVM_CAP_SYNC_REGS`), applied by the next `KVM_RUN`.
+    SyncRegs,
+}
+
+impl InjectPath {
+    /// The cheaper path this KVM offers.
+    pub fn probe(kvm: &Kvm) -> Self {
+        let fields = kvm.check_extension_int(Cap::SyncRegs);
+        if u32::try_from(fields).is_ok_and(|f| f & KVM_SYNC_X86_EVENTS != 0) {
+            Self::SyncRegs
+        } else {
+            Self::Ioctl
+        }
+    }
+}
+
+/// `events` as KVM stored them at the last exit, changed to inject external interrupt `vector`
+/// at the next entry the way `KVM_INTERRUPT` queues it (not soft), with no `flags`: KVM then
+/// leaves its NMI queue, the interrupt shadow, SMM, the SIPI vector and a triple fault alone.
+pub fn events_with_interrupt(events: &kvm_vcpu_events, vector: u8) -> kvm_vcpu_events {
+    let mut out = *events;
+    out.interrupt.injected = 1;
+    out.interrupt.nr = vector;
+    out.interrupt.soft = 0;
+    out.flags = 0;
+    out
 }
 
 impl KvmPort {
+    /// The adapter of vCPU `id`, created with `fd`; with [`InjectPath::SyncRegs`] KVM is asked
+    /// to store the vCPU events in `kvm_run` at every exit.
+    pub fn new(
+        mut fd: VcpuFd,
+        id: u32,
+        inject_path: InjectPath,
+    ) -> Result<Self, kvm_ioctls::Error> {
+        let reset_regs = fd.get_regs()?;
+        let reset_sregs = fd.get_sregs()?;
+        if inject_path == InjectPath::SyncRegs {
+            fd.set_sync_valid_reg(SyncReg::VcpuEvents);
+        }
+        Ok(Self {
+            fd,
+            id,
+            reset_regs,
+            reset_sregs,
+            inject_path,
+        })
+    }
+
     /// INIT: back to the architectural reset state, with no NMI, interrupt or exception left
     /// queued in KVM.
     pub fn reset_to_init(&mut self) -> Result<(), kvm_ioctls::Error> {
@@ -50,6 +121,10 @@ impl KvmPort {
         events.exception_has_payload = 0;
         events.flags |= KVM_VCPUEVENT_VALID_NMI_PENDING;
         self.fd.set_vcpu_events(&events)?;
+        if self.inject_path == InjectPath::SyncRegs {
+            // The copy an injection starts from must be KVM's state after INIT.
+            self.fd.sync_regs_mut().events = events;
+        }
         self.fd.set_regs(&self.reset_regs)?;
         self.fd.set_sregs(&self.reset_sregs)
     }
@@ -79,7 +154,15 @@ impl CpuPort for KvmPort {
     }
 
     fn inject(&mut self, vector: u8) -> std::io::Result<()> {
-        sys::kvm::inject_interrupt(&self.fd, vector)
+        match self.inject_path {
+            InjectPath::Ioctl => sys::kvm::inject_interrupt(&self.fd, vector),
+            InjectPath::SyncRegs => {
+                let events = events_with_interrupt(&self.fd.sync_regs().events, vector);
+                self.fd.sync_regs_mut().events = events;
+                self.fd.set_sync_dirty_reg(SyncReg::VcpuEvents);
+                Ok(())
+            }
+        }
     }
 
     fn request_interrupt_window(&mut self, on: bool) {
@@ -141,5 +224,70 @@ impl CpuPort for KvmPort {
 
     fn unregister_kick(&mut self) {
         sys::kick::unregister_vcpu_thread();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvm_bindings::{
+        KVM_VCPUEVENT_VALID_NMI_PENDING, KVM_VCPUEVENT_VALID_SHADOW, KVM_VCPUEVENT_VALID_SMM,
+    };
+
+    use super::*;
+
+    /// Events as KVM reports them at an exit: an NMI queued and masked, an interrupt shadow,
+    /// an exception being delivered.
+    fn reported() -> kvm_vcpu_events {
+        let mut e = kvm_vcpu_events {
+            flags: KVM_VCPUEVENT_VALID_NMI_PENDING
+                | KVM_VCPUEVENT_VALID_SHADOW
+                | KVM_VCPUEVENT_VALID_SMM,
+            sipi_vector: 0x9a,
+            ..Default::default()
+        };
+        e.nmi.pending = 1;
+        e.nmi.masked = 1;
+        e.interrupt.shadow = 1;
+        e.exception.injected = 1;
+        e.exception.nr = 14;
+        e.exception.has_error_code = 1;
+        e.exception.error_code = 2;
+        e
+    }
+
+    #[test]
+    fn the_interrupt_is_queued_as_kvm_interrupt_queues_it() {
+        let mut before = reported();
+        before.interrupt.soft = 1;
+        before.interrupt.nr = 3;
+        let e = events_with_interrupt(&before, 0xec);
+        assert_eq!(
+            (e.interrupt.injected, e.interrupt.nr, e.interrupt.soft),
+            (1, 0xec, 0)
+        );
+    }
+
+    #[test]
+    fn kvm_is_told_to_leave_its_nmi_queue_shadow_and_smm_alone() {
+        // KVM_SET_VCPU_EVENTS rewrites the NMI queue only with VALID_NMI_PENDING (an NMI lull
+        // queued with KVM_NMI after the exit would be lost), the shadow only with VALID_SHADOW,
+        // SMM only with VALID_SMM.
+        assert_eq!(events_with_interrupt(&reported(), 0x30).flags, 0);
+    }
+
+    #[test]
+    fn what_kvm_writes_back_unconditionally_is_what_it_reported() {
+        let before = reported();
+        let e = events_with_interrupt(&before, 0x30);
+        assert_eq!(
+            (
+                e.exception.injected,
+                e.exception.nr,
+                e.exception.has_error_code
+            ),
+            (1, 14, 1)
+        );
+        assert_eq!(e.exception.error_code, 2);
+        assert_eq!((e.nmi.injected, e.nmi.masked), (0, 1));
     }
 }

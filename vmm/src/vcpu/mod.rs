@@ -20,7 +20,7 @@ use crate::boot::cpu_state::{self, EntryMode};
 use crate::cpuid;
 use crate::irqchip::VcpuIrq;
 use crate::state::VmShared;
-pub use kvm_port::KvmPort;
+pub use kvm_port::{InjectPath, KvmPort};
 
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
 const MISC_ENABLE_FAST_STRING: u64 = 1;

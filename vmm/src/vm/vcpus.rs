@@ -15,7 +15,7 @@ use crate::idle::halt_poll::HaltPollMode;
 use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
-use crate::vcpu::{self, KvmPort, VcpuSetup};
+use crate::vcpu::{self, InjectPath, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;
 /// The CPUID leaf whose EAX[7:0] is MAXPHYADDR.
@@ -53,19 +53,18 @@ pub fn create(
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(ioctl_err("KVM_GET_SUPPORTED_CPUID"))?;
+    let inject_path = if cfg.irqchip == IrqchipMode::User {
+        InjectPath::probe(kvm)
+    } else {
+        InjectPath::Ioctl
+    };
     let mut ports = Vec::new();
     for id in 0..cfg.cpus {
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(ioctl_err("KVM_CREATE_VCPU"))?;
-        let reset_regs = fd.get_regs().map_err(ioctl_err("KVM_GET_REGS"))?;
-        let reset_sregs = fd.get_sregs().map_err(ioctl_err("KVM_GET_SREGS"))?;
-        ports.push(KvmPort {
-            fd,
-            id,
-            reset_regs,
-            reset_sregs,
-        });
+        let port = KvmPort::new(fd, id, inject_path).map_err(ioctl_err("KVM_GET_REGS/SREGS"))?;
+        ports.push(port);
     }
     let bsp = ports.first().ok_or(KvmError::NoVcpus)?;
     let tsc_khz = bsp.fd.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;

@@ -116,6 +116,9 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     tpr_poll: TprPoll,
     /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
     nmi_in_kvm: bool,
+    /// Halted or waiting for SIPI: no guest code runs until the next entry, so timer passes
+    /// leave the host tick to the pass before that entry (`CpuTimers::run_halted`).
+    halted: bool,
 }
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
@@ -153,6 +156,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             },
             tpr_poll: TprPoll::default(),
             nmi_in_kvm: false,
+            halted: false,
         })
     }
 
@@ -234,9 +238,13 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         let (router, global) = (&self.router, self.idle.global.as_ref());
         let mut summary = FiredSummary::default();
         let mut devices_due = Vec::new();
-        self.timers.run(now, &mut |fired| {
-            on_timer_fired(router, global, &mut devices_due, &mut summary, fired)
-        });
+        let mut on_fire =
+            |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
+        if self.halted {
+            self.timers.run_halted(now, &mut on_fire);
+        } else {
+            self.timers.run(now, &mut on_fire);
+        }
         for id in devices_due {
             self.shared.device_timers.fire(id);
         }
@@ -578,6 +586,27 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
+        self.halted = true;
+        let end = self.halt(cpu);
+        self.halted = false;
+        end
+    }
+
+    fn wait_for_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
+        self.halted = true;
+        let vector = self.wait_sipi(cpu);
+        self.halted = false;
+        vector
+    }
+
+    fn detach(&mut self, cpu: &mut dyn CpuPort) {
+        cpu.unregister_kick();
+    }
+}
+
+impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
+    /// One HLT: service, poll or block until the vCPU can run again (or the VM stops).
+    fn halt(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
         let interrupts_enabled = cpu.interrupts_enabled();
         self.core.halt_begins(self.timers.as_mut());
         let mut session: HaltSession = self.core.halt_session(self.clock.now());
@@ -613,7 +642,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         }
     }
 
-    fn wait_for_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
+    /// INIT state: blocks, serving timers and mail, until a SIPI (its vector) or the VM stops.
+    fn wait_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
         loop {
             if self.stop_requested() {
                 return None;
@@ -627,10 +657,6 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             let now = self.clock.now();
             self.service(cpu, now);
         }
-    }
-
-    fn detach(&mut self, cpu: &mut dyn CpuPort) {
-        cpu.unregister_kick();
     }
 }
 

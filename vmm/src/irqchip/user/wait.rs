@@ -64,12 +64,10 @@ impl VcpuWait {
                 let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
                 let wake_fd = wake_timer.map(|t| t.fd() as &dyn AsRawFd);
                 match crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait) {
-                    Ok(w) if w.wake => {
-                        if let Some(t) = wake_timer {
-                            t.fd().consume();
-                        }
-                        break;
-                    }
+                    // The expiry is left unread: the next `idle` re-programs a wake-up
+                    // timer whose deadline passed, which clears it (the model's contract),
+                    // so no later wait sees it and the read is one system call less.
+                    Ok(w) if w.wake => break,
                     Ok(w) if w.kick => mailbox.drain_kicks(),
                     // A signal (the running tick, a stale kick) or the timeout: look again.
                     Ok(_) => {}

@@ -27,7 +27,7 @@ pub struct VcpuCounters {
     pub msr: AtomicU64,
     /// Interrupt-window exits (user irqchip).
     pub irq_window: AtomicU64,
-    /// Interrupts injected with KVM_INTERRUPT (user irqchip).
+    /// Interrupts lull handed KVM to inject (user irqchip).
     pub injected: AtomicU64,
     /// EOIs the guest signalled through the PV EOI flag, without an exit (user irqchip).
     pub pv_eois: AtomicU64,

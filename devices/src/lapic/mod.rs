@@ -9,7 +9,7 @@
 //!                                                                         │ base_change: move MMIO page
 //!   host timer passed ──> timer_fired(now) ──> next deadline (periodic)
 //!   IoApic / other vCPUs ──> receive(&Ipi) / accept_interrupt ──> IRR
-//!   before KVM_RUN ──> next_interrupt() ──> KVM_INTERRUPT ──> interrupt_injected(v): IRR -> ISR
+//!   before KVM_RUN ──> next_interrupt() ──> inject (KVM) ──> interrupt_injected(v): IRR -> ISR
 //! ```
 //!
 //! The LAPIC owns no clock and no thread: every method that needs time takes `now_ns`
@@ -29,7 +29,8 @@
 //!   when [`LapicEffects::destination_changed`], after INIT, and as often as lowest-priority
 //!   arbitration needs fresh priorities), then [`Lapic::receive`] on each target and kick it.
 //! - **Injection**: after every exit and every `receive`, when the guest can take an
-//!   interrupt, take [`Lapic::next_interrupt`], inject it with `KVM_INTERRUPT` and call
+//!   interrupt, take [`Lapic::next_interrupt`], hand it to KVM (`KVM_INTERRUPT`, or the
+//!   vCPU events KVM_RUN synchronizes: lull's `vcpu::kvm_port`) and call
 //!   [`Lapic::interrupt_injected`]. Keep CR8 and TPR one register: [`Lapic::sync_cr8`] with
 //!   `kvm_run.cr8` after every exit, `kvm_run.cr8 =` [`Lapic::cr8`] before every entry. NMIs:
 //!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each). A halted vCPU wakes when

@@ -208,6 +208,22 @@ fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
     assert_eq!(m.metrics().remote_expiries, 2);
 }
 
+/// A one-CPU `kind` model whose CPU has a fake host tick and a fake wake-up timer.
+fn one_cpu_with_wake_timer(kind: ModelKind) -> (Model<u32>, FakeHostTimer, FakeHostTimer) {
+    let tick = FakeHostTimer::new();
+    let t2 = tick.clone();
+    let mut m = build::<u32>(
+        kind,
+        &[0],
+        &mut |_| Box::new(t2.clone()),
+        Arc::new(|_: CpuId| {}),
+    )
+    .unwrap();
+    let wake = FakeHostTimer::new();
+    m.cpus[0].set_wake_timer(Box::new(wake.clone()));
+    (m, tick, wake)
+}
+
 /// What one timer event of a vCPU that arms, halts and wakes costs in host-timer syscalls,
 /// in the two models that give a halted CPU a host wake-up: the tick is armed once while the
 /// CPU runs, released when it halts (the wake-up alone wakes it: no second fire for the same
@@ -215,18 +231,8 @@ fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
 #[test]
 fn a_halted_cpu_is_woken_once_and_a_fired_tick_costs_no_disarm() {
     for kind in [ModelKind::Pull, ModelKind::Push] {
-        let tick = FakeHostTimer::new();
-        let t2 = tick.clone();
-        let mut m = build::<u32>(
-            kind,
-            &[0],
-            &mut |_| Box::new(t2.clone()),
-            Arc::new(|_: CpuId| {}),
-        )
-        .unwrap();
-        let wake = FakeHostTimer::new();
+        let (mut m, tick, wake) = one_cpu_with_wake_timer(kind);
         let cpu = &mut m.cpus[0];
-        cpu.set_wake_timer(Box::new(wake.clone()));
         let mut fired = Vec::new();
         let mut on_fire = |f: Fired<u32>| {
             fired.push(f.payload);
@@ -268,18 +274,8 @@ fn a_halted_cpu_is_woken_once_and_a_fired_tick_costs_no_disarm() {
 /// deadline, and a vCPU that resumes instead gets its tick from the `run` before its entry.
 #[test]
 fn pull_programs_no_tick_for_a_cpu_that_halts() {
-    let tick = FakeHostTimer::new();
-    let t2 = tick.clone();
-    let mut m = build::<u32>(
-        ModelKind::Pull,
-        &[0],
-        &mut |_| Box::new(t2.clone()),
-        Arc::new(|_: CpuId| {}),
-    )
-    .unwrap();
-    let wake = FakeHostTimer::new();
+    let (mut m, tick, wake) = one_cpu_with_wake_timer(ModelKind::Pull);
     let cpu = &mut m.cpus[0];
-    cpu.set_wake_timer(Box::new(wake.clone()));
     let fired = Mutex::new(Vec::new());
     let mut on_fire = |f: Fired<u32>| {
         fired.lock().unwrap().push(f.payload);

@@ -15,8 +15,12 @@ lull's --metrics, which reads /proc at exit; boot and the guest's report are a f
 10 s run), KVM's exit count and the exits that reached lull (both without the console's port
 I/O of the guest's report), and the guest's lateness p50/p99.
 
+With `--before PATH` (another lull build, e.g. the commit before a change) every `pull`
+configuration also runs with that build, interleaved with the rest, as rows "<config>
+(before)": the change's effect measured in the same minutes as the ratio to kernel.
+
 Usage: resources/bench/event_cost.py [--lull target/release/lull] [--kit target/kit]
-           [--seconds 10] [--reps 3] [--json FILE]
+           [--seconds 10] [--reps 3] [--before PATH] [--json FILE]
 """
 
 import argparse
@@ -82,13 +86,19 @@ def main():
     p.add_argument("--kit", default="target/kit")
     p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--before", help="another lull build whose pull rows run interleaved")
     p.add_argument("--json")
     a = p.parse_args()
-    runs = {name: [] for name in CONFIGS}
+    plan = []  # (row, lull binary, configuration)
+    for name in CONFIGS:
+        plan.append((name, a.lull, name))
+        if a.before and name != "kernel":
+            plan.append((f"{name} (before)", a.before, name))
+    runs = {row: [] for row, _, _ in plan}
     for rep in range(a.reps):
-        for name in CONFIGS:
-            runs[name].append(run_once(a.lull, a.kit, a.seconds, name))
-            print(f"rep {rep + 1} {name}: {runs[name][-1]}", file=sys.stderr)
+        for row, lull, name in plan:
+            runs[row].append(run_once(lull, a.kit, a.seconds, name))
+            print(f"rep {rep + 1} {row}: {runs[row][-1]}", file=sys.stderr)
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
@@ -107,7 +117,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"seconds": a.seconds, "reps": a.reps, "load_end": float(load),
-                       "runs": runs, "medians": rows}, f, indent=1)
+                       "before": a.before, "runs": runs, "medians": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -157,8 +157,9 @@ impl CpuPort for KvmPort {
         match self.inject_path {
             InjectPath::Ioctl => sys::kvm::inject_interrupt(&self.fd, vector),
             InjectPath::SyncRegs => {
-                let events = events_with_interrupt(&self.fd.sync_regs().events, vector);
-                self.fd.sync_regs_mut().events = events;
+                // In place: `sync_regs()` would copy all of regs, sregs and events first.
+                let synced = self.fd.sync_regs_mut();
+                synced.events = events_with_interrupt(&synced.events, vector);
                 self.fd.set_sync_dirty_reg(SyncReg::VcpuEvents);
                 Ok(())
             }

@@ -13,7 +13,10 @@ Runs are interleaved (rep 1 of every configuration, then rep 2, ...) so that hos
 each alike; a row is the median over the reps. Per event: the vCPU thread's CPU time (from
 lull's --metrics, which reads /proc at exit; boot and the guest's report are a few ms of a
 10 s run), KVM's exit count and the exits that reached lull (both without the console's port
-I/O of the guest's report), and the guest's lateness p50/p99.
+I/O of the guest's report), lull's own time handling the exits (`exit_handling_ns`: from each
+KVM_RUN's return to the next, less the time blocked; it includes the report's console exits)
+and of it the time the timer advance spent waiting for deadlines (`advance_wait_ns`), and the
+guest's lateness p50/p99.
 
 With `--before PATH` (another lull build, e.g. the commit before a change) every `pull`
 configuration also runs with that build, interleaved with the rest, as rows "<config>
@@ -25,6 +28,7 @@ Usage: resources/bench/event_cost.py [--lull target/release/lull] [--kit target/
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -75,6 +79,10 @@ def run_once(lull, kit, seconds, name):
         "cpu_us_per_event": cpu_ns / 1000 / n,
         "kvm_exits_per_event": (m["kvm"]["exits"] - console) / n,
         "lull_exits_per_event": to_lull / n,
+        "spin_us_per_event": sum(x["advance_wait_ns"] for x in m["vcpus"]) / 1000 / n,
+        # NaN for a build without the counter (an older --before build).
+        "handling_us_per_event": sum(x.get("exit_handling_ns", math.nan) for x in m["vcpus"])
+        / 1000 / n,
         "late_p50_us": int(late.group(1)) / 1000,
         "late_p99_us": int(late.group(2)) / 1000,
     }
@@ -104,15 +112,20 @@ def main():
     rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
             for name, rs in runs.items()}
     base = rows["kernel"]["cpu_us_per_event"]
+
+    def us(v):
+        return "-" if math.isnan(v) else f"{v:.1f} us"
     print(f"one vCPU, 1 ms TSC deadlines, {a.seconds} s x {a.reps} reps (medians), "
           f"load at the end {load}")
     print("| config | events | host CPU/event | ratio to kernel | KVM exits/event "
-          "| exits reaching lull/event | lateness p50 / p99 |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+          "| exits reaching lull/event | lull's handling/event | of it advance wait "
+          "| lateness p50 / p99 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['events']:.0f} | {r['cpu_us_per_event']:.1f} us "
               f"| {r['cpu_us_per_event'] / base:.2f}x | {r['kvm_exits_per_event']:.2f} "
-              f"| {r['lull_exits_per_event']:.2f} "
+              f"| {r['lull_exits_per_event']:.2f} | {us(r['handling_us_per_event'])} "
+              f"| {r['spin_us_per_event']:.1f} us "
               f"| {r['late_p50_us']:.0f} / {r['late_p99_us']:.0f} us |")
     if a.json:
         with open(a.json, "w") as f:

@@ -80,6 +80,12 @@ pub struct VcpuCounters {
     pub timer_advance_ns: AtomicU64,
     /// Time spent waiting for LAPIC deadlines after an early (advanced) host timer.
     pub advance_wait_ns: AtomicU64,
+    /// Wall time from each KVM_RUN's return to the next KVM_RUN, less `blocked_ns`: what lull
+    /// itself spends on the vCPU's exits (halt polling and advance waits included).
+    pub exit_handling_ns: AtomicU64,
+    /// Time the thread spent asleep waiting for a wake-up (halted, held; user irqchip): the
+    /// wait system call itself, not the timer model's passes around it.
+    pub blocked_ns: AtomicU64,
     /// Host-side lateness of LAPIC timer expiries: bucket i counts lateness in
     /// [2^i, 2^(i+1)) microseconds (bucket 0 also takes under 1 us).
     pub lateness_us_log2: [AtomicU64; LATENESS_BUCKETS],
@@ -142,6 +148,11 @@ pub struct VcpuSnapshot {
     pub timer_advance_ns: u64,
     /// Time spent waiting for LAPIC deadlines after an advanced host timer, ns.
     pub advance_wait_ns: u64,
+    /// Time from each KVM_RUN's return to the next, less `blocked_ns`: lull's own handling of
+    /// the exits, ns.
+    pub exit_handling_ns: u64,
+    /// Time asleep in the wait for a wake-up (user irqchip), ns.
+    pub blocked_ns: u64,
     /// Global timers this vCPU's thread expired (its own and, as a migrator, others').
     pub global_timer_fires: u64,
     /// Wake-ups on another host CPU than their block began on (user irqchip).
@@ -228,6 +239,8 @@ impl VcpuCounters {
             lapic_timer_fires: g(&self.lapic_timer_fires),
             timer_advance_ns: g(&self.timer_advance_ns),
             advance_wait_ns: g(&self.advance_wait_ns),
+            exit_handling_ns: g(&self.exit_handling_ns),
+            blocked_ns: g(&self.blocked_ns),
             global_timer_fires: g(&self.global_timer_fires),
             wake_migrations: g(&self.wake_migrations),
             placement: PlacementSnapshot {

@@ -53,6 +53,31 @@ pub enum VcpuEvent {
     StopRequested,
 }
 
+/// lull's own time between KVM_RUN calls: from a return to the next call, less the time the
+/// thread spent blocked in between (a halted vCPU's sleep is not work). Fed with timestamps and
+/// the thread's running total of blocked time, so that it is a pure computation.
+#[derive(Debug, Default)]
+pub struct ExitClock {
+    /// When KVM_RUN last returned, and the blocked total then.
+    returned: Option<(u64, u64)>,
+}
+
+impl ExitClock {
+    /// KVM_RUN returned at `now`; the thread had been blocked `blocked_ns` in all so far.
+    pub fn returned(&mut self, now: u64, blocked_ns: u64) {
+        self.returned = Some((now, blocked_ns));
+    }
+
+    /// KVM_RUN is about to be called at `now` (blocked total `blocked_ns`): the handling time
+    /// since the last return, 0 before the first call.
+    pub fn entering(&mut self, now: u64, blocked_ns: u64) -> u64 {
+        self.returned.take().map_or(0, |(at, blocked_then)| {
+            now.saturating_sub(at)
+                .saturating_sub(blocked_ns.saturating_sub(blocked_then))
+        })
+    }
+}
+
 /// The transition function of the vCPU state machine.
 pub fn next_state(event: VcpuEvent) -> VcpuState {
     match event {
@@ -75,12 +100,18 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
 pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VmShared) {
     irq.attach(&mut port);
     let mut state = VcpuState::Runnable;
+    let mut exit_clock = ExitClock::default();
     let reason = loop {
         let event = match state {
             VcpuState::Stopped(reason) => break reason,
             _ if shared.stop.is_requested() => VcpuEvent::StopRequested,
             VcpuState::Runnable => match irq.before_entry(&mut port) {
-                Entry::Enter => VcpuEvent::Exited(enter_guest(&mut port, irq.as_mut(), shared)),
+                Entry::Enter => VcpuEvent::Exited(enter_guest(
+                    &mut port,
+                    irq.as_mut(),
+                    shared,
+                    &mut exit_clock,
+                )),
                 other => VcpuEvent::BeforeEntry(other),
             },
             VcpuState::Halted => VcpuEvent::HaltEnded(irq.halted(&mut port)),
@@ -117,13 +148,25 @@ fn wait_for_sipi(port: &mut KvmPort, irq: &mut dyn VcpuIrq) -> Result<bool, Stop
     Ok(true)
 }
 
-/// One KVM_RUN and the handling of its exit.
-fn enter_guest(port: &mut KvmPort, irq: &mut dyn VcpuIrq, shared: &VmShared) -> VcpuAction {
+/// One KVM_RUN and the handling of its exit; the time since the last return goes to the
+/// vCPU's `exit_handling_ns`.
+fn enter_guest(
+    port: &mut KvmPort,
+    irq: &mut dyn VcpuIrq,
+    shared: &VmShared,
+    exit_clock: &mut ExitClock,
+) -> VcpuAction {
     let id = port.id;
     let Some(counters) = shared.counters(id) else {
         return VcpuAction::Stop(StopReason::VmmError(format!("no counters for vCPU {id}")));
     };
+    let blocked = || counters.blocked_ns.load(Ordering::Relaxed);
+    let handling = exit_clock.entering(sys::clock::monotonic_ns(), blocked());
+    counters
+        .exit_handling_ns
+        .fetch_add(handling, Ordering::Relaxed);
     let result = port.fd.run();
+    exit_clock.returned(sys::clock::monotonic_ns(), blocked());
     irq.after_run(sys::kick::registered_cr8());
     let action = match result {
         Ok(VcpuExit::InternalError) => VcpuAction::Stop(StopReason::GuestCrash(format!(
@@ -157,6 +200,23 @@ fn enter_guest(port: &mut KvmPort, irq: &mut dyn VcpuIrq, shared: &VmShared) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exit_handling_leaves_out_the_time_blocked() {
+        let mut clock = ExitClock::default();
+        assert_eq!(
+            clock.entering(1_000, 0),
+            0,
+            "nothing to measure before the first run"
+        );
+        clock.returned(10_000, 500);
+        // 7 us from the return to the next entry, 4 us of it blocked: 3 us of handling.
+        assert_eq!(clock.entering(17_000, 4_500), 3_000);
+        // Each return is measured once.
+        assert_eq!(clock.entering(20_000, 4_500), 0);
+        clock.returned(30_000, 4_500);
+        assert_eq!(clock.entering(30_250, 4_500), 250);
+    }
 
     #[test]
     fn exits_and_halts_lead_where_the_diagram_says() {

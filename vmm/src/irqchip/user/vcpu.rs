@@ -474,13 +474,16 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// wake-up (see [`VcpuWait`]).
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
         let shared = self.shared.clone();
-        self.wait.block_until(
+        let asleep = self.wait.block_until(
             self.timers.as_mut(),
             &self.clock,
             until,
             wake_on_work,
             || shared.stop.is_requested(),
         );
+        self.counters()
+            .blocked_ns
+            .fetch_add(asleep, Ordering::Relaxed);
     }
 }
 

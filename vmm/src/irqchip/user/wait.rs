@@ -33,7 +33,8 @@ pub struct VcpuWait {
 impl VcpuWait {
     /// Blocks the thread, idle in `timers`, until `until` (VM clock), `stop()`, and (with
     /// `wake_on_work`) mail or the wake-up. Without `wake_on_work`, interrupts and timers wait
-    /// in the mailbox and the timer queues until `until`.
+    /// in the mailbox and the timer queues until `until`. Returns the time spent asleep in the
+    /// wait itself (the timer model's idle and wake passes around it are work, not sleep).
     pub fn block_until(
         &self,
         timers: &mut dyn CpuTimers<VcpuTimer>,
@@ -41,8 +42,9 @@ impl VcpuWait {
         until: Option<Nanos>,
         wake_on_work: bool,
         stop: impl Fn() -> bool,
-    ) {
+    ) -> Nanos {
         let mailbox = &self.mailbox;
+        let mut asleep = 0;
         mailbox.set_blocked();
         let woken = || stop() || mailbox.control_pending() || (wake_on_work && mailbox.has_work());
         if !woken() {
@@ -63,7 +65,9 @@ impl VcpuWait {
                 }
                 let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
                 let wake_fd = wake_timer.map(|t| t.fd() as &dyn AsRawFd);
-                match crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait) {
+                let woken_by = crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait);
+                asleep += clock.now().saturating_sub(now);
+                match woken_by {
                     // The expiry is left unread: the next `idle` re-programs a wake-up
                     // timer whose deadline passed, which clears it (the model's contract),
                     // so no later wait sees it and the read is one system call less.
@@ -83,5 +87,6 @@ impl VcpuWait {
             timers.wake(clock.now());
         }
         mailbox.set_running();
+        asleep
     }
 }

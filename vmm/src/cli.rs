@@ -107,9 +107,8 @@ pub struct RunArgs {
     /// Timer advance with `--irqchip user`, after KVM's lapic_timer_advance: a vCPU's host
     /// timer for its LAPIC deadline fires early by the wake-up latency it has been seeing, and
     /// the vCPU waits (spins) until the deadline before the interrupt is made pending, never
-    /// delivering it early. `off`, `adaptive` (learned per vCPU, at most 100us: a low expectile
-    /// of the latency, not its mean, so that a wake-up seldom spins), `adaptive=MAX`, or a fixed
-    /// duration such as `20us`. Default: adaptive.
+    /// delivering it early. `off`, `adaptive` (learned per vCPU, at most 100us), `adaptive=MAX`,
+    /// or a fixed duration such as `20us`. Default: adaptive.
     #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
     pub timer_advance: Option<TimerAdvanceMode>,
 

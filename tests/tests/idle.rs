@@ -204,6 +204,34 @@ fn halt_polling_off_never_polls() -> Result<(), Failed> {
     Ok(())
 }
 
+fn exit_clocks_split_the_run_into_handling_and_sleep() -> Result<(), Failed> {
+    // One vCPU arming 1 ms timers for 1 s and halting in between: it spends most of the run
+    // asleep, some of it in lull's handling of its exits, and the two never overlap.
+    let m = run_with_metrics(
+        "idle-sim",
+        &[
+            "--cpus",
+            "1",
+            "--halt-poll",
+            "off",
+            "--cmdline",
+            "duration_ms=1000 ipi_pct=0 mix=100:1",
+        ],
+        "idle-sim: PASS",
+    )?;
+    let (asleep, handling) = (sum(&m, "blocked_ns"), sum(&m, "exit_handling_ns"));
+    let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
+    if sum(&m, "blocks") == 0 || handling == 0 || asleep < run_ns / 4 || asleep + handling > run_ns
+    {
+        return Err(format!(
+            "an idling vCPU should be asleep most of a {run_ns} ns run and handle exits in the \
+             rest: asleep {asleep} ns, handling {handling} ns: {m}"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn global_timer_load_fires_and_rearms() -> Result<(), Failed> {
     for model in ["pull", "push", "central"] {
         let m = run_with_metrics(
@@ -320,6 +348,10 @@ fn main() {
             fixed_halt_polling_sleeps_after_its_window,
         ),
         kvm_trial("halt_polling_off_never_polls", halt_polling_off_never_polls),
+        kvm_trial(
+            "exit_clocks_split_the_run_into_handling_and_sleep",
+            exit_clocks_split_the_run_into_handling_and_sleep,
+        ),
         kvm_trial(
             "global_timer_load_fires_and_rearms",
             global_timer_load_fires_and_rearms,

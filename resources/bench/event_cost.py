@@ -29,12 +29,10 @@ Usage: resources/bench/event_cost.py [--lull target/release/lull] [--kit target/
 import argparse
 import json
 import math
-import os
 import re
-import statistics
-import subprocess
 import sys
-import tempfile
+
+import idle_sim
 
 CONFIGS = {
     "kernel": (["--irqchip", "kernel"], ""),
@@ -52,19 +50,12 @@ LATENESS = re.compile(r"idle-sim: lateness_ns n=\d+ min \d+ p50 (\d+) p99 (\d+)"
 
 def run_once(lull, kit, seconds, name):
     flags, extra = CONFIGS[name]
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.json")
-        cmdline = f"duration_ms={seconds * 1000} ipi_pct=0 mix=100:1 pv_eoi=1 {extra}".strip()
-        cmd = [lull, "run", "--kernel", os.path.join(kit, "guests/idle-sim.elf"), "--cpus", "1",
-               "--metrics", metrics, "--cmdline", cmdline] + flags
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-        text = out.stdout + out.stderr
-        events = EVENTS.search(text)
-        late = LATENESS.search(text)
-        if out.returncode != 1 or not events or not late or "idle-sim: PASS" not in text:
-            sys.exit(f"{name}: the run failed (status {out.returncode}):\n{text[-2000:]}")
-        with open(metrics) as f:
-            m = json.load(f)
+    cmdline = f"duration_ms={seconds * 1000} ipi_pct=0 mix=100:1 pv_eoi=1 {extra}".strip()
+    text, m = idle_sim.run(lull, kit, name, 1, cmdline, flags, seconds)
+    events = EVENTS.search(text)
+    late = LATENESS.search(text)
+    if not events or not late:
+        sys.exit(f"{name}: no event count or lateness in the guest's output:\n{text[-2000:]}")
     n = int(events.group(1))
     vcpu = [t for t in m["threads"] if t["name"].startswith("vcpu")]
     cpu_ns = sum(t["cpu_ns"] for t in vcpu)
@@ -107,10 +98,8 @@ def main():
         for row, lull, name in plan:
             runs[row].append(run_once(lull, a.kit, a.seconds, name))
             print(f"rep {rep + 1} {row}: {runs[row][-1]}", file=sys.stderr)
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            for name, rs in runs.items()}
+    load = idle_sim.load_average()
+    rows = {name: idle_sim.medians(rs) for name, rs in runs.items()}
     base = rows["kernel"]["cpu_us_per_event"]
 
     def us(v):

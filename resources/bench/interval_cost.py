@@ -19,12 +19,10 @@ Usage: resources/bench/interval_cost.py [--lull target/release/lull] [--kit targ
 
 import argparse
 import json
-import os
 import re
-import statistics
-import subprocess
 import sys
-import tempfile
+
+import idle_sim
 
 MODES = {
     "kernel": (["--irqchip", "kernel"], ""),
@@ -36,20 +34,13 @@ EVENTS = re.compile(r"idle-sim: cpu 1: events (\d+)")
 
 def run_once(lull, kit, seconds, interval_ms, mode):
     flags, extra = MODES[mode]
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.json")
-        cmdline = (f"duration_ms={seconds * 1000} ipi_pct=0 mix=100:{interval_ms} pv_eoi=1 "
-                   f"{extra}").strip()
-        cmd = [lull, "run", "--kernel", os.path.join(kit, "guests/idle-sim.elf"), "--cpus", "2",
-               "--memory", "64M", "--metrics", metrics, "--cmdline", cmdline] + flags
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-        text = out.stdout + out.stderr
-        events = EVENTS.search(text)
-        if out.returncode != 1 or not events or "idle-sim: PASS" not in text:
-            sys.exit(f"{mode} {interval_ms} ms: the run failed (status {out.returncode}):\n"
-                     f"{text[-2000:]}")
-        with open(metrics) as f:
-            m = json.load(f)
+    cmdline = (f"duration_ms={seconds * 1000} ipi_pct=0 mix=100:{interval_ms} pv_eoi=1 "
+               f"{extra}").strip()
+    text, m = idle_sim.run(lull, kit, f"{mode} {interval_ms} ms", 2, cmdline,
+                           ["--memory", "64M"] + flags, seconds)
+    events = EVENTS.search(text)
+    if not events:
+        sys.exit(f"{mode} {interval_ms} ms: no event count for CPU 1:\n{text[-2000:]}")
     n = int(events.group(1))
     cpu_ns = next(t["cpu_ns"] for t in m["threads"] if t["name"] == "vcpu1")
     v = m["vcpus"][1]
@@ -78,10 +69,8 @@ def main():
                 r = run_once(a.lull, a.kit, a.seconds, iv, mode)
                 runs[(iv, mode)].append(r)
                 print(f"rep {rep + 1} {iv} ms {mode}: {r}", file=sys.stderr)
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    med = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-           for key, rs in runs.items()}
+    load = idle_sim.load_average()
+    med = {key: idle_sim.medians(rs) for key, rs in runs.items()}
     print(f"vCPU 1 of 2, fixed TSC-deadline intervals, {a.seconds} s x {a.reps} reps "
           f"(medians), load at the end {load}")
     print("| interval | kernel CPU/event | pull CPU/event | **pull / kernel** "

@@ -240,6 +240,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
+    /// lull's own machine code on 2 MiB pages: at start-up lull copies its text into
+    /// transparent huge pages, which cuts the TLB misses of a vCPU thread waking from a long
+    /// sleep (see docs/PERFORMANCE.md). It costs a private copy of the text per process (a few
+    /// MiB) instead of the shared page cache; `off` keeps the file's pages, e.g. for `perf` to
+    /// name lull's functions. Without huge pages on the host it stays off by itself. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub huge_text: Option<Switch>,
+
     /// More log output on stderr (-v: debug, -vv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -274,6 +282,7 @@ impl RunArgs {
             device_timers,
             config,
             api_socket: _,
+            huge_text: _,
             verbose: _,
         } = self;
         [

@@ -7,6 +7,7 @@ use std::time::Instant;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vmm::cli::{Cli, Command, RunArgs};
+use vmm::config::Switch;
 use vmm::exit_code;
 
 fn init_logging(verbose: u8) {
@@ -73,7 +74,15 @@ fn main() -> ExitCode {
         Command::Run(args) => args,
         Command::Bench(args) => return bench::main(&args),
     };
+    // Before anything starts a thread (see `move_own_text_to_huge_pages`).
+    let huge_text = (args.huge_text != Some(Switch::Off))
+        .then(vmm::sys::huge_text::move_own_text_to_huge_pages);
     init_logging(args.verbose);
+    match huge_text {
+        Some(Ok(bytes)) => tracing::debug!("lull's text: {} KiB on 2 MiB pages", bytes >> 10),
+        Some(Err(e)) => tracing::debug!("lull's text stays on small pages: {e}"),
+        None => {}
+    }
     if let Some(socket) = &args.api_socket {
         return serve_api(&args, socket);
     }

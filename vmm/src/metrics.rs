@@ -366,6 +366,9 @@ pub struct RunReport {
     /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is
     /// mounted.
     pub kvm: Option<std::collections::BTreeMap<String, u64>>,
+    /// Bytes of lull's own machine code backed by 2 MiB pages (`--huge-text`), as
+    /// `/proc/self/smaps` shows them at the end of the run.
+    pub text_on_huge_pages_bytes: u64,
 }
 
 /// Idle injection in the report.

@@ -13,10 +13,12 @@
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
 //! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).
+//! - [`huge_text`]: lull's own machine code moved onto 2 MiB pages at start-up.
 //! - [`tap`]: attaching to a host tap device (`TUNSETIFF`) for virtio-net.
 
 pub mod affinity;
 pub mod clock;
+pub mod huge_text;
 pub mod kick;
 pub mod kvm;
 pub mod poll;

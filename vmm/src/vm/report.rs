@@ -22,6 +22,8 @@ pub struct HostFacts {
     pub threads: Vec<crate::host_stats::ThreadStat>,
     /// KVM's own counters.
     pub kvm: Option<std::collections::BTreeMap<String, u64>>,
+    /// Bytes of lull's own code on 2 MiB pages.
+    pub text_on_huge_pages: u64,
 }
 
 /// Reads the host's view of the run (call before the vCPU threads are stopped).
@@ -29,6 +31,7 @@ pub fn host_facts(shared: &VmShared) -> HostFacts {
     HostFacts {
         threads: crate::host_stats::thread_stats(&lock(&shared.ended_threads)),
         kvm: shared.kvm_counters(),
+        text_on_huge_pages: crate::sys::huge_text::own_text_on_huge_pages(),
     }
 }
 
@@ -78,6 +81,7 @@ fn assemble(
             .collect(),
         threads: host.threads,
         kvm: host.kvm,
+        text_on_huge_pages_bytes: host.text_on_huge_pages,
         device_timers: shared.device_timers.summary(),
         nets: shared.nets.iter().map(|n| n.report()).collect(),
         ..RunReport::default()

@@ -1,0 +1,343 @@
+//! lull's own machine code on 2 MiB pages.
+//!
+//! A vCPU thread of `--irqchip user` sleeps between guest timer events; when it wakes, the code
+//! of its wake path (the exit dispatch, the LAPIC, the timer queue, the idle decisions) has left
+//! the CPU's caches and TLBs, and each 4 KiB page of it touched costs a page walk. Measured with
+//! one timer event per 100 ms (`resources/bench/interval_cost.py`, docs/PERFORMANCE.md), lull's
+//! own code took ~30 us per event, most of it such cold misses; on 2 MiB pages the same path
+//! took ~25 us.
+//!
+//! Linux backs a file mapping such as a program's text with small pages unless the kernel was
+//! built with `CONFIG_READ_ONLY_THP_FOR_FS`, which ours is not (`MADV_COLLAPSE` on the text
+//! answers `EINVAL`). So at start-up, while lull is still one thread, [`move_own_text_to_huge_pages`]
+//! copies the 2 MiB-aligned span of its text mapping into an anonymous mapping advised
+//! `MADV_HUGEPAGE`, checks in `/proc/self/smaps` that transparent huge pages back it, makes it
+//! read-only and executable, and moves it over the old text with one `mremap(MREMAP_FIXED)`:
+//! the kernel swaps the mapping in one step and the bytes at every address stay the same. The
+//! binary is linked with `-z max-page-size=0x200000` (`vmm/build.rs`) so the text segment
+//! starts on a 2 MiB boundary.
+//!
+//! The price is memory: each lull process holds a private copy of its text (a few MiB) instead
+//! of sharing the page cache's, and profilers that name functions by file offset (`perf`) see
+//! anonymous code; `lull run --huge-text off` keeps the file mapping. Every failure leaves the
+//! text as it was and is reported as a [`HugeTextError`].
+
+use std::io;
+use std::ops::Range;
+
+use procfs_core::process::{MMPermissions, MMapPath, MemoryMaps, Status};
+use procfs_core::{FromBufRead, FromRead};
+
+/// The size of an x86-64 huge page (a PMD mapping).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Why lull's text stays on small pages.
+#[derive(Debug, thiserror::Error)]
+pub enum HugeTextError {
+    /// Another thread could be running the code being moved.
+    #[error("lull already runs {0} threads; its text can only be moved while it runs one")]
+    NotSingleThreaded(u64),
+    /// A `/proc/self` file could not be read or parsed.
+    #[error("cannot read /proc/self/{file}: {reason}")]
+    Proc {
+        /// The file under `/proc/self`.
+        file: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The host's transparent huge pages are off (`/sys/kernel/mm/transparent_hugepage/enabled`).
+    #[error("transparent huge pages are disabled on this host")]
+    ThpDisabled,
+    /// No executable mapping of lull's binary holds this function.
+    #[error("lull's text mapping was not found in /proc/self/maps")]
+    NoTextMapping,
+    /// The text mapping holds no whole 2 MiB page.
+    #[error("lull's text ({0:#x} bytes) covers no whole 2 MiB page")]
+    TooSmall(usize),
+    /// The host gave small pages to the new mapping (no free huge page, or THP refused).
+    #[error("the host backed only {huge} of {len} bytes with huge pages")]
+    NotHuge {
+        /// Bytes backed by huge pages.
+        huge: u64,
+        /// Bytes of the span.
+        len: usize,
+    },
+    /// A memory-management system call failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// The call (`mmap`, `madvise`, `mprotect`, `mremap`).
+        call: &'static str,
+        /// The error it returned.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The span of lull's text to put on huge pages: the text mapping `text` widened to 2 MiB
+/// boundaries where the address space around it is free (`free_below`/`free_above`: where the
+/// mappings before and after it end and start), else narrowed to them. `None` if no whole huge
+/// page remains.
+pub fn huge_span(text: Range<usize>, free_below: usize, free_above: usize) -> Option<Range<usize>> {
+    let down = text.start & !(HUGE_PAGE - 1);
+    let start = if down >= free_below {
+        down
+    } else {
+        down + HUGE_PAGE
+    };
+    let up = text.end.checked_add(HUGE_PAGE - 1)? & !(HUGE_PAGE - 1);
+    let end = if up <= free_above {
+        up
+    } else {
+        text.end & !(HUGE_PAGE - 1)
+    };
+    (end > start).then_some(start..end)
+}
+
+fn proc_error(file: &'static str, e: impl std::fmt::Display) -> HugeTextError {
+    HugeTextError::Proc {
+        file,
+        reason: e.to_string(),
+    }
+}
+
+fn syscall(call: &'static str) -> HugeTextError {
+    HugeTextError::Syscall {
+        call,
+        source: io::Error::last_os_error(),
+    }
+}
+
+fn thp_enabled() -> bool {
+    // "always [madvise] never": the bracketed word is the mode in force.
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|mode| !mode.contains("[never]"))
+}
+
+fn self_maps(file: &'static str) -> Result<MemoryMaps, HugeTextError> {
+    let f = std::fs::File::open(format!("/proc/self/{file}")).map_err(|e| proc_error(file, e))?;
+    MemoryMaps::from_buf_read(io::BufReader::new(f)).map_err(|e| proc_error(file, e))
+}
+
+/// The text mapping holding `addr` and the free space around it.
+fn text_mapping(maps: &MemoryMaps, addr: usize) -> Option<(Range<usize>, usize, usize)> {
+    let at = |a: u64| usize::try_from(a).ok();
+    let addr = u64::try_from(addr).ok()?;
+    let i = maps.0.iter().position(|m| {
+        (m.address.0..m.address.1).contains(&addr)
+            && m.perms
+                .contains(MMPermissions::READ | MMPermissions::EXECUTE)
+            && matches!(m.pathname, MMapPath::Path(_))
+    })?;
+    let below = if i > 0 {
+        at(maps.0[i - 1].address.1)?
+    } else {
+        0
+    };
+    let above = maps
+        .0
+        .get(i + 1)
+        .map_or(Some(usize::MAX), |m| at(m.address.0))?;
+    let m = &maps.0[i];
+    Some((at(m.address.0)?..at(m.address.1)?, below, above))
+}
+
+/// An anonymous read-write mapping of `len` bytes starting on a 2 MiB boundary, unmapped when
+/// dropped unless it was moved.
+struct AlignedAnon {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl AlignedAnon {
+    fn new(len: usize) -> Result<Self, HugeTextError> {
+        let huge = HUGE_PAGE;
+        let over = len + huge;
+        // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing;
+        // it overlaps nothing of ours.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                over,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(syscall("mmap"));
+        }
+        let base = raw as usize;
+        let start = (base + huge - 1) & !(huge - 1);
+        let head = start - base;
+        let tail = over - head - len;
+        // SAFETY: both ranges lie inside the mapping just made, which nothing else uses; what
+        // remains is [start, start + len).
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        Ok(Self {
+            addr: start as *mut libc::c_void,
+            len,
+        })
+    }
+}
+
+impl Drop for AlignedAnon {
+    fn drop(&mut self) {
+        if !self.addr.is_null() {
+            // SAFETY: the mapping is ours and nothing points into it any more.
+            unsafe { libc::munmap(self.addr, self.len) };
+        }
+    }
+}
+
+/// Moves lull's text onto 2 MiB pages (see the module comment); returns how many bytes moved.
+///
+/// Call it at the top of `main`, before any thread starts: it refuses when the process runs
+/// more than one thread.
+pub fn move_own_text_to_huge_pages() -> Result<u64, HugeTextError> {
+    let status = Status::from_file("/proc/self/status").map_err(|e| proc_error("status", e))?;
+    if status.threads != 1 {
+        return Err(HugeTextError::NotSingleThreaded(status.threads));
+    }
+    if !thp_enabled() {
+        return Err(HugeTextError::ThpDisabled);
+    }
+    let here = move_own_text_to_huge_pages as *const () as usize;
+    let (text, below, above) =
+        text_mapping(&self_maps("maps")?, here).ok_or(HugeTextError::NoTextMapping)?;
+    let span = huge_span(text.clone(), below, above)
+        .ok_or(HugeTextError::TooSmall(text.end - text.start))?;
+    let len = span.end - span.start;
+    let copy = AlignedAnon::new(len)?;
+    // SAFETY: `copy` is our own fresh mapping of `len` bytes.
+    if unsafe { libc::madvise(copy.addr, len, libc::MADV_HUGEPAGE) } != 0 {
+        return Err(syscall("madvise"));
+    }
+    // The part of the span the text mapping covers; the rest (padding up to the huge-page
+    // boundaries, free address space before) stays zero.
+    let from = span.start.max(text.start);
+    let to = span.end.min(text.end);
+    // SAFETY: [from, to) lies inside the text mapping, which is readable and stays mapped (one
+    // thread, nothing unmaps it); the destination is the same offset into `copy`, inside its
+    // `len` bytes; the two mappings are distinct, so the ranges do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            from as *const u8,
+            (copy.addr as usize + (from - span.start)) as *mut u8,
+            to - from,
+        );
+    }
+    let huge = self_maps("smaps")?
+        .0
+        .iter()
+        .find(|m| (m.address.0..m.address.1).contains(&(copy.addr as usize as u64)))
+        .and_then(|m| m.extension.map.get("AnonHugePages").copied())
+        .unwrap_or(0);
+    if huge == 0 {
+        return Err(HugeTextError::NotHuge { huge, len });
+    }
+    // SAFETY: `copy` is our own mapping of `len` bytes; no reference into it exists.
+    if unsafe { libc::mprotect(copy.addr, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
+        return Err(syscall("mprotect"));
+    }
+    let mut copy = copy;
+    // SAFETY: the destination is lull's text span (or free address space next to it) and
+    // `copy` holds the same bytes at the same offsets, so this one call replaces the code the
+    // only thread runs, this function included, with identical code; no Rust object lives in
+    // the text. The kernel checks the arguments before it touches either mapping; should it
+    // fail after unmapping the destination (out of memory for the move itself), lull dies of
+    // SIGSEGV at start-up, before it runs anything else.
+    let moved = unsafe {
+        libc::mremap(
+            copy.addr,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            span.start as *mut libc::c_void,
+        )
+    };
+    if moved == libc::MAP_FAILED {
+        return Err(syscall("mremap"));
+    }
+    copy.addr = std::ptr::null_mut();
+    Ok(huge)
+}
+
+/// Bytes of the mapping that holds lull's code backed by transparent huge pages, as
+/// `/proc/self/smaps` shows them now: 0 while the text is the file's.
+pub fn own_text_on_huge_pages() -> u64 {
+    let here = own_text_on_huge_pages as *const () as usize as u64;
+    self_maps("smaps").map_or(0, |maps| {
+        maps.0
+            .iter()
+            .find(|m| (m.address.0..m.address.1).contains(&here))
+            .and_then(|m| m.extension.map.get("AnonHugePages").copied())
+            .unwrap_or(0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: usize = 1 << 20;
+
+    #[test]
+    fn a_test_binary_runs_from_its_file() {
+        assert_eq!(own_text_on_huge_pages(), 0);
+    }
+
+    #[test]
+    fn the_span_widens_into_free_space_on_both_sides() {
+        // A text mapping at 2 MiB with 5.5 MiB of code, nothing near it.
+        assert_eq!(
+            huge_span(2 * M..7 * M + M / 2, 0, usize::MAX),
+            Some(2 * M..8 * M)
+        );
+        // Unaligned start with free space below: widened down.
+        assert_eq!(huge_span(3 * M..9 * M, M, 12 * M), Some(2 * M..10 * M));
+    }
+
+    #[test]
+    fn the_span_narrows_where_a_neighbour_mapping_sits() {
+        // The mapping before ends inside the lower huge page, the one after starts inside the
+        // upper: only whole pages inside the text remain.
+        assert_eq!(
+            huge_span(3 * M..9 * M, 3 * M, 9 * M + 4096),
+            Some(4 * M..8 * M)
+        );
+    }
+
+    #[test]
+    fn a_text_inside_one_huge_page_between_neighbours_has_no_span() {
+        assert_eq!(huge_span(2 * M + 4096..3 * M, 2 * M + 4096, 3 * M), None);
+    }
+
+    #[test]
+    fn a_text_ending_at_the_top_of_the_address_space_does_not_overflow() {
+        assert_eq!(
+            huge_span(usize::MAX - 4095..usize::MAX, 0, usize::MAX),
+            None
+        );
+    }
+
+    #[test]
+    fn a_process_with_threads_keeps_its_text() {
+        let (release, parked) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || parked.recv());
+        let err = move_own_text_to_huge_pages().unwrap_err();
+        release.send(()).unwrap();
+        other.join().unwrap().unwrap();
+        assert!(
+            matches!(err, HugeTextError::NotSingleThreaded(n) if n > 1),
+            "{err}"
+        );
+    }
+}

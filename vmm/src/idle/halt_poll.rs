@@ -6,10 +6,7 @@
 //! is timer-aware: it never polls past the vCPU's next pinned deadline (if that deadline falls
 //! inside the window it polls exactly until it), and it skips polling when the next deadline
 //! is beyond the window and the recent wake-ups were all the vCPU's own timer (nothing else
-//! is expected to come). For the same reason a halt that its own timer ended does not size the
-//! window: the deadline check already covers the timer, and such a halt says nothing about how
-//! soon an IPI or device interrupt comes. (KVM sizes on every halt: a vCPU that sleeps 1 ms on
-//! its timer between two IPIs then loses its window before every IPI.)
+//! is expected to come).
 
 use std::fmt;
 use std::str::FromStr;
@@ -119,14 +116,13 @@ impl HaltPoller {
     }
 
     /// Learns from one halt: `halt_ns` from HLT to wake-up (poll and block), whether polling
-    /// caught the wake-up, and what woke the vCPU. Only halts that something other than its
-    /// own timer ended size the adaptive window.
+    /// caught the wake-up, and what woke the vCPU.
     pub fn record(&mut self, halt_ns: u64, won: bool, kind: WakeKind) {
         self.timer_only_streak = match kind {
             WakeKind::OwnTimer => self.timer_only_streak.saturating_add(1),
             WakeKind::Other => 0,
         };
-        if self.mode != HaltPollMode::Adaptive || won || kind == WakeKind::OwnTimer {
+        if self.mode != HaltPollMode::Adaptive || won {
             return;
         }
         if self.window_ns != 0 && halt_ns > MAX_WINDOW_NS {
@@ -185,27 +181,6 @@ mod tests {
         p.record(1_000, true, WakeKind::Other); // a won poll keeps the window
         assert_eq!(p.window_ns(), MAX_WINDOW_NS);
         p.record(5_000_000, false, WakeKind::Other);
-        assert_eq!(p.window_ns(), 0);
-    }
-
-    #[test]
-    fn halts_ended_by_the_own_timer_do_not_size_the_window() {
-        // A vCPU that sleeps 1 ms on its timer between IPIs that come 5 us after it halts
-        // keeps the window that catches the IPIs.
-        let mut p = HaltPoller::new(HaltPollMode::Adaptive);
-        p.record(5_000, false, WakeKind::Other);
-        assert_eq!(p.window_ns(), GROW_START_NS);
-        for _ in 0..3 {
-            p.record(1_000_000, false, WakeKind::OwnTimer);
-            assert_eq!(p.window_ns(), GROW_START_NS);
-            p.record(5_000, true, WakeKind::Other);
-            assert_eq!(p.budget(0, Some(1_000_000)), GROW_START_NS);
-        }
-        // Nor does a short one grow it: a near deadline is polled for by the deadline check.
-        p.record(50_000, false, WakeKind::OwnTimer);
-        assert_eq!(p.window_ns(), GROW_START_NS);
-        // A long halt that something else ended still resets it.
-        p.record(1_000_000, false, WakeKind::Other);
         assert_eq!(p.window_ns(), 0);
     }
 

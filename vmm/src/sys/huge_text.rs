@@ -73,22 +73,36 @@ pub enum HugeTextError {
     },
 }
 
-/// The span of lull's text to put on huge pages: the text mapping `text` widened to 2 MiB
-/// boundaries where the address space around it is free (`free_below`/`free_above`: where the
-/// mappings before and after it end and start), else narrowed to them. `None` if no whole huge
-/// page remains.
+/// The span of lull's text to put on huge pages: the whole 2 MiB pages inside the text mapping
+/// `text`, plus the page at either end that the text only partly covers when the text fills at
+/// least half of it and the rest of it is free address space (`free_below`/`free_above`: where
+/// the mappings before and after the text end and start). A page mostly outside the text would
+/// cost a huge page of memory for a few small pages of code. `None` if no page remains.
 pub fn huge_span(text: Range<usize>, free_below: usize, free_above: usize) -> Option<Range<usize>> {
-    let down = text.start & !(HUGE_PAGE - 1);
-    let start = if down >= free_below {
-        down
-    } else {
-        down + HUGE_PAGE
+    if text.is_empty() {
+        return None;
+    }
+    let mostly_text = |page: usize| {
+        let covered = text
+            .end
+            .min(page.saturating_add(HUGE_PAGE))
+            .saturating_sub(text.start.max(page));
+        covered >= HUGE_PAGE / 2
     };
-    let up = text.end.checked_add(HUGE_PAGE - 1)? & !(HUGE_PAGE - 1);
-    let end = if up <= free_above {
-        up
+    let first = text.start & !(HUGE_PAGE - 1);
+    let start = if first == text.start || (first >= free_below && mostly_text(first)) {
+        first
     } else {
-        text.end & !(HUGE_PAGE - 1)
+        first.checked_add(HUGE_PAGE)?
+    };
+    let whole_end = text.end & !(HUGE_PAGE - 1);
+    let end = if whole_end == text.end {
+        whole_end
+    } else {
+        match whole_end.checked_add(HUGE_PAGE) {
+            Some(up) if up <= free_above && mostly_text(whole_end) => up,
+            _ => whole_end,
+        }
     };
     (end > start).then_some(start..end)
 }
@@ -303,6 +317,21 @@ mod tests {
         );
         // Unaligned start with free space below: widened down.
         assert_eq!(huge_span(3 * M..9 * M, M, 12 * M), Some(2 * M..10 * M));
+    }
+
+    #[test]
+    fn an_end_page_mostly_outside_the_text_stays_small() {
+        // lull's own layout: text from 0x2f5000 to 0x604000; the last 16 KiB stay on 4 KiB
+        // pages rather than cost a whole huge page.
+        assert_eq!(
+            huge_span(0x2f_5000..0x60_4000, 0xf_6000, 0x80_3000),
+            Some(2 * M..6 * M)
+        );
+        // Less than half of the first page: it is left out too.
+        assert_eq!(
+            huge_span(3 * M + M / 2..8 * M, 0, usize::MAX),
+            Some(4 * M..8 * M)
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@ from /proc), and with `--irqchip user` lull's own time handling its exits
 (`exit_handling_ns`: from each KVM_RUN's return to the next, less the time asleep) and, of
 that, the timer advance's wait (`advance_wait_ns`). The longer a vCPU sleeps, the colder the
 host's caches and TLBs are when it wakes, for KVM's path and lull's alike: this shows how
-much of that lands on lull's user-space side. `pull-4k-text` is `pull` with lull's code left
-on the binary's 4 KiB pages (`--huge-text off`), to show what the 2 MiB pages save.
+much of that lands on lull's user-space side. `pull-huge-text` is `pull` with lull's code
+moved onto 2 MiB pages (`--huge-text on`), to show what they save.
 
 Runs are interleaved (every interval and mode once, then again) and a row is the median.
 
@@ -28,9 +28,9 @@ import idle_sim
 MODES = {
     "kernel": (["--irqchip", "kernel"], ""),
     "pull": (["--irqchip", "user", "--timer-model", "pull"], "pv_deadline=1"),
-    # lull's own code on the binary's 4 KiB file pages instead of 2 MiB ones.
-    "pull-4k-text": (["--irqchip", "user", "--timer-model", "pull", "--huge-text", "off"],
-                     "pv_deadline=1"),
+    # lull's own code on 2 MiB pages instead of the binary's 4 KiB file pages.
+    "pull-huge-text": (["--irqchip", "user", "--timer-model", "pull", "--huge-text", "on"],
+                       "pv_deadline=1"),
 }
 
 EVENTS = re.compile(r"idle-sim: cpu 1: events (\d+)")
@@ -79,10 +79,10 @@ def main():
           f"(medians), load at the end {load}")
     print("| interval | kernel CPU/event | pull CPU/event | **pull / kernel** "
           "| lull's handling/event | of it advance wait "
-          "| pull-4k-text CPU/event | pull-4k-text / kernel | its handling/event |")
+          "| pull-huge-text CPU/event | pull-huge-text / kernel | its handling/event |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for iv in intervals:
-        k, u, s = med[(iv, "kernel")], med[(iv, "pull")], med[(iv, "pull-4k-text")]
+        k, u, s = med[(iv, "kernel")], med[(iv, "pull")], med[(iv, "pull-huge-text")]
         print(f"| {iv} ms | {k['cpu_us_per_event']:.1f} us | {u['cpu_us_per_event']:.1f} us "
               f"| {u['cpu_us_per_event'] / k['cpu_us_per_event']:.2f}x "
               f"| {u['handling_us_per_event']:.1f} us "

@@ -240,11 +240,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
-    /// lull's own machine code on 2 MiB pages: at start-up lull copies its text into
-    /// transparent huge pages, which cuts the TLB misses of a vCPU thread waking from a long
-    /// sleep (see docs/PERFORMANCE.md). It costs a private copy of the text per process (a few
-    /// MiB) instead of the shared page cache; `off` keeps the file's pages, e.g. for `perf` to
-    /// name lull's functions. Without huge pages on the host it stays off by itself. Default: on.
+    /// lull's own machine code on 2 MiB pages: `on` copies lull's text into transparent huge
+    /// pages at start-up, which cuts the TLB misses of a vCPU thread waking from a long sleep:
+    /// 2-3 us less of lull's handling per timer event on our hosts, 1-4% of an event's CPU,
+    /// too little to show in `lull bench density` (see docs/PERFORMANCE.md). It costs each
+    /// lull process ~2 MiB more resident memory (a private copy instead of the shared page
+    /// cache), and `perf` then cannot name lull's functions. Without transparent huge pages on
+    /// the host it does nothing. Default: off.
     #[arg(long, value_enum, value_name = "on|off")]
     pub huge_text: Option<Switch>,
 

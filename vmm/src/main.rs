@@ -75,8 +75,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => return bench::main(&args),
     };
     // Before anything starts a thread (see `move_own_text_to_huge_pages`).
-    let huge_text = (args.huge_text != Some(Switch::Off))
-        .then(vmm::sys::huge_text::move_own_text_to_huge_pages);
+    let huge_text =
+        (args.huge_text == Some(Switch::On)).then(vmm::sys::huge_text::move_own_text_to_huge_pages);
     init_logging(args.verbose);
     match huge_text {
         Some(Ok(bytes)) => tracing::debug!("lull's text: {} KiB on 2 MiB pages", bytes >> 10),

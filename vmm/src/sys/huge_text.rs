@@ -4,8 +4,8 @@
 //! of its wake path (the exit dispatch, the LAPIC, the timer queue, the idle decisions) has left
 //! the CPU's caches and TLBs, and each 4 KiB page of it touched costs a page walk. Measured with
 //! one timer event per 100 ms (`resources/bench/interval_cost.py`, docs/PERFORMANCE.md), lull's
-//! own code took ~30 us per event, most of it such cold misses; on 2 MiB pages the same path
-//! took ~25 us.
+//! own code took ~30 us per event, most of it such cold misses; with its text on 2 MiB pages
+//! (a preloaded shim, on an earlier host) the same path took ~25 us.
 //!
 //! Linux backs a file mapping such as a program's text with small pages unless the kernel was
 //! built with `CONFIG_READ_ONLY_THP_FOR_FS`, which ours is not (`MADV_COLLAPSE` on the text
@@ -14,13 +14,17 @@
 //! `MADV_HUGEPAGE`, checks in `/proc/self/smaps` that transparent huge pages back it, makes it
 //! read-only and executable, and moves it over the old text with one `mremap(MREMAP_FIXED)`:
 //! the kernel swaps the mapping in one step and the bytes at every address stay the same. The
-//! binary is linked with `-z max-page-size=0x200000` (`vmm/build.rs`) so the text segment
-//! starts on a 2 MiB boundary.
+//! binary is linked with `-z max-page-size=0x200000` (`vmm/build.rs`): its segments then load
+//! 2 MiB apart, so the huge pages at both ends of the text, which it only partly fills, hold
+//! no other mapping and can be taken whole.
 //!
-//! The price is memory: each lull process holds a private copy of its text (a few MiB) instead
-//! of sharing the page cache's, and profilers that name functions by file offset (`perf`) see
-//! anonymous code; `lull run --huge-text off` keeps the file mapping. Every failure leaves the
-//! text as it was and is reported as a [`HugeTextError`].
+//! The price is memory: each lull process holds a private copy of its text (4 MiB of huge
+//! pages for a release build, ~2 MiB more resident than the file pages it touched) instead of
+//! sharing the page cache's, and profilers that name functions by file offset (`perf`) see
+//! anonymous code. Measured on our hosts the gain was smaller than on the first (2-3 us of
+//! lull's ~30 us handling per event, too little to show in `lull bench density`), so it is
+//! opt-in: `lull run --huge-text on`. Every failure leaves the text as it was and is reported
+//! as a [`HugeTextError`].
 
 use std::io;
 use std::ops::Range;

@@ -21,7 +21,7 @@
 //! The price is memory: each lull process holds a private copy of its text (4 MiB of huge
 //! pages for a release build, ~2 MiB more resident than the file pages it touched) instead of
 //! sharing the page cache's, and profilers that name functions by file offset (`perf`) see
-//! anonymous code. Measured on our hosts the gain was smaller than on the first (2-3 us of
+//! anonymous code. Measured on later hosts the gain was smaller than with the shim (2-3 us of
 //! lull's ~30 us handling per event, too little to show in `lull bench density`), so it is
 //! opt-in: `lull run --huge-text on`. Every failure leaves the text as it was and is reported
 //! as a [`HugeTextError`].
@@ -55,8 +55,8 @@ pub enum HugeTextError {
     /// No executable mapping of lull's binary holds this function.
     #[error("lull's text mapping was not found in /proc/self/maps")]
     NoTextMapping,
-    /// The text mapping holds no whole 2 MiB page.
-    #[error("lull's text ({0:#x} bytes) covers no whole 2 MiB page")]
+    /// The text fills no 2 MiB page even half (see [`huge_span`]).
+    #[error("lull's text ({0:#x} bytes) fills no 2 MiB page even half")]
     TooSmall(usize),
     /// The host gave small pages to the new mapping (no free huge page, or THP refused).
     #[error("the host backed only {huge} of {len} bytes with huge pages")]
@@ -215,7 +215,8 @@ impl Drop for AlignedAnon {
     }
 }
 
-/// Moves lull's text onto 2 MiB pages (see the module comment); returns how many bytes moved.
+/// Moves lull's text onto 2 MiB pages (see the module comment); returns how many bytes of it
+/// huge pages back.
 ///
 /// Call it at the top of `main`, before any thread starts: it refuses when the process runs
 /// more than one thread.

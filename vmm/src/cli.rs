@@ -245,8 +245,8 @@ pub struct RunArgs {
     /// 2-3 us less of lull's handling per timer event on our hosts, 1-4% of an event's CPU,
     /// too little to show in `lull bench density` (see docs/PERFORMANCE.md). It costs each
     /// lull process ~2 MiB more resident memory (a private copy instead of the shared page
-    /// cache), and `perf` then cannot name lull's functions. Without transparent huge pages on
-    /// the host it does nothing. Default: off.
+    /// cache), and `perf` then cannot name lull's functions. Where the host cannot give huge
+    /// pages, lull warns and runs from its file pages. Default: off.
     #[arg(long, value_enum, value_name = "on|off")]
     pub huge_text: Option<Switch>,
 

@@ -80,7 +80,7 @@ fn main() -> ExitCode {
     init_logging(args.verbose);
     match huge_text {
         Some(Ok(bytes)) => tracing::debug!("lull's text: {} KiB on 2 MiB pages", bytes >> 10),
-        Some(Err(e)) => tracing::debug!("lull's text stays on small pages: {e}"),
+        Some(Err(e)) => tracing::warn!("--huge-text on: lull's text stays on small pages: {e}"),
         None => {}
     }
     if let Some(socket) = &args.api_socket {

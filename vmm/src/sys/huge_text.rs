@@ -28,12 +28,16 @@
 
 use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use procfs_core::process::{MMPermissions, MMapPath, MemoryMaps, Status};
 use procfs_core::{FromBufRead, FromRead};
 
 /// The size of an x86-64 huge page (a PMD mapping).
 pub const HUGE_PAGE: usize = 2 << 20;
+
+/// Set once the text was moved: until then it is the file's, which huge pages never back.
+static MOVED: AtomicBool = AtomicBool::new(false);
 
 /// Why lull's text stays on small pages.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +140,18 @@ fn self_maps(file: &'static str) -> Result<MemoryMaps, HugeTextError> {
     MemoryMaps::from_buf_read(io::BufReader::new(f)).map_err(|e| proc_error(file, e))
 }
 
+/// Bytes of the mapping holding `addr` that transparent huge pages back, per
+/// `/proc/self/smaps`.
+fn anon_huge_bytes_at(addr: usize) -> Result<u64, HugeTextError> {
+    let addr = u64::try_from(addr).map_err(|_| HugeTextError::NoTextMapping)?;
+    Ok(self_maps("smaps")?
+        .0
+        .iter()
+        .find(|m| (m.address.0..m.address.1).contains(&addr))
+        .and_then(|m| m.extension.map.get("AnonHugePages").copied())
+        .unwrap_or(0))
+}
+
 /// The text mapping holding `addr` and the free space around it.
 fn text_mapping(maps: &MemoryMaps, addr: usize) -> Option<(Range<usize>, usize, usize)> {
     let at = |a: u64| usize::try_from(a).ok();
@@ -168,8 +184,7 @@ struct AlignedAnon {
 
 impl AlignedAnon {
     fn new(len: usize) -> Result<Self, HugeTextError> {
-        let huge = HUGE_PAGE;
-        let over = len + huge;
+        let over = len + HUGE_PAGE;
         // SAFETY: a fresh private anonymous mapping at an address of the kernel's choosing;
         // it overlaps nothing of ours.
         let raw = unsafe {
@@ -186,7 +201,7 @@ impl AlignedAnon {
             return Err(syscall("mmap"));
         }
         let base = raw as usize;
-        let start = (base + huge - 1) & !(huge - 1);
+        let start = (base + HUGE_PAGE - 1) & !(HUGE_PAGE - 1);
         let head = start - base;
         let tail = over - head - len;
         // SAFETY: both ranges lie inside the mapping just made, which nothing else uses; what
@@ -234,7 +249,7 @@ pub fn move_own_text_to_huge_pages() -> Result<u64, HugeTextError> {
     let span = huge_span(text.clone(), below, above)
         .ok_or(HugeTextError::TooSmall(text.end - text.start))?;
     let len = span.end - span.start;
-    let copy = AlignedAnon::new(len)?;
+    let mut copy = AlignedAnon::new(len)?;
     // SAFETY: `copy` is our own fresh mapping of `len` bytes.
     if unsafe { libc::madvise(copy.addr, len, libc::MADV_HUGEPAGE) } != 0 {
         return Err(syscall("madvise"));
@@ -253,12 +268,7 @@ pub fn move_own_text_to_huge_pages() -> Result<u64, HugeTextError> {
             to - from,
         );
     }
-    let huge = self_maps("smaps")?
-        .0
-        .iter()
-        .find(|m| (m.address.0..m.address.1).contains(&(copy.addr as usize as u64)))
-        .and_then(|m| m.extension.map.get("AnonHugePages").copied())
-        .unwrap_or(0);
+    let huge = anon_huge_bytes_at(copy.addr as usize)?;
     if huge == 0 {
         return Err(HugeTextError::NotHuge { huge, len });
     }
@@ -266,7 +276,6 @@ pub fn move_own_text_to_huge_pages() -> Result<u64, HugeTextError> {
     if unsafe { libc::mprotect(copy.addr, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
         return Err(syscall("mprotect"));
     }
-    let mut copy = copy;
     // SAFETY: the destination is lull's text span (or free address space next to it) and
     // `copy` holds the same bytes at the same offsets, so this one call replaces the code the
     // only thread runs, this function included, with identical code; no Rust object lives in
@@ -286,20 +295,18 @@ pub fn move_own_text_to_huge_pages() -> Result<u64, HugeTextError> {
         return Err(syscall("mremap"));
     }
     copy.addr = std::ptr::null_mut();
+    MOVED.store(true, Ordering::Relaxed);
     Ok(huge)
 }
 
 /// Bytes of the mapping that holds lull's code backed by transparent huge pages, as
-/// `/proc/self/smaps` shows them now: 0 while the text is the file's.
+/// `/proc/self/smaps` shows them now: 0 while the text is the file's (then without reading
+/// smaps, whose cost grows with the guest memory mapped).
 pub fn own_text_on_huge_pages() -> u64 {
-    let here = own_text_on_huge_pages as *const () as usize as u64;
-    self_maps("smaps").map_or(0, |maps| {
-        maps.0
-            .iter()
-            .find(|m| (m.address.0..m.address.1).contains(&here))
-            .and_then(|m| m.extension.map.get("AnonHugePages").copied())
-            .unwrap_or(0)
-    })
+    if !MOVED.load(Ordering::Relaxed) {
+        return 0;
+    }
+    anon_huge_bytes_at(own_text_on_huge_pages as *const () as usize).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -310,6 +317,8 @@ mod tests {
 
     #[test]
     fn a_test_binary_runs_from_its_file() {
+        let here = a_test_binary_runs_from_its_file as *const () as usize;
+        assert_eq!(anon_huge_bytes_at(here).unwrap(), 0);
         assert_eq!(own_text_on_huge_pages(), 0);
     }
 

@@ -65,12 +65,18 @@ impl<C: Clock> HostTimer for TimerFdHost<C> {
 }
 
 /// A host timer that only records its deadline and counts arms and disarms; clones share the
-/// record.
+/// record. Fakes made with [`FakeHostTimer::sharing_order`] also number their arms and disarms
+/// on one sequence, so a test can tell which of two host timers was programmed first.
 #[derive(Debug, Clone)]
 pub struct FakeHostTimer {
     deadline: Arc<AtomicU64>,
     arms: Arc<AtomicU64>,
     disarms: Arc<AtomicU64>,
+    /// The sequence shared with the fakes made by `sharing_order`.
+    order: Arc<AtomicU64>,
+    /// The sequence numbers of the last arm and the last disarm (0: none yet).
+    last_arm: Arc<AtomicU64>,
+    last_disarm: Arc<AtomicU64>,
 }
 
 impl Default for FakeHostTimer {
@@ -82,11 +88,37 @@ impl Default for FakeHostTimer {
 impl FakeHostTimer {
     /// A disarmed fake.
     pub fn new() -> Self {
+        Self::on_sequence(Arc::new(AtomicU64::new(0)))
+    }
+
+    /// A disarmed fake whose arms and disarms are numbered on `other`'s sequence.
+    pub fn sharing_order(other: &FakeHostTimer) -> Self {
+        Self::on_sequence(Arc::clone(&other.order))
+    }
+
+    fn on_sequence(order: Arc<AtomicU64>) -> Self {
         Self {
             deadline: Arc::new(AtomicU64::new(NEVER)),
             arms: Arc::new(AtomicU64::new(0)),
             disarms: Arc::new(AtomicU64::new(0)),
+            order,
+            last_arm: Arc::new(AtomicU64::new(0)),
+            last_disarm: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Where its last arm falls on its sequence (0: never armed).
+    pub fn last_arm_seq(&self) -> u64 {
+        self.last_arm.load(Ordering::SeqCst)
+    }
+
+    /// Where its last disarm falls on its sequence (0: never disarmed).
+    pub fn last_disarm_seq(&self) -> u64 {
+        self.last_disarm.load(Ordering::SeqCst)
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.order.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// The deadline it is armed for (`NEVER` when disarmed).
@@ -115,12 +147,14 @@ impl HostTimer for FakeHostTimer {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
         self.arms.fetch_add(1, Ordering::Relaxed);
         self.deadline.store(deadline, Ordering::SeqCst);
+        self.last_arm.store(self.next_seq(), Ordering::SeqCst);
         Ok(())
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
         self.disarms.fetch_add(1, Ordering::Relaxed);
         self.deadline.store(NEVER, Ordering::SeqCst);
+        self.last_disarm.store(self.next_seq(), Ordering::SeqCst);
         Ok(())
     }
 }

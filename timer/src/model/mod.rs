@@ -229,6 +229,14 @@ impl HostTick {
     /// Going idle with a host wake-up that takes over: a tick left armed would fire a second
     /// time for a deadline the wake-up already covers (or, in `pull`, for a global timer the
     /// CPU just handed to the hierarchy), interrupting the blocked thread for nothing.
+    ///
+    /// Call it *after* arming the wake-up. Both are host timers in the host's timer queue,
+    /// usually for the same deadline (the CPU's next own timer). Armed first, the wake-up
+    /// queues behind the tick, and removing the tick then leaves the host's next expiry where
+    /// it was, so Linux programs its clock-event device for neither. In the other order it
+    /// programs the device twice: when the removed tick was first in line, and when the
+    /// wake-up becomes first. A C loop of the two calls on our hosts (where programming the
+    /// device is itself an exit) took 9.3-11.6 us in that order against 1.2-1.5 us in this.
     fn release(&mut self, now: Nanos, m: &Metrics) {
         self.track(NEVER, Some(now), m);
     }

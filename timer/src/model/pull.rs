@@ -286,12 +286,13 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
     fn idle(&mut self, now: Nanos) -> Nanos {
         if !self.idle {
             self.idle = true;
-            if self.shared.sleeper(self.base.cpu()).has_timer() {
-                // The host wake-up (own pinned timers, duty) takes over from the tick.
-                self.tick.release(now, &self.shared.metrics);
-            }
             self.base.share_globals();
             self.update_idle(Some(now));
+            if self.shared.sleeper(self.base.cpu()).has_timer() {
+                // The host wake-up (own pinned timers, duty), armed above, takes over from
+                // the tick: released after it (see `HostTick::release`).
+                self.tick.release(now, &self.shared.metrics);
+            }
         }
         self.idle_timeout()
     }

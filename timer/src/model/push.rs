@@ -121,10 +121,12 @@ impl<T: Send + 'static> CpuTimers<T> for PushCpu<T> {
 
     fn idle(&mut self, now: Nanos) -> Nanos {
         self.idle = true;
+        let timeout = self.sleep(Some(now));
         if self.sleeper.has_timer() {
+            // After the wake-up is armed (see `HostTick::release`).
             self.tick.release(now, &self.shared.metrics);
         }
-        self.sleep(Some(now))
+        timeout
     }
 
     fn idle_timeout(&self) -> Nanos {

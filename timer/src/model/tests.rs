@@ -219,9 +219,31 @@ fn one_cpu_with_wake_timer(kind: ModelKind) -> (Model<u32>, FakeHostTimer, FakeH
         Arc::new(|_: CpuId| {}),
     )
     .unwrap();
-    let wake = FakeHostTimer::new();
+    let wake = FakeHostTimer::sharing_order(&tick);
     m.cpus[0].set_wake_timer(Box::new(wake.clone()));
     (m, tick, wake)
+}
+
+/// A running CPU's tick hands over to its wake-up when it halts: the wake-up is armed before
+/// the tick is disarmed, the order in which the host need not reprogram its clock-event
+/// device (see `HostTick::release`).
+#[test]
+fn a_halting_cpu_arms_its_wake_up_before_it_releases_its_tick() {
+    for kind in [ModelKind::Pull, ModelKind::Push] {
+        let (mut m, tick, wake) = one_cpu_with_wake_timer(kind);
+        let cpu = &mut m.cpus[0];
+        let mut on_fire = |_: Fired<u32>| AfterFire::Done;
+        cpu.arm(TimerKind::Pinned, 100, 1);
+        cpu.run(0, &mut on_fire);
+        cpu.idle(10);
+        assert_eq!((wake.deadline(), tick.deadline()), (100, NEVER), "{kind:?}");
+        assert!(
+            wake.last_arm_seq() < tick.last_disarm_seq(),
+            "{kind:?}: the tick was released (#{}) before the wake-up was armed (#{})",
+            tick.last_disarm_seq(),
+            wake.last_arm_seq()
+        );
+    }
 }
 
 /// What one timer event of a vCPU that arms, halts and wakes costs in host-timer syscalls,

@@ -1,4 +1,4 @@
-//! CLOCK_MONOTONIC in nanoseconds, and the `timespec` of an absolute time.
+//! CLOCK_MONOTONIC in nanoseconds, the `timespec` of an absolute time, and the host TSC.
 
 /// Raw CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
@@ -12,6 +12,12 @@ pub fn monotonic_ns() -> u64 {
     let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
     secs * 1_000_000_000 + nanos
+}
+
+/// The host's TSC (RDTSC; lull runs on x86-64 hosts only).
+pub fn host_tsc() -> u64 {
+    // SAFETY: RDTSC reads a counter and touches no memory; every x86-64 CPU has it.
+    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 /// A `timespec` for an absolute CLOCK_MONOTONIC time in nanoseconds.

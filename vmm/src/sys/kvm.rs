@@ -1,10 +1,14 @@
-//! KVM calls that need `unsafe`: the two ioctls kvm-ioctls does not wrap, memory-slot
-//! registration, and reading the internal-error member of the exit union.
+//! KVM calls that need `unsafe`: the ioctls kvm-ioctls does not wrap (KVM_INTERRUPT,
+//! KVM_GET_STATS_FD, a vCPU's KVM_GET_DEVICE_ATTR), memory-slot registration, and reading
+//! the internal-error member of the exit union.
 
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 
-use kvm_bindings::{kvm_interrupt, kvm_userspace_memory_region};
+use kvm_bindings::{
+    kvm_device_attr, kvm_interrupt, kvm_userspace_memory_region, KVM_VCPU_TSC_CTRL,
+    KVM_VCPU_TSC_OFFSET,
+};
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::ioctl::{ioctl, ioctl_with_ref};
@@ -18,6 +22,12 @@ mod nr {
     const KVMIO: u32 = 0xAE;
     ioctl_iow_nr!(KVM_INTERRUPT, KVMIO, 0x86, kvm_bindings::kvm_interrupt);
     ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
+    ioctl_iow_nr!(
+        KVM_GET_DEVICE_ATTR,
+        KVMIO,
+        0xe2,
+        kvm_bindings::kvm_device_attr
+    );
 }
 
 /// KVM_INTERRUPT: queues external interrupt `vector` for the next entry of `vcpu` (only
@@ -31,6 +41,26 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> std::io::Result<()> {
     let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_INTERRUPT(), &irq) };
     if rc == 0 {
         Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+): the
+/// guest TSC is the host TSC plus this (wrapping), unless KVM scales the guest's TSC.
+pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
+    let mut offset: u64 = 0;
+    let attr = kvm_device_attr {
+        flags: 0,
+        group: KVM_VCPU_TSC_CTRL,
+        attr: u64::from(KVM_VCPU_TSC_OFFSET),
+        addr: std::ptr::addr_of_mut!(offset) as u64,
+    };
+    // SAFETY: KVM_GET_DEVICE_ATTR reads `attr` and writes one u64 (the offset) to `attr.addr`,
+    // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
+    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_GET_DEVICE_ATTR(), &attr) };
+    if rc == 0 {
+        Ok(offset)
     } else {
         Err(std::io::Error::last_os_error())
     }

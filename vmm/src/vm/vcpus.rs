@@ -13,8 +13,9 @@ use crate::boot::cpu_state::EntryMode;
 use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
 use crate::idle::halt_poll::HaltPollMode;
 use crate::irqchip::kernel::KernelIrqChip;
-use crate::irqchip::user::{UserChipConfig, UserIrqChip};
+use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
+use crate::sys;
 use crate::vcpu::{self, InjectPath, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -118,7 +119,7 @@ pub fn irqchip(
         max_phys_addr_bits: vcpus.max_phys_addr_bits,
     };
     let bsp = vcpus.ports.first().ok_or(IrqChipError::NoVcpuPart(0))?;
-    let read_tsc = || {
+    let read_msr = || {
         let kvm = |source| IrqChipError::Kvm {
             call: "KVM_GET_MSRS(IA32_TSC)",
             source,
@@ -131,6 +132,28 @@ pub fn irqchip(
             Msrs::from_entries(&[tsc]).map_err(|_| kvm(kvm_ioctls::Error::new(libc::E2BIG)))?;
         bsp.fd.get_msrs(&mut msrs).map_err(kvm)?;
         Ok(msrs.as_slice().first().map_or(0, |e| e.data))
+    };
+    // The guest TSC read as RDTSC plus KVM's offset where that is the guest TSC (see
+    // `irqchip::user::guest_tsc`), else through KVM_GET_MSRS.
+    let offset = match sys::kvm::tsc_offset(&bsp.fd) {
+        Ok(offset) => {
+            let before = sys::clock::host_tsc();
+            let guest = read_msr()?;
+            let after = sys::clock::host_tsc();
+            let plus = guest_tsc::is_host_tsc_plus(offset, before, guest, after);
+            if !plus {
+                tracing::debug!("guest TSC: not the host TSC plus KVM's offset (scaled?)");
+            }
+            plus.then_some(offset)
+        }
+        Err(e) => {
+            tracing::debug!("guest TSC: KVM tells no TSC offset ({e})");
+            None
+        }
+    };
+    let read_tsc = move || match offset {
+        Some(offset) => Ok(sys::clock::host_tsc().wrapping_add(offset)),
+        None => read_msr(),
     };
     Ok(Arc::new(UserIrqChip::new(
         &chip_cfg,

@@ -18,11 +18,13 @@
 //! - [`vcpu`]: the per-vCPU half ([`UserVcpuIrq`]), generic over the clock.
 //! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
 //! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
+//! - [`guest_tsc`]: the map from the guest TSC to the VM clock.
 //! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks; [`wait`]: how a
 //!   blocked vCPU waits; [`placement`]: where it wakes.
 
 pub mod cr8;
 pub mod exit;
+pub mod guest_tsc;
 pub mod host_timer;
 pub mod mailbox;
 pub mod placement;
@@ -38,9 +40,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use devices::ioapic::IoApic;
-use devices::lapic::{Lapic, LapicConfig, TimerLimits, TscMap};
+use devices::lapic::{Lapic, LapicConfig, TimerLimits};
 use devices::testdev::IrqLines;
-use timer::{Clock, CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
+use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -58,6 +60,7 @@ use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
 use crate::ratelimit::LogLimiter;
 use crate::state::{lock, StopReason, VmShared};
+use guest_tsc::{sample_guest_tsc, tsc_map};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
@@ -124,31 +127,26 @@ pub struct UserIrqChip<C: VmTime = VmClock> {
     pv_deadline: bool,
 }
 
-/// The guest TSC at VM-clock time 0, from a TSC read just before `after` (VM clock): biased
-/// so that converted deadlines are never early.
-fn tsc_map(tsc: u64, after: u64, tsc_khz: u64) -> TscMap {
-    let elapsed_ticks = u128::from(after) * u128::from(tsc_khz) / 1_000_000;
-    let at0 = u128::from(tsc).saturating_sub(elapsed_ticks);
-    TscMap {
-        tsc_khz,
-        tsc_at_ns0: u64::try_from(at0).unwrap_or(0),
-    }
-}
-
 impl UserIrqChip<VmClock> {
-    /// Builds the chip; `read_guest_tsc` reads the boot CPU's TSC (IA32_TSC) once.
+    /// Builds the chip; `read_guest_tsc` reads the boot CPU's TSC (IA32_TSC), a few times
+    /// (see [`guest_tsc`]).
     pub fn new(
         cfg: &UserChipConfig,
         mem: Arc<GuestMemoryMmap>,
-        read_guest_tsc: impl FnOnce() -> Result<u64, IrqChipError>,
+        read_guest_tsc: impl FnMut() -> Result<u64, IrqChipError>,
     ) -> Result<Self, IrqChipError> {
         crate::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
             what: "the kick signal handler",
             source: std::io::Error::from_raw_os_error(e.errno()),
         })?;
         let clock = VmClock::new();
-        let tsc = read_guest_tsc()?;
-        let tsc = (tsc, clock.now());
+        let sample = sample_guest_tsc(&clock, read_guest_tsc)?;
+        tracing::debug!(
+            window_ns = sample.window(),
+            "guest TSC map: TSC read within {} ns",
+            sample.window()
+        );
+        let tsc = (sample.tsc, sample.after);
         let central = match cfg.model {
             ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
                 IrqChipError::Host {
@@ -192,10 +190,10 @@ impl UserIrqChip<VmClock> {
 
 impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     /// Builds the chip on `clock` with the host timers `host` makes and the guest TSC
-    /// `guest_tsc.0`, read just before `clock` said `guest_tsc.1`, without touching the host: no helper thread, so
-    /// with the `central` model nobody expires timers but [`Self::service_timers`], and no
-    /// kick signal handler, so every vCPU half must run on one thread (a kick of another
-    /// thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
+    /// `guest_tsc.0`, read just before `clock` said `guest_tsc.1`, without touching the host:
+    /// no helper thread, so with the `central` model nobody expires timers but
+    /// [`Self::service_timers`], and no kick signal handler, so every vCPU half must run on one
+    /// thread (a kick of another thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
     /// host timers; tests and the fuzz targets pass a fake clock and fake host timers.
     pub fn with_clock(
         cfg: &UserChipConfig,
@@ -205,7 +203,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         host: HostTimers<'_>,
     ) -> Result<Self, IrqChipError> {
         // The map's bias (the time between the TSC read and `guest_tsc.1`) delays every
-        // converted deadline: read the clock right after the TSC, not here.
+        // converted deadline: `guest_tsc.1` is read right after the TSC, not here.
         let tsc = tsc_map(guest_tsc.0, guest_tsc.1, u64::from(cfg.tsc_khz));
         let noise = Arc::new(LapicNoise::default());
         let lapics = (0..cfg.cpus)
@@ -456,19 +454,5 @@ fn model_name(kind: ModelKind) -> &'static str {
         ModelKind::Pull => "pull",
         ModelKind::Push => "push",
         ModelKind::Central => "central",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_tsc_map_is_never_early() {
-        // 1 GHz: 1 tick per ns. TSC 5000 read before VM-clock time 3000: tick 2000 at 0.
-        let m = tsc_map(5_000, 3_000, 1_000_000);
-        assert_eq!((m.tsc_khz, m.tsc_at_ns0), (1_000_000, 2_000));
-        // A TSC below the elapsed ticks clamps at zero instead of wrapping.
-        assert_eq!(tsc_map(10, 3_000, 1_000_000).tsc_at_ns0, 0);
     }
 }

@@ -13,9 +13,11 @@ much of that lands on lull's user-space side. `pull-huge-text` is `pull` with lu
 moved onto 2 MiB pages (`--huge-text on`), to show what they save.
 
 Runs are interleaved (every interval and mode once, then again) and a row is the median.
+With `--before PATH` (another lull build, e.g. the commit before a change) `pull` also runs
+with that build, interleaved with the rest, as mode "pull (before)".
 
 Usage: resources/bench/interval_cost.py [--lull target/release/lull] [--kit target/kit]
-           [--intervals 1,10,100] [--seconds 15] [--reps 2] [--json FILE]
+           [--intervals 1,10,100] [--seconds 15] [--reps 2] [--before PATH] [--json FILE]
 """
 
 import argparse
@@ -37,7 +39,7 @@ EVENTS = re.compile(r"idle-sim: cpu 1: events (\d+)")
 
 
 def run_once(lull, kit, seconds, interval_ms, mode):
-    flags, extra = MODES[mode]
+    flags, extra = MODES[mode.removesuffix(" (before)")]
     cmdline = (f"duration_ms={seconds * 1000} ipi_pct=0 mix=100:{interval_ms} pv_eoi=1 "
                f"{extra}").strip()
     text, m = idle_sim.run(lull, kit, f"{mode} {interval_ms} ms", 2, cmdline,
@@ -63,14 +65,18 @@ def main():
     p.add_argument("--intervals", default="1,10,100")
     p.add_argument("--seconds", type=int, default=15)
     p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--before", help="another lull build whose pull runs interleaved")
     p.add_argument("--json")
     a = p.parse_args()
     intervals = [int(x) for x in a.intervals.split(",")]
-    runs = {(iv, mode): [] for iv in intervals for mode in MODES}
+    builds = {mode: a.lull for mode in MODES}
+    if a.before:
+        builds["pull (before)"] = a.before
+    runs = {(iv, mode): [] for iv in intervals for mode in builds}
     for rep in range(a.reps):
         for iv in intervals:
-            for mode in MODES:
-                r = run_once(a.lull, a.kit, a.seconds, iv, mode)
+            for mode, lull in builds.items():
+                r = run_once(lull, a.kit, a.seconds, iv, mode)
                 runs[(iv, mode)].append(r)
                 print(f"rep {rep + 1} {iv} ms {mode}: {r}", file=sys.stderr)
     load = idle_sim.load_average()
@@ -90,9 +96,20 @@ def main():
               f"| {s['cpu_us_per_event']:.1f} us "
               f"| {s['cpu_us_per_event'] / k['cpu_us_per_event']:.2f}x "
               f"| {s['handling_us_per_event']:.1f} us |")
+    if a.before:
+        print("\n| interval | pull (before) CPU/event | pull (before) / kernel "
+              "| its handling/event | pull's, for comparison |")
+        print("|---:|---:|---:|---:|---:|")
+        for iv in intervals:
+            k, u, b = med[(iv, "kernel")], med[(iv, "pull")], med[(iv, "pull (before)")]
+            print(f"| {iv} ms | {b['cpu_us_per_event']:.1f} us "
+                  f"| {b['cpu_us_per_event'] / k['cpu_us_per_event']:.2f}x "
+                  f"| {b['handling_us_per_event']:.1f} us "
+                  f"| {u['handling_us_per_event']:.1f} us |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"seconds": a.seconds, "reps": a.reps, "load_end": float(load),
+                       "before": a.before,
                        "runs": {f"{iv} ms {mode}": rs for (iv, mode), rs in runs.items()},
                        "medians": {f"{iv} ms {mode}": r for (iv, mode), r in med.items()}},
                       f, indent=1)

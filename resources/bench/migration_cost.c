@@ -15,20 +15,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "median.h"
+
 static uint64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, int n) {
-    qsort(v, n, sizeof *v, cmp);
-    return v[n / 2];
 }
 
 static void bind(int cpu) {

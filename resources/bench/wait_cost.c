@@ -25,6 +25,8 @@
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <time.h>
+
+#include "median.h"
 #include <unistd.h>
 
 enum mode { PPOLL, FUTEX, SIGNAL, MODES };
@@ -39,16 +41,6 @@ static uint64_t now_ns(clockid_t clock) {
 static struct timespec timespec_of(uint64_t ns) {
     struct timespec t = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     return t;
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, int n) {
-    qsort(v, n, sizeof *v, cmp);
-    return v[n / 2];
 }
 
 static void on_signal(int sig) { (void)sig; }

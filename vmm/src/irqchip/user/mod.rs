@@ -193,8 +193,9 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     /// `guest_tsc.0`, read just before `clock` said `guest_tsc.1`, without touching the host:
     /// no helper thread, so with the `central` model nobody expires timers but
     /// [`Self::service_timers`], and no kick signal handler, so every vCPU half must run on one
-    /// thread (a kick of another thread would find no handler). [`UserIrqChip::new`] is this on the VM clock with real
-    /// host timers; tests and the fuzz targets pass a fake clock and fake host timers.
+    /// thread (a kick of another thread would find no handler). [`UserIrqChip::new`] is this
+    /// on the VM clock with real host timers; tests and the fuzz targets pass a fake clock and
+    /// fake host timers.
     pub fn with_clock(
         cfg: &UserChipConfig,
         mem: Arc<GuestMemoryMmap>,

@@ -141,11 +141,7 @@ impl UserIrqChip<VmClock> {
         })?;
         let clock = VmClock::new();
         let sample = sample_guest_tsc(&clock, read_guest_tsc)?;
-        tracing::debug!(
-            window_ns = sample.window(),
-            "guest TSC map: TSC read within {} ns",
-            sample.window()
-        );
+        tracing::debug!("guest TSC map: TSC read within {} ns", sample.window());
         let tsc = (sample.tsc, sample.after);
         let central = match cfg.model {
             ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {

@@ -1,27 +1,36 @@
 /*
- * floor - the least a timer event of a halted vCPU can cost on this host with the LAPIC in user
- * space, against KVM's in-kernel LAPIC, with no VMM around either: one vCPU, one real-mode
- * guest loop, one C loop on the host. It answers "how far below KVM could lull get at best?"
- * (docs/PERFORMANCE.md, issue 12).
+ * floor - the least a halted vCPU's wake-up can cost on this host with the LAPIC in user space,
+ * against KVM's in-kernel LAPIC, with no VMM around either: a real-mode guest loop and a C
+ * loop on the host. It answers "how far below KVM could lull get at best?" (issue 12,
+ * docs/PERFORMANCE.md).
  *
- * The guest (16-bit real mode, interrupts through the IVT, no instruction the emulator of
- * ENVIRONMENT.md lacks) loops: rdtsc, add the interval, arm the deadline, sti; hlt. Its
- * handler of vector 0x40 counts the event and, with the in-kernel LAPIC, writes the x2APIC EOI.
- * Modes:
- *   kernel    KVM_CREATE_IRQCHIP; the guest puts its LAPIC in x2APIC and TSC-deadline mode and
- *             writes IA32_TSC_DEADLINE (0x6E0); KVM does the rest, no exit reaches user space.
- *   user-msr  no irqchip; WRMSR 0x6E0 exits through the MSR filter (lull's MSR path with PV
- *             EOI: two exits per event), HLT exits, the host waits and injects.
- *   user-pv   no irqchip; the guest stores its deadline in memory (lull's PV deadline) and the
- *             host reads it at the HLT exit: one exit per event.
- * The host's wait is lull's: an absolute timerfd armed at the HLT exit, ppoll on it and an
- * eventfd (the kick), expiry left unread; the vector is injected through kvm_run's synced vCPU
- * events (no ioctl); timer slack 1 ns. No timer advance, no bookkeeping.
+ * The guest (16-bit real mode, interrupts through the IVT, only instructions the emulator of
+ * ENVIRONMENT.md has) records a sample per event in a ring: a timer's lateness (its handler's
+ * TSC less the deadline) or an IPI's latency (the target handler's TSC less the sender's just
+ * before its ICR write). Modes:
+ *   kernel      KVM_CREATE_IRQCHIP; the guest puts its LAPIC in x2APIC and TSC-deadline mode,
+ *               loops: rdtsc, add the interval, WRMSR IA32_TSC_DEADLINE, sti; hlt; its handler
+ *               writes the x2APIC EOI. No exit reaches user space.
+ *   user-msr    no irqchip; the same loop, WRMSR 0x6E0 exits through the MSR filter (lull's MSR
+ *               path with PV EOI: two exits per event), HLT exits; no EOI.
+ *   user-pv     no irqchip; the guest stores its deadline in memory (lull's PV deadline), read
+ *               at the HLT exit: one exit per event.
+ *   ipi-kernel  two vCPUs, as `lull bench wakeup`'s wake-ipi: the target idles GAP_US on its
+ *               timer (kernel: WRMSR), announces its halt and halts; the sender waits DELAY_US
+ *               after the announcement and writes the x2APIC ICR.
+ *   ipi-user    the same with no irqchip: the ICR write exits (no LAPIC: reason INVAL), the
+ *               sender's thread writes the target's kick eventfd; the gap is a PV deadline.
+ * The host's wait in user modes is lull's: at the HLT exit an absolute timerfd is armed for the
+ * stored deadline (or disarmed), then ppoll on it and the kick eventfd, an expiry left unread,
+ * a kick drained; the vector is injected through kvm_run's synced vCPU events (no ioctl);
+ * timer slack 1 ns. No timer advance, no bookkeeping: what is left is the price of the exits,
+ * the system calls and the sleep. KVM's halt polling is left as the host sets it.
  *
- * After a one-second warm-up it reports, over SECONDS: events, the vCPU thread's CPU time per
- * event (CLOCK_THREAD_CPUTIME_ID of that thread: KVM_RUN, the exits, the wait and the wake-up on
- * its account) and the lateness of the injection after the deadline (user modes; p50).
- * Usage: floor MODE INTERVAL_US SECONDS     (prints one `floor:` line)
+ * After a one-second warm-up it reports, over SECONDS: events, the halting vCPU's thread CPU
+ * time per event (CLOCK_THREAD_CPUTIME_ID: KVM_RUN, the exits, the wait, the wake-up) and the
+ * median sample of the window (the last 4096 at most).
+ * Usage: floor kernel|user-msr|user-pv INTERVAL_US SECONDS
+ *        floor ipi-kernel|ipi-user DELAY_US SECONDS           (one `floor:` line)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -48,19 +57,33 @@
 /* Guest physical layout (one 1 MiB slot at 0). */
 #define MEM_SIZE 0x100000
 #define CODE 0x1000
-#define STACK 0x8000
-#define VECTOR 0x40
-#define PV_DEADLINE 0x500 /* u64: the deadline the guest stores (user-pv) */
-#define INTERVAL 0x508    /* u64: TSC ticks between events */
-#define EVENTS 0x510      /* u32: events the handler counted */
-#define USE_MSR 0x518     /* u8: arm with WRMSR 0x6E0 (else store to PV_DEADLINE) */
-#define USE_LAPIC 0x519   /* u8: set up the x2APIC and write its EOI (kernel mode) */
+#define TIMER_VECTOR 0x40
+#define IPI_VECTOR 0x41
+#define DEADLINE 0x500  /* u64: the deadline the guest armed (user-pv reads it at HLT) */
+#define INTERVAL 0x508  /* u64: TSC ticks between timer events */
+#define SAMPLES 0x510   /* u32: events the handlers counted */
+#define USE_MSR 0x518   /* u8: arm with WRMSR 0x6E0 (else only store to DEADLINE) */
+#define USE_LAPIC 0x519 /* u8: set up the x2APIC and write its EOI (kernel modes) */
+#define TIMER_SAMPLES 0x51a /* u8: the timer handler records its lateness (timer modes) */
+#define SENT 0x520      /* u64: the sender's TSC just before its ICR write */
+#define READY 0x528     /* u8: the IPI target is about to halt */
+#define DELAY 0x540     /* u64: TSC ticks the sender waits after READY */
+#define RING 0x9000     /* u32[RING_LEN]: the handlers' samples (TSC ticks), by SAMPLES */
+#define RING_LEN 4096
+#define GAP_US 1000     /* the IPI target's idle time on its timer between samples */
 
-/* The guest: 16-bit real mode, position-independent but for the data addresses above. */
-extern const unsigned char guest_start[], guest_handler[], guest_end[];
+/*
+ * The guest: 16-bit real mode, position-independent but for the data addresses above.
+ * Timer modes run timer_loop on vCPU 0; IPI modes run ipi_sender on vCPU 0 and ipi_target
+ * on vCPU 1. Each handler stores its sample in the ring: the timer's lateness (its TSC less
+ * the deadline), the IPI's latency (its TSC less the sender's).
+ */
+extern const unsigned char guest_start[], guest_timer_loop[], guest_ipi_sender[],
+    guest_ipi_target[], guest_timer_handler[], guest_ipi_handler[], guest_end[];
 __asm__(".pushsection .rodata\n"
         ".code16\n"
         "guest_start:\n"
+        "lapic_setup:\n"
         "  cmpb $0, 0x519\n"
         "  je 1f\n"
         "  movl $0x1b, %ecx\n"         /* IA32_APIC_BASE: x2APIC on */
@@ -75,50 +98,131 @@ __asm__(".pushsection .rodata\n"
         "  movl $0x40040, %eax\n"
         "  wrmsr\n"
         "1:\n"
-        "  rdtsc\n"
-        "  addl 0x508, %eax\n"
-        "  adcl 0x50c, %edx\n"
-        "  cmpb $0, 0x518\n"
-        "  je 2f\n"
-        "  movl $0x6e0, %ecx\n"
-        "  wrmsr\n"
-        "  jmp 3f\n"
-        "2:\n"
-        "  movl %eax, 0x500\n"
-        "  movl %edx, 0x504\n"
-        "3:\n"
-        "  sti\n"
-        "  hlt\n"
-        "  jmp 1b\n"
-        "guest_handler:\n"
-        "  incl 0x510\n"
+        "  ret\n"
+        "eoi:\n"
         "  cmpb $0, 0x519\n"
-        "  je 4f\n"
+        "  je 1f\n"
         "  movl $0x80b, %ecx\n"        /* x2APIC EOI */
         "  xorl %eax, %eax\n"
         "  xorl %edx, %edx\n"
         "  wrmsr\n"
+        "1:\n"
+        "  ret\n"
+        "record:\n"                    /* ring[SAMPLES % RING_LEN] = eax; SAMPLES++ */
+        "  movw 0x510, %bx\n"
+        "  andw $0xfff, %bx\n"
+        "  shlw $2, %bx\n"
+        "  movl %eax, 0x9000(%bx)\n"
+        "  incl 0x510\n"
+        "  ret\n"
+        "guest_timer_loop:\n"
+        "  call lapic_setup\n"
+        "2:\n"
+        "  rdtsc\n"
+        "  addl 0x508, %eax\n"
+        "  adcl 0x50c, %edx\n"
+        "  movl %eax, 0x500\n"
+        "  movl %edx, 0x504\n"
+        "  cmpb $0, 0x518\n"
+        "  je 3f\n"
+        "  movl $0x6e0, %ecx\n"
+        "  wrmsr\n"
+        "3:\n"
+        "  sti\n"
+        "  hlt\n"
+        "  jmp 2b\n"
+        "guest_timer_handler:\n"
+        "  rdtsc\n"
+        "  cmpb $0, 0x51a\n"
+        "  je 1f\n"
+        "  subl 0x500, %eax\n"
+        "  call record\n"
+        "1:\n"
+        "  call eoi\n"
+        "  iret\n"
+        "guest_ipi_sender:\n"
+        "  call lapic_setup\n"
         "4:\n"
+        "  cmpb $0, 0x528\n"
+        "  je 4b\n"
+        "  movb $0, 0x528\n"
+        "  rdtsc\n"
+        "  addl 0x540, %eax\n"
+        "  adcl 0x544, %edx\n"
+        "  movl %eax, %esi\n"
+        "  movl %edx, %edi\n"
+        "5:\n"
+        "  rdtsc\n"
+        "  cmpl %edi, %edx\n"
+        "  jb 5b\n"
+        "  ja 6f\n"
+        "  cmpl %esi, %eax\n"
+        "  jb 5b\n"
+        "6:\n"
+        "  rdtsc\n"
+        "  movl %eax, 0x520\n"
+        "  movl %edx, 0x524\n"
+        "  movl $0x830, %ecx\n"        /* x2APIC ICR: fixed, vector 0x41, to APIC ID 1 */
+        "  movl $0x41, %eax\n"
+        "  movl $1, %edx\n"
+        "  wrmsr\n"
+        "  jmp 4b\n"
+        "guest_ipi_target:\n"       /* idle a gap on the timer, then halt for the IPI */
+        "  call lapic_setup\n"
+        "7:\n"
+        "  rdtsc\n"
+        "  addl 0x508, %eax\n"
+        "  adcl 0x50c, %edx\n"
+        "  movl %eax, 0x500\n"
+        "  movl %edx, 0x504\n"
+        "  cmpb $0, 0x518\n"
+        "  je 8f\n"
+        "  movl $0x6e0, %ecx\n"
+        "  wrmsr\n"
+        "8:\n"
+        "  sti\n"
+        "  hlt\n"
+        "  cli\n"
+        "  movl $0, 0x500\n"          /* no deadline while it waits for the IPI */
+        "  movl $0, 0x504\n"
+        "  movb $1, 0x528\n"
+        "  sti\n"
+        "  hlt\n"
+        "  jmp 7b\n"
+        "guest_ipi_handler:\n"
+        "  rdtsc\n"
+        "  subl 0x520, %eax\n"
+        "  call record\n"
+        "  call eoi\n"
         "  iret\n"
         "guest_end:\n"
         ".code64\n"
         ".popsection\n");
 
-enum mode { KERNEL, USER_MSR, USER_PV };
+enum mode { KERNEL, USER_MSR, USER_PV, IPI_KERNEL, IPI_USER, MODES };
+static const char *const NAMES[MODES] = {"kernel", "user-msr", "user-pv", "ipi-kernel",
+                                         "ipi-user"};
+
+static int in_kernel(enum mode m) { return m == KERNEL || m == IPI_KERNEL; }
+static int is_ipi(enum mode m) { return m == IPI_KERNEL || m == IPI_USER; }
+
+struct vcpu {
+    struct vm *vm;
+    int id, fd;
+    struct kvm_run *run;
+    int kick;  /* eventfd: the IPI sender's kick (user modes) */
+    clockid_t cpu_clock;
+    pthread_t thread;
+};
 
 struct vm {
     enum mode mode;
-    int vcpu;
-    struct kvm_run *run;
+    int ncpus;
+    struct vcpu cpu[2];
     unsigned char *mem;
     uint64_t tsc_khz;
     int64_t tsc_offset; /* guest TSC - host TSC */
     volatile int stop;
-    clockid_t cpu_clock;
-    /* Lateness samples (ns) of the measured window. */
-    uint64_t *late;
-    size_t nlate, cap;
-    volatile int measuring;
 };
 
 static void die(const char *what) {
@@ -140,7 +244,63 @@ static uint64_t thread_cpu_ns(clockid_t c) {
 
 static void on_kick(int sig) { (void)sig; }
 
-static void setup(struct vm *vm, int kvm, uint64_t interval_us) {
+static void put64(struct vm *vm, uint32_t at, uint64_t v) { memcpy(vm->mem + at, &v, 8); }
+
+static uint32_t samples(const struct vm *vm) {
+    uint32_t n;
+    memcpy(&n, vm->mem + SAMPLES, sizeof(n));
+    return n;
+}
+
+static void create_vcpu(struct vm *vm, int kvm, int vmfd, int id, const unsigned char *entry) {
+    struct vcpu *c = &vm->cpu[id];
+    c->vm = vm;
+    c->id = id;
+    c->fd = ioctl(vmfd, KVM_CREATE_VCPU, id);
+    if (c->fd < 0)
+        die("KVM_CREATE_VCPU");
+    int size = ioctl(kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
+    c->run = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+    if (c->run == MAP_FAILED)
+        die("mmap kvm_run");
+    c->kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->kick < 0)
+        die("eventfd");
+
+    int n = 128;
+    struct kvm_cpuid2 *cpuid = calloc(1, sizeof(*cpuid) + n * sizeof(struct kvm_cpuid_entry2));
+    cpuid->nent = (uint32_t)n;
+    if (ioctl(kvm, KVM_GET_SUPPORTED_CPUID, cpuid) < 0)
+        die("KVM_GET_SUPPORTED_CPUID");
+    for (uint32_t i = 0; i < cpuid->nent; i++)
+        if (cpuid->entries[i].function == 1) /* APIC ID (EBX 31:24) */
+            cpuid->entries[i].ebx = (cpuid->entries[i].ebx & 0xffffff) | ((uint32_t)id << 24);
+    if (ioctl(c->fd, KVM_SET_CPUID2, cpuid) < 0)
+        die("KVM_SET_CPUID2");
+    free(cpuid);
+
+    struct kvm_sregs sregs;
+    if (ioctl(c->fd, KVM_GET_SREGS, &sregs) < 0)
+        die("KVM_GET_SREGS");
+    sregs.cs.base = 0;
+    sregs.cs.selector = 0;
+    if (ioctl(c->fd, KVM_SET_SREGS, &sregs) < 0)
+        die("KVM_SET_SREGS");
+    struct kvm_regs regs = {.rip = CODE + (uint64_t)(entry - guest_start),
+                            .rsp = 0x8000 - 0x1000 * (uint64_t)id, .rflags = 2};
+    if (ioctl(c->fd, KVM_SET_REGS, &regs) < 0)
+        die("KVM_SET_REGS");
+    if (in_kernel(vm->mode)) {
+        /* An application processor of the in-kernel LAPIC waits for INIT/SIPI: start it. */
+        struct kvm_mp_state mp = {.mp_state = KVM_MP_STATE_RUNNABLE};
+        if (ioctl(c->fd, KVM_SET_MP_STATE, &mp) < 0)
+            die("KVM_SET_MP_STATE");
+    } else {
+        c->run->kvm_valid_regs = KVM_SYNC_X86_EVENTS;
+    }
+}
+
+static void setup(struct vm *vm, int kvm, uint64_t param_us) {
     int fd = ioctl(kvm, KVM_CREATE_VM, 0);
     if (fd < 0)
         die("KVM_CREATE_VM");
@@ -152,12 +312,14 @@ static void setup(struct vm *vm, int kvm, uint64_t interval_us) {
         .userspace_addr = (uint64_t)vm->mem};
     if (ioctl(fd, KVM_SET_USER_MEMORY_REGION, &region) < 0)
         die("KVM_SET_USER_MEMORY_REGION");
-    if (vm->mode == KERNEL) {
+    if (in_kernel(vm->mode)) {
         if (ioctl(fd, KVM_CREATE_IRQCHIP, 0) < 0)
             die("KVM_CREATE_IRQCHIP");
     } else {
-        struct kvm_enable_cap cap = {.cap = KVM_CAP_X86_USER_SPACE_MSR,
-                                     .args = {KVM_MSR_EXIT_REASON_FILTER}};
+        /* WRMSR 0x6E0 exits through the filter; the x2APIC ICR, with no LAPIC, as invalid. */
+        struct kvm_enable_cap cap = {
+            .cap = KVM_CAP_X86_USER_SPACE_MSR,
+            .args = {KVM_MSR_EXIT_REASON_FILTER | KVM_MSR_EXIT_REASON_INVAL}};
         if (ioctl(fd, KVM_ENABLE_CAP, &cap) < 0)
             die("KVM_CAP_X86_USER_SPACE_MSR");
         static uint8_t deny = 0;
@@ -167,46 +329,31 @@ static void setup(struct vm *vm, int kvm, uint64_t interval_us) {
         if (ioctl(fd, KVM_X86_SET_MSR_FILTER, &filter) < 0)
             die("KVM_X86_SET_MSR_FILTER");
     }
-    vm->vcpu = ioctl(fd, KVM_CREATE_VCPU, 0);
-    if (vm->vcpu < 0)
-        die("KVM_CREATE_VCPU");
-    int size = ioctl(kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
-    vm->run = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, vm->vcpu, 0);
-    if (vm->run == MAP_FAILED)
-        die("mmap kvm_run");
+    vm->ncpus = is_ipi(vm->mode) ? 2 : 1;
+    if (is_ipi(vm->mode)) {
+        create_vcpu(vm, kvm, fd, 0, guest_ipi_sender);
+        create_vcpu(vm, kvm, fd, 1, guest_ipi_target);
+    } else {
+        create_vcpu(vm, kvm, fd, 0, guest_timer_loop);
+    }
 
-    int n = 128;
-    struct kvm_cpuid2 *cpuid = calloc(1, sizeof(*cpuid) + n * sizeof(struct kvm_cpuid_entry2));
-    cpuid->nent = (uint32_t)n;
-    if (ioctl(kvm, KVM_GET_SUPPORTED_CPUID, cpuid) < 0)
-        die("KVM_GET_SUPPORTED_CPUID");
-    if (ioctl(vm->vcpu, KVM_SET_CPUID2, cpuid) < 0)
-        die("KVM_SET_CPUID2");
-    free(cpuid);
+    memcpy(vm->mem + CODE, guest_start, (size_t)(guest_end - guest_start));
+    uint16_t ivt[2][2] = {{(uint16_t)(CODE + (guest_timer_handler - guest_start)), 0},
+                          {(uint16_t)(CODE + (guest_ipi_handler - guest_start)), 0}};
+    memcpy(vm->mem + 4 * TIMER_VECTOR, ivt, sizeof(ivt));
+    vm->tsc_khz = (uint64_t)ioctl(vm->cpu[0].fd, KVM_GET_TSC_KHZ, 0);
+    uint64_t ticks = param_us * vm->tsc_khz / 1000;
+    if (is_ipi(vm->mode)) {
+        put64(vm, DELAY, ticks);
+        put64(vm, INTERVAL, GAP_US * vm->tsc_khz / 1000);
+    } else {
+        put64(vm, INTERVAL, ticks);
+        vm->mem[TIMER_SAMPLES] = 1;
+    }
+    vm->mem[USE_MSR] = vm->mode == KERNEL || vm->mode == USER_MSR || vm->mode == IPI_KERNEL;
+    vm->mem[USE_LAPIC] = in_kernel(vm->mode);
 
-    struct kvm_sregs sregs;
-    if (ioctl(vm->vcpu, KVM_GET_SREGS, &sregs) < 0)
-        die("KVM_GET_SREGS");
-    sregs.cs.base = 0;
-    sregs.cs.selector = 0;
-    if (ioctl(vm->vcpu, KVM_SET_SREGS, &sregs) < 0)
-        die("KVM_SET_SREGS");
-    struct kvm_regs regs = {.rip = CODE, .rsp = STACK, .rflags = 2};
-    if (ioctl(vm->vcpu, KVM_SET_REGS, &regs) < 0)
-        die("KVM_SET_REGS");
-
-    size_t len = (size_t)(guest_end - guest_start);
-    memcpy(vm->mem + CODE, guest_start, len);
-    uint16_t ivt[2] = {(uint16_t)(CODE + (guest_handler - guest_start)), 0};
-    memcpy(vm->mem + 4 * VECTOR, ivt, sizeof(ivt));
-    vm->tsc_khz = (uint64_t)ioctl(vm->vcpu, KVM_GET_TSC_KHZ, 0);
-    uint64_t ticks = interval_us * vm->tsc_khz / 1000;
-    memcpy(vm->mem + INTERVAL, &ticks, sizeof(ticks));
-    vm->mem[USE_MSR] = vm->mode != USER_PV;
-    vm->mem[USE_LAPIC] = vm->mode == KERNEL;
-
-    if (vm->mode != KERNEL) {
-        vm->run->kvm_valid_regs = KVM_SYNC_X86_EVENTS;
+    if (!in_kernel(vm->mode)) {
         /* The guest TSC's offset from the host's, read between two host reads. */
         struct {
             struct kvm_msrs h;
@@ -215,7 +362,7 @@ static void setup(struct vm *vm, int kvm, uint64_t interval_us) {
         int64_t best = INT64_MAX;
         for (int i = 0; i < 8; i++) {
             uint64_t a = __rdtsc();
-            if (ioctl(vm->vcpu, KVM_GET_MSRS, &msrs) != 1)
+            if (ioctl(vm->cpu[0].fd, KVM_GET_MSRS, &msrs) != 1)
                 die("KVM_GET_MSRS");
             uint64_t b = __rdtsc();
             if ((int64_t)(b - a) < best) {
@@ -234,48 +381,66 @@ static uint64_t deadline_mono(const struct vm *vm, uint64_t deadline) {
     return now + (uint64_t)(ticks > 0 ? ticks * 1000000 / (int64_t)vm->tsc_khz : 0);
 }
 
+/* Injects `vector` at the next entry through the synced vCPU events (no ioctl). */
+static void inject(struct kvm_run *run, uint8_t vector) {
+    struct kvm_vcpu_events *ev = &run->s.regs.events;
+    ev->interrupt.injected = 1;
+    ev->interrupt.nr = vector;
+    ev->interrupt.soft = 0;
+    ev->flags = 0;
+    run->kvm_dirty_regs = KVM_SYNC_X86_EVENTS;
+}
+
 static void *vcpu_thread(void *arg) {
-    struct vm *vm = arg;
+    struct vcpu *c = arg;
+    struct vm *vm = c->vm;
     prctl(PR_SET_TIMERSLACK, 1UL);
-    pthread_getcpuclockid(pthread_self(), &vm->cpu_clock);
-    int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
-    int kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (tfd < 0 || kick < 0)
-        die("timerfd/eventfd");
+    pthread_getcpuclockid(pthread_self(), &c->cpu_clock);
+    int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (tfd < 0)
+        die("timerfd_create");
     uint64_t deadline = 0;
     while (!vm->stop) {
-        if (ioctl(vm->vcpu, KVM_RUN, 0) < 0) {
+        if (ioctl(c->fd, KVM_RUN, 0) < 0) {
             if (errno == EINTR)
                 continue;
             die("KVM_RUN");
         }
-        struct kvm_run *run = vm->run;
+        struct kvm_run *run = c->run;
         switch (run->exit_reason) {
         case KVM_EXIT_X86_WRMSR:
-            deadline = run->msr.data;
+            if (run->msr.index == 0x6e0) {
+                deadline = run->msr.data;
+            } else if (run->msr.index == 0x830) {
+                uint64_t one = 1;
+                if (write(vm->cpu[(uint32_t)(run->msr.data >> 32) & 1].kick, &one, 8) != 8)
+                    die("kick");
+            }
             run->msr.error = 0;
             break;
         case KVM_EXIT_HLT: {
-            if (vm->mode == USER_PV)
-                memcpy(&deadline, vm->mem + PV_DEADLINE, sizeof(deadline));
-            uint64_t at = deadline_mono(vm, deadline);
-            struct itimerspec its = {.it_value = {(time_t)(at / 1000000000u),
-                                                  (long)(at % 1000000000u)}};
+            /* lull's wait: the wake-up timerfd (armed for a timer) and the kick eventfd. */
+            /* Armed for the deadline, or disarmed (an expiry is left unread: re-arming
+             * clears it). */
+            if (vm->mode != USER_MSR)
+                memcpy(&deadline, vm->mem + DEADLINE, sizeof(deadline));
+            uint64_t at = deadline ? deadline_mono(vm, deadline) : 0;
+            struct itimerspec its = {
+                .it_value = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)}};
             if (timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
                 die("timerfd_settime");
-            struct pollfd fds[2] = {{.fd = kick, .events = POLLIN}, {.fd = tfd, .events = POLLIN}};
+            struct pollfd fds[2] = {{.fd = c->kick, .events = POLLIN},
+                                    {.fd = tfd, .events = POLLIN}};
             while (ppoll(fds, 2, NULL, NULL) < 0 && errno == EINTR && !vm->stop)
                 ;
-            if (vm->measuring && vm->nlate < vm->cap) {
-                uint64_t t = mono_ns();
-                vm->late[vm->nlate++] = t > at ? t - at : 0;
+            if (fds[0].revents) {
+                uint64_t n;
+                if (read(c->kick, &n, 8) != 8)
+                    die("drain kick");
+                inject(run, IPI_VECTOR);
+            } else {
+                inject(run, TIMER_VECTOR);
             }
-            struct kvm_vcpu_events *ev = &run->s.regs.events;
-            ev->interrupt.injected = 1;
-            ev->interrupt.nr = VECTOR;
-            ev->interrupt.soft = 0;
-            ev->flags = 0;
-            run->kvm_dirty_regs = KVM_SYNC_X86_EVENTS;
             break;
         }
         default:
@@ -286,64 +451,63 @@ static void *vcpu_thread(void *arg) {
     return NULL;
 }
 
-static uint32_t guest_events(const struct vm *vm) {
-    uint32_t n;
-    memcpy(&n, vm->mem + EVENTS, sizeof(n));
-    return n;
-}
-
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: floor kernel|user-msr|user-pv INTERVAL_US SECONDS\n");
+        fprintf(stderr, "usage: floor kernel|user-msr|user-pv INTERVAL_US SECONDS\n"
+                        "       floor ipi-kernel|ipi-user DELAY_US SECONDS\n");
         return 2;
     }
-    struct vm vm = {0};
-    if (!strcmp(argv[1], "kernel"))
-        vm.mode = KERNEL;
-    else if (!strcmp(argv[1], "user-msr"))
-        vm.mode = USER_MSR;
-    else if (!strcmp(argv[1], "user-pv"))
-        vm.mode = USER_PV;
-    else {
+    struct vm vm = {.mode = MODES};
+    for (int m = 0; m < MODES; m++)
+        if (!strcmp(argv[1], NAMES[m]))
+            vm.mode = (enum mode)m;
+    if (vm.mode == MODES) {
         fprintf(stderr, "floor: unknown mode %s\n", argv[1]);
         return 2;
     }
-    uint64_t interval_us = strtoull(argv[2], NULL, 10);
+    uint64_t param_us = strtoull(argv[2], NULL, 10);
     unsigned seconds = (unsigned)strtoul(argv[3], NULL, 10);
     int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
     if (kvm < 0)
         die("/dev/kvm");
-    setup(&vm, kvm, interval_us);
-    vm.cap = (size_t)seconds * 1000000u / interval_us + 16;
-    vm.late = calloc(vm.cap, sizeof(uint64_t));
+    setup(&vm, kvm, param_us);
     signal(SIGUSR1, on_kick);
 
-    pthread_t t;
-    if (pthread_create(&t, NULL, vcpu_thread, &vm))
-        die("pthread_create");
+    for (int i = 0; i < vm.ncpus; i++)
+        if (pthread_create(&vm.cpu[i].thread, NULL, vcpu_thread, &vm.cpu[i]))
+            die("pthread_create");
+    /* The halting vCPU: the timer's, or the IPI's target. */
+    struct vcpu *halting = &vm.cpu[vm.ncpus - 1];
     sleep(1);
-    uint32_t e0 = guest_events(&vm);
-    uint64_t c0 = thread_cpu_ns(vm.cpu_clock);
-    vm.measuring = 1;
+    uint32_t s0 = samples(&vm);
+    uint64_t c0 = thread_cpu_ns(halting->cpu_clock);
     sleep(seconds);
-    vm.measuring = 0;
-    uint32_t e1 = guest_events(&vm);
-    uint64_t c1 = thread_cpu_ns(vm.cpu_clock);
+    uint32_t s1 = samples(&vm);
+    uint64_t c1 = thread_cpu_ns(halting->cpu_clock);
     vm.stop = 1;
-    vm.run->immediate_exit = 1;
-    pthread_kill(t, SIGUSR1);
-    pthread_join(t, NULL);
+    for (int i = 0; i < vm.ncpus; i++) {
+        vm.cpu[i].run->immediate_exit = 1;
+        pthread_kill(vm.cpu[i].thread, SIGUSR1);
+    }
+    for (int i = 0; i < vm.ncpus; i++)
+        pthread_join(vm.cpu[i].thread, NULL);
 
-    uint32_t events = e1 - e0;
+    uint32_t events = s1 - s0;
     if (events == 0) {
         fprintf(stderr, "floor: the guest counted no event (mode %s)\n", argv[1]);
         return 1;
     }
-    char late[32] = "-";
-    if (vm.nlate)
-        snprintf(late, sizeof(late), "%.1f", median(vm.late, (int)vm.nlate) / 1000.0);
-    printf("floor: mode %s interval_us %llu events %u cpu_per_event_us %.1f late_p50_us %s\n",
-           argv[1], (unsigned long long)interval_us, events,
-           (double)(c1 - c0) / events / 1000.0, late);
+    /* The ring's last samples, all from the measured window. */
+    int n = (int)(events < RING_LEN ? events : RING_LEN);
+    uint64_t *v = calloc((size_t)n, sizeof(*v));
+    for (int i = 0; i < n; i++) {
+        uint32_t at = (s1 - 1 - (uint32_t)i) % RING_LEN, ticks;
+        memcpy(&ticks, vm.mem + RING + 4 * at, 4);
+        v[i] = (uint64_t)ticks * 1000000 / vm.tsc_khz; /* ns */
+    }
+    printf("floor: mode %s %s_us %llu events %u cpu_per_event_us %.1f %s_p50_us %.1f\n",
+           argv[1], is_ipi(vm.mode) ? "delay" : "interval", (unsigned long long)param_us,
+           events, (double)(c1 - c0) / events / 1000.0, is_ipi(vm.mode) ? "wakeup" : "late",
+           median(v, n) / 1000.0);
     return 0;
 }

@@ -19,7 +19,10 @@
  *               timer (kernel: WRMSR), announces its halt and halts; the sender waits DELAY_US
  *               after the announcement and writes the x2APIC ICR.
  *   ipi-user    the same with no irqchip: the ICR write exits (no LAPIC: reason INVAL), the
- *               sender's thread writes the target's kick eventfd; the gap is a PV deadline.
+ *               sender's thread kicks the target as lull's mailbox does (a flag, and the
+ *               eventfd if the target is blocked); the gap is a PV deadline.
+ *   ipi-user-poll  ipi-user, the target polling the flag for up to 200 us at the HLT for the
+ *               IPI (not at the gap's), as KVM's halt polling (halt_poll_ns) may.
  * The host's wait in user modes is lull's: at the HLT exit an absolute timerfd is armed for the
  * stored deadline (or disarmed), then ppoll on it and the kick eventfd, an expiry left unread,
  * a kick drained; the vector is injected through kvm_run's synced vCPU events (no ioctl);
@@ -30,7 +33,7 @@
  * time per event (CLOCK_THREAD_CPUTIME_ID: KVM_RUN, the exits, the wait, the wake-up) and the
  * median sample of the window (the last 4096 at most).
  * Usage: floor kernel|user-msr|user-pv INTERVAL_US SECONDS
- *        floor ipi-kernel|ipi-user DELAY_US SECONDS           (one `floor:` line)
+ *        floor ipi-kernel|ipi-user|ipi-user-poll DELAY_US SECONDS    (one `floor:` line)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +42,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,18 +203,24 @@ __asm__(".pushsection .rodata\n"
         ".code64\n"
         ".popsection\n");
 
-enum mode { KERNEL, USER_MSR, USER_PV, IPI_KERNEL, IPI_USER, MODES };
-static const char *const NAMES[MODES] = {"kernel", "user-msr", "user-pv", "ipi-kernel",
-                                         "ipi-user"};
+enum mode { KERNEL, USER_MSR, USER_PV, IPI_KERNEL, IPI_USER, IPI_USER_POLL, MODES };
+static const char *const NAMES[MODES] = {"kernel",     "user-msr", "user-pv",
+                                         "ipi-kernel", "ipi-user", "ipi-user-poll"};
 
 static int in_kernel(enum mode m) { return m == KERNEL || m == IPI_KERNEL; }
-static int is_ipi(enum mode m) { return m == IPI_KERNEL || m == IPI_USER; }
+static int is_ipi(enum mode m) { return m >= IPI_KERNEL; }
+
+/* The user-space poll of ipi-user-poll, before the target blocks. */
+#define POLL_NS 200000
 
 struct vcpu {
     struct vm *vm;
     int id, fd;
     struct kvm_run *run;
     int kick;  /* eventfd: the IPI sender's kick (user modes) */
+    /* lull's mailbox handshake (user modes): the sender sets KICKED and writes the eventfd
+     * only if the target is BLOCKED; the target sets BLOCKED before it looks for a kick. */
+    _Atomic unsigned state;
     clockid_t cpu_clock;
     pthread_t thread;
 };
@@ -243,6 +253,9 @@ static uint64_t thread_cpu_ns(clockid_t c) {
 }
 
 static void on_kick(int sig) { (void)sig; }
+
+#define BLOCKED 1u
+#define KICKED 2u
 
 static void put64(struct vm *vm, uint32_t at, uint64_t v) { memcpy(vm->mem + at, &v, 8); }
 
@@ -412,8 +425,9 @@ static void *vcpu_thread(void *arg) {
             if (run->msr.index == 0x6e0) {
                 deadline = run->msr.data;
             } else if (run->msr.index == 0x830) {
+                struct vcpu *t = &vm->cpu[(uint32_t)(run->msr.data >> 32) & 1];
                 uint64_t one = 1;
-                if (write(vm->cpu[(uint32_t)(run->msr.data >> 32) & 1].kick, &one, 8) != 8)
+                if ((atomic_fetch_or(&t->state, KICKED) & BLOCKED) && write(t->kick, &one, 8) != 8)
                     die("kick");
             }
             run->msr.error = 0;
@@ -429,18 +443,23 @@ static void *vcpu_thread(void *arg) {
                 .it_value = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)}};
             if (timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
                 die("timerfd_settime");
-            struct pollfd fds[2] = {{.fd = c->kick, .events = POLLIN},
-                                    {.fd = tfd, .events = POLLIN}};
-            while (ppoll(fds, 2, NULL, NULL) < 0 && errno == EINTR && !vm->stop)
-                ;
-            if (fds[0].revents) {
-                uint64_t n;
-                if (read(c->kick, &n, 8) != 8)
-                    die("drain kick");
-                inject(run, IPI_VECTOR);
-            } else {
-                inject(run, TIMER_VECTOR);
+            int kicked = 0;
+            if (vm->mode == IPI_USER_POLL && !deadline) {
+                uint64_t until = mono_ns() + POLL_NS;
+                while (!(kicked = atomic_load(&c->state) & KICKED) && mono_ns() < until)
+                    __builtin_ia32_pause();
             }
+            if (!kicked && !(atomic_fetch_or(&c->state, BLOCKED) & KICKED)) {
+                struct pollfd fds[2] = {{.fd = c->kick, .events = POLLIN},
+                                        {.fd = tfd, .events = POLLIN}};
+                while (ppoll(fds, 2, NULL, NULL) < 0 && errno == EINTR && !vm->stop)
+                    ;
+                uint64_t n;
+                if (fds[0].revents && read(c->kick, &n, 8) != 8)
+                    die("drain kick");
+            }
+            kicked = atomic_exchange(&c->state, 0) & KICKED;
+            inject(run, kicked ? IPI_VECTOR : TIMER_VECTOR);
             break;
         }
         default:
@@ -454,7 +473,7 @@ static void *vcpu_thread(void *arg) {
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: floor kernel|user-msr|user-pv INTERVAL_US SECONDS\n"
-                        "       floor ipi-kernel|ipi-user DELAY_US SECONDS\n");
+                        "       floor ipi-kernel|ipi-user|ipi-user-poll DELAY_US SECONDS\n");
         return 2;
     }
     struct vm vm = {.mode = MODES};

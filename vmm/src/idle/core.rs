@@ -210,6 +210,7 @@ impl IdleCore {
             poll_won: false,
             blocked: false,
             last_wake: WakeKind::Other,
+            timed: None,
         }
     }
 
@@ -224,10 +225,16 @@ impl IdleCore {
     ) -> HaltStep {
         if runnable {
             let won = session.poll_won && !session.blocked;
-            self.poller
-                .record(now.saturating_sub(session.start), won, session.last_wake);
+            let timed = *session.timed.get_or_insert(next_pinned.is_some());
+            self.poller.record(
+                now.saturating_sub(session.start),
+                won,
+                session.last_wake,
+                timed,
+            );
             return HaltStep::Resume;
         }
+        session.timed.get_or_insert(next_pinned.is_some());
         if !session.polled {
             session.polled = true;
             let budget = self.poller.budget(now, next_pinned);
@@ -249,7 +256,8 @@ fn cancel(timers: &mut dyn CpuTimers<VcpuTimer>, slot: &mut Option<(TimerHandle,
     }
 }
 
-/// The course of one HLT: polled yet, won, blocked, and what last woke it.
+/// The course of one HLT: polled yet, won, blocked, what last woke it, and whether a pinned
+/// deadline was armed when it began (which of the poller's windows learns from it).
 #[derive(Debug, Clone, Copy)]
 pub struct HaltSession {
     start: Nanos,
@@ -257,6 +265,7 @@ pub struct HaltSession {
     poll_won: bool,
     blocked: bool,
     last_wake: WakeKind,
+    timed: Option<bool>,
 }
 
 impl HaltSession {

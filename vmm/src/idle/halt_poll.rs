@@ -6,7 +6,11 @@
 //! is timer-aware: it never polls past the vCPU's next pinned deadline (if that deadline falls
 //! inside the window it polls exactly until it), and it skips polling when the next deadline
 //! is beyond the window and the recent wake-ups were all the vCPU's own timer (nothing else
-//! is expected to come).
+//! is expected to come). And it learns halts from halts like them: one window for halts with
+//! a pinned deadline armed, one for halts without. A guest that sleeps on its timer between
+//! bursts of IPIs (and halts with no timer armed while it waits for one) would otherwise have
+//! each long timer sleep reset the window its short IPI waits had grown, as KVM's does, and
+//! never poll for an IPI at all (`lull bench wakeup`'s wake-ipi guest; docs/PERFORMANCE.md).
 
 use std::fmt;
 use std::str::FromStr;
@@ -71,7 +75,10 @@ pub enum WakeKind {
 #[derive(Debug, Clone)]
 pub struct HaltPoller {
     mode: HaltPollMode,
-    window_ns: u64,
+    /// The adaptive window of halts with a pinned deadline armed.
+    timed_window_ns: u64,
+    /// The adaptive window of halts without one.
+    untimed_window_ns: u64,
     timer_only_streak: u32,
 }
 
@@ -80,17 +87,19 @@ impl HaltPoller {
     pub fn new(mode: HaltPollMode) -> Self {
         Self {
             mode,
-            window_ns: 0,
+            timed_window_ns: 0,
+            untimed_window_ns: 0,
             timer_only_streak: 0,
         }
     }
 
-    /// The current adaptive window.
-    pub fn window_ns(&self) -> u64 {
+    /// The current window of halts with (`timed`) or without a pinned deadline armed.
+    pub fn window_ns(&self, timed: bool) -> u64 {
         match self.mode {
             HaltPollMode::Off => 0,
             HaltPollMode::Fixed(ns) => ns,
-            HaltPollMode::Adaptive => self.window_ns,
+            HaltPollMode::Adaptive if timed => self.timed_window_ns,
+            HaltPollMode::Adaptive => self.untimed_window_ns,
         }
     }
 
@@ -101,7 +110,7 @@ impl HaltPoller {
             HaltPollMode::Off => 0,
             HaltPollMode::Fixed(ns) => ns.min(until_timer),
             HaltPollMode::Adaptive => {
-                let window = self.window_ns;
+                let window = self.window_ns(next_pinned.is_some());
                 if window == 0 {
                     0
                 } else if until_timer <= window {
@@ -116,8 +125,9 @@ impl HaltPoller {
     }
 
     /// Learns from one halt: `halt_ns` from HLT to wake-up (poll and block), whether polling
-    /// caught the wake-up, and what woke the vCPU.
-    pub fn record(&mut self, halt_ns: u64, won: bool, kind: WakeKind) {
+    /// caught the wake-up, what woke the vCPU, and whether a pinned deadline was armed when
+    /// it halted (`timed`: which window learns).
+    pub fn record(&mut self, halt_ns: u64, won: bool, kind: WakeKind, timed: bool) {
         self.timer_only_streak = match kind {
             WakeKind::OwnTimer => self.timer_only_streak.saturating_add(1),
             WakeKind::Other => 0,
@@ -125,15 +135,20 @@ impl HaltPoller {
         if self.mode != HaltPollMode::Adaptive || won {
             return;
         }
-        if self.window_ns != 0 && halt_ns > MAX_WINDOW_NS {
+        let window = if timed {
+            &mut self.timed_window_ns
+        } else {
+            &mut self.untimed_window_ns
+        };
+        if *window != 0 && halt_ns > MAX_WINDOW_NS {
             // A long halt: polling only burned CPU.
-            self.window_ns = 0;
-        } else if halt_ns > self.window_ns && halt_ns <= MAX_WINDOW_NS {
+            *window = 0;
+        } else if halt_ns > *window && halt_ns <= MAX_WINDOW_NS {
             // A short halt that a longer window would have caught.
-            self.window_ns = if self.window_ns == 0 {
+            *window = if *window == 0 {
                 GROW_START_NS
             } else {
-                (self.window_ns * 2).min(MAX_WINDOW_NS)
+                (*window * 2).min(MAX_WINDOW_NS)
             };
         }
     }
@@ -170,37 +185,63 @@ mod tests {
     fn adaptive_grows_on_short_halts_and_resets_on_long_ones() {
         let mut p = HaltPoller::new(HaltPollMode::Adaptive);
         assert_eq!(p.budget(0, None), 0);
-        p.record(5_000, false, WakeKind::Other);
-        assert_eq!(p.window_ns(), GROW_START_NS);
-        p.record(15_000, false, WakeKind::Other);
-        assert_eq!(p.window_ns(), 20_000);
+        p.record(5_000, false, WakeKind::Other, false);
+        assert_eq!(p.window_ns(false), GROW_START_NS);
+        p.record(15_000, false, WakeKind::Other, false);
+        assert_eq!(p.window_ns(false), 20_000);
         for _ in 0..10 {
-            p.record(190_000, false, WakeKind::Other);
+            p.record(190_000, false, WakeKind::Other, false);
         }
-        assert_eq!(p.window_ns(), MAX_WINDOW_NS);
-        p.record(1_000, true, WakeKind::Other); // a won poll keeps the window
-        assert_eq!(p.window_ns(), MAX_WINDOW_NS);
-        p.record(5_000_000, false, WakeKind::Other);
-        assert_eq!(p.window_ns(), 0);
+        assert_eq!(p.window_ns(false), MAX_WINDOW_NS);
+        p.record(1_000, true, WakeKind::Other, false); // a won poll keeps the window
+        assert_eq!(p.window_ns(false), MAX_WINDOW_NS);
+        p.record(5_000_000, false, WakeKind::Other, false);
+        assert_eq!(p.window_ns(false), 0);
     }
 
     #[test]
     fn adaptive_is_timer_aware() {
         let mut p = HaltPoller::new(HaltPollMode::Adaptive);
-        p.record(5_000, false, WakeKind::Other);
-        p.record(15_000, false, WakeKind::Other);
-        let w = p.window_ns();
+        p.record(5_000, false, WakeKind::Other, true);
+        p.record(15_000, false, WakeKind::Other, true);
+        let w = p.window_ns(true);
+        assert_eq!(w, 20_000);
         // A deadline inside the window: poll exactly until it.
         assert_eq!(p.budget(0, Some(w / 2)), w / 2);
         // Only own-timer wake-ups lately and a far deadline: skip polling.
         for _ in 0..TIMER_ONLY_HISTORY {
-            p.record(1_000_000, true, WakeKind::OwnTimer);
+            p.record(1_000_000, true, WakeKind::OwnTimer, true);
         }
         assert_eq!(p.budget(0, Some(10 * w)), 0);
         // ...but still poll up to a near deadline.
         assert_eq!(p.budget(0, Some(w / 4)), w / 4);
         // An interrupt wake-up resets the history.
-        p.record(1_000, true, WakeKind::Other);
+        p.record(1_000, true, WakeKind::Other, true);
         assert_eq!(p.budget(0, Some(10 * w)), w);
+    }
+
+    /// The wake-ipi pattern: a 1 ms sleep on the vCPU's own timer, then a halt with no timer
+    /// armed that an IPI ends ~60 us later. One shared window would be reset by every timer
+    /// sleep and never reach the IPI; the untimed window grows until its polls win, and the
+    /// timer sleeps are never polled.
+    #[test]
+    fn timer_sleeps_do_not_reset_what_untimed_halts_learned() {
+        let mut p = HaltPoller::new(HaltPollMode::Adaptive);
+        let mut won_at = None;
+        for round in 0..10 {
+            let gap_budget = p.budget(0, Some(1_000_000));
+            assert_eq!(gap_budget, 0, "round {round}: polled a 1 ms timer sleep");
+            p.record(1_000_000, false, WakeKind::OwnTimer, true);
+            let ipi_budget = p.budget(0, None);
+            let won = ipi_budget >= 60_000;
+            if won && won_at.is_none() {
+                won_at = Some(round);
+            }
+            p.record(60_000, won, WakeKind::Other, false);
+        }
+        // 0 -> 10 -> 20 -> 40 -> 80 us: the fifth IPI halt polls long enough.
+        assert_eq!(won_at, Some(4));
+        assert_eq!(p.window_ns(false), 80_000);
+        assert_eq!(p.window_ns(true), 0);
     }
 }

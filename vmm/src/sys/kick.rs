@@ -75,3 +75,22 @@ pub fn kick_thread(tid: libc::pid_t) {
     // SAFETY: tgkill only sends a signal; a stale tid of an exited thread gets ESRCH.
     unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, kick_signal()) };
 }
+
+/// Blocks the kick signal on this thread, so that kicks of it stay pending (tests).
+#[cfg(test)]
+pub fn block_kicks() {
+    vmm_sys_util::signal::block_signal(kick_signal()).expect("block the kick signal");
+}
+
+/// Consumes a kick pending on this thread (blocked with [`block_kicks`]); true if there was one.
+#[cfg(test)]
+pub fn take_pending_kick() -> bool {
+    let set = vmm_sys_util::signal::create_sigset(&[kick_signal()]).expect("a sigset");
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: sigtimedwait reads `set` and `now`, which outlive the call, and writes no
+    // siginfo (null); with a zero timeout it only takes a signal already pending.
+    unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &now) == kick_signal() }
+}

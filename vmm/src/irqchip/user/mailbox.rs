@@ -8,6 +8,11 @@
 //! word "blocked" (`fetch_or`) before it checks the mail. Both are read-modify-writes of one
 //! word, so one comes first: if the owner's, the sender sees "blocked" and wakes it; if the
 //! sender's, the owner's read-modify-write acquires the sender's mail. A wake-up is never lost.
+//! A halted owner that polls before it blocks marks the word "polling" the same way: a sender
+//! that sees it neither signals nor writes the eventfd (the poll watches the mail flags), and
+//! the owner clears it with a read-modify-write before it drains the mailbox, so mail whose
+//! kick was skipped is never left behind. This spares the polling vCPU a signal on its way
+//! back into the guest (which would also make its next KVM_RUN return at once).
 
 use devices::lapic::Ipi;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -23,6 +28,9 @@ const KICKED: u8 = 2;
 /// Bit of the state word: the vCPU is blocked in HLT (or waiting for SIPI); clear while it
 /// executes (in KVM_RUN or handling an exit).
 const BLOCKED: u8 = 1;
+/// Bit of the state word: the halted vCPU polls its mail flags before it blocks (it is in
+/// neither KVM_RUN nor its wait).
+const POLLING: u8 = 4;
 
 /// One vCPU's mailbox.
 #[derive(Debug)]
@@ -105,10 +113,11 @@ impl Mailbox {
     pub fn kick(&self) {
         // The caller published its mail or flag; this read-modify-write orders it against the
         // owner's own one in `set_blocked`.
-        if self.state.fetch_or(KICKED, Ordering::SeqCst) & BLOCKED == 0 {
-            self.signal();
-        } else {
+        let state = self.state.fetch_or(KICKED, Ordering::SeqCst);
+        if state & BLOCKED != 0 {
             self.wake_blocked();
+        } else if state & POLLING == 0 {
+            self.signal();
         }
     }
 
@@ -156,6 +165,16 @@ impl Mailbox {
         // A read-modify-write, so that the caller's look at the mail comes after every kick
         // that saw the owner running (see the module comment).
         self.state.fetch_or(BLOCKED, Ordering::SeqCst);
+    }
+
+    /// The owner starts polling its mail flags (see the module comment).
+    pub fn set_polling(&self) {
+        self.state.fetch_or(POLLING, Ordering::SeqCst);
+    }
+
+    /// The owner stopped polling; it drains the mailbox next (see the module comment).
+    pub fn clear_polling(&self) {
+        self.state.fetch_and(!POLLING, Ordering::SeqCst);
     }
 
     /// The owner is running again.
@@ -214,6 +233,41 @@ mod tests {
         assert!(!m.has_work());
     }
 
+    /// A sender neither signals a polling owner nor writes its eventfd, and the owner finds the
+    /// mail; once it stops polling, the same post signals it (the kick is held pending on the
+    /// owner thread, so it is seen at once).
+    #[test]
+    fn a_polling_owner_is_not_kicked_and_finds_its_mail() {
+        use std::sync::mpsc::channel;
+        let m = std::sync::Arc::new(Mailbox::new().unwrap());
+        let (to_owner, posted) = channel::<()>();
+        let (to_sender, ready) = channel::<()>();
+        let owner = {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                kick::block_kicks();
+                m.bind_current_thread();
+                m.set_polling();
+                to_sender.send(()).unwrap();
+                posted.recv().unwrap();
+                let polling = (kick::take_pending_kick(), m.kick_fd().read().is_ok());
+                let found = m.has_work();
+                m.clear_polling();
+                to_sender.send(()).unwrap();
+                posted.recv().unwrap();
+                let running = kick::take_pending_kick();
+                (polling, found, running, m.take_mail().len())
+            })
+        };
+        ready.recv().unwrap();
+        m.post(fixed(0x40));
+        to_owner.send(()).unwrap();
+        ready.recv().unwrap();
+        m.post(fixed(0x41));
+        to_owner.send(()).unwrap();
+        assert_eq!(owner.join().unwrap(), ((false, false), true, true, 2));
+    }
+
     #[test]
     fn a_post_wakes_a_blocked_owner() {
         let m = std::sync::Arc::new(Mailbox::new().unwrap());
@@ -268,6 +322,20 @@ mod tests {
                     if round.is_multiple_of(3) {
                         std::hint::spin_loop(); // "in the guest"
                         continue;
+                    }
+                    if round % 3 == 1 {
+                        // A halt poll: kicks that see it are skipped; then drain, or block
+                        // as after a poll that saw nothing.
+                        m.set_polling();
+                        let mut spins = 0;
+                        while !m.has_work() && spins < 100 {
+                            std::hint::spin_loop();
+                            spins += 1;
+                        }
+                        m.clear_polling();
+                        if m.has_work() {
+                            continue;
+                        }
                     }
                     m.set_blocked();
                     if !m.has_work() {

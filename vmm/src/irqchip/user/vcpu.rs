@@ -415,6 +415,8 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// own timer) passes, or `until`; true if the poll saw a wake-up.
     fn poll(&mut self, start: Nanos, until: Nanos, deadline: Option<Nanos>) -> bool {
         self.counters().polls.fetch_add(1, Ordering::Relaxed);
+        // Senders then set the flags watched here without a signal (see `mailbox.rs`).
+        self.wait.mailbox.set_polling();
         let won = loop {
             if self.wait.mailbox.has_work() || self.stop_requested() {
                 break true;
@@ -428,6 +430,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             }
             std::hint::spin_loop();
         };
+        self.wait.mailbox.clear_polling();
         let c = self.counters();
         c.poll_ns
             .fetch_add(self.clock.now().saturating_sub(start), Ordering::Relaxed);

@@ -99,8 +99,9 @@ pub struct RunArgs {
 
     /// Halt polling with `--irqchip user`: `off`, a window with its unit such as `50us` (ns,
     /// us, ms, s; a bare number is refused), or `adaptive`
-    /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer
-    /// and skips polling when only its own timer has been waking it). Default: adaptive.
+    /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer,
+    /// skips polling when only its own timer has been waking it, and learns halts with a timer
+    /// armed apart from halts without one). Default: adaptive.
     #[arg(long, value_name = "off|DURATION|adaptive")]
     pub halt_poll: Option<HaltPollMode>,
 

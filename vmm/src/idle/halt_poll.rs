@@ -1,16 +1,18 @@
 //! Halt polling: before a halted vCPU's thread blocks, it may spin for a short window watching
 //! for a wake-up, which saves a host sleep/wake-up when one comes soon.
 //!
-//! `adaptive` grows and shrinks the window like KVM's `halt_poll_ns` (start 10 us, double on a
-//! short halt that polling would have caught, reset on a halt longer than the maximum) but it
+//! `adaptive` grows and shrinks the window like KVM's `halt_poll_ns` with its defaults (start
+//! 10 us, double on a short halt that polling would have caught, halve on a halt longer than
+//! the maximum, down to zero below the start) but it
 //! is timer-aware: it never polls past the vCPU's next pinned deadline (if that deadline falls
 //! inside the window it polls exactly until it), and it skips polling when the next deadline
 //! is beyond the window and the recent wake-ups were all the vCPU's own timer (nothing else
 //! is expected to come). And it learns halts from halts like them: one window for halts with
 //! a pinned deadline armed, one for halts without. A guest that sleeps on its timer between
 //! bursts of IPIs (and halts with no timer armed while it waits for one) would otherwise have
-//! each long timer sleep reset the window its short IPI waits had grown, as KVM's does, and
-//! never poll for an IPI at all (`lull bench wakeup`'s wake-ipi guest; docs/PERFORMANCE.md).
+//! each long timer sleep undo what its short IPI waits had grown, as in KVM's one window, and
+//! never poll long enough for an IPI (`lull bench wakeup`'s wake-ipi guest;
+//! docs/PERFORMANCE.md).
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,6 +23,10 @@ use super::{format_duration_ns, parse_duration_ns, KnobError};
 pub const MAX_WINDOW_NS: u64 = 200_000;
 /// First window after a growth from zero (KVM's `halt_poll_ns_grow_start`).
 pub const GROW_START_NS: u64 = 10_000;
+/// What a long halt divides the window by (KVM's `halt_poll_ns_shrink` default). A single
+/// long halt (a preemption, on a loaded host) then costs the window half its length, not all
+/// of it and the short halts it takes to grow back.
+pub const SHRINK: u64 = 2;
 /// Consecutive own-timer wake-ups after which a far deadline means "don't poll".
 pub const TIMER_ONLY_HISTORY: u32 = 4;
 
@@ -142,7 +148,10 @@ impl HaltPoller {
         };
         if *window != 0 && halt_ns > MAX_WINDOW_NS {
             // A long halt: polling only burned CPU.
-            *window = 0;
+            *window /= SHRINK;
+            if *window < GROW_START_NS {
+                *window = 0;
+            }
         } else if halt_ns > *window && halt_ns <= MAX_WINDOW_NS {
             // A short halt that a longer window would have caught.
             *window = if *window == 0 {
@@ -182,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_grows_on_short_halts_and_resets_on_long_ones() {
+    fn adaptive_grows_on_short_halts_and_shrinks_on_long_ones() {
         let mut p = HaltPoller::new(HaltPollMode::Adaptive);
         assert_eq!(p.budget(0, None), 0);
         p.record(5_000, false, WakeKind::Other, false);
@@ -196,6 +205,11 @@ mod tests {
         p.record(1_000, true, WakeKind::Other, false); // a won poll keeps the window
         assert_eq!(p.window_ns(false), MAX_WINDOW_NS);
         p.record(5_000_000, false, WakeKind::Other, false);
+        assert_eq!(p.window_ns(false), MAX_WINDOW_NS / 2);
+        for _ in 0..4 {
+            p.record(5_000_000, false, WakeKind::Other, false);
+        }
+        // 100 -> 50 -> 25 -> 12.5 us, then below the start: none.
         assert_eq!(p.window_ns(false), 0);
     }
 
@@ -221,9 +235,9 @@ mod tests {
     }
 
     /// The wake-ipi pattern: a 1 ms sleep on the vCPU's own timer, then a halt with no timer
-    /// armed that an IPI ends ~60 us later. One shared window would be reset by every timer
-    /// sleep and never reach the IPI; the untimed window grows until its polls win, and the
-    /// timer sleeps are never polled.
+    /// armed that an IPI ends ~60 us later. One shared window would lose to every timer sleep
+    /// what the IPI wait before it had grown, and never reach the IPI; the untimed window grows
+    /// until its polls win, and the timer sleeps are never polled.
     #[test]
     fn timer_sleeps_do_not_reset_what_untimed_halts_learned() {
         let mut p = HaltPoller::new(HaltPollMode::Adaptive);

@@ -19,6 +19,7 @@ help:
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
 	@echo "make bench-timer-modes|bench-idle-manager|bench-boot|bench-linux  the other lull bench experiments"
+	@echo "make bench-floor    the least a user-space LAPIC's timer event and IPI wake-up cost here, against KVM's"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
 build:
@@ -139,6 +140,21 @@ bench-boot: build-release kit
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench boot --reps 5 --linux-reps 3 \
 	    --json docs/bench/boot.json | tee docs/bench/boot.txt
+
+# The floor: a timer event and an IPI wake-up with the LAPIC in user space at their cheapest
+# (no VMM: resources/bench/floor.c), against KVM's LAPIC, interleaved (about 8 minutes with the
+# default 10 s per run; docs/PERFORMANCE.md, "The floor of a user-space LAPIC on this host").
+FLOOR_SECONDS ?= 10
+FLOOR_OUT     ?= docs/bench/floor.txt
+.PHONY: bench-floor
+bench-floor:
+	mkdir -p target $(dir $(FLOOR_OUT))
+	gcc -O2 -Wall -Wextra -Werror -pthread -o target/floor resources/bench/floor.c
+	: > $(FLOOR_OUT); run() { out=$$(target/floor "$$@") || exit 1; echo "$$out" | tee -a $(FLOOR_OUT); }; \
+	for iv in 1000 10000 100000; do for r in 1 2 3 4; do for m in kernel user-msr user-pv; do \
+	  run $$m $$iv $(FLOOR_SECONDS); done; done; done; \
+	for r in 1 2 3 4; do for d in 1 50; do for m in ipi-kernel ipi-user ipi-user-poll; do \
+	  run $$m $$d $(FLOOR_SECONDS); done; done; done
 
 # The kit's Linux in the density experiment: 4 VMs x 2 vCPUs, both workloads, every lull mode
 # (the kernels boot one after the other: about 4 minutes per mode with the idle workload, 9 with

@@ -242,13 +242,7 @@ static void die(const char *what) {
     exit(1);
 }
 
-static uint64_t mono_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static uint64_t thread_cpu_ns(clockid_t c) {
+static uint64_t now_ns(clockid_t c) {
     struct timespec t;
     clock_gettime(c, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
@@ -390,7 +384,7 @@ static void setup(struct vm *vm, int kvm, uint64_t param_us) {
 
 /* The CLOCK_MONOTONIC time of guest TSC `deadline`. */
 static uint64_t deadline_mono(const struct vm *vm, uint64_t deadline) {
-    uint64_t now = mono_ns();
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
     int64_t host = (int64_t)(deadline - (uint64_t)vm->tsc_offset);
     int64_t ticks = host - (int64_t)__rdtsc();
     return now + (uint64_t)(ticks > 0 ? ticks * 1000000 / (int64_t)vm->tsc_khz : 0);
@@ -447,8 +441,9 @@ static void *vcpu_thread(void *arg) {
                 die("timerfd_settime");
             int kicked = 0;
             if (vm->mode == IPI_USER_POLL && !deadline) {
-                uint64_t until = mono_ns() + POLL_NS;
-                while (!(kicked = atomic_load(&c->state) & KICKED) && mono_ns() < until)
+                uint64_t until = now_ns(CLOCK_MONOTONIC) + POLL_NS;
+                while (!(kicked = atomic_load(&c->state) & KICKED) &&
+                       now_ns(CLOCK_MONOTONIC) < until)
                     __builtin_ia32_pause();
             }
             if (!kicked && !(atomic_fetch_or(&c->state, BLOCKED) & KICKED)) {
@@ -501,10 +496,10 @@ int main(int argc, char **argv) {
     struct vcpu *halting = &vm.cpu[vm.ncpus - 1];
     sleep(1);
     uint32_t s0 = samples(&vm);
-    uint64_t c0 = thread_cpu_ns(halting->cpu_clock);
+    uint64_t c0 = now_ns(halting->cpu_clock);
     sleep(seconds);
     uint32_t s1 = samples(&vm);
-    uint64_t c1 = thread_cpu_ns(halting->cpu_clock);
+    uint64_t c1 = now_ns(halting->cpu_clock);
     vm.stop = 1;
     for (int i = 0; i < vm.ncpus; i++) {
         vm.cpu[i].run->immediate_exit = 1;

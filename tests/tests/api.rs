@@ -74,7 +74,7 @@ impl Lull {
     /// Sends one request and returns the status and the body.
     fn call(&self, method: &str, endpoint: &str, body: &str) -> Result<(u16, String), Failed> {
         let head = format!(
-            "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
+            "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
         self.raw(format!("{head}{body}").as_bytes())
@@ -268,7 +268,7 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     check_status("garbage", status, &body, 400)?;
     let big = format!(
         "PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: {}\r\n\r\n{{",
-        1 << 20
+        (1 << 20) + 1
     );
     let (status, body) = lull.raw(big.as_bytes())?;
     check_status("oversized body", status, &body, 413)?;

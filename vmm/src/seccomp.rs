@@ -8,6 +8,10 @@
 //!   vCPU thread:   apply(ThreadKind::Vcpu)   then its first KVM_RUN
 //!   timer thread:  apply(ThreadKind::Timers) then its first wait on the timerfd
 //!   VMM thread:    apply(ThreadKind::Vmm)    then its event loop (and lull's exit path)
+//!   API server (`--api-socket`, lull's main thread):
+//!                  apply_api(program(ThreadKind::Api, mode)) once its socket, epoll set and
+//!                  signal handlers exist, then its loop; the `vm` thread it starts at
+//!                  `vm.boot`, and every thread that one starts, inherit it
 //! ```
 //!
 //! What every thread may do: read/write/close on descriptors it already has (virtio-net taps
@@ -26,7 +30,19 @@
 //!   `TCGETS`/`TCSETS` (restoring it at exit), and `KVM_IRQ_LINE` (a disk's refill timerfd
 //!   fired there, or frames a tap delivered there, raise the device's line in KVM's IOAPIC).
 //!
-//! No thread may `execve`, `fork`/`clone`, open sockets, `ptrace`, signal other processes,
+//! - **API server**: everything the three above allow, since the `vm` thread and the vCPU and
+//!   timer threads are its descendants and a filter binds every descendant (filters stack:
+//!   the strictest answer wins); and what building a VM takes on the `vm` thread before its
+//!   own filter: opening `/dev/kvm`, disk images and taps read-write, the serial file for
+//!   appending, any KVM ioctl, `TUNSETIFF` (and `SIOCGIFINDEX` on a Unix datagram socket,
+//!   which glibc's `if_nametoindex` opens to name a missing tap), eventfds, timerfds, epoll
+//!   sets, signal handlers, starting threads (`clone` with `CLONE_THREAD` only; `clone3`,
+//!   whose flags a filter cannot see, fails with `ENOSYS` so glibc falls back to `clone`),
+//!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own.
+//!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom` on the connections,
+//!   `FIONBIO`, and `unlink` (the socket's file, at exit).
+//!
+//! No thread may `execve`, `fork`, open sockets (but the API server's datagram one above), `ptrace`, signal other processes,
 //! `mmap` executable memory or open a file for writing (the VMM thread: only by creating one).
 //!
 //! `--seccomp on` (the default) kills the whole process (`SECCOMP_RET_KILL_PROCESS`, status
@@ -78,6 +94,8 @@ pub enum ThreadKind {
     Timers,
     /// The VMM thread: event loop, then lull's exit path.
     Vmm,
+    /// The API server (lull's main thread with `--api-socket`) and the threads it starts.
+    Api,
 }
 
 /// Why a filter could not be built or installed.
@@ -106,6 +124,12 @@ static PREPARED: OnceLock<Prepared> = OnceLock::new();
 const KVMIO: u64 = 0xAE;
 const TCGETS: u64 = 0x5401;
 const TCSETS: u64 = 0x5402;
+/// `FIONBIO`: a new connection made non-blocking.
+const FIONBIO: u64 = 0x5421;
+/// `TUNSETIFF` (`_IOW('T', 202, int)`): a virtio-net device's tap attached.
+const TUNSETIFF: u64 = 0x4004_54ca;
+/// `SIOCGIFINDEX`: glibc's `if_nametoindex` (is a tap that cannot be attached there at all?).
+const SIOCGIFINDEX: u64 = 0x8933;
 /// `KVM_IRQ_LINE` (`_IOW(KVMIO, 0x61, struct kvm_irq_level)`): a disk's refill timer fired on
 /// the VMM thread (`--device-timers timerfd` with `--irqchip kernel`) raises the disk's line,
 /// and a net's frames delivered there (its tap readable) raise the net's.
@@ -197,44 +221,127 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
         SeccompCmpOp::Eq,
         flag(libc::O_RDONLY | libc::O_CLOEXEC),
     )?])?];
-    match kind {
-        ThreadKind::Vcpu => {
-            let kvm = cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?;
-            map.insert(libc::SYS_ioctl, vec![rule(vec![kvm])?]);
-            // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
-            map.insert(libc::SYS_ppoll, Vec::new());
-            // Wake placement: the thread's own host CPU (getcpu, when glibc has no rseq area
-            // or vDSO to answer from) and its own CPU affinity (pid 0: itself, no other).
-            map.insert(libc::SYS_getcpu, Vec::new());
-            for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
-                map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
-            }
+    let (vcpu, vmm, api) = match kind {
+        ThreadKind::Vcpu => (true, false, false),
+        ThreadKind::Timers => (false, false, false),
+        ThreadKind::Vmm => (false, true, false),
+        ThreadKind::Api => (true, true, true),
+    };
+    let mut ioctls = Vec::new();
+    if vcpu {
+        ioctls.push(cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?);
+        // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
+        map.insert(libc::SYS_ppoll, Vec::new());
+        // Wake placement: the thread's own host CPU (getcpu, when glibc has no rseq area
+        // or vDSO to answer from) and its own CPU affinity (pid 0: itself, no other).
+        map.insert(libc::SYS_getcpu, Vec::new());
+        for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
+            map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
         }
-        ThreadKind::Timers => {}
-        ThreadKind::Vmm => {
-            for sys in [
-                libc::SYS_epoll_wait,
-                libc::SYS_epoll_pwait,
-                libc::SYS_epoll_ctl,
-                libc::SYS_getdents64,
-            ] {
-                map.insert(sys, Vec::new());
-            }
-            let allowed = [TCGETS, TCSETS, KVM_IRQ_LINE]
+    }
+    if vmm {
+        for sys in [
+            libc::SYS_epoll_wait,
+            libc::SYS_epoll_pwait,
+            libc::SYS_epoll_ctl,
+            libc::SYS_getdents64,
+        ] {
+            map.insert(sys, Vec::new());
+        }
+        ioctls.extend(
+            [TCGETS, TCSETS, KVM_IRQ_LINE]
                 .into_iter()
-                .map(|request| rule(vec![cond(1, SeccompCmpOp::Eq, request)?]))
-                .collect::<Result<Vec<_>, _>>()?;
-            map.insert(libc::SYS_ioctl, allowed);
-            for flags in [
-                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
-                libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            ] {
-                opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
-            }
+                .map(|request| cond(1, SeccompCmpOp::Eq, request))
+                .collect::<Result<Vec<_>, _>>()?,
+        );
+        for flags in [
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+        ] {
+            opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
         }
+    }
+    if api {
+        api_rules(&mut map, &mut opens, &mut ioctls)?;
+    }
+    if !ioctls.is_empty() {
+        let rules = ioctls
+            .into_iter()
+            .map(|c| rule(vec![c]))
+            .collect::<Result<Vec<_>, _>>()?;
+        map.insert(libc::SYS_ioctl, rules);
     }
     map.insert(libc::SYS_openat, opens);
     Ok(map)
+}
+
+/// What the API server adds to the union of the other threads' lists (see the top of file).
+fn api_rules(
+    map: &mut BTreeMap<i64, Vec<SeccompRule>>,
+    opens: &mut Vec<SeccompRule>,
+    ioctls: &mut Vec<SeccompCondition>,
+) -> Result<(), SeccompError> {
+    for sys in [
+        // Serving.
+        libc::SYS_accept4,
+        libc::SYS_sendto,
+        libc::SYS_recvfrom,
+        libc::SYS_unlink,
+        // Building a VM and starting its threads.
+        libc::SYS_epoll_create1,
+        libc::SYS_eventfd2,
+        libc::SYS_timerfd_create,
+        libc::SYS_rt_sigaction,
+        libc::SYS_set_robust_list,
+        libc::SYS_rseq,
+        libc::SYS_clone3,
+    ] {
+        map.insert(sys, Vec::new());
+    }
+    // Any thread's affinity may be read (glibc reads a new thread's own, by its tid).
+    map.insert(libc::SYS_sched_getaffinity, Vec::new());
+    let thread = flag(libc::CLONE_THREAD);
+    map.insert(
+        libc::SYS_clone,
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpOp::MaskedEq(thread),
+            thread,
+        )?])?],
+    );
+    let prctls = [
+        libc::PR_SET_NAME,
+        libc::PR_SET_TIMERSLACK,
+        libc::PR_SET_NO_NEW_PRIVS,
+    ]
+    .into_iter()
+    .map(|option| rule(vec![cond(0, SeccompCmpOp::Eq, flag(option))?]))
+    .collect::<Result<Vec<_>, _>>()?;
+    map.insert(libc::SYS_prctl, prctls);
+    let filter_mode = u64::from(libc::SECCOMP_SET_MODE_FILTER);
+    map.insert(
+        libc::SYS_seccomp,
+        vec![rule(vec![cond(0, SeccompCmpOp::Eq, filter_mode)?])?],
+    );
+    let datagram = flag(libc::SOCK_DGRAM | libc::SOCK_CLOEXEC);
+    map.insert(
+        libc::SYS_socket,
+        vec![rule(vec![
+            cond(0, SeccompCmpOp::Eq, flag(libc::AF_UNIX))?,
+            cond(1, SeccompCmpOp::Eq, datagram)?,
+        ])?],
+    );
+    for request in [FIONBIO, TUNSETIFF, SIOCGIFINDEX] {
+        ioctls.push(cond(1, SeccompCmpOp::Eq, request)?);
+    }
+    for flags in [
+        libc::O_RDWR | libc::O_CLOEXEC,
+        libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+    ] {
+        opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
+    }
+    Ok(())
 }
 
 /// Builds the BPF program for `kind` in `mode` (`None` for [`SeccompMode::Off`]).
@@ -281,12 +388,34 @@ pub fn apply(kind: ThreadKind) -> Result<(), SeccompError> {
         ThreadKind::Vcpu => &prepared.vcpu,
         ThreadKind::Timers => &prepared.timers,
         ThreadKind::Vmm => &prepared.vmm,
+        // The API server's filter is not one of a VM's: see `apply_api`.
+        ThreadKind::Api => return Ok(()),
     };
     tracing::debug!(
         ?kind,
         mode = prepared.mode.name(),
         "installing seccomp filter"
     );
+    seccompiler::apply_filter(program)?;
+    Ok(())
+}
+
+/// Answers `clone3` with `ENOSYS` (and allows everything else): glibc then starts threads
+/// with `clone`, whose flags a filter can check. Installed with the API server's filter,
+/// which allows `clone3` so that this answer, not a kill, is the one that counts.
+fn clone3_enosys() -> Result<BpfProgram, SeccompError> {
+    let enosys = SeccompAction::Errno(libc::ENOSYS.unsigned_abs());
+    let rules = BTreeMap::from([(libc::SYS_clone3, Vec::new())]);
+    let filter = SeccompFilter::new(rules, SeccompAction::Allow, enosys, TargetArch::x86_64)?;
+    Ok(filter.try_into()?)
+}
+
+/// Installs the API server's filter `program` (built by [`program`] for [`ThreadKind::Api`])
+/// on the calling thread, with the `clone3` answer it relies on. Every thread it starts from
+/// then on inherits both.
+pub fn apply_api(program: &BpfProgram) -> Result<(), SeccompError> {
+    tracing::debug!("installing the API server's seccomp filter");
+    seccompiler::apply_filter(&clone3_enosys()?)?;
     seccompiler::apply_filter(program)?;
     Ok(())
 }

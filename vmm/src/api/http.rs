@@ -1,23 +1,29 @@
-//! HTTP/1.x framing for the API socket: `httparse` parses the request head; this file finds
-//! where the body ends (Content-Length only), enforces the size and time limits, and writes
-//! responses.
+//! HTTP/1.1 framing for the API socket: `httparse` parses a request head; this file finds
+//! where the body ends (Content-Length only), whether the connection stays open after the
+//! answer (`Connection: close`, HTTP/1.0), enforces the size limits, and encodes responses.
 //!
-//! [`parse`] is pure (bytes in, a complete request, "need more" or an error out): the server
-//! calls it after every read, and the `api` fuzz target calls it on arbitrary bytes.
+//! [`parse_next`] is pure (bytes in; a complete request and how many bytes it took, "need
+//! more", or an error out). [`super::conn::Conn`] calls it on a connection's buffered bytes;
+//! the `api` fuzz target calls both on arbitrary bytes.
 
-use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::ApiError;
 
 /// Largest request head (request line and headers) accepted.
 pub const MAX_HEAD: usize = 8 * 1024;
-/// Largest request body accepted (a VM configuration is well under 1 KiB).
-pub const MAX_BODY: usize = 64 * 1024;
+/// Largest request body accepted (a VM configuration is well under 1 KiB); a request that
+/// announces more is answered 413 before its body is read.
+pub const MAX_BODY: usize = 1 << 20;
 /// Most headers in one request.
 pub const MAX_HEADERS: usize = 32;
-/// A request must arrive whole within this time of the connection being accepted.
+/// A request must arrive whole within this time of the moment the connection was ready for
+/// it: its accept for the first, the previous answer's last byte written for the next ones. A
+/// connection that has not begun a request by then is closed (the keep-alive idle timeout);
+/// one in the middle of a request is answered 408 and closed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most requests answered on one connection; the last one's answer says `Connection: close`.
+pub const MAX_REQUESTS: u32 = 100;
 
 /// A complete request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +47,9 @@ struct Head {
     body_len: usize,
     /// The client waits for `100 Continue` before it sends the body.
     expect_continue: bool,
+    /// The client asked to close the connection after the answer (`Connection: close`, or
+    /// HTTP/1.0 without `Connection: keep-alive`).
+    close: bool,
 }
 
 /// Parses a request head, or `None` if `buf` does not hold all of it yet.
@@ -58,6 +67,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ApiError> {
     };
     let mut body_len: Option<u64> = None;
     let mut expect_continue = false;
+    // HTTP/1.1 connections persist unless told otherwise; HTTP/1.0 ones close unless told.
+    let mut close = req.version != Some(1);
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {
             let value = std::str::from_utf8(h.value)
@@ -78,6 +89,15 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ApiError> {
                 ));
             }
             expect_continue = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for option in h.value.split(|b| *b == b',') {
+                let option = option.trim_ascii();
+                if option.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if option.eq_ignore_ascii_case(b"keep-alive") && req.version == Some(0) {
+                    close = false;
+                }
+            }
         }
     }
     let body_len = body_len.unwrap_or(0);
@@ -92,67 +112,65 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, ApiError> {
         len,
         body_len,
         expect_continue,
+        close,
     }))
 }
 
-/// The request at the start of `buf`, or `None` if more bytes are needed. Bytes after the
-/// body (a pipelined request) are ignored: one request per connection.
-pub fn parse(buf: &[u8]) -> Result<Option<Request>, ApiError> {
-    let Some(head) = parse_head(buf)? else {
-        return Ok(None);
-    };
-    Ok(buf
-        .get(head.len..head.len + head.body_len)
-        .map(|body| Request {
-            method: head.method,
-            path: head.path,
-            body: body.to_vec(),
-        }))
+/// A complete request at the start of a connection's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// The request.
+    pub request: Request,
+    /// How many bytes it took (head and body); what follows is the next request.
+    pub len: usize,
+    /// The connection closes after its answer.
+    pub close: bool,
 }
 
-/// Reads one request from `conn`, answering `Expect: 100-continue`, until `deadline`.
-pub fn read_request<C: Read + Write>(
-    conn: &mut C,
-    deadline: Instant,
-    set_timeout: impl Fn(&C, Duration) -> std::io::Result<()>,
-) -> Result<Request, ApiError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let mut continued = false;
-    loop {
-        if let Some(head) = parse_head(&buf)? {
-            if let Some(request) = parse(&buf)? {
-                return Ok(request);
-            }
-            if head.expect_continue && !continued {
-                conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                    .map_err(ApiError::Connection)?;
-                continued = true;
-            }
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ApiError::Timeout);
-        }
-        set_timeout(conn, left).map_err(ApiError::Connection)?;
-        match conn.read(&mut chunk) {
-            Ok(0) => return Err(ApiError::HungUp),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(ApiError::Timeout)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                return Err(ApiError::HungUp)
-            }
-            Err(e) => return Err(ApiError::Connection(e)),
-        }
-    }
+/// What the bytes at the start of a connection's buffer hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Framing {
+    /// Not a whole head yet.
+    NeedHead,
+    /// A whole head; the body is incomplete. `expect_continue`: the client waits for
+    /// `100 Continue` before it sends the body.
+    NeedBody {
+        /// The client sent `Expect: 100-continue`.
+        expect_continue: bool,
+    },
+    /// A whole request.
+    Complete(Parsed),
+}
+
+/// Frames the request at the start of `buf`; bytes after it (a pipelined request) are left
+/// for the next call.
+pub fn parse_next(buf: &[u8]) -> Result<Framing, ApiError> {
+    let Some(head) = parse_head(buf)? else {
+        return Ok(Framing::NeedHead);
+    };
+    let end = head.len + head.body_len;
+    Ok(match buf.get(head.len..end) {
+        None => Framing::NeedBody {
+            expect_continue: head.expect_continue,
+        },
+        Some(body) => Framing::Complete(Parsed {
+            request: Request {
+                method: head.method,
+                path: head.path,
+                body: body.to_vec(),
+            },
+            len: end,
+            close: head.close,
+        }),
+    })
+}
+
+/// The request at the start of `buf`, or `None` if more bytes are needed.
+pub fn parse(buf: &[u8]) -> Result<Option<Request>, ApiError> {
+    Ok(match parse_next(buf)? {
+        Framing::Complete(parsed) => Some(parsed.request),
+        Framing::NeedHead | Framing::NeedBody { .. } => None,
+    })
 }
 
 /// A response: a status, a JSON body or none, and the methods allowed after a 405.
@@ -201,13 +219,18 @@ impl Response {
         }
     }
 
-    /// The response as HTTP/1.1 bytes; the connection closes after it.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The response as HTTP/1.1 bytes; `close`: the connection closes after it (said with
+    /// `Connection: close`; otherwise it persists, HTTP/1.1's default). Every answer but a 204
+    /// carries a Content-Length, so a client on a persistent connection knows where it ends.
+    pub fn to_bytes(&self, close: bool) -> Vec<u8> {
         let mut out = format!(
-            "HTTP/1.1 {} {}\r\nServer: lull API\r\nConnection: close\r\n",
+            "HTTP/1.1 {} {}\r\nServer: lull API\r\n",
             self.status,
             reason_phrase(self.status)
         );
+        if close {
+            out.push_str("Connection: close\r\n");
+        }
         if let Some(allow) = self.allow {
             out.push_str(&format!("Allow: {allow}\r\n"));
         }
@@ -271,7 +294,9 @@ mod tests {
             400
         );
         assert_eq!(
-            status(b"PUT / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n"),
+            status(
+                format!("PUT / HTTP/1.1\r\nContent-Length: {}\r\n\r\n", MAX_BODY + 1).as_bytes()
+            ),
             413
         );
         assert_eq!(
@@ -289,77 +314,22 @@ mod tests {
 
     #[test]
     fn responses_follow_http_1_1() {
-        let text = String::from_utf8(Response::no_content().to_bytes()).unwrap();
+        let text = String::from_utf8(Response::no_content().to_bytes(true)).unwrap();
         assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"));
+        assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
         assert!(!text.contains("Content-Length"), "{text}");
         let err = ApiError::MethodNotAllowed {
             endpoint: "vm.info",
             method: "PUT".into(),
             allowed: "GET",
         };
-        let text = String::from_utf8(Response::error(&err).to_bytes()).unwrap();
+        let text = String::from_utf8(Response::error(&err).to_bytes(false)).unwrap();
         assert!(text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"));
+        assert!(!text.contains("Connection:"), "{text}");
         assert!(text.contains("\r\nAllow: GET\r\n"));
         let body = text.split("\r\n\r\n").nth(1).unwrap();
         let messages: Vec<String> = serde_json::from_str(body).unwrap();
         assert_eq!(messages, vec![err.to_string()]);
         assert!(text.contains(&format!("Content-Length: {}\r\n", body.len())));
-    }
-
-    /// A connection that hands out `input` in pieces and records what is written.
-    struct Scripted {
-        input: Vec<Vec<u8>>,
-        written: Vec<u8>,
-    }
-
-    impl Read for Scripted {
-        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-            if self.input.is_empty() {
-                return Ok(0);
-            }
-            if self.input[0] == b"<stall>" {
-                // What a socket read timeout gives.
-                return Err(std::io::ErrorKind::WouldBlock.into());
-            }
-            let piece = self.input.remove(0);
-            buf[..piece.len()].copy_from_slice(&piece);
-            Ok(piece.len())
-        }
-    }
-
-    impl Write for Scripted {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.written.extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn read(input: &[&[u8]]) -> (Result<Request, ApiError>, Vec<u8>) {
-        let mut conn = Scripted {
-            input: input.iter().map(|p| p.to_vec()).collect(),
-            written: Vec::new(),
-        };
-        let deadline = Instant::now() + REQUEST_TIMEOUT;
-        let result = read_request(&mut conn, deadline, |_, _| Ok(()));
-        (result, conn.written)
-    }
-
-    #[test]
-    fn requests_are_read_across_pieces_and_continue_is_answered() {
-        let (req, written) = read(&[
-            b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-",
-            b"Length: 2\r\nExpect: 100-continue\r\n\r\n",
-            b"{}",
-        ]);
-        assert_eq!(req.unwrap().body, b"{}");
-        assert_eq!(written, b"HTTP/1.1 100 Continue\r\n\r\n");
-        let (req, _) = read(&[b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 9\r\n\r\n{"]);
-        assert!(matches!(req, Err(ApiError::HungUp)), "{req:?}");
-        let (req, _) = read(&[b"GET /api/v1/vm.info HTTP/1.1\r\n", b"<stall>"]);
-        assert!(matches!(req, Err(ApiError::Timeout)), "{req:?}");
-        assert_eq!(ApiError::Timeout.status(), 408);
     }
 }

@@ -2,9 +2,11 @@
 //! Unix socket (`lull run --api-socket PATH`), to create, boot, watch and stop one VM.
 //!
 //! ```text
-//!  client ── HTTP/1.1 on the socket ──► server (lull's main thread; epoll on the listener,
-//!                                        SIGINT/SIGTERM and "the VM thread ended")
-//!    http::read_request   framing over `httparse`, size and time limits
+//!  clients ── HTTP/1.1 on the socket ──► server (lull's main thread: one epoll loop over the
+//!                                         listener, every connection, SIGINT/SIGTERM and
+//!                                         "the VM thread ended"; seccomp-filtered)
+//!    conn::Conn           one connection: incremental framing, keep-alive, deadlines
+//!    http::parse_next     framing over `httparse`, size limits
 //!    routes::route        method + path + body ─► ApiRequest
 //!    Controller::handle   the VM's life:
 //!                           NotCreated ─vm.create─► Created ─vm.boot─► Running ─stop─► Shutdown
@@ -14,10 +16,16 @@
 //!  client ◄── Response (JSON; an error is Cloud Hypervisor's array of messages) ─┘
 //! ```
 //!
-//! One request per connection (`Connection: close`), served in turn: a request must arrive
-//! whole within [`http::REQUEST_TIMEOUT`], so a stalled client delays the others by that much
-//! at most. A malformed, oversized or abandoned request gets an error (or, if the client hung
-//! up, nothing) and changes nothing; the VM runs on its own thread and never waits for the
+//! Connections are served concurrently on one thread (non-blocking sockets, epoll): a client
+//! that sends half a request or does not read its answer holds its own connection and nothing
+//! else, so a stalled client delays no other. Connections persist (HTTP/1.1 keep-alive) up to
+//! [`http::MAX_REQUESTS`] requests, unless the client says `Connection: close`; each request
+//! must arrive whole within [`http::REQUEST_TIMEOUT`] of the connection being ready for it
+//! (accepted, or the previous answer written), which is also the idle timeout. At most
+//! [`server::MAX_CONNECTIONS`] are open; one more closes the idle one that waited longest.
+//! Bodies are at most [`http::MAX_BODY`] (a larger Content-Length is answered 413 unread).
+//! A malformed, oversized or abandoned request gets an error (or, if the client hung up,
+//! nothing) and changes nothing; the VM runs on its own thread and never waits for the
 //! server. The socket is created with owner-only permissions (`server::ApiSocket`).
 //!
 //! Status codes follow Cloud Hypervisor: 200 with a JSON body, 204 without; 400 for a request
@@ -25,6 +33,7 @@
 //! method the endpoint does not take or a VM not booted, 500 for everything else (creating
 //! twice, booting twice, a boot that fails). See `docs/API.md`.
 
+pub mod conn;
 pub mod controller;
 pub mod http;
 pub mod routes;
@@ -61,6 +70,9 @@ pub enum ApiError {
         /// Why.
         source: std::io::Error,
     },
+    /// The API server's seccomp filter could not be built or installed.
+    #[error("Cannot filter the API server's system calls: {0}")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
     /// The connection failed while the request was read or the response written.
     #[error("API connection: {0}")]
     Connection(#[source] std::io::Error),
@@ -101,6 +113,16 @@ pub enum ApiError {
     /// A body was sent to an endpoint that takes none.
     #[error("{0} takes no request body")]
     UnexpectedBody(&'static str),
+    /// The body is JSON but not the object the endpoint takes.
+    #[error("{endpoint} takes a JSON object as its body ({what}), not {found}")]
+    BodyNotObject {
+        /// The endpoint.
+        endpoint: &'static str,
+        /// What the object is.
+        what: &'static str,
+        /// What the body is instead ("an array", "a number", ...).
+        found: &'static str,
+    },
     /// `vm.create` without a body.
     #[error("vm.create needs the VM configuration (the JSON of --config) as its body")]
     MissingConfig,
@@ -152,6 +174,7 @@ impl ApiError {
             Self::Malformed(_)
             | Self::BadRequest(_)
             | Self::UnexpectedBody(_)
+            | Self::BodyNotObject { .. }
             | Self::MissingConfig
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_) => 400,
@@ -164,6 +187,7 @@ impl ApiError {
             Self::Socket { .. }
             | Self::SocketExists(_)
             | Self::Host { .. }
+            | Self::Seccomp(_)
             | Self::Connection(_)
             | Self::HungUp
             | Self::VmAlreadyCreated

@@ -1,5 +1,6 @@
 //! The endpoints: which paths exist under `/api/v1/`, which methods each takes, and what its
-//! body must be. [`route`] turns a parsed request into an [`ApiRequest`] or the error the
+//! body must be (an endpoint that takes one takes a JSON object: an array or a scalar is a
+//! 400 that says so, never read as something else). [`route`] turns a parsed request into an [`ApiRequest`] or the error the
 //! client gets; [`decode`] does the whole way from bytes (the `api` fuzz target's entry).
 
 use super::http::{self, Request};
@@ -66,9 +67,29 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     if body.is_empty() {
         return Err(ApiError::MissingConfig);
     }
+    json_object(body, "vm.create", "the VM configuration, as in --config")?;
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
+}
+
+/// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
+/// by field in order). A body that is not JSON at all is left to the endpoint's own decoding,
+/// whose message says where it breaks.
+fn json_object(body: &[u8], endpoint: &'static str, what: &'static str) -> Result<(), ApiError> {
+    let found = match serde_json::from_slice::<serde_json::Value>(body) {
+        Err(_) | Ok(serde_json::Value::Object(_)) => return Ok(()),
+        Ok(serde_json::Value::Array(_)) => "an array",
+        Ok(serde_json::Value::String(_)) => "a string",
+        Ok(serde_json::Value::Number(_)) => "a number",
+        Ok(serde_json::Value::Bool(_)) => "a boolean",
+        Ok(serde_json::Value::Null) => "null",
+    };
+    Err(ApiError::BodyNotObject {
+        endpoint,
+        what,
+        found,
+    })
 }
 
 /// The request in `bytes`: `None` if they hold only part of one.
@@ -120,6 +141,15 @@ mod tests {
             panic!("vm.create with a config should route");
         };
         assert_eq!(cfg.cpus, 2);
+        for body in ["[]", "[2]", "2", "\"x\"", "true", "null"] {
+            let err = route(&request("PUT", path, body)).unwrap_err();
+            assert!(
+                matches!(err, ApiError::BodyNotObject { .. }),
+                "{body}: {err}"
+            );
+            assert_eq!(err.status(), 400);
+            assert!(err.to_string().contains("takes a JSON object"), "{err}");
+        }
         for (body, status) in [
             ("", 400),
             ("{", 400),

@@ -1,9 +1,24 @@
 //! The API server: the socket and the loop that serves it on lull's main thread.
 //!
-//! The loop waits (epoll) on three things: a client connecting, the VM thread's "run ended"
-//! eventfd, and SIGINT/SIGTERM. Each connection is read (with a deadline), answered and
-//! closed before the next; a signal stops the VM if it runs and ends lull, as it does for
-//! `lull run`.
+//! One thread multiplexes every client with epoll over non-blocking sockets; each connection
+//! is a [`Conn`] state machine (incremental HTTP framing, keep-alive, deadlines), so a client
+//! that sends half a request, or never reads its answer, holds only its own connection:
+//!
+//! ```text
+//!   epoll_wait(timeout = the nearest connection deadline)
+//!     ├─ listener readable ─► accept all; at MAX_CONNECTIONS drop one first (the idle one
+//!     │                       waiting longest, else the oldest) ─► Conn::new(now), watch IN
+//!     ├─ client readable   ─► one read ─► Conn: requests ─► routes ─► Controller ─► answers
+//!     ├─ client writable   ─► write what is queued (watch OUT only while something is)
+//!     ├─ VM-ended eventfd  ─► the controller takes note; the server takes the signals back
+//!     └─ SIGINT/SIGTERM    ─► stop the VM if it runs, end lull
+//!   then every connection past its deadline: 408 or closed (see `http::REQUEST_TIMEOUT`)
+//! ```
+//!
+//! A request is handled to its end before the loop goes on (`vm.boot` waits for the VM's
+//! vCPUs to run, a stop for the run to end): the other clients wait for that, never for
+//! another client's bytes. Before its loop the thread installs its seccomp filter
+//! (`seccomp::ThreadKind::Api`), in the mode of `--seccomp`.
 //!
 //! Signals: the handlers write one process-wide eventfd (`sys::stop_signals`). While the VM
 //! runs, its own event loop has installed them and takes the signal (the run ends with
@@ -11,20 +26,24 @@
 //! for itself. A signal in the moment between the end of a run and that re-installation is
 //! lost (it reaches the ended run's eventfd).
 
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::conn::{Conn, Step};
 use super::controller::{Controller, Next};
 use super::http::{self, Response};
 use super::routes;
 use super::ApiError;
 use crate::config::VmConfig;
+use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::sys::stop_signals;
 
 /// The listening socket; its file is removed when it is dropped.
@@ -80,9 +99,17 @@ impl Drop for ApiSocket {
     }
 }
 
+/// Most connections open at once; one more drops one of them (see [`Clients::make_room`]).
+pub const MAX_CONNECTIONS: usize = 64;
+/// Most bytes read from one connection per readiness event (a 1 MiB body takes 16), so that
+/// one busy client cannot hold the loop.
+const READ_CHUNK: usize = 64 * 1024;
+
 const LISTENER: u64 = 0;
 const VM_ENDED: u64 = 1;
 const SIGNAL: u64 = 2;
+/// Tokens from here on are connections.
+const FIRST_CLIENT: u64 = 3;
 
 fn host(what: &'static str) -> impl Fn(std::io::Error) -> ApiError {
     move |source| ApiError::Host { what, source }
@@ -96,14 +123,20 @@ struct Events {
 }
 
 impl Events {
-    fn watch(&self, fd: &impl AsRawFd, token: u64) -> Result<(), ApiError> {
+    fn control(
+        &self,
+        op: ControlOperation,
+        fd: &impl AsRawFd,
+        set: EventSet,
+        token: u64,
+    ) -> Result<(), ApiError> {
         self.epoll
-            .ctl(
-                ControlOperation::Add,
-                fd.as_raw_fd(),
-                EpollEvent::new(EventSet::IN, token),
-            )
+            .ctl(op, fd.as_raw_fd(), EpollEvent::new(set, token))
             .map_err(host("the API epoll set"))
+    }
+
+    fn watch(&self, fd: &impl AsRawFd, token: u64) -> Result<(), ApiError> {
+        self.control(ControlOperation::Add, fd, EventSet::IN, token)
     }
 
     /// Takes the SIGINT/SIGTERM handlers back from a VM whose run has ended.
@@ -119,9 +152,209 @@ impl Events {
     }
 }
 
+/// One client: its socket, its state, what epoll watches it for.
+struct Client {
+    stream: UnixStream,
+    conn: Conn,
+    watching: EventSet,
+}
+
+/// The open connections, by epoll token.
+struct Clients {
+    open: BTreeMap<u64, Client>,
+    next_token: u64,
+    /// The read buffer, shared by every connection.
+    chunk: Vec<u8>,
+}
+
+impl Clients {
+    fn new() -> Self {
+        Self {
+            open: BTreeMap::new(),
+            next_token: FIRST_CLIENT,
+            chunk: vec![0; READ_CHUNK],
+        }
+    }
+
+    /// Accepts every pending connection.
+    fn accept_all(&mut self, listener: &UnixListener, events: &Events) {
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(e) = self.add(stream, events) {
+                        tracing::warn!("API socket: cannot serve a connection: {e}");
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // E.g. out of descriptors: this connection is lost, the server goes on.
+                    tracing::warn!("API socket: cannot accept a connection: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, stream: UnixStream, events: &Events) -> Result<(), ApiError> {
+        stream.set_nonblocking(true).map_err(ApiError::Connection)?;
+        self.make_room();
+        let token = self.next_token;
+        self.next_token += 1;
+        events.control(ControlOperation::Add, &stream, EventSet::IN, token)?;
+        let client = Client {
+            stream,
+            conn: Conn::new(Instant::now()),
+            watching: EventSet::IN,
+        };
+        self.open.insert(token, client);
+        Ok(())
+    }
+
+    /// At [`MAX_CONNECTIONS`], closes one connection for a new one: the idle one that has
+    /// waited longest, else (every one is in the middle of a request) the oldest wait.
+    fn make_room(&mut self) {
+        if self.open.len() < MAX_CONNECTIONS {
+            return;
+        }
+        let victim = self
+            .open
+            .iter()
+            .min_by_key(|(_, c)| (!c.conn.is_idle(), c.conn.since()))
+            .map(|(token, _)| *token);
+        if let Some(token) = victim {
+            tracing::debug!("API socket full: connection {token} dropped for a new one");
+            // Closing the socket takes it out of the epoll set.
+            self.open.remove(&token);
+        }
+    }
+
+    /// Serves `token` after epoll reported `set` for it; returns lull's exit status if a
+    /// request asked lull to end.
+    fn ready(
+        &mut self,
+        token: u64,
+        set: EventSet,
+        events: &Events,
+        controller: &mut Controller,
+    ) -> Option<i32> {
+        let client = self.open.get_mut(&token)?;
+        let readable = set.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR);
+        if readable && client.watching == EventSet::IN {
+            match client.stream.read(&mut self.chunk) {
+                Ok(0) => client.conn.end_of_stream(),
+                Ok(n) => client.conn.received(&self.chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => {
+                    tracing::debug!("API connection {token}: {e}");
+                    self.open.remove(&token);
+                    return None;
+                }
+            }
+        }
+        self.drive(token, events, controller)
+    }
+
+    /// Runs `token`'s state machine as far as it goes without waiting.
+    fn drive(&mut self, token: u64, events: &Events, controller: &mut Controller) -> Option<i32> {
+        let client = self.open.get_mut(&token)?;
+        let want = loop {
+            match client.conn.step() {
+                Step::Answer(request) => {
+                    let (response, next) = handle(request, controller);
+                    client.conn.answer(&response);
+                    if let Next::Exit(code) = next {
+                        // lull ends: one attempt at the answer (a few bytes, the socket takes
+                        // them), no waiting for a client that does not read.
+                        if let Err(e) = client.stream.write_all(client.conn.output()) {
+                            tracing::debug!("API client gone before its answer: {e}");
+                        }
+                        return Some(code);
+                    }
+                }
+                Step::Write => match client.stream.write(client.conn.output()) {
+                    Ok(n) => client.conn.wrote(n, Instant::now()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break EventSet::OUT,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::debug!("API client gone before its answer: {e}");
+                        break EventSet::empty();
+                    }
+                },
+                Step::Read => break EventSet::IN,
+                Step::Close => break EventSet::empty(),
+            }
+        };
+        if want.is_empty() {
+            self.open.remove(&token);
+        } else if want != client.watching {
+            client.watching = want;
+            let op = ControlOperation::Modify;
+            if let Err(e) = events.control(op, &client.stream, want, token) {
+                tracing::warn!("API connection {token}: {e}");
+                self.open.remove(&token);
+            }
+        }
+        None
+    }
+
+    /// The nearest connection deadline, as an epoll timeout in ms (-1: none).
+    fn timeout_ms(&self, now: Instant) -> i32 {
+        self.open
+            .values()
+            .map(|c| c.conn.deadline())
+            .min()
+            .map_or(-1, |deadline| {
+                let left = deadline.saturating_duration_since(now) + Duration::from_micros(999);
+                i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
+            })
+    }
+
+    /// Expires every connection past its deadline.
+    fn expire(&mut self, now: Instant, events: &Events, controller: &mut Controller) {
+        let due: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, c)| c.conn.deadline() <= now)
+            .map(|(token, _)| *token)
+            .collect();
+        for token in due {
+            if let Some(client) = self.open.get_mut(&token) {
+                client.conn.expire();
+                // An expired connection hands out no request, so `drive` cannot end lull.
+                let _ = self.drive(token, events, controller);
+            }
+        }
+    }
+}
+
+/// Routes and answers one request.
+fn handle(request: http::Request, controller: &mut Controller) -> (Response, Next) {
+    tracing::debug!(method = request.method, path = request.path, "API request");
+    match routes::route(&request) {
+        Ok(request) => controller.handle(request),
+        Err(e) => {
+            tracing::debug!("API request refused: {e}");
+            (Response::error(&e), Next::Serve)
+        }
+    }
+}
+
+/// The seccomp mode of the server's own filter: that of the VM the command line described
+/// (`--seccomp`, or its `--config` file), else the default.
+fn seccomp_mode(initial: Option<&VmConfig>) -> SeccompMode {
+    initial.map_or_else(SeccompMode::default, |cfg| cfg.seccomp)
+}
+
 /// Serves the API on `path` until `vmm.shutdown` or a signal; returns lull's exit status.
 /// `initial` is the VM the command line described, if it described one.
 pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
+    let filter = seccomp::program(ThreadKind::Api, seccomp_mode(initial.as_ref()))
+        .map_err(ApiError::Seccomp)?;
     let socket = ApiSocket::bind(path)?;
     let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
@@ -133,17 +366,25 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
     events.watch(&socket.listener, LISTENER)?;
     events.watch(controller.ended_event(), VM_ENDED)?;
     events.watch(&events.signal, SIGNAL)?;
+    if let Some(filter) = &filter {
+        seccomp::apply_api(filter).map_err(ApiError::Seccomp)?;
+    }
     tracing::info!("management API on {}", path.display());
-    let mut ready = [EpollEvent::default(); 3];
+    let mut clients = Clients::new();
+    let mut ready = vec![EpollEvent::default(); MAX_CONNECTIONS + 4];
     loop {
-        let n = match events.epoll.wait(-1, &mut ready) {
+        let timeout = clients.timeout_ms(Instant::now());
+        let n = match events.epoll.wait(timeout, &mut ready) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(host("the API event wait")(e)),
         };
         for event in &ready[..n] {
             let exit = match event.data() {
-                LISTENER => accept_all(&socket.listener, &mut controller),
+                LISTENER => {
+                    clients.accept_all(&socket.listener, &events);
+                    None
+                }
                 VM_ENDED => {
                     let _ = controller.ended_event().read();
                     let exit = controller.poll_vm();
@@ -152,64 +393,17 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
                     }
                     exit
                 }
-                _ => {
+                SIGNAL => {
                     let _ = events.signal.read();
                     let signal = stop_signals::last_signal().unwrap_or(libc::SIGTERM);
                     Some(controller.on_signal(signal))
                 }
+                token => clients.ready(token, event.event_set(), &events, &mut controller),
             };
             if let Some(code) = exit {
                 return Ok(code);
             }
         }
+        clients.expire(Instant::now(), &events, &mut controller);
     }
-}
-
-/// Serves every pending connection; returns lull's exit status if one asked lull to end.
-fn accept_all(listener: &UnixListener, controller: &mut Controller) -> Option<i32> {
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Next::Exit(code) = serve_connection(stream, controller) {
-                    return Some(code);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                // E.g. out of descriptors: this connection is lost, the server goes on.
-                tracing::warn!("API socket: cannot accept a connection: {e}");
-                return None;
-            }
-        }
-    }
-}
-
-/// Reads one request from `stream`, answers it and closes the connection.
-fn serve_connection(mut stream: UnixStream, controller: &mut Controller) -> Next {
-    let deadline = Instant::now() + http::REQUEST_TIMEOUT;
-    let set_timeout = |s: &UnixStream, left| s.set_read_timeout(Some(left));
-    let request = stream
-        .set_nonblocking(false)
-        .and_then(|()| stream.set_write_timeout(Some(http::REQUEST_TIMEOUT)))
-        .map_err(ApiError::Connection)
-        .and_then(|()| http::read_request(&mut stream, deadline, set_timeout));
-    let (response, next) = match request.and_then(|r| {
-        tracing::debug!(method = r.method, path = r.path, "API request");
-        routes::route(&r)
-    }) {
-        Ok(request) => controller.handle(request),
-        Err(ApiError::HungUp) => {
-            tracing::debug!("API client hung up before its request was complete");
-            return Next::Serve;
-        }
-        Err(e) => {
-            tracing::debug!("API request refused: {e}");
-            (Response::error(&e), Next::Serve)
-        }
-    };
-    if let Err(e) = std::io::Write::write_all(&mut stream, &response.to_bytes()) {
-        tracing::debug!("API client gone before its answer: {e}");
-    }
-    next
 }

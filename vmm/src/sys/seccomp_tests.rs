@@ -1,6 +1,7 @@
 //! The filters at work: each case forks a child that installs one thread kind's real filter
-//! and makes one syscall; the parent reads how the child ended. A refused syscall ends the
-//! child by SIGSYS (`--seccomp on`); with `--seccomp log` the same syscall goes through.
+//! (the API server's with its `clone3` answer, as `seccomp::apply_api` installs them) and
+//! makes one syscall; the parent reads how the child ended. A refused syscall ends the child
+//! by SIGSYS (`--seccomp on`); with `--seccomp log` the same syscall goes through.
 
 use crate::seccomp::*;
 
@@ -19,6 +20,14 @@ enum Probe {
     OpenForWriting,
     /// A terminal ioctl: forbidden for vCPU threads.
     TerminalIoctl,
+    /// fork(2) (clone without CLONE_THREAD): forbidden for every thread, the API server's too.
+    Fork,
+    /// What the API server does: accept4 on a listening socket (made before the fork), FIONBIO,
+    /// sendto/recvfrom on a connection, an epoll wait, clone3 answered ENOSYS, unlink of a
+    /// missing file, an O_RDWR open of /dev/null (how /dev/kvm and disks are opened).
+    ApiServes,
+    /// An O_RDWR open: forbidden for every thread but the API server (and its descendants).
+    OpenReadWrite,
     /// kill(2) of another process (init): forbidden (tgkill only, and only to lull).
     SignalOtherProcess,
     /// sched_setaffinity of another task (init): forbidden (a vCPU sets its own only).
@@ -34,6 +43,19 @@ enum Ended {
 
 fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
     let program = program(kind, mode).unwrap().unwrap();
+    // The API probe's sockets: a listener with one pending connection, and that client.
+    let dir = std::env::temp_dir().join(format!("lull-seccomp-api-{}", std::process::id()));
+    let _ = std::fs::create_dir(&dir);
+    let sock = dir.join(format!("{probe:?}-{kind:?}-{mode:?}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let client = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let _ = std::fs::remove_file(&sock);
+    let listen_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+    let missing = c"/nonexistent/lull-seccomp-probe";
+    let dev_null = c"/dev/null";
+    let epoll_fd = vmm_sys_util::epoll::Epoll::new().unwrap();
+    let epoll_raw = std::os::fd::AsRawFd::as_raw_fd(&epoll_fd);
     let path = c"/proc/self/status";
     let bin = c"/bin/true";
     let argv = [bin.as_ptr(), std::ptr::null()];
@@ -45,7 +67,12 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
-        if seccompiler::apply_filter(&program).is_err() {
+        let installed = if kind == ThreadKind::Api {
+            apply_api(&program).is_ok()
+        } else {
+            seccompiler::apply_filter(&program).is_ok()
+        };
+        if !installed {
             // SAFETY: _exit is async-signal-safe and ends the forked child.
             unsafe { libc::_exit(100) };
         }
@@ -88,6 +115,43 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
                 Probe::OpenForWriting => {
                     libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 }
+                Probe::Fork => {
+                    if libc::fork() == 0 {
+                        libc::_exit(0);
+                    }
+                }
+                Probe::ApiServes => {
+                    let conn = libc::accept4(
+                        listen_fd,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    );
+                    let on: libc::c_int = 1;
+                    let mut byte = [0u8; 1];
+                    let mut event = libc::epoll_event { events: 0, u64: 0 };
+                    if conn < 0
+                        || libc::ioctl(conn, libc::FIONBIO, &on) != 0
+                        || libc::send(conn, byte.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) != 1
+                        || libc::recv(conn, byte.as_mut_ptr().cast(), 1, 0) >= 0
+                        || libc::epoll_wait(epoll_raw, &mut event, 1, 0) != 0
+                    {
+                        libc::_exit(104);
+                    }
+                    if libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0) != -1
+                        || *libc::__errno_location() != libc::ENOSYS
+                    {
+                        libc::_exit(105);
+                    }
+                    libc::unlink(missing.as_ptr());
+                    let fd = libc::open(dev_null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        libc::_exit(106);
+                    }
+                }
+                Probe::OpenReadWrite => {
+                    libc::open(dev_null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+                }
                 Probe::TerminalIoctl => {
                     libc::ioctl(0, libc::TCGETS, std::ptr::null_mut::<libc::termios>());
                 }
@@ -103,6 +167,9 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
             libc::_exit(0);
         }
     }
+    drop(client);
+    drop(listener);
+    let _ = std::fs::remove_dir(&dir);
     let mut status = 0;
     // SAFETY: waits for the child forked above; `status` is a valid out pointer.
     let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -116,13 +183,31 @@ fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
 
 #[test]
 fn allowed_syscalls_pass_under_every_filter() {
-    for kind in [ThreadKind::Vcpu, ThreadKind::Timers, ThreadKind::Vmm] {
+    for kind in [
+        ThreadKind::Vcpu,
+        ThreadKind::Timers,
+        ThreadKind::Vmm,
+        ThreadKind::Api,
+    ] {
         assert_eq!(
             run_child(kind, SeccompMode::On, Probe::Allowed),
             Ended::Exited(0),
             "{kind:?}"
         );
     }
+}
+
+#[test]
+fn the_api_server_serves_under_its_filter() {
+    assert_eq!(
+        run_child(ThreadKind::Api, SeccompMode::On, Probe::ApiServes),
+        Ended::Exited(0)
+    );
+    // The same calls kill a VMM thread: the probe does make calls that a filter can refuse.
+    assert_eq!(
+        run_child(ThreadKind::Vmm, SeccompMode::On, Probe::ApiServes),
+        Ended::Signalled(libc::SIGSYS)
+    );
 }
 
 #[test]
@@ -139,6 +224,14 @@ fn a_forbidden_syscall_kills_the_process() {
         (ThreadKind::Vmm, Probe::Socket),
         (ThreadKind::Vmm, Probe::Exec),
         (ThreadKind::Vmm, Probe::OpenForWriting),
+        (ThreadKind::Vmm, Probe::OpenReadWrite),
+        (ThreadKind::Vcpu, Probe::Fork),
+        (ThreadKind::Api, Probe::Socket),
+        (ThreadKind::Api, Probe::Exec),
+        (ThreadKind::Api, Probe::Fork),
+        (ThreadKind::Api, Probe::OpenForWriting),
+        (ThreadKind::Api, Probe::SignalOtherProcess),
+        (ThreadKind::Api, Probe::AffinityOfOtherTask),
     ];
     for (kind, probe) in cases {
         assert_eq!(

@@ -7,14 +7,15 @@ GUEST   ?=
 ARGS    ?=
 
 .PHONY: all run test build build-release guests linux kit fmt-check clippy unit-tests \
-        integration-tests bench-timer clean clean-kit help
+        loom-tests integration-tests bench-timer clean clean-kit help
 
 all: build kit
 
 help:
 	@echo "make run            build lull and the kit, boot the default guest (Linux) on this terminal"
 	@echo "make run GUEST=hello  boot a test guest from target/kit/guests instead"
-	@echo "make test           format check, clippy, unit, property and integration tests"
+	@echo "make test           format check, clippy, unit, property, loom and integration tests"
+	@echo "make loom-tests     the timer crate's loom models (LOOM_MAX_PREEMPTIONS=N searches deeper)"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
@@ -67,13 +68,32 @@ unit-tests:
 	$(CARGO) test --workspace --exclude lull-tests
 	$(FUZZ_CHECK) $(CARGO) test
 
+# The timer crate's loom models (timer/tests/loom*.rs and the crate's `loom_tests` modules;
+# a test runs here if its name holds `loom_`): every interleaving of the lock-free state and of
+# the pull model's wake-up hand-over, up to LOOM_MAX_PREEMPTIONS preemptions per execution.
+# `--cfg loom` swaps the crate's atomics and locks for loom's, so the step builds in its own
+# target dir, with a release profile of its own: no LTO, and only the crates the models run
+# through optimised (the timer crate, loom and what loom's scheduler runs on), not the other
+# dev-dependencies (criterion, proptest). Bound 5: 3m47s for the whole step from a clean
+# target/loom on a loaded host (1m42s of CPU, 7.5 s of it model checking); bound 6 checks
+# about 4x longer.
+LOOM_MAX_PREEMPTIONS ?= 5
+LOOM_PROFILE := --config 'profile.release.lto=false' --config 'profile.release.codegen-units=16' \
+    --config 'profile.release.debug=0' --config 'profile.release.package."*".opt-level=0' \
+    $(foreach c,loom generator scoped-tls tracing tracing-core, \
+        --config 'profile.release.package.$(c).opt-level=3')
+loom-tests:
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=$(CURDIR)/target/loom \
+	    LOOM_MAX_PREEMPTIONS=$(LOOM_MAX_PREEMPTIONS) $(CARGO) test $(LOOM_PROFILE) -p timer \
+	    --release --lib --test loom --test loom_retarget -- loom_
+
 integration-tests: build kit
 	@# mkfs.ext4 and e2fsck for the Linux root-disk test (tests/tests/virtio_blk.rs); ip
 	@# (network namespaces, taps) and ping for the virtio-net tests (tests/tests/virtio_net.rs).
 	resources/ensure-apt.sh e2fsprogs iproute2 iputils-ping
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
 
-test: fmt-check clippy unit-tests integration-tests fuzz-smoke
+test: fmt-check clippy unit-tests loom-tests integration-tests fuzz-smoke
 
 bench-timer:
 	resources/bench/bench-timer.sh

@@ -24,11 +24,13 @@
 //! * `cargo test -p timer`: unit tests, property tests (random operation sequences on 1..=70
 //!   vCPUs checking the hierarchy invariants and every timer's fate after each step, run-time
 //!   growth), a concurrent growth test and a multi-threaded vCPU stress test.
-//! * `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom`: loom models of
-//!   concurrent activate/deactivate, remote expiry vs. a new timer, root growth, and the
-//!   demonstration of why `seq` is needed. `LOOM_MAX_PREEMPTIONS=5` searches deeper (~2 s).
-//!   `--test loom_retarget`: the wake-up duty's retarget race (a CPU going idle last while
-//!   another activates and re-arms the sleeper's host wake-up).
+//! * `make loom-tests` (part of `make test`): the loom models, built with `--cfg loom`.
+//!   `tests/loom.rs`: concurrent activate/deactivate, remote expiry vs. a new timer, root
+//!   growth, and the demonstration of why `seq` is needed; `hierarchy/state.rs`: the real
+//!   `set_active`/`set_inactive` racing on one word, with and without `seq`;
+//!   `tests/loom_retarget.rs`: the real `PullModel`/`PullCpu` in the wake-up duty's
+//!   retarget race (a CPU going idle last while another activates and re-arms the sleeper's
+//!   host wake-up). `LOOM_MAX_PREEMPTIONS=6` searches deeper.
 //! * `tests/all_idle.rs`: the all-idle VM of issue 15 in simulation (pull vs. push wake-ups).
 //! * `resources/bench/bench-timer.sh` (`make bench-timer`): criterion benchmarks.
 //! * Feature `testing` (off by default; always on in the crate's own tests): `timer::testing`, a

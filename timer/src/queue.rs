@@ -218,12 +218,70 @@ mod tests {
         assert_eq!(q.pop_due(100).map(|x| x.2), Some('c'));
         assert!(!q.rearm(c, 1));
         assert_eq!(q.len(), 0);
-        // A reused slot does not honour the stale handle.
+        // Three slots were used and all three freed: `d` reuses one of them (no fourth slot),
+        // and the stale handle of that slot's previous timer neither sees nor moves `d`.
         let d = q.arm(1, 'd');
-        assert_eq!(d.index, c.index.min(a.index).max(d.index));
+        let stale = [a, b, c].into_iter().find(|s| s.index == d.index);
+        let stale = stale.unwrap_or_else(|| panic!("slot {} is new, none was reused", d.index));
+        assert_eq!(q.deadline(stale), None);
+        assert!(!q.rearm(stale, 50));
+        assert_eq!(q.cancel(stale), None);
+        assert_eq!((q.deadline(d), q.len()), (Some(1), 1));
         assert_eq!(q.cancel(a), None);
         assert_eq!(q.cancel(c), None);
         assert_eq!(q.cancel(d), Some('d'));
+    }
+
+    /// Slot reuse against a model that knows nothing of the queue's free list: which slot
+    /// indices exist, which are free, which handles are live and which are stale.
+    #[derive(Default)]
+    struct SlotModel {
+        /// Live timers: handle, deadline, payload (unique per arm).
+        live: Vec<(Slot, u64, usize)>,
+        /// Handles of timers that were cancelled or fired.
+        stale: Vec<Slot>,
+        /// Indices freed and not handed out again.
+        free: std::collections::BTreeSet<u32>,
+        /// Distinct indices ever handed out.
+        slots: u32,
+    }
+
+    impl SlotModel {
+        /// A timer was armed into `s`: a freed index if there is one, else a new one.
+        fn armed(&mut self, s: Slot, deadline: u64, payload: usize) -> Result<(), TestCaseError> {
+            if self.free.is_empty() {
+                prop_assert_eq!(s.index, self.slots, "no slot was free: expected a new one");
+                self.slots += 1;
+            } else {
+                prop_assert!(
+                    self.free.remove(&s.index),
+                    "slot {} is not one of the freed {:?}",
+                    s.index,
+                    self.free
+                );
+            }
+            prop_assert!(self.live.iter().all(|l| l.0.index != s.index));
+            self.live.push((s, deadline, payload));
+            Ok(())
+        }
+
+        /// The live timer `i` was cancelled or fired.
+        fn gone(&mut self, i: usize) -> (Slot, u64, usize) {
+            let l = self.live.remove(i);
+            self.free.insert(l.0.index);
+            self.stale.push(l.0);
+            l
+        }
+
+        /// Every live timer is still pending with its deadline.
+        fn check(&self, q: &TimerQueue<usize>) -> Result<(), TestCaseError> {
+            for l in &self.live {
+                prop_assert_eq!(q.deadline(l.0), Some(l.1));
+            }
+            prop_assert_eq!(q.len(), self.live.len());
+            prop_assert_eq!(q.peek(), self.live.iter().map(|l| l.1).min());
+            Ok(())
+        }
     }
 
     proptest! {
@@ -258,6 +316,50 @@ mod tests {
                 prop_assert_eq!(m.map(|m| (m.1, m.2)), Some((d, p)));
             }
             prop_assert!(model.is_empty());
+        }
+
+        /// Arms, cancels, re-arms and pops at random, with stale handles (of timers cancelled
+        /// or fired, whose slots the queue reuses) used as often as live ones: a new timer
+        /// takes a freed slot whenever there is one, and a stale handle never cancels, moves
+        /// or sees the live timer that now holds its slot.
+        #[test]
+        fn reused_slots_ignore_stale_handles(ops in proptest::collection::vec((0u8..6, 0u64..100, 0usize..64), 1..300)) {
+            let mut q = TimerQueue::new();
+            let mut m = SlotModel::default();
+            for (i, (op, t, pick)) in ops.into_iter().enumerate() {
+                match op {
+                    0 | 1 => m.armed(q.arm(t, i), t, i)?,
+                    2 if !m.live.is_empty() => {
+                        let k = pick % m.live.len();
+                        let h = m.live[k].0;
+                        let (_, _, p) = m.gone(k);
+                        prop_assert_eq!(q.cancel(h), Some(p));
+                    }
+                    3 if !m.live.is_empty() => {
+                        let k = pick % m.live.len();
+                        prop_assert!(q.rearm(m.live[k].0, t));
+                        m.live[k].1 = t;
+                    }
+                    4 if !m.stale.is_empty() => {
+                        let h = m.stale[pick % m.stale.len()];
+                        prop_assert_eq!(q.deadline(h), None);
+                        prop_assert_eq!(q.cancel(h), None);
+                        prop_assert!(!q.rearm(h, t));
+                    }
+                    _ => match q.pop_due(t) {
+                        Some((s, d, p)) => {
+                            let k = m.live.iter().position(|l| l.2 == p);
+                            let k = k.ok_or_else(|| TestCaseError::fail(format!("popped unknown {p}")))?;
+                            prop_assert_eq!(Some(d), m.live.iter().map(|l| l.1).min());
+                            let (ls, ld, _) = m.gone(k);
+                            prop_assert_eq!((s, d), (ls, ld));
+                            prop_assert!(d <= t);
+                        }
+                        None => prop_assert!(m.live.iter().all(|l| l.1 > t)),
+                    },
+                }
+                m.check(&q)?;
+            }
         }
     }
 }

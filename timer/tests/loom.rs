@@ -1,8 +1,8 @@
 //! Model checking of the lock-free group state with loom.
 //!
-//! Run with:
-//! `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom`
-//! (add `LOOM_MAX_PREEMPTIONS=3` to search deeper). Without `--cfg loom` this file is empty.
+//! Run with `make loom-tests` (bound 5), or:
+//! `RUSTFLAGS="--cfg loom" cargo test -p timer --release --test loom` (bound 3 by default;
+//! `LOOM_MAX_PREEMPTIONS=6` searches deeper). Without `--cfg loom` this file is empty.
 //!
 //! The tree: 4 CPUs, groups of 2, so two level-0 groups under one root:
 //! ```text

@@ -34,8 +34,8 @@
 //!   A deactivation reads the group state, then the child's state, then writes; if the child
 //!   went idle and active again in between, the active mask is back to the value read and
 //!   only `seq` tells the write is stale. Without it an active CPU could be dropped from its
-//!   group (shown by a unit test in `state.rs` and by the loom model in `tests/loom.rs`,
-//!   which finds the losing interleaving when `seq` is turned off).
+//!   group (shown by a unit test and a loom model in `state.rs`, and by the loom model in
+//!   `tests/loom.rs`, which find the losing interleaving when `seq` is turned off).
 //! * `linked`: the group has a parent. Set by compare-exchange when a group is put under a
 //!   parent, so a walker learns from its own update whether to go on up (see `topology.rs`).
 //!

@@ -186,44 +186,98 @@ mod tests {
         assert_eq!(t.new.active, 1 << 1);
     }
 
-    /// Why `seq` exists, replayed step by step: a deactivator reads the group state, then sees
-    /// the child idle; meanwhile the child goes active again and its `set_active` CAS writes a
-    /// word identical to the one the deactivator read. Without `seq` the deactivator's stale
-    /// CAS succeeds and clears the bit of an active child: that active CPU is lost.
+    /// Why `seq` exists, replayed deterministically with the real transitions: child 0 (the
+    /// migrator, the only active child) went idle and its deactivator is inside
+    /// `set_inactive`, between reading the group word and its compare-exchange; exactly there
+    /// (the `child_active` read, which still sees the child idle) the child comes back and
+    /// its `set_active` runs. With `seq` the stale compare-exchange fails and the retry sees
+    /// the child active; without, `set_active` rewrote the very word the deactivator read,
+    /// the stale exchange succeeds and an active child loses its bit.
+    fn deactivate_while_the_child_returns(step: u32) -> GroupState {
+        let w = AtomicU64::new(GroupState::IDLE);
+        set_active(&w, 0, step);
+        let active = std::cell::Cell::new(false);
+        let raced = std::cell::Cell::new(false);
+        let child_active = || {
+            let seen = active.get();
+            if !raced.replace(true) {
+                active.set(true);
+                set_active(&w, 0, step);
+            }
+            seen
+        };
+        set_inactive(&w, 0, &child_active, step);
+        assert!(active.get() && raced.get());
+        load(&w)
+    }
+
     #[test]
+    fn stale_cas_is_refused_with_seq() {
+        let s = deactivate_while_the_child_returns(1);
+        assert_eq!((s.active, s.migrator), (1, Some(0)));
+    }
+
+    /// The same interleaving without `seq` loses the child (on x86-64, whose
+    /// compare-exchange never fails spuriously: a spurious failure would retry and keep it).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
     fn stale_cas_loses_an_active_child_without_seq() {
-        for with_seq in [true, false] {
-            let w = AtomicU64::new(GroupState::IDLE);
-            let bump = |s: u32| if with_seq { s.wrapping_add(1) } else { s };
-            // Child 0 active and migrator.
-            let s0 = GroupState {
-                active: 1,
-                migrator: Some(0),
-                seq: 0,
-                linked: false,
-            };
-            w.store(s0.pack(), Ordering::SeqCst);
-            // Deactivator (for a child that went idle) reads the state ...
-            let read = w.load(Ordering::SeqCst);
-            // ... the child is seen idle and the new word is computed ...
-            let stale_new = GroupState {
-                active: 0,
-                migrator: None,
-                seq: bump(0),
-                linked: false,
-            };
-            // ... but before its CAS, the child re-activates: set bit (already set), seq++.
-            let again = GroupState {
-                active: 1,
-                migrator: Some(0),
-                seq: bump(0),
-                linked: false,
-            };
-            w.store(again.pack(), Ordering::SeqCst);
-            let stale =
-                w.compare_exchange(read, stale_new.pack(), Ordering::SeqCst, Ordering::SeqCst);
-            let lost = stale.is_ok();
-            assert_eq!(lost, !with_seq, "with_seq={with_seq}");
+        let s = deactivate_while_the_child_returns(0);
+        assert_eq!((s.active, s.migrator), (0, None));
+    }
+}
+
+/// Loom models of the real transitions racing on one word: every interleaving of a
+/// deactivation with the child's return (`RUSTFLAGS="--cfg loom"`, see `make loom-tests`).
+#[cfg(test)]
+#[cfg(loom)]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+    use crate::sync::AtomicBool;
+
+    /// Children 0 and 1 active, child 0 the migrator. Child 0 went idle: its deactivator
+    /// (thread A) clears its bit, reading the child's flag inside `set_inactive`; meanwhile
+    /// child 0 comes back (thread B): flag set, then `set_active`. At the end the child is
+    /// active, so its bit must be set, and the migrator must be an active child.
+    fn deactivate_races_return(step: u32) {
+        let w = Arc::new(AtomicU64::new(GroupState::IDLE));
+        set_active(&w, 0, step);
+        set_active(&w, 1, step);
+        let active = Arc::new(AtomicBool::new(false));
+        let (w2, active2) = (Arc::clone(&w), Arc::clone(&active));
+        let a = thread::spawn(move || {
+            set_inactive(&w2, 0, &|| active2.load(Ordering::SeqCst), step);
+        });
+        active.store(true, Ordering::SeqCst);
+        set_active(&w, 0, step);
+        a.join()
+            .unwrap_or_else(|_| panic!("the deactivator panicked"));
+        let s = load(&w);
+        assert!(s.active & 1 != 0, "active child lost: {s:?}");
+        let m = s.migrator.unwrap_or_else(|| panic!("no migrator: {s:?}"));
+        assert!(s.active & (1 << m) != 0, "idle migrator: {s:?}");
+    }
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        if b.preemption_bound.is_none() {
+            b.preemption_bound = Some(3);
         }
+        b.check(f);
+    }
+
+    #[test]
+    fn loom_set_inactive_races_set_active() {
+        model(|| deactivate_races_return(1));
+    }
+
+    /// The same with `seq` never bumped: loom finds the stale compare-exchange.
+    #[test]
+    #[should_panic(expected = "active child lost")]
+    fn loom_without_seq_set_inactive_loses_the_child() {
+        model(|| deactivate_races_return(0));
     }
 }

@@ -164,6 +164,7 @@ impl<T: Send + 'static> CpuTimers<T> for CentralCpu<T> {
 }
 
 #[cfg(test)]
+#[cfg(not(loom))]
 mod tests {
     use std::sync::{Arc, Mutex};
 

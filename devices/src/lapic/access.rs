@@ -146,14 +146,15 @@ impl<E: LapicEvents> Lapic<E> {
         match msr {
             regs::MSR_APIC_BASE => return self.write_apic_base(value),
             regs::MSR_TSC_DEADLINE => {
-                let timer = if self.mode() == ApicMode::Disabled {
-                    LapicTimerChange::Unchanged
+                let (timer, timer_expired) = if self.mode() == ApicMode::Disabled {
+                    (LapicTimerChange::Unchanged, false)
                 } else {
                     let update = self.timer.write_tsc_deadline(value, now_ns, &self.events);
-                    self.timer_update(update)
+                    (self.timer_update(update), update.expired)
                 };
                 return Ok(LapicEffects {
                     timer,
+                    timer_expired,
                     ..LapicEffects::default()
                 });
             }
@@ -243,15 +244,20 @@ impl<E: LapicEvents> Lapic<E> {
                 self.icr = (self.icr & 0xFFFF_FFFF) | (u64::from(low & 0xFF00_0000) << 32);
             }
             regs::LVT_TIMER..=regs::LVT_ERROR => match regs::lvt_index(offset) {
-                Some(index) => effects.timer = self.write_lvt(index, low, offset, now_ns),
+                Some(index) => {
+                    (effects.timer, effects.timer_expired) =
+                        self.write_lvt(index, low, offset, now_ns);
+                }
                 None => return Write::Reserved,
             },
             regs::TIMER_INITIAL => {
                 let update = self.timer.write_initial_count(low, now_ns, &self.events);
+                effects.timer_expired = update.expired;
                 effects.timer = self.timer_update(update);
             }
             regs::TIMER_DIVIDE => {
                 let update = self.timer.write_divide(low, now_ns, &self.events);
+                effects.timer_expired = update.expired;
                 effects.timer = self.timer_update(update);
             }
             regs::SELF_IPI if x2apic && value > 0xFF => return Write::Reserved,
@@ -279,7 +285,7 @@ impl<E: LapicEvents> Lapic<E> {
         value: u32,
         offset: u32,
         now_ns: u64,
-    ) -> LapicTimerChange {
+    ) -> (LapicTimerChange, bool) {
         let writable = regs::lvt_writable(index);
         let mut lvt = value & writable;
         if value & !writable & !(1 << 12) != 0 {
@@ -292,10 +298,12 @@ impl<E: LapicEvents> Lapic<E> {
             lvt |= regs::LVT_MASKED;
         }
         let mut change = LapicTimerChange::Unchanged;
+        let mut expired = false;
         if index == 0 {
             // An expiry due before this write happened under the old LVT (vector, mask, mode),
             // even if the host timer has not told us yet.
             let settled = self.timer.settle(now_ns);
+            expired = settled.expired;
             change = self.timer_update(settled);
             let mode = TimerMode::from_lvt(lvt).unwrap_or_else(|| {
                 self.events.invalid_access(InvalidAccess::ReservedBits {
@@ -308,7 +316,7 @@ impl<E: LapicEvents> Lapic<E> {
             change = change.then(self.timer.set_mode(mode, &self.events));
         }
         self.lvt[index] = lvt;
-        change
+        (change, expired)
     }
 
     fn send_ipi(&mut self, x2apic: bool) -> Option<super::Ipi> {

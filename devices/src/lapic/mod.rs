@@ -191,6 +191,10 @@ pub struct Eoi {
 pub struct LapicEffects {
     /// What to do with this vCPU's host timer.
     pub timer: LapicTimerChange,
+    /// The timer expired at this write (a count already run out, a TSC deadline at or before
+    /// now, or an expiry the write settled): its interrupt is pending already, and no host
+    /// timer will report this expiry, so the VMM counts it here.
+    pub timer_expired: bool,
     /// An IPI to route and deliver.
     pub ipi: Option<Ipi>,
     /// An EOI to forward to the IOAPIC if level-triggered.

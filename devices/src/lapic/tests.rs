@@ -807,3 +807,22 @@ fn without_x2apic_support_x2apic_is_hidden() {
     }
     assert_eq!(lapic.read_msr(MSR_APIC_BASE, 0), Ok(base | APIC_BASE_BSP));
 }
+
+/// A TSC deadline at or before now expires at the write itself: the effects say so (no host
+/// timer will report that expiry, so the VMM counts the fire from them); a future deadline,
+/// and a write that leaves the timer alone, do not.
+#[test]
+fn an_expiry_at_the_write_is_reported_in_its_effects() {
+    let mut l = lapic();
+    let now = 1_000_000_000;
+    let lvt = write(&mut l, LVT_TIMER, 0x40 | (2 << 17), now);
+    assert!(!lvt.timer_expired);
+    let future = l.write_msr(MSR_TSC_DEADLINE, 1 << 50, now).unwrap();
+    assert!(!future.timer_expired);
+    assert_eq!(l.next_interrupt(), None);
+    let past = l.write_msr(MSR_TSC_DEADLINE, 1, now).unwrap();
+    assert!(past.timer_expired);
+    assert_eq!(l.next_interrupt(), Some(0x40));
+    let tpr = write(&mut l, TPR, 0, now);
+    assert!(!tpr.timer_expired);
+}

@@ -334,7 +334,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
 
     /// Applies what a LAPIC access asks for.
     fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
-        self.apply_timer(effects.timer);
+        self.apply_timer(effects.timer, effects.timer_expired);
         if effects.destination_changed {
             if let Ok(index) = usize::try_from(self.id) {
                 self.router
@@ -357,7 +357,13 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     }
 
     /// Follows a change of the LAPIC timer.
-    fn apply_timer(&mut self, change: LapicTimerChange) {
+    /// Carries out a LAPIC write's timer change. An expiry at the write itself (`expired`: a
+    /// deadline already past, a settled expiry) is counted as a fire delivered with no delay
+    /// of lull's: no host timer reports it, and every expiry must be accounted for.
+    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool) {
+        if expired {
+            self.counters().record_lateness(0);
+        }
         match change {
             LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
             LapicTimerChange::Cancel => {
@@ -555,7 +561,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             self.counters.pv_deadlines.fetch_add(1, Ordering::Relaxed);
             let now = self.clock.now();
             if let Ok(effects) = self.lapic.write_msr(MSR_TSC_DEADLINE, tsc, now) {
-                self.apply_timer(effects.timer);
+                self.apply_timer(effects.timer, effects.timer_expired);
             }
         }
     }

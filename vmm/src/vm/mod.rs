@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`] and running it to its end, in named steps:
 //!
 //! ```text
-//!  guest::resolve ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
+//!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
 //!    ─► devices: console, port bus, disks, nets ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
@@ -16,8 +16,10 @@ pub mod devices;
 pub mod disks;
 pub mod event_loop;
 pub mod guest;
+pub mod inputs;
 pub mod kvm;
 pub mod nets;
+pub mod paths;
 pub mod report;
 pub mod test_devices;
 pub mod vcpus;
@@ -52,6 +54,10 @@ pub enum VmError {
     /// The guest could not be loaded into memory.
     #[error(transparent)]
     Boot(#[from] BootError),
+    /// An input or output path cannot be used (an output is an input, a kernel is a
+    /// directory).
+    #[error(transparent)]
+    Input(#[from] inputs::InputError),
     /// KVM refused.
     #[error(transparent)]
     Kvm(#[from] KvmError),
@@ -181,21 +187,31 @@ fn check_metrics_path(cfg: &VmConfig) -> Result<(), VmError> {
 }
 
 /// Builds the VM described by `cfg` and runs it to the end.
-pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
-    run_observed(cfg, started, |_| {})
+/// `other`: lull's own input and output paths (`--config`, the API socket), kept apart from
+/// the configuration's inputs like its outputs (see [`inputs::check`]).
+pub fn run(
+    cfg: &VmConfig,
+    other: inputs::OtherPaths<'_>,
+    started: Instant,
+) -> Result<RunOutcome, VmError> {
+    run_observed(cfg, other, started, |_| {})
 }
 
 /// [`run`], handing `on_running` the running VM once its vCPUs and event loop are set up.
 pub fn run_observed(
     cfg: &VmConfig,
+    other: inputs::OtherPaths<'_>,
     started: Instant,
     on_running: impl FnOnce(LiveVm),
 ) -> Result<RunOutcome, VmError> {
+    let inputs::Inputs {
+        image,
+        disks: open_disks,
+        nets: open_nets,
+    } = inputs::check(cfg, other)?;
     check_metrics_path(cfg)?;
-    let open_disks = disks::open(&cfg.disks)?;
-    let open_nets = nets::open(&cfg.nets)?;
     let sink = devices::console_sink(&cfg.serial)?;
-    let image = guest::resolve(cfg)?;
+    let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image)?;
     let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
@@ -237,6 +253,14 @@ pub fn run_observed(
     shared.device_timers = device_timers;
     shared.nets = nets.ports;
     let shared = Arc::new(shared);
+    if let Some(hook) = sink_failure {
+        let vm = Arc::downgrade(&shared);
+        let _ = hook.set(Box::new(move |why| {
+            if let Some(vm) = vm.upgrade() {
+                vm.stop.request(StopReason::OutputFailed(why));
+            }
+        }));
+    }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared)

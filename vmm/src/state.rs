@@ -129,6 +129,8 @@ pub struct VmShared {
     pub device_timers: Arc<DeviceTimers>,
     /// The virtio-net devices, in `--net` order: the VMM thread watches their taps.
     pub nets: Vec<Arc<dyn NetPort>>,
+    /// Each disk's requests that failed because its image shrank under the VM.
+    pub disk_shrink_errors: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl VmShared {
@@ -151,6 +153,7 @@ impl VmShared {
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
             nets: Vec::new(),
+            disk_shrink_errors: Vec::new(),
         })
     }
 

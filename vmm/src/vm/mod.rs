@@ -31,7 +31,6 @@ use std::time::Instant;
 use ::devices::mmio::MmioBusError;
 use ::devices::pio::PioBusError;
 use ::devices::serial::SerialCounters;
-use ::devices::virtio::disk::DiskError;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -91,7 +90,7 @@ pub enum VmError {
     MmioBus(#[from] MmioBusError),
     /// A `--disk` image cannot be used.
     #[error(transparent)]
-    Disk(#[from] DiskError),
+    Disk(#[from] disks::DiskOpenError),
     /// A `--net` tap cannot be used.
     #[error(transparent)]
     Net(#[from] crate::sys::tap::TapError),
@@ -252,6 +251,7 @@ pub fn run_observed(
     shared.mmio = disks.bus;
     shared.device_timers = device_timers;
     shared.nets = nets.ports;
+    shared.disk_shrink_errors = std::mem::take(&mut disks.shrink_errors);
     let shared = Arc::new(shared);
     if let Some(hook) = sink_failure {
         let vm = Arc::downgrade(&shared);
@@ -281,6 +281,13 @@ pub fn run_observed(
     let host = report::host_facts(&shared);
     chip.kick_all();
     disks::sync(&disks.files);
+    let shrunk = disks::shrink_error_total(&shared.disk_shrink_errors);
+    if shrunk > 0 {
+        tracing::warn!(
+            "{shrunk} disk request(s) failed because a disk image shrank under the VM (the guest \
+             saw I/O errors)"
+        );
+    }
     let _ = lock(&console.console).flush();
     let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
     Ok(RunOutcome { reason, report })

@@ -11,7 +11,9 @@ pub const GUEST_RESET: i32 = 0;
 /// Bad command line (clap's own code).
 pub const USAGE: i32 = 2;
 /// Bad input: kernel, initramfs, config file, memory size, CPU count, API socket path, disk
-/// image, tap device.
+/// image (or one another process holds), tap device, contradictory flags, an output path that
+/// is an input, a serial file that cannot be written, or the host out of file descriptors or
+/// memory.
 pub const BAD_INPUT: i32 = 4;
 /// KVM unavailable.
 pub const KVM_UNAVAILABLE: i32 = 6;

@@ -157,7 +157,7 @@ fn timed_run(
     let program = format!("{:?}", cmd.get_program());
     let mut log_file = File::create(log).map_err(|e| BenchError::Io(log.to_path_buf(), e))?;
     let start = Instant::now();
-    let mut child = cmd
+    let mut child = crate::children::guard(&mut cmd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -221,8 +221,7 @@ fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
     let err = out
         .try_clone()
         .map_err(|e| BenchError::Io(spec.stderr.clone(), e))?;
-    let child = spec
-        .command
+    let child = crate::children::guard(&mut spec.command)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

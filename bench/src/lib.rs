@@ -21,6 +21,7 @@
 
 mod api_client;
 mod boot;
+mod children;
 mod density;
 mod fleet;
 mod global_timers;
@@ -62,6 +63,8 @@ pub const EXIT_OK: u8 = 0;
 pub const EXIT_BAD_INPUT: u8 = 4;
 /// `lull bench` exit status: it ran, but some VM failed (its row lists why).
 pub const EXIT_VM_FAILED: u8 = 8;
+/// `lull bench` exit status: stopped by SIGINT or SIGTERM (its VMs stopped first, no result).
+pub const EXIT_STOPPED: u8 = 12;
 
 /// Flags of `lull bench`.
 #[derive(Debug)]
@@ -228,7 +231,7 @@ fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> 
 /// Whether `lull run --help` of `lull` offers `flag` (the idle manager's flags arrive
 /// separately; the bench leaves out what the binary lacks and says so).
 fn lull_has_flag(lull: &std::path::Path, flag: &str) -> bool {
-    std::process::Command::new(lull)
+    children::guard(&mut std::process::Command::new(lull))
         .args(["run", "--help"])
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
@@ -236,6 +239,10 @@ fn lull_has_flag(lull: &std::path::Path, flag: &str) -> bool {
 
 /// Runs `lull bench ...`; the return value is the process exit status.
 pub fn main(args: &BenchArgs) -> ExitCode {
+    if let Err(e) = children::forward_stop_signals() {
+        eprintln!("lull bench: cannot handle SIGINT/SIGTERM: {e}");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
     let result = match &args.experiment {
         Experiment::Density(a) => density::run(a),
         Experiment::Wakeup(a) => wakeup::run(a),

@@ -34,7 +34,7 @@ pub enum QemuUnusable {
 
 /// Whether `qemu --version` runs.
 pub fn installed(qemu: &str) -> bool {
-    Command::new(qemu)
+    crate::children::guard(&mut Command::new(qemu))
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success())
@@ -52,7 +52,8 @@ pub fn can_run(qemu: &str, guest: &Path) -> Result<(), QemuUnusable> {
         status,
         why,
     };
-    let mut child = command(qemu, 1, 64)
+    let mut probe = command(qemu, 1, 64);
+    let mut child = crate::children::guard(&mut probe)
         .args(["-serial", "null", "-kernel"])
         .arg(guest)
         .stdin(Stdio::null())

@@ -1,15 +1,17 @@
 //! The `cli` target: `lull run` argument vectors (real flags with arbitrary values, and
 //! arbitrary words), JSON `--config` documents, memory sizes and serial modes.
 //!
-//! Checks: nothing panics; a configuration `to_config` accepts passes `validate`; a JSON config
-//! that parses survives a serialize/parse round trip; sizes and serial modes that parse print
+//! Checks: nothing panics; a configuration `to_config` accepts passes `validate` and keeps its
+//! rules (whole pages of memory, a quota that can apply, no user-irqchip timer model with the
+//! kernel irqchip); only a JSON object parses as a config, and one that parses survives a
+//! serialize/parse round trip; sizes and serial modes that parse print
 //! back to something that parses to the same value. `--config` itself is never passed (it would
 //! read files); its parser is fuzzed through the JSON input instead.
 
 use arbitrary::{Arbitrary, Unstructured};
 use clap::Parser;
 use vmm::cli::{Cli, Command};
-use vmm::config::{SerialMode, VmConfig};
+use vmm::config::{IrqchipMode, SerialMode, TimerModelKind, VmConfig};
 use vmm::size::ByteSize;
 
 const FLAGS: &[&str] = &[
@@ -20,6 +22,9 @@ const FLAGS: &[&str] = &[
     "--memory",
     "--irqchip",
     "--timer-model",
+    "--timer-advance",
+    "--cpu-quota",
+    "--idle-inject",
     "--serial",
     "--metrics",
     "-v",
@@ -77,6 +82,22 @@ fn args(words: &[Word]) {
         if let Err(e) = cfg.validate() {
             panic!("to_config accepted an invalid configuration ({e}): {argv:?}");
         }
+        keeps_the_rules(&cfg);
+    }
+}
+
+/// The rules `validate` promises, checked on a configuration it accepted.
+fn keeps_the_rules(cfg: &VmConfig) {
+    assert_eq!(cfg.memory.0 % 4096, 0, "unaligned memory accepted: {cfg:?}");
+    if let Some(q) = cfg.cpu_quota {
+        assert!(
+            q.quota_ns < q.period_ns.saturating_mul(u64::from(cfg.cpus)),
+            "a quota that never applies accepted: {cfg:?}"
+        );
+    }
+    if cfg.irqchip == IrqchipMode::Kernel {
+        assert_eq!(cfg.timer_model, TimerModelKind::Pull, "{cfg:?}");
+        assert!(cfg.timer_advance.is_none(), "{cfg:?}");
     }
 }
 
@@ -84,7 +105,12 @@ fn json(bytes: &[u8]) {
     let Ok(cfg) = serde_json::from_slice::<VmConfig>(bytes) else {
         return;
     };
-    let _ = cfg.validate();
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        assert!(value.is_object(), "a JSON {value} parsed as a config");
+    }
+    if cfg.validate().is_ok() {
+        keeps_the_rules(&cfg);
+    }
     let text = serde_json::to_string(&cfg)
         .unwrap_or_else(|e| panic!("a parsed config does not serialize: {e}"));
     let back: VmConfig = serde_json::from_str(&text)

@@ -159,7 +159,7 @@ impl<'a> Fuzz<'a> {
             memory: ByteSize(memory),
             ..VmConfig::default()
         };
-        let out = ConsoleSink::File(sink.try_clone().ok()?);
+        let out = ConsoleSink::from_file(sink.try_clone().ok()?, "fuzz-serial".into());
         let parts = console(&fake.chip, out).ok()?;
         let cmos = Cmos::new(Box::new(move || clock));
         let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)

@@ -22,7 +22,9 @@ Exit status:
   odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
   2        bad command line
   4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket
-           path, disk image, tap device
+           path, disk image (or one another lull holds), tap device, contradictory flags,
+           an output path that is an input, a serial file that cannot be written, or the
+           host out of file descriptors or memory (the message says what to raise)
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
@@ -79,7 +81,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
 
-    /// Guest RAM with an optional K, M or G suffix (32M to 64G). Default: 256M.
+    /// Guest RAM with an optional K, M or G suffix (32M to 64G), a multiple of 4K (guest
+    /// memory is mapped in whole pages; another size is refused with status 4). Default: 256M.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<ByteSize>,
 
@@ -93,7 +96,9 @@ pub struct RunArgs {
     /// How guest timers are expired with `--irqchip user`. `pull`: on the vCPU that armed
     /// them, a halted vCPU's global timers pulled by running vCPUs (Linux timer-migration
     /// model); `push`: every vCPU arms a host timer for each of its timers; `central`: one
-    /// timer thread expires everything and kicks vCPUs (QEMU-style). Default: pull.
+    /// timer thread expires everything and kicks vCPUs (QEMU-style). Default: pull. With
+    /// `--irqchip kernel`, KVM expires the guest's timers: `push` and `central` are refused
+    /// (status 4) and `pull` has no effect.
     #[arg(long, value_enum, value_name = "MODEL")]
     pub timer_model: Option<TimerModelKind>,
 
@@ -109,7 +114,9 @@ pub struct RunArgs {
     /// timer for its LAPIC deadline fires early by the wake-up latency it has been seeing, and
     /// the vCPU waits (spins) until the deadline before the interrupt is made pending, never
     /// delivering it early. `off`, `adaptive` (learned per vCPU, at most 100us), `adaptive=MAX`,
-    /// or a fixed duration such as `20us`. Default: adaptive.
+    /// or a fixed duration such as `20us`. Default: adaptive. Refused with `--irqchip kernel`
+    /// (KVM has its own, `lapic_timer_advance_ns`), as are --halt-poll, --wake-placement,
+    /// --idle-inject, --cpu-quota and --global-timers.
     #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
     pub timer_advance: Option<TimerAdvanceMode>,
 
@@ -135,6 +142,8 @@ pub struct RunArgs {
     /// vCPUs together; vCPUs are parked until the next period once it is used. Periods start
     /// at a random phase (default), so VMs started together interleave, or `aligned` to the
     /// host clock (every VM's periods at the same instants). Example: quota=50,period=100.
+    /// A quota of at least `--cpus` x period could never park a vCPU and is refused (status
+    /// 4); a quota above the period is meaningful with several vCPUs.
     #[arg(long, value_name = "quota=MS,period=MS[,phase=random|aligned]")]
     pub cpu_quota: Option<CpuQuotaConfig>,
 
@@ -144,11 +153,17 @@ pub struct RunArgs {
     pub global_timers: Option<GlobalTimersConfig>,
 
     /// Serial console: `stdio` (the terminal), `off`, or `file=PATH` (appended). Default: stdio.
+    /// The file must not be one of the VM's inputs (kernel, initramfs, config, disk: compared
+    /// by device and inode, refused with status 4 before anything is written); if a write to
+    /// it fails (a full disk, /dev/full), lull stops the VM at once and says so (status 4)
+    /// rather than lose the guest's output.
     #[arg(long, value_name = "MODE")]
     pub serial: Option<SerialMode>,
 
     /// Write run metrics (exits by reason, halts, wake-ups by cause, timer expiries, lateness
-    /// histogram, run and boot time) as JSON to this file at exit; `-` for stderr.
+    /// histogram, run and boot time) as JSON to this file at exit; `-` for stderr. The file
+    /// must not be one of the VM's inputs or the serial file (refused with status 4 before
+    /// anything is written). Written also when SIGINT or SIGTERM stops the run, however early.
     #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
 
@@ -190,7 +205,12 @@ pub struct RunArgs {
     /// binary suffixes), `ops=N` requests a second, `burst=BYTES` a one-time extra, and
     /// `refill=DURATION` the buckets' depth in time (default 100ms: a bucket holds 100 ms of
     /// its rate). A request that does not fit waits in its queue until a refill timer (see
-    /// --device-timers) fires at the instant it will.
+    /// --device-timers) fires at the instant it will. lull holds an flock on each image for
+    /// the VM's life: exclusive for a writable disk, shared for `readonly=on`, so an image
+    /// given twice as writable, to this lull or to another, is refused (status 4, naming the
+    /// holder). If the image shrinks under the VM, a request past its new end fails with
+    /// VIRTIO_BLK_S_IOERR (the guest sees an I/O error, the file is not re-grown) and is
+    /// counted in the metrics (`disk_shrunk_image_errors`).
     #[arg(
         long = "disk",
         value_name = "path=FILE[,readonly=on][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=D]"
@@ -228,7 +248,9 @@ pub struct RunArgs {
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
     /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
     /// pv_deadline, x2apic, disks: a list of `--disk` values, nets: a list of `--net` values,
-    /// and device_timers); flags win (`--disk` and `--net` replace the file's lists).
+    /// and device_timers); flags win (`--disk` and `--net` replace the file's lists). The file
+    /// must be a regular file of at most 1 MiB holding a JSON object (not an array; a device
+    /// such as /dev/zero is refused before it is read).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
@@ -236,8 +258,9 @@ pub struct RunArgs {
     /// vm.create, vm.boot, vm.info, vm.counters, vm.shutdown, vmm.shutdown) on a Unix socket
     /// created at PATH with owner-only permissions, instead of booting at once. VM flags or
     /// --config given with it form the created VM (boot it with vm.boot); without them, the
-    /// VM comes from vm.create. lull runs until vmm.shutdown or SIGINT/SIGTERM. See
-    /// docs/API.md.
+    /// VM comes from vm.create, which checks the kernel, initramfs, disks, taps and output
+    /// paths as `lull run` does and answers 400 with the reason; a VM whose vm.boot failed may
+    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM. See docs/API.md.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 

@@ -17,8 +17,11 @@ use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
+mod file;
 mod net;
+mod validate;
 
+pub use file::MAX_CONFIG_BYTES;
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 
 /// Smallest guest memory lull accepts.
@@ -254,8 +257,10 @@ impl fmt::Display for DiskConfig {
 crate::string_serde!(DiskConfig);
 
 /// Everything lull needs to build and run one VM.
+// `remote = "Self"`: the derived code becomes `VmConfig::serialize`/`deserialize`, and the
+// traits (in `file`) take a JSON object only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields, default, remote = "Self")]
 pub struct VmConfig {
     /// Guest kernel: PVH ELF (e.g. `vmlinux`) or bzImage. `None`: the kit's default guest.
     pub kernel: Option<PathBuf>,
@@ -343,6 +348,15 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
+    /// The config file is a device, FIFO or directory: lull reads regular files only.
+    #[error(
+        "Config file {0} is not a regular file: give a JSON file (at most 1 MiB), not a \
+         device, FIFO or directory"
+    )]
+    NotAFile(PathBuf),
+    /// The config file exceeds [`MAX_CONFIG_BYTES`].
+    #[error("Config file {0} is larger than 1 MiB: a VM configuration is a small JSON object")]
+    FileTooLarge(PathBuf),
     /// The config file is not valid JSON for this schema.
     #[error("Config file {path} is not valid: {source} (see `lull run --help` for the fields)")]
     ParseFile {
@@ -357,6 +371,26 @@ pub enum ConfigError {
     /// `--memory` out of range.
     #[error("--memory {0} is out of range: use {MIN_MEMORY} to {MAX_MEMORY}")]
     Memory(ByteSize),
+    /// `--memory` not a whole number of 4 KiB pages.
+    #[error(
+        "--memory {0} is not a multiple of 4 KiB: guest memory is mapped in whole 4 KiB pages; \
+         give a multiple of 4K (e.g. 32M, 256M, 1G)"
+    )]
+    MemoryAlignment(ByteSize),
+    /// A `--cpu-quota` that can never park a vCPU.
+    #[error(
+        "--cpu-quota quota={quota_ms}ms per period={period_ms}ms is at least what {cpus} vCPU(s) \
+         can run in a period ({cpus} x period), so it would never apply: give a quota below \
+         {cpus} x period, or no --cpu-quota"
+    )]
+    QuotaNeverApplies {
+        /// The quota, ms.
+        quota_ms: u64,
+        /// The period, ms.
+        period_ms: u64,
+        /// vCPUs.
+        cpus: u32,
+    },
     /// More disks than lull has MMIO windows and interrupt lines for.
     #[error("{0} disks given; lull takes at most {MAX_DISKS}")]
     TooManyDisks(usize),
@@ -380,16 +414,10 @@ pub enum ConfigError {
 }
 
 impl VmConfig {
-    /// Reads a JSON config file.
+    /// Reads a JSON config file: a regular file of at most [`MAX_CONFIG_BYTES`] holding a
+    /// JSON object.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::ParseFile {
-            path: path.to_path_buf(),
-            source,
-        })
+        file::read(path)
     }
 
     /// What expires device timers: the setting, or the default of the irqchip.
@@ -399,47 +427,6 @@ impl VmConfig {
             (None, IrqchipMode::User) => DeviceTimerMode::Hierarchy,
             (None, IrqchipMode::Kernel) => DeviceTimerMode::Timerfd,
         }
-    }
-
-    /// Checks ranges that do not depend on the host.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.cpus == 0 || self.cpus > MAX_CPUS {
-            return Err(ConfigError::Cpus(self.cpus));
-        }
-        if self.memory < MIN_MEMORY || self.memory > MAX_MEMORY {
-            return Err(ConfigError::Memory(self.memory));
-        }
-        if self.disks.len() > MAX_DISKS {
-            return Err(ConfigError::TooManyDisks(self.disks.len()));
-        }
-        if self.disks.len() + self.nets.len() > MAX_VIRTIO_DEVICES {
-            return Err(ConfigError::TooManyDevices {
-                disks: self.disks.len(),
-                nets: self.nets.len(),
-            });
-        }
-        for (i, net) in self.nets.iter().enumerate() {
-            if self.nets[..i].iter().any(|n| n.tap == net.tap) {
-                return Err(ConfigError::DuplicateTap(net.tap.clone()));
-            }
-        }
-        if self.irqchip == IrqchipMode::Kernel {
-            let knobs = [
-                (self.halt_poll.is_some(), "--halt-poll"),
-                (self.wake_placement.is_some(), "--wake-placement"),
-                (self.idle_inject.is_some(), "--idle-inject"),
-                (self.cpu_quota.is_some(), "--cpu-quota"),
-                (self.global_timers.is_some(), "--global-timers"),
-                (
-                    self.device_timers == Some(DeviceTimerMode::Hierarchy),
-                    "--device-timers hierarchy",
-                ),
-            ];
-            if let Some((_, name)) = knobs.iter().find(|(set, _)| *set) {
-                return Err(ConfigError::NeedsUserIrqchip(name));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -570,33 +557,5 @@ mod tests {
             ..VmConfig::default()
         };
         assert!(matches!(twice.validate(), Err(ConfigError::DuplicateTap(t)) if t == "t0"));
-    }
-
-    #[test]
-    fn validate_ranges() {
-        let mut cfg = VmConfig::default();
-        assert!(cfg.validate().is_ok());
-        cfg.cpus = 0;
-        assert!(matches!(cfg.validate(), Err(ConfigError::Cpus(0))));
-        cfg.cpus = 1;
-        cfg.memory = ByteSize::mib(8);
-        assert!(matches!(cfg.validate(), Err(ConfigError::Memory(_))));
-        cfg.memory = ByteSize::mib(64);
-        cfg.idle_inject = Some("percent=10".parse().unwrap());
-        assert!(cfg.validate().is_ok());
-        cfg.irqchip = IrqchipMode::Kernel;
-        assert!(matches!(
-            cfg.validate(),
-            Err(ConfigError::NeedsUserIrqchip("--idle-inject"))
-        ));
-        cfg.irqchip = IrqchipMode::User;
-        assert!(cfg.validate().is_ok());
-        cfg.idle_inject = None;
-        cfg.wake_placement = Some(WakePlacementMode::default());
-        cfg.irqchip = IrqchipMode::Kernel;
-        assert!(matches!(
-            cfg.validate(),
-            Err(ConfigError::NeedsUserIrqchip("--wake-placement"))
-        ));
     }
 }

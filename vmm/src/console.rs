@@ -6,14 +6,26 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// Told, once, that the console's file could not be written (with the message to stop on).
+pub type SinkFailureHook = Box<dyn Fn(String) + Send + Sync>;
 
 /// Where guest console output goes. Output is flushed at every newline.
 pub enum ConsoleSink {
     /// lull's standard output.
     Stdout(io::Stdout),
-    /// A file, appended to.
-    File(File),
+    /// A file, appended to. A write that fails (a full disk, `/dev/full`) is not dropped in
+    /// silence: the hook hears of the first one (lull stops the VM: its output is lost).
+    File {
+        /// The file.
+        file: File,
+        /// Its path, for the message.
+        path: PathBuf,
+        /// Set by the VM once it can be stopped.
+        on_failure: Arc<OnceLock<SinkFailureHook>>,
+    },
     /// Dropped.
     Null,
 }
@@ -25,7 +37,35 @@ impl ConsoleSink {
             .create(true)
             .append(true)
             .open(path)
-            .map(Self::File)
+            .map(|file| Self::from_file(file, path.to_path_buf()))
+    }
+
+    /// A sink on `file`, opened elsewhere, named `path` in messages.
+    pub fn from_file(file: File, path: PathBuf) -> Self {
+        Self::File {
+            file,
+            path,
+            on_failure: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Where to set the hook told of a failed write (`None`: this sink cannot fail).
+    pub fn failure_hook(&self) -> Option<Arc<OnceLock<SinkFailureHook>>> {
+        match self {
+            Self::File { on_failure, .. } => Some(on_failure.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Tells `hook` (if set) that writing `path` failed with `e`.
+fn report_failure(hook: &OnceLock<SinkFailureHook>, path: &Path, e: &io::Error) {
+    if let Some(hook) = hook.get() {
+        hook(format!(
+            "cannot write the serial console to {}: {e}; the guest's output would be lost \
+             (free space or choose another --serial file=)",
+            path.display()
+        ));
     }
 }
 
@@ -40,7 +80,13 @@ impl Write for ConsoleSink {
                 }
                 Ok(n)
             }
-            Self::File(f) => f.write(buf),
+            Self::File {
+                file,
+                path,
+                on_failure,
+            } => file
+                .write(buf)
+                .inspect_err(|e| report_failure(on_failure, path, e)),
             Self::Null => Ok(buf.len()),
         }
     }
@@ -48,7 +94,7 @@ impl Write for ConsoleSink {
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Self::Stdout(s) => s.flush(),
-            Self::File(f) => f.flush(),
+            Self::File { file, .. } => file.flush(),
             Self::Null => Ok(()),
         }
     }
@@ -105,6 +151,23 @@ pub fn read_stdin(buf: &mut [u8]) -> io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_file_write_is_reported_once_set() {
+        let mut sink = ConsoleSink::file(Path::new("/dev/full")).unwrap();
+        assert!(sink.write(b"lost\n").is_err());
+        let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = heard.clone();
+        let hook = sink.failure_hook().unwrap();
+        assert!(hook
+            .set(Box::new(move |m| into.lock().unwrap().push(m)))
+            .is_ok());
+        assert!(sink.write(b"lost\n").is_err());
+        let heard = heard.lock().unwrap();
+        assert_eq!(heard.len(), 1);
+        assert!(heard[0].contains("/dev/full"), "{heard:?}");
+        assert!(ConsoleSink::Null.failure_hook().is_none());
+    }
 
     #[test]
     fn escape_sequences() {

@@ -9,6 +9,8 @@ use tracing_subscriber::EnvFilter;
 use vmm::cli::{Cli, Command, RunArgs};
 use vmm::config::Switch;
 use vmm::exit_code;
+use vmm::vm::inputs::OtherPaths;
+use vmm::vm::VmError;
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
@@ -45,6 +47,16 @@ fn status(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX))
 }
 
+/// Says why the VM could not be built or run, with what to raise if the host ran out of
+/// something; returns the status.
+fn vm_failed(e: &VmError) -> ExitCode {
+    eprintln!("lull: {}", error_chain(e));
+    if let Some(hint) = exit_code::exhausted_resource(e) {
+        eprintln!("lull: {hint}");
+    }
+    status(exit_code::for_vm_error(e))
+}
+
 /// `lull run --api-socket PATH`: the management API until `vmm.shutdown` or a signal.
 fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     let initial = if args.describes_vm() {
@@ -58,10 +70,23 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     } else {
         None
     };
+    if let Some(cfg) = &initial {
+        let other = OtherPaths {
+            config: args.config.as_deref(),
+            api_socket: Some(socket),
+        };
+        if let Err(e) = vmm::vm::inputs::check(cfg, other) {
+            return vm_failed(&e);
+        }
+    }
     match vmm::api::serve(socket, initial) {
         Ok(code) => status(code),
         Err(e) => {
             eprintln!("lull: {}", error_chain(&e));
+            if let Some(hint) = exit_code::exhausted_resource(&e) {
+                eprintln!("lull: {hint}");
+                return status(exit_code::BAD_INPUT);
+            }
             status(e.exit_status())
         }
     }
@@ -74,6 +99,11 @@ fn main() -> ExitCode {
         Command::Run(args) => args,
         Command::Bench(args) => return bench::main(&args),
     };
+    // First, so that a SIGINT or SIGTERM from now on ends the run as a stop (status 12).
+    if let Err(e) = vmm::sys::stop_signals::install_early() {
+        eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
+        return status(exit_code::VMM_FAILURE);
+    }
     // Before anything starts a thread (see `move_own_text_to_huge_pages`).
     let huge_text =
         (args.huge_text == Some(Switch::On)).then(vmm::sys::huge_text::move_own_text_to_huge_pages);
@@ -93,7 +123,11 @@ fn main() -> ExitCode {
             return status(exit_code::for_config_error(&e));
         }
     };
-    match vmm::vm::run(&cfg, started) {
+    let other = OtherPaths {
+        config: args.config.as_deref(),
+        api_socket: None,
+    };
+    match vmm::vm::run(&cfg, other, started) {
         Ok(mut outcome) => {
             let code = exit_code::for_stop(&outcome.reason);
             outcome.report.exit_status = code;
@@ -112,9 +146,6 @@ fn main() -> ExitCode {
             }
             status(code)
         }
-        Err(e) => {
-            eprintln!("lull: {}", error_chain(&e));
-            status(exit_code::for_vm_error(&e))
-        }
+        Err(e) => vm_failed(&e),
     }
 }

@@ -357,6 +357,9 @@ pub struct RunReport {
     pub global_timers: Option<GlobalTimersReport>,
     /// Refill timers of rate-limited disks and nets: what expired them and what each did.
     pub device_timers: Option<crate::device_timers::DeviceTimersReport>,
+    /// virtio-blk requests that failed (IOERR to the guest) because a disk's image file had
+    /// shrunk under the VM below them.
+    pub disk_shrunk_image_errors: u64,
     /// virtio-net devices, in `--net` order: frames and bytes each way, drops.
     pub nets: Vec<crate::net_port::NetReport>,
     /// Per-vCPU exits.

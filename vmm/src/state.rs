@@ -41,6 +41,8 @@ pub enum StopReason {
     Signal(i32),
     /// A client of the management API asked for it (`vm.shutdown` or `vmm.shutdown`).
     Api,
+    /// An output lull writes while the VM runs (the `--serial file=`) failed: what and why.
+    OutputFailed(String),
 }
 
 impl std::fmt::Display for StopReason {
@@ -57,6 +59,7 @@ impl std::fmt::Display for StopReason {
             Self::Signal(libc::SIGINT) => f.write_str("stopped by SIGINT"),
             Self::Signal(n) => write!(f, "stopped by signal {n}"),
             Self::Api => f.write_str("stopped through the management API"),
+            Self::OutputFailed(why) => f.write_str(why),
         }
     }
 }
@@ -126,6 +129,8 @@ pub struct VmShared {
     pub device_timers: Arc<DeviceTimers>,
     /// The virtio-net devices, in `--net` order: the VMM thread watches their taps.
     pub nets: Vec<Arc<dyn NetPort>>,
+    /// Each disk's requests that failed because its image shrank under the VM.
+    pub disk_shrink_errors: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl VmShared {
@@ -148,6 +153,7 @@ impl VmShared {
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
             nets: Vec::new(),
+            disk_shrink_errors: Vec::new(),
         })
     }
 

@@ -1,11 +1,18 @@
 //! What a virtio-blk device stores its sectors on: a [`Disk`]. [`FileDisk`] is a raw image
 //! file (positioned reads and writes, `fsync` for a flush); [`MemDisk`] is a byte vector for
 //! tests and fuzz targets.
+//!
+//! A [`FileDisk`] keeps the size it was opened with (the guest's capacity). If the file
+//! shrinks under the VM (someone truncates it), a request past the new end fails (the device
+//! answers IOERR) and is counted ([`FileDisk::shrink_errors`]): a read there finds the end of
+//! the file, and a write there is refused after an `fstat` rather than re-growing the file
+//! with a hole before it, which would turn the lost sectors into zeros without a word.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Bytes in a virtio-blk sector.
@@ -52,6 +59,7 @@ pub enum DiskError {
 pub struct FileDisk {
     file: Arc<File>,
     size: u64,
+    shrunk: Arc<AtomicU64>,
 }
 
 impl FileDisk {
@@ -80,7 +88,22 @@ impl FileDisk {
         Ok(Self {
             file: Arc::new(file),
             size,
+            shrunk: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Requests that failed because the file had shrunk below them (shared with clones).
+    pub fn shrink_errors(&self) -> &Arc<AtomicU64> {
+        &self.shrunk
+    }
+
+    /// An error for a request past the file's end, counted.
+    fn shrank(&self) -> io::Error {
+        self.shrunk.fetch_add(1, Ordering::Relaxed);
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the disk image shrank below the request",
+        )
     }
 
     /// The open file (shared: the VMM syncs it when the VM stops).
@@ -95,10 +118,17 @@ impl Disk for FileDisk {
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.file.read_exact_at(buf, offset)
+        match self.file.read_exact_at(buf, offset) {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(self.shrank()),
+            other => other,
+        }
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let end = offset.saturating_add(buf.len() as u64);
+        if self.file.metadata()?.len() < end {
+            return Err(self.shrank());
+        }
         self.file.write_all_at(buf, offset)
     }
 
@@ -202,6 +232,27 @@ mod tests {
         for p in [bad, empty, good] {
             std::fs::remove_file(p).unwrap();
         }
+    }
+
+    #[test]
+    fn a_shrunk_file_fails_requests_past_its_end_and_counts_them() {
+        let path = temp("shrink", 4096);
+        let mut disk = FileDisk::open(&path, false).unwrap();
+        disk.write_at(3584, &[7; 512]).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1024)
+            .unwrap();
+        assert!(disk.write_at(3584, &[7; 512]).is_err());
+        assert!(disk.read_at(2048, &mut [0; 512]).is_err());
+        assert_eq!(disk.shrink_errors().load(Ordering::Relaxed), 2);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 1024, "re-grown");
+        disk.write_at(512, &[9; 512]).unwrap();
+        disk.read_at(0, &mut [0; 512]).unwrap();
+        assert_eq!(disk.shrink_errors().load(Ordering::Relaxed), 2);
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

@@ -2,12 +2,16 @@
 //!
 //! ```text
 //!  NotCreated ──vm.create──► Created ──vm.boot──► Running ──vm.shutdown, vmm.shutdown, ──► Shutdown
-//!                               ▲  │                        a signal, or the guest's own stop
-//!                               └──┘ boot failed: stays Created (500 with the reason)
+//!                             ▲  ▲  │                      a signal, or the guest's own stop
+//!                             │  └──┘ boot failed: stays Created (500 with the reason)
+//!                             └─ vm.create again, once a boot has failed
 //! ```
-//! Each request either moves the state or is refused with the state error Cloud Hypervisor
-//! gives (`vm.boot` before `vm.create`: 404; `vm.shutdown` of a VM not booted: 405; creating
-//! or booting twice: 500). A stopped VM stays `Shutdown` with its final report: lull runs one
+//! `vm.create` checks the configuration as `lull run` does (`vm::inputs::check`: kernel,
+//! initramfs, disks, taps, output paths) and answers 400 with the reason, so a VM that cannot
+//! be built is never created. Each request either moves the state or is refused with the state
+//! error Cloud Hypervisor gives (`vm.boot` before `vm.create`: 404; `vm.shutdown` of a VM not
+//! booted: 405; creating or booting twice: 500), except that a VM whose boot failed may be
+//! created again (with a corrected configuration). A stopped VM stays `Shutdown` with its final report: lull runs one
 //! VM per process.
 
 use serde::Serialize;
@@ -49,9 +53,19 @@ enum Ended {
 /// Where the VM is in its life.
 enum VmState {
     NotCreated,
-    Created(Box<VmConfig>),
-    Running { cfg: Box<VmConfig>, vm: RunningVm },
-    Shutdown { cfg: Box<VmConfig>, ended: Ended },
+    /// `boot_failed`: a `vm.boot` failed, so `vm.create` may replace the configuration.
+    Created {
+        cfg: Box<VmConfig>,
+        boot_failed: bool,
+    },
+    Running {
+        cfg: Box<VmConfig>,
+        vm: RunningVm,
+    },
+    Shutdown {
+        cfg: Box<VmConfig>,
+        ended: Ended,
+    },
 }
 
 /// `vmm.ping`'s answer (Cloud Hypervisor's `VmmPingResponse`).
@@ -84,7 +98,10 @@ impl Controller {
     /// A controller with no VM, or with `initial` created (flags given on the command line).
     pub fn new(initial: Option<VmConfig>, ended: EventFd) -> Self {
         Self {
-            state: initial.map_or(VmState::NotCreated, |cfg| VmState::Created(Box::new(cfg))),
+            state: initial.map_or(VmState::NotCreated, |cfg| VmState::Created {
+                cfg: Box::new(cfg),
+                boot_failed: false,
+            }),
             ended,
         }
     }
@@ -123,8 +140,16 @@ impl Controller {
 
     fn create(&mut self, cfg: Box<VmConfig>) -> Result<Response, ApiError> {
         match self.state {
-            VmState::NotCreated => {
-                self.state = VmState::Created(cfg);
+            VmState::NotCreated
+            | VmState::Created {
+                boot_failed: true, ..
+            } => {
+                crate::vm::inputs::check(&cfg, crate::vm::inputs::OtherPaths::default())
+                    .map_err(ApiError::ConfigInputs)?;
+                self.state = VmState::Created {
+                    cfg,
+                    boot_failed: false,
+                };
                 Ok(Response::no_content())
             }
             _ => Err(ApiError::VmAlreadyCreated),
@@ -136,9 +161,13 @@ impl Controller {
             VmState::NotCreated => return Err(ApiError::VmNotCreated),
             VmState::Running { .. } => return Err(ApiError::VmAlreadyBooted),
             VmState::Shutdown { .. } => return Err(ApiError::VmAlreadyRan),
-            VmState::Created(cfg) => cfg.clone(),
+            VmState::Created { cfg, .. } => cfg.clone(),
         };
-        let vm = runner::start(&cfg, &self.ended)?;
+        let vm = runner::start(&cfg, &self.ended).inspect_err(|_| {
+            if let VmState::Created { boot_failed, .. } = &mut self.state {
+                *boot_failed = true;
+            }
+        })?;
         tracing::info!("VM booted through the API");
         self.state = VmState::Running { cfg, vm };
         Ok(Response::no_content())
@@ -147,7 +176,7 @@ impl Controller {
     fn info(&self) -> Result<Response, ApiError> {
         let (config, state, stop_reason) = match &self.state {
             VmState::NotCreated => return Err(ApiError::VmNotCreated),
-            VmState::Created(cfg) => (cfg, "Created", None),
+            VmState::Created { cfg, .. } => (cfg, "Created", None),
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
@@ -162,7 +191,7 @@ impl Controller {
     fn counters(&self) -> Result<Response, ApiError> {
         match &self.state {
             VmState::NotCreated => Err(ApiError::VmNotCreated),
-            VmState::Created(_) => Err(ApiError::VmNotBooted),
+            VmState::Created { .. } => Err(ApiError::VmNotBooted),
             VmState::Running { vm, .. } => Response::json(&report::live(vm.live())),
             VmState::Shutdown {
                 ended: Ended::Stopped { report, .. },
@@ -178,7 +207,7 @@ impl Controller {
     fn shutdown(&mut self) -> Result<Response, ApiError> {
         match &self.state {
             VmState::NotCreated => Err(ApiError::VmNotCreated),
-            VmState::Created(_) => Err(ApiError::VmNotBooted),
+            VmState::Created { .. } => Err(ApiError::VmNotBooted),
             VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
             VmState::Running { .. } => {
                 self.stop(StopReason::Api)?;
@@ -236,7 +265,7 @@ impl Controller {
 
     /// SIGINT or SIGTERM reached the server: stop the VM if it runs; returns lull's status.
     pub fn on_signal(&mut self, signal: i32) -> i32 {
-        if matches!(self.state, VmState::NotCreated | VmState::Created(_)) {
+        if matches!(self.state, VmState::NotCreated | VmState::Created { .. }) {
             return exit_code::for_stop(&StopReason::Signal(signal));
         }
         match self.stop(StopReason::Signal(signal)) {
@@ -317,18 +346,44 @@ mod tests {
         assert_eq!(status(&mut c, ApiRequest::VmCounters), 404);
         assert_eq!(status(&mut c, ApiRequest::VmShutdown), 404);
         let cfg = VmConfig {
-            cpus: 3,
+            cpus: 2,
             ..VmConfig::default()
         };
-        assert_eq!(
-            status(&mut c, ApiRequest::VmCreate(Box::new(cfg.clone()))),
-            204
-        );
+        let dir = std::env::temp_dir().join(format!("lull-controller-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let as_kernel = VmConfig {
+            kernel: Some(dir.clone()),
+            ..cfg.clone()
+        };
+        let (refused, _) = c.handle(ApiRequest::VmCreate(Box::new(as_kernel)));
+        assert_eq!(refused.status, 400);
+        let why = String::from_utf8(refused.body.unwrap()).unwrap();
+        assert!(why.contains(dir.to_str().unwrap()), "{why}");
+        assert_eq!(status(&mut c, ApiRequest::VmInfo), 404);
+        let kernel = dir.join("vmlinux");
+        std::fs::write(&kernel, [0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).unwrap();
+        let cfg = VmConfig {
+            kernel: Some(kernel),
+            ..cfg
+        };
+        let created = c.handle(ApiRequest::VmCreate(Box::new(cfg.clone()))).0;
+        let text = created.body.as_deref().map(String::from_utf8_lossy);
+        assert_eq!(created.status, 204, "{text:?}");
+        // The 8-byte "ELF" passes the probe but cannot be loaded: the boot fails (or KVM is
+        // missing), and the VM may then be created again.
+        assert_eq!(status(&mut c, ApiRequest::VmBoot), 500);
+        assert_eq!(body(&mut c, ApiRequest::VmInfo)["state"], "Created");
+        let again = VmConfig {
+            cpus: 3,
+            ..cfg.clone()
+        };
+        assert_eq!(status(&mut c, ApiRequest::VmCreate(Box::new(again))), 204);
         assert_eq!(status(&mut c, ApiRequest::VmCreate(Box::new(cfg))), 500);
         let info = body(&mut c, ApiRequest::VmInfo);
         assert_eq!(info["state"], "Created");
         assert_eq!(info["config"]["cpus"], 3);
         assert_eq!(info["memory_actual_size"], 256 << 20);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

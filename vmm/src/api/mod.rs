@@ -132,6 +132,9 @@ pub enum ApiError {
     /// The configuration is out of range.
     #[error("The VM configuration is not valid: {0}")]
     ConfigInvalid(#[source] ConfigError),
+    /// The configuration names a kernel, initramfs, disk, tap or path lull cannot use.
+    #[error("The VM configuration cannot be used")]
+    ConfigInputs(#[source] VmError),
     /// The VM has not been created (`vm.create`).
     #[error("The VM is not created")]
     VmNotCreated,
@@ -177,7 +180,8 @@ impl ApiError {
             | Self::BodyNotObject { .. }
             | Self::MissingConfig
             | Self::ConfigJson(_)
-            | Self::ConfigInvalid(_) => 400,
+            | Self::ConfigInvalid(_)
+            | Self::ConfigInputs(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
             Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,
             Self::Timeout => 408,

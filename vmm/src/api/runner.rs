@@ -49,7 +49,7 @@ pub fn start(cfg: &VmConfig, ended: &EventFd) -> Result<RunningVm, ApiError> {
         .name("vm".to_string())
         .spawn(move || {
             let running = tx.clone();
-            let result = vm::run_observed(&cfg, Instant::now(), |live| {
+            let result = vm::run_observed(&cfg, Default::default(), Instant::now(), |live| {
                 let _ = running.send(RunEvent::Running(live));
             });
             // The server may have gone (lull is exiting); nobody is left to tell then.

@@ -1,7 +1,7 @@
 //! Building a VM from a [`VmConfig`] and running it to its end, in named steps:
 //!
 //! ```text
-//!  guest::resolve ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
+//!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
 //!    ─► devices: console, port bus, disks, nets ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
@@ -16,8 +16,10 @@ pub mod devices;
 pub mod disks;
 pub mod event_loop;
 pub mod guest;
+pub mod inputs;
 pub mod kvm;
 pub mod nets;
+pub mod paths;
 pub mod report;
 pub mod test_devices;
 pub mod vcpus;
@@ -29,7 +31,6 @@ use std::time::Instant;
 use ::devices::mmio::MmioBusError;
 use ::devices::pio::PioBusError;
 use ::devices::serial::SerialCounters;
-use ::devices::virtio::disk::DiskError;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -52,6 +53,10 @@ pub enum VmError {
     /// The guest could not be loaded into memory.
     #[error(transparent)]
     Boot(#[from] BootError),
+    /// An input or output path cannot be used (an output is an input, a kernel is a
+    /// directory).
+    #[error(transparent)]
+    Input(#[from] inputs::InputError),
     /// KVM refused.
     #[error(transparent)]
     Kvm(#[from] KvmError),
@@ -85,7 +90,7 @@ pub enum VmError {
     MmioBus(#[from] MmioBusError),
     /// A `--disk` image cannot be used.
     #[error(transparent)]
-    Disk(#[from] DiskError),
+    Disk(#[from] disks::DiskOpenError),
     /// A `--net` tap cannot be used.
     #[error(transparent)]
     Net(#[from] crate::sys::tap::TapError),
@@ -181,21 +186,31 @@ fn check_metrics_path(cfg: &VmConfig) -> Result<(), VmError> {
 }
 
 /// Builds the VM described by `cfg` and runs it to the end.
-pub fn run(cfg: &VmConfig, started: Instant) -> Result<RunOutcome, VmError> {
-    run_observed(cfg, started, |_| {})
+/// `other`: lull's own input and output paths (`--config`, the API socket), kept apart from
+/// the configuration's inputs like its outputs (see [`inputs::check`]).
+pub fn run(
+    cfg: &VmConfig,
+    other: inputs::OtherPaths<'_>,
+    started: Instant,
+) -> Result<RunOutcome, VmError> {
+    run_observed(cfg, other, started, |_| {})
 }
 
 /// [`run`], handing `on_running` the running VM once its vCPUs and event loop are set up.
 pub fn run_observed(
     cfg: &VmConfig,
+    other: inputs::OtherPaths<'_>,
     started: Instant,
     on_running: impl FnOnce(LiveVm),
 ) -> Result<RunOutcome, VmError> {
+    let inputs::Inputs {
+        image,
+        disks: open_disks,
+        nets: open_nets,
+    } = inputs::check(cfg, other)?;
     check_metrics_path(cfg)?;
-    let open_disks = disks::open(&cfg.disks)?;
-    let open_nets = nets::open(&cfg.nets)?;
     let sink = devices::console_sink(&cfg.serial)?;
-    let image = guest::resolve(cfg)?;
+    let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image)?;
     let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
@@ -236,7 +251,16 @@ pub fn run_observed(
     shared.mmio = disks.bus;
     shared.device_timers = device_timers;
     shared.nets = nets.ports;
+    shared.disk_shrink_errors = std::mem::take(&mut disks.shrink_errors);
     let shared = Arc::new(shared);
+    if let Some(hook) = sink_failure {
+        let vm = Arc::downgrade(&shared);
+        let _ = hook.set(Box::new(move |why| {
+            if let Some(vm) = vm.upgrade() {
+                vm.stop.request(StopReason::OutputFailed(why));
+            }
+        }));
+    }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared)
@@ -257,6 +281,13 @@ pub fn run_observed(
     let host = report::host_facts(&shared);
     chip.kick_all();
     disks::sync(&disks.files);
+    let shrunk = disks::shrink_error_total(&shared.disk_shrink_errors);
+    if shrunk > 0 {
+        tracing::warn!(
+            "{shrunk} disk request(s) failed because a disk image shrank under the VM (the guest \
+             saw I/O errors)"
+        );
+    }
     let _ = lock(&console.console).flush();
     let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
     Ok(RunOutcome { reason, report })

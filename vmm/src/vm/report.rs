@@ -84,6 +84,7 @@ fn assemble(
         text_on_huge_pages_bytes: host.text_on_huge_pages,
         device_timers: shared.device_timers.summary(),
         nets: shared.nets.iter().map(|n| n.report()).collect(),
+        disk_shrunk_image_errors: super::disks::shrink_error_total(&shared.disk_shrink_errors),
         ..RunReport::default()
     };
     chip.report(&mut report);

@@ -1,0 +1,108 @@
+//! What a VM configuration names on the host, checked and opened before KVM is touched, by
+//! one function for `lull run` and for the API's `vm.create` ([`check`]):
+//!
+//! ```text
+//!  guest::resolve (kernel and initramfs: regular files, a format lull boots)
+//!    ─► paths::refuse_clashes (no output is an input, by device and inode)
+//!    ─► disks::open (regular images, whole sectors, flock'd) ─► nets::open (taps attached)
+//! ```
+//! `lull run` keeps what this opens for the VM's life (the disks' locks with it); `vm.create`
+//! drops it at once, so that a VM that cannot be built is refused with the reason before it is
+//! created, not when it boots.
+
+use std::path::Path;
+
+use super::disks::{self, OpenDisks};
+use super::guest::{self, GuestImage};
+use super::nets::{self, OpenNets};
+use super::paths::{self, NamedPath, PathClash};
+use super::VmError;
+use crate::config::{SerialMode, VmConfig};
+
+/// The checked inputs of a VM, open.
+pub struct Inputs {
+    /// What to boot.
+    pub image: GuestImage,
+    /// The disk images, locked.
+    pub disks: OpenDisks,
+    /// The taps, attached.
+    pub nets: OpenNets,
+}
+
+/// An input or output path that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// An output is an input.
+    #[error(transparent)]
+    Clash(#[from] PathClash),
+    /// The kernel or initramfs is a directory, device or FIFO.
+    #[error("{role} {path} is not a regular file: give the {what} image's file")]
+    NotAFile {
+        /// The flag.
+        role: &'static str,
+        /// What the flag names.
+        what: &'static str,
+        /// The path.
+        path: std::path::PathBuf,
+    },
+}
+
+/// Paths lull uses besides the configuration's own: its `--config` file and API socket.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OtherPaths<'a> {
+    /// `--config FILE` (an input).
+    pub config: Option<&'a Path>,
+    /// `--api-socket PATH` (an output).
+    pub api_socket: Option<&'a Path>,
+}
+
+/// Resolves, checks and opens every input of `cfg`; refuses an output that is an input.
+pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
+    let image = guest::resolve(cfg)?;
+    let images = [
+        ("--kernel", "kernel", Some(&image.kernel)),
+        ("--initramfs", "initramfs", image.initramfs.as_ref()),
+    ];
+    for (role, what, path) in images {
+        if let Some(path) = path.filter(|p| !p.is_file()) {
+            return Err(InputError::NotAFile {
+                role,
+                what,
+                path: path.clone(),
+            }
+            .into());
+        }
+    }
+    refuse_clashes(cfg, &image, other)?;
+    let disks = disks::open(&cfg.disks)?;
+    let nets = nets::open(&cfg.nets)?;
+    Ok(Inputs { image, disks, nets })
+}
+
+/// Refuses `cfg` if an output it names (metrics, serial file, API socket) is one of its
+/// inputs (kernel, initramfs, config file, disk images) or another output.
+pub fn refuse_clashes(
+    cfg: &VmConfig,
+    image: &GuestImage,
+    other: OtherPaths<'_>,
+) -> Result<(), VmError> {
+    let mut inputs = vec![NamedPath::new("--kernel", &image.kernel)];
+    if let Some(p) = &image.initramfs {
+        inputs.push(NamedPath::new("--initramfs", p));
+    }
+    if let Some(p) = other.config {
+        inputs.push(NamedPath::new("--config", p));
+    }
+    inputs.extend(cfg.disks.iter().map(|d| NamedPath::new("--disk", &d.path)));
+    let mut outputs = Vec::new();
+    if let Some(p) = cfg.metrics.as_deref().filter(|p| p.as_os_str() != "-") {
+        outputs.push(NamedPath::new("--metrics", p));
+    }
+    if let SerialMode::File(p) = &cfg.serial {
+        outputs.push(NamedPath::new("--serial", p));
+    }
+    if let Some(p) = other.api_socket {
+        outputs.push(NamedPath::new("--api-socket", p));
+    }
+    paths::refuse_clashes(&inputs, &outputs).map_err(|e| VmError::Input(e.into()))
+}

@@ -401,8 +401,23 @@ fn idle_connections_beyond_the_cap_do_not_lock_out_a_client() -> Result<(), Fail
 }
 
 /// Every thread of a serving lull has a seccomp filter (`Seccomp: 2`): the server alone,
-/// with a VM created, and with it booted (the `vm` thread and the vCPUs too).
+/// with a VM created, and with it booted (the `vm` thread and the vCPUs too). The VM has a
+/// writable disk and a serial file, so building it under the server's filter (which its
+/// threads inherit) opens, locks and appends as `lull run` does before its filters.
 fn every_thread_is_filtered() -> Result<(), Failed> {
+    let disk = temp_path("robust-seccomp.img");
+    let serial = temp_path("robust-seccomp.serial");
+    std::fs::write(&disk, vec![0u8; 1 << 20]).map_err(|e| format!("{}: {e}", disk.display()))?;
+    let result = every_thread_is_filtered_with(&disk, &serial);
+    let _ = std::fs::remove_file(&disk);
+    let _ = std::fs::remove_file(&serial);
+    result
+}
+
+fn every_thread_is_filtered_with(
+    disk: &std::path::Path,
+    serial: &std::path::Path,
+) -> Result<(), Failed> {
     let lull = Lull::start("robust-seccomp", &[])?;
     let check = |stage: &str, min_threads: usize| -> Result<(), Failed> {
         let threads = lull.seccomp_of_threads()?;
@@ -418,7 +433,8 @@ fn every_thread_is_filtered() -> Result<(), Failed> {
         "kernel": kernel,
         "cmdline": "duration_ms=600000",
         "cpus": 2,
-        "serial": "off",
+        "serial": format!("file={}", serial.display()),
+        "disks": [format!("path={}", disk.display())],
     });
     lull.expect("PUT", "vm.create", &config.to_string(), 204)?;
     check("created", 1)?;

@@ -287,7 +287,8 @@ fn api_rules(
         libc::SYS_sendto,
         libc::SYS_recvfrom,
         libc::SYS_unlink,
-        // Building a VM and starting its threads.
+        // Building a VM and starting its threads; its disk images are locked for its life.
+        libc::SYS_flock,
         libc::SYS_epoll_create1,
         libc::SYS_eventfd2,
         libc::SYS_timerfd_create,

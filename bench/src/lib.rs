@@ -5,7 +5,7 @@
 //! Every VM is a child process (`lull run ...` or `qemu-system-x86_64 ...`) booting a guest of
 //! the kit (found by the `kit` crate, as `lull run` finds it); the numbers come from the
 //! guests' own reports on their serial console, lull's `--metrics` JSON and `/proc`. The JSON
-//! schemas are documented in `docs/PERFORMANCE.md` ("`lull bench` JSON").
+//! schemas are documented in `docs/bench/README.md`.
 //!
 //! ```text
 //! density:      for N in --vms, for mode in --modes: start N VMs of --cpus vCPUs of idle-sim
@@ -120,7 +120,7 @@ impl clap::FromArgMatches for BenchArgs {
 /// Flags of every experiment: where the VMs come from and where the results go.
 #[derive(Debug, Args)]
 pub struct CommonArgs {
-    /// Write the results as JSON here (schema in docs/PERFORMANCE.md).
+    /// Write the results as JSON here (schema in docs/bench/README.md).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// lull binary for the VMs. Default: this one.

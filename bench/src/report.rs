@@ -1,5 +1,5 @@
 //! The results of `lull bench`: JSON documents with stable field names (schema names
-//! `lull-bench-density/1`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/PERFORMANCE.md`)
+//! `lull-bench-density/1`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/bench/README.md`)
 //! and the text tables printed as rows complete.
 
 use serde::{Deserialize, Serialize};

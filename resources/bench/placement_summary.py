@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summary of `placement.sh`: reads every run's lull metrics, guest consoles and competitor
 output from the work directory, prints a table (medians over repetitions per cell) and writes
-the JSON (schema `lull-bench-placement/1`, described in docs/PERFORMANCE.md).
+the JSON (schema `lull-bench-placement/1`, described in docs/bench/README.md).
 
 argv: WORK JSON LOAD VMS CPUS DURATION_MS MIX REPS ALONE_LINES TAG...
 """

@@ -1,8 +1,9 @@
 //! A client of lull's management API (`lull run --api-socket PATH`, `docs/API.md`) with just
 //! what the bench needs: boot a created VM, read its live counters and state, end lull.
 //!
-//! One request per connection, as the server wants (`Connection: close`): write the request,
-//! read to the end, split the status line from the body. Reads and writes time out, so a
+//! One request per connection: the request asks the server to close the connection after
+//! its answer (`Connection: close`; lull keeps HTTP/1.1 connections open otherwise), then the
+//! client reads to the end and splits the status line from the body. Reads and writes time out, so a
 //! stalled lull delays the bench by [`TIMEOUT`] at most.
 
 use std::io::{Read, Write};
@@ -62,7 +63,8 @@ pub fn request(socket: &Path, method: &str, endpoint: &str) -> Result<Answer, Ap
     stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
     let req = format!(
-        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Length: 0\r\n\r\n"
     );
     stream.write_all(req.as_bytes()).map_err(io)?;
     let mut raw = Vec::new();
@@ -163,7 +165,8 @@ mod tests {
         assert_eq!(c["kvm"]["exits"], 7);
         let req = server.join().unwrap();
         assert!(
-            req.starts_with("GET /api/v1/vm.counters HTTP/1.1\r\n"),
+            req.starts_with("GET /api/v1/vm.counters HTTP/1.1\r\n")
+                && req.contains("\r\nConnection: close\r\n"),
             "{req}"
         );
         let _ = std::fs::remove_file(&path);

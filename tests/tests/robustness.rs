@@ -322,7 +322,8 @@ fn api(socket: &Path, method: &str, endpoint: &str, body: &str) -> Result<(u16, 
     conn.set_read_timeout(Some(DEADLINE))
         .map_err(|e| e.to_string())?;
     let request = format!(
-        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(request.as_bytes())

@@ -39,6 +39,8 @@
 
 mod check;
 pub mod input;
+mod model;
+mod oracle;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -99,6 +101,8 @@ struct Vcpu {
     /// The vector lull offered through the flag at the last entry, when the target saw it
     /// offered (the flag went from 0 to 1).
     offered: Option<u8>,
+    /// What the target delivered to it and the guest ended, and the TPR the guest wrote.
+    model: model::Priority,
 }
 
 /// The VM: the chip, its vCPUs, the limits the LAPICs were built with.
@@ -174,6 +178,7 @@ impl Machine {
                 pv_flag: None,
                 pv_slot: None,
                 offered: None,
+                model: model::Priority::default(),
             });
         }
         let mut machine = Machine {
@@ -355,6 +360,8 @@ impl Machine {
             Entry::Stop => panic!("vCPU {i}: before_entry stopped a VM nobody stopped"),
             Entry::WaitForSipi => {
                 assert!(v.port.injected.is_empty(), "vCPU {i}: injected in INIT");
+                // An INIT reset the LAPIC (or the AP never started).
+                v.model.reset();
                 v.place = Place::WaitingForSipi;
                 v.expected.clear();
                 v.expected_nmis = 0;
@@ -364,6 +371,7 @@ impl Machine {
         }
         let mut after = lapic_of(v);
         check::entry(i, &*v, &mut after, now);
+        v.model.in_service.extend(v.port.injected.iter().copied());
         let deadline = after.timer_deadline();
         assert!(
             deadline.is_none_or(|d| d > now),
@@ -465,6 +473,10 @@ impl Machine {
             let taken = pv_deadlines(self) - pv_deadlines_before;
             assert_eq!(taken, u64::from(tsc != 0), "vCPU {i}: PV deadlines taken");
         }
+        // Every EOI by flag lull took ended the highest in-service interrupt.
+        for _ in pv_eois_before..pv_eois(self) {
+            self.vcpus[i].model.eoi();
+        }
         if let Some(vector) = pv_eoi {
             let isr = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
             assert!(
@@ -489,6 +501,16 @@ impl Machine {
                 let addr = base.wrapping_add(offset.get());
                 self.vcpus[i].writes += 1;
                 self.run_exit(i, VcpuExit::MmioWrite(addr, &data[..usize::from(len % 9)]));
+                // An aligned 4-byte write inside the page is a register write (SDM 11.4.1).
+                let off = offset.get();
+                if mode == ApicMode::XApic && len % 9 == 4 && off % 16 == 0 && off < 0x1000 {
+                    let model = &mut self.vcpus[i].model;
+                    match u32::try_from(off).unwrap_or(u32::MAX) {
+                        regs::TPR => model.tpr = data[0],
+                        regs::EOI => model.eoi(),
+                        _ => {}
+                    }
+                }
             }
             GuestAction::MmioRead { offset, len } => {
                 let mut data = [0u8; 8];
@@ -515,7 +537,22 @@ impl Machine {
             GuestAction::MsrWrite { msr, value } => {
                 let (index, data) = (msr.get(), value.get(tsc_now));
                 self.vcpus[i].writes += 1;
-                if self.wrmsr(i, index, data) {
+                let accepted = self.wrmsr(i, index, data);
+                let model = &mut self.vcpus[i].model;
+                if accepted && mode == ApicMode::X2Apic {
+                    match index {
+                        0x808 => model.tpr = data.to_le_bytes()[0],
+                        0x80B => model.eoi(),
+                        _ => {}
+                    }
+                }
+                if mode != ApicMode::Disabled
+                    && self.vcpus[i].irq.lapic().mode() == ApicMode::Disabled
+                {
+                    // A global disable resets the LAPIC (SDM 11.4.3).
+                    self.vcpus[i].model.reset();
+                }
+                if accepted {
                     let enabled = (data & 1 == 1).then_some(data & !1);
                     match index {
                         MSR_KVM_PV_EOI_EN => self.vcpus[i].pv_flag = enabled,
@@ -537,6 +574,7 @@ impl Machine {
             GuestAction::Ipi(spec) => self.send_ipi(i, &mut lapic, spec),
             GuestAction::Eoi if eoi_register => {
                 self.vcpus[i].writes += 1;
+                self.vcpus[i].model.eoi();
                 if mode == ApicMode::X2Apic {
                     self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::EOI >> 4), 0);
                 } else {
@@ -672,22 +710,29 @@ impl Machine {
             x2apic_format: mode == ApicMode::X2Apic,
             source_apic_id: Some(lapic.apic_id()),
         };
-        let infos: Vec<_> = self
+        let msg = oracle::Message {
+            shorthand,
+            logical,
+            destination,
+            x2apic: mode == ApicMode::X2Apic,
+        };
+        let addressing: Vec<_> = self
             .vcpus
             .iter()
-            .map(|v| v.irq.lapic().destination_info())
+            .map(|v| oracle::addressing(&mut lapic_of(v)))
             .collect();
-        let sender_enabled = infos[i].software_enabled;
-        for t in route(&ipi, &infos).iter() {
-            let Some(info) = infos.get(t) else {
-                panic!("route named LAPIC {t} of {}", infos.len());
-            };
-            if !info.hardware_enabled || !sender_enabled {
+        let verdicts: Vec<_> = (0..self.vcpus.len())
+            .map(|j| oracle::accepts(&msg, addressing[j].as_ref(), j == i))
+            .collect();
+        self.check_route(&ipi, &verdicts, &addressing);
+        let sender_enabled = addressing[i].is_some_and(|a| a.software_enabled);
+        for (t, verdict) in verdicts.iter().enumerate() {
+            if *verdict != oracle::Verdict::Yes || !sender_enabled {
                 continue;
             }
             if nmi {
                 self.vcpus[t].expected_nmis += 1;
-            } else if vector >= 16 && info.software_enabled {
+            } else if vector >= 16 && addressing[t].is_some_and(|a| a.software_enabled) {
                 self.vcpus[t].expected.push(vector);
             }
         }
@@ -701,13 +746,69 @@ impl Machine {
         }
     }
 
+    /// `devices::lapic::route` (what the router calls) over the LAPICs' own addressing state
+    /// names the LAPICs the SDM's rules do ([`oracle`]), for `ipi` and for the same message
+    /// with lowest-priority delivery: then exactly one of the software-enabled LAPICs the rules
+    /// accept.
+    fn check_route(
+        &self,
+        ipi: &Ipi,
+        verdicts: &[oracle::Verdict],
+        addressing: &[Option<oracle::Addressing>],
+    ) {
+        use oracle::Verdict;
+        let infos: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| v.irq.lapic().destination_info())
+            .collect();
+        let routed = route(ipi, &infos);
+        for (j, verdict) in verdicts.iter().enumerate() {
+            let got = routed.contains(j);
+            assert!(
+                *verdict == Verdict::Open || got == (*verdict == Verdict::Yes),
+                "route {} LAPIC {j} ({:?}) of {ipi:?}; the SDM's rules say {verdict:?}",
+                if got { "names" } else { "leaves out" },
+                addressing[j]
+            );
+        }
+        if ipi.shorthand != Shorthand::None
+            || ipi.destination == u32::MAX
+            || ipi.destination == 0xFF
+        {
+            // Lowest priority to a broadcast or shorthand is not defined (SDM 11.6.2.4).
+            return;
+        }
+        let lowest = Ipi {
+            delivery_mode: DeliveryMode::LowestPriority,
+            ..*ipi
+        };
+        let candidates = |want: Verdict| {
+            (0..verdicts.len())
+                .filter(|&j| {
+                    verdicts[j] == want && addressing[j].is_some_and(|a| a.software_enabled)
+                })
+                .collect::<Vec<_>>()
+        };
+        let (yes, open) = (candidates(Verdict::Yes), candidates(Verdict::Open));
+        let picked: Vec<_> = route(&lowest, &infos).iter().collect();
+        assert!(
+            picked.len() <= 1 && picked.iter().all(|j| yes.contains(j) || open.contains(j)),
+            "lowest priority {lowest:?} went to {picked:?}, not one of {yes:?} (or {open:?})"
+        );
+        assert!(
+            yes.is_empty() || picked.len() == 1,
+            "lowest priority {lowest:?} went nowhere; {yes:?} accept it"
+        );
+    }
+
     fn check(&mut self) {
         let now = self.now();
         let elapsed = now - self.start;
         for i in 0..self.vcpus.len() {
             let v = &self.vcpus[i];
             let mut lapic = lapic_of(v);
-            check::registers(i, &mut lapic, v.port.apic_base);
+            check::registers(i, &mut lapic, v.port.apic_base, &v.model);
             let fires = self
                 .fake
                 .shared

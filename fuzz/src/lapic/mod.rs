@@ -11,24 +11,43 @@
 //! lines. A vCPU that an INIT stopped waits for its SIPI (`wait_for_sipi` is called only once
 //! the SIPI is there, so nothing blocks).
 //!
+//! `lapic_idle` (`run_idle`) drives the same vCPUs on a chip with the idle manager's features
+//! on (halt polling, timer advance, idle injection, CPU quota, global timers), with the same
+//! checks. A vCPU handling its timer early spins on a clock that then moves by itself
+//! (`chip::FuzzClock`); the target moves the clock past the holds of idle injection and the
+//! quota (from its own copies of both) before the chip would block in them.
+//!
+//! The priority checks trust nothing the LAPIC computes: `model.rs` records, per vCPU, the
+//! vectors the fake port saw injected and no EOI (register, MSR or PV flag) has ended, and the
+//! TPR the guest wrote; IPI targets come from the SDM's destination rules over the LAPICs'
+//! registers (`oracle.rs`), not from `devices::lapic::route`.
+//!
 //! Checked (`check.rs`), for every vCPU after every step:
-//! - PPR = TPR or the class of the highest in-service vector, whichever is higher; the PPR and
-//!   TPR registers read so; CR8 = TPR >> 4; no vector below 16 in IRR or ISR;
+//! - ISR = the recorded in-service vectors; TPR = the TPR written; PPR = the SDM's function of
+//!   the two (11.8.3.1); the next interrupt is the highest pending vector iff its class is
+//!   above PPR's; no vector below 16 in IRR or ISR;
 //! - IA32_APIC_BASE as last told to KVM (`CpuPort::set_apic_base`) is the LAPIC's;
 //! - **no lost timer**: a vCPU in the guest with a LAPIC deadline has a host timer armed no
 //!   later (its own tick, or the `central` thread's); **the clamp bounds the storm**: LAPIC
 //!   timer fires <= the guest's LAPIC writes + elapsed time / `min_period_ns`.
 //!
-//! At every entry: never more than one injection, and none while the port says the guest
-//! cannot take one; the injected vector is the LAPIC's highest pending one (now the highest
-//! in service, above everything left in IRR); an open window with nothing injected means
+//! At every entry: CR8 as given to KVM (`kvm_run.cr8`) = TPR[7:4] of the TPR written; never
+//! more than one injection, and none while the port says the guest cannot take one; the
+//! injected vector's class is above the recorded PPR, and it is the LAPIC's highest pending one
+//! (now the highest in service, above everything left in IRR); nothing early: a timer deadline
+//! the clock has not reached is still armed, untouched; no idle-manager hold the target did not
+//! foresee; an open window with nothing injected means
 //! nothing is deliverable; the interrupt-window request is on exactly when something is
 //! still deliverable; no timer deadline is due (a due timer fired before the entry), and a
 //! periodic re-arm is `min_period_ns` after the deadline it replaces; an unmasked timer fire
 //! left its vector in IRR or ISR; **a posted IPI is never lost**: every fixed IPI another
-//! step sent to this vCPU (routed by `devices::lapic::route` over the LAPICs' own addressing
-//! state) is in its IRR or ISR, and every NMI was injected; a PV EOI flag lull sets is set
+//! step sent to this vCPU (a target by the SDM's rules, `oracle.rs`) is in its IRR or ISR,
+//! and every NMI was injected; a PV EOI flag lull sets is set
 //! only for a lone, edge-triggered in-service vector with nothing pending.
+//!
+//! At every IPI: `devices::lapic::route` over the LAPICs' addressing state names exactly the
+//! LAPICs the SDM's rules accept (either way where the SDM leaves it open), and sends the same
+//! message with lowest-priority delivery to exactly one software-enabled LAPIC they accept.
 //!
 //! At every exit: a deadline a guest write set is at least `min_delay_ns` away; an EOI
 //! (register or PV flag) retires the highest in-service vector; a PV flag lull set is taken
@@ -38,6 +57,7 @@
 //! `LULL_FUZZ_TRACE=1` prints each step as it runs (e.g. under `cargo test`'s replay).
 
 mod check;
+mod idle;
 pub mod input;
 mod model;
 mod oracle;
@@ -47,12 +67,14 @@ use std::sync::Arc;
 
 use arbitrary::Unstructured;
 use devices::lapic::{
-    regs, route, ApicMode, DeliveryMode, DestinationMode, InitSipiState, Ipi, Lapic, Shorthand,
+    regs, ApicMode, DeliveryMode, DestinationMode, InitSipiState, Ipi, Lapic, Shorthand,
     TimerLimits, TriggerMode,
 };
 use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
 use timer::{Clock, ModelKind};
 use vm_memory::{Bytes, GuestAddress};
+use vmm::idle::inject::IdleInjector;
+use vmm::idle::quota::CpuQuota;
 use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
@@ -103,6 +125,8 @@ struct Vcpu {
     offered: Option<u8>,
     /// What the target delivered to it and the guest ended, and the TPR the guest wrote.
     model: model::Priority,
+    /// When its last entry ended (what the chip charges the CPU quota from).
+    entered: u64,
 }
 
 /// The VM: the chip, its vCPUs, the limits the LAPICs were built with.
@@ -114,6 +138,10 @@ struct Machine {
     tsc_khz: u64,
     guest_tsc: u64,
     limits: TimerLimits,
+    /// The target's copy of the chip's idle injector (window arithmetic only).
+    inject: Option<IdleInjector>,
+    /// The target's copy of the chip's CPU quota, charged as the chip charges its own.
+    quota: Option<CpuQuota>,
 }
 
 /// A 4-byte guest write of xAPIC register `offset`.
@@ -131,7 +159,7 @@ fn lapic_of(v: &Vcpu) -> Lapic<Arc<LapicNoise>> {
 }
 
 impl Machine {
-    fn new(u: &mut Unstructured<'_>) -> arbitrary::Result<Option<Self>> {
+    fn new(u: &mut Unstructured<'_>, idle: bool) -> arbitrary::Result<Option<Self>> {
         let cpus = u.int_in_range(2u32..=4)?;
         let model = match u.int_in_range(0u8..=2)? {
             0 => ModelKind::Pull,
@@ -156,9 +184,15 @@ impl Machine {
             pv_eoi,
             pv_deadline,
         };
-        let Some(fake) = FakeChip::new(spec) else {
+        let idle = if idle { Some(idle::spec(u)?) } else { None };
+        let Some(fake) = FakeChip::with_idle(spec, idle) else {
             return Ok(None);
         };
+        let inject = idle
+            .and_then(|s| s.idle_inject)
+            .map(|c| IdleInjector::new(c, usize::try_from(cpus).unwrap_or(0)));
+        // The chip's quota epoch: its clock's 0 on CLOCK_MONOTONIC, which is 0 here.
+        let quota = idle.and_then(|s| s.cpu_quota).map(|c| CpuQuota::new(c, 0));
         let mut vcpus = Vec::new();
         for id in 0..cpus {
             let irq = fake
@@ -179,6 +213,7 @@ impl Machine {
                 pv_slot: None,
                 offered: None,
                 model: model::Priority::default(),
+                entered: 0,
             });
         }
         let mut machine = Machine {
@@ -189,6 +224,8 @@ impl Machine {
             tsc_khz: u64::from(tsc_khz),
             guest_tsc,
             limits: TimerLimits::default(),
+            inject,
+            quota,
         };
         // Most inputs start where a booted guest is: every LAPIC software-enabled, some with a
         // flat logical ID (as Linux sets them up), through the same exits.
@@ -262,6 +299,7 @@ impl Machine {
     }
 
     fn step(&mut self, op: Op) {
+        self.fake.fuzz_clock.settle();
         match op {
             Op::Enter { cpu, open } => {
                 let i = self.index(cpu);
@@ -341,6 +379,12 @@ impl Machine {
             }
             Place::Out => {}
         }
+        self.skip_holds();
+        let id = u32::try_from(i).unwrap_or(0);
+        let held = |m: &Machine| {
+            m.counter(id, |c| &c.injected_idle_ns) + m.counter(id, |c| &c.throttled_ns)
+        };
+        let held_before = held(self);
         let now = self.now();
         let flag = self.pv_flag_alone(i);
         let flag_before = flag.map(|f| self.flag_byte(f));
@@ -369,15 +413,27 @@ impl Machine {
             }
             Entry::Enter => v.place = Place::InGuest,
         }
+        let entered = self.fake.clock.now();
+        v.entered = entered;
+        let after_now = entered;
         let mut after = lapic_of(v);
         check::entry(i, &*v, &mut after, now);
         v.model.in_service.extend(v.port.injected.iter().copied());
         let deadline = after.timer_deadline();
         assert!(
-            deadline.is_none_or(|d| d > now),
-            "vCPU {i}: entered the guest with its timer due ({deadline:?} <= now {now})"
+            deadline.is_none_or(|d| d > after_now),
+            "vCPU {i}: entered the guest with its timer due ({deadline:?} <= now {after_now})"
         );
-        if let (Some(due), Some(next)) = (deadline_before.filter(|&d| d <= now), deadline) {
+        // Nothing early: a deadline the clock had not reached when the vCPU entered is still
+        // armed, untouched (a fire consumes a one-shot deadline or moves a periodic one).
+        if let Some(d) = deadline_before.filter(|&d| d > after_now) {
+            assert_eq!(
+                deadline,
+                Some(d),
+                "vCPU {i}: timer deadline {d} taken before it came (entered at {after_now})"
+            );
+        }
+        if let (Some(due), Some(next)) = (deadline_before.filter(|&d| d <= after_now), deadline) {
             assert!(
                 next - due >= self.limits.min_period_ns,
                 "vCPU {i}: periodic step {} below the {} ns clamp",
@@ -416,6 +472,11 @@ impl Machine {
                 v.offered = Some(check::pv_offer_allowed(i, &mut after));
             }
         }
+        assert_eq!(
+            held(self),
+            held_before,
+            "vCPU {i}: held by the idle manager where the target foresaw no hold"
+        );
     }
 
     /// vCPU `i` (in the guest) exits with what its guest did.
@@ -466,6 +527,10 @@ impl Machine {
             stored = self.pv_slot_alone(i).map(|slot| (slot, tsc));
         }
         let cr8 = self.vcpus[i].port.cr8;
+        if let Some(quota) = &self.quota {
+            // What the chip charges in `after_run`: the time since the entry.
+            quota.charge(now, now.saturating_sub(self.vcpus[i].entered));
+        }
         self.vcpus[i].irq.after_run(Some(cr8));
         if let Some((slot, tsc)) = stored {
             let left: u64 = self.fake.mem.read_obj(GuestAddress(slot)).unwrap_or(0);
@@ -724,7 +789,12 @@ impl Machine {
         let verdicts: Vec<_> = (0..self.vcpus.len())
             .map(|j| oracle::accepts(&msg, addressing[j].as_ref(), j == i))
             .collect();
-        self.check_route(&ipi, &verdicts, &addressing);
+        let infos: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| v.irq.lapic().destination_info())
+            .collect();
+        oracle::check_route(&ipi, &infos, &verdicts, &addressing);
         let sender_enabled = addressing[i].is_some_and(|a| a.software_enabled);
         for (t, verdict) in verdicts.iter().enumerate() {
             if *verdict != oracle::Verdict::Yes || !sender_enabled {
@@ -744,62 +814,6 @@ impl Machine {
             let addr = lapic.base_address() + u64::from(regs::ICR_LOW);
             self.run_exit(i, VcpuExit::MmioWrite(addr, &low.to_le_bytes()));
         }
-    }
-
-    /// `devices::lapic::route` (what the router calls) over the LAPICs' own addressing state
-    /// names the LAPICs the SDM's rules do ([`oracle`]), for `ipi` and for the same message
-    /// with lowest-priority delivery: then exactly one of the software-enabled LAPICs the rules
-    /// accept.
-    fn check_route(
-        &self,
-        ipi: &Ipi,
-        verdicts: &[oracle::Verdict],
-        addressing: &[Option<oracle::Addressing>],
-    ) {
-        use oracle::Verdict;
-        let infos: Vec<_> = self
-            .vcpus
-            .iter()
-            .map(|v| v.irq.lapic().destination_info())
-            .collect();
-        let routed = route(ipi, &infos);
-        for (j, verdict) in verdicts.iter().enumerate() {
-            let got = routed.contains(j);
-            assert!(
-                *verdict == Verdict::Open || got == (*verdict == Verdict::Yes),
-                "route {} LAPIC {j} ({:?}) of {ipi:?}; the SDM's rules say {verdict:?}",
-                if got { "names" } else { "leaves out" },
-                addressing[j]
-            );
-        }
-        if ipi.shorthand != Shorthand::None
-            || ipi.destination == u32::MAX
-            || ipi.destination == 0xFF
-        {
-            // Lowest priority to a broadcast or shorthand is not defined (SDM 11.6.2.4).
-            return;
-        }
-        let lowest = Ipi {
-            delivery_mode: DeliveryMode::LowestPriority,
-            ..*ipi
-        };
-        let candidates = |want: Verdict| {
-            (0..verdicts.len())
-                .filter(|&j| {
-                    verdicts[j] == want && addressing[j].is_some_and(|a| a.software_enabled)
-                })
-                .collect::<Vec<_>>()
-        };
-        let (yes, open) = (candidates(Verdict::Yes), candidates(Verdict::Open));
-        let picked: Vec<_> = route(&lowest, &infos).iter().collect();
-        assert!(
-            picked.len() <= 1 && picked.iter().all(|j| yes.contains(j) || open.contains(j)),
-            "lowest priority {lowest:?} went to {picked:?}, not one of {yes:?} (or {open:?})"
-        );
-        assert!(
-            yes.is_empty() || picked.len() == 1,
-            "lowest priority {lowest:?} went nowhere; {yes:?} accept it"
-        );
     }
 
     fn check(&mut self) {
@@ -840,8 +854,18 @@ impl Machine {
 
 /// Runs one input: a VM configuration, then steps until the bytes run out.
 pub fn run(data: &[u8]) {
+    run_with(data, false);
+}
+
+/// Runs one input on a chip with the idle manager's features on (halt polling, timer advance,
+/// idle injection, CPU quota, global timers): the `lapic_idle` target.
+pub fn run_idle(data: &[u8]) {
+    run_with(data, true);
+}
+
+fn run_with(data: &[u8], idle: bool) {
     let mut u = Unstructured::new(data);
-    let Ok(Some(mut machine)) = Machine::new(&mut u) else {
+    let Ok(Some(mut machine)) = Machine::new(&mut u, idle) else {
         return;
     };
     let trace = std::env::var_os("LULL_FUZZ_TRACE").is_some();

@@ -23,7 +23,9 @@
 
 use std::sync::Arc;
 
-use devices::lapic::{regs, ApicMode, Lapic};
+use devices::lapic::{
+    regs, route, ApicDestinationInfo, ApicMode, DeliveryMode, Ipi, Lapic, Shorthand,
+};
 use vmm::metrics::LapicNoise;
 
 use super::check::read_reg;
@@ -145,4 +147,49 @@ pub fn accepts(msg: &Message, target: Option<&Addressing>, is_sender: bool) -> V
         0x0 => Verdict::of(dest >> 4 == t.ldr >> 4 && dest & t.ldr & 0xF != 0),
         _ => Verdict::Open,
     }
+}
+
+/// `devices::lapic::route` (what the router calls) over the LAPICs' own addressing state
+/// names the LAPICs the rules above accept, for `ipi` and for the same message
+/// with lowest-priority delivery: then exactly one of the software-enabled LAPICs the rules
+/// accept.
+pub fn check_route(
+    ipi: &Ipi,
+    infos: &[ApicDestinationInfo],
+    verdicts: &[Verdict],
+    addressing: &[Option<Addressing>],
+) {
+    let routed = route(ipi, infos);
+    for (j, verdict) in verdicts.iter().enumerate() {
+        let got = routed.contains(j);
+        assert!(
+            *verdict == Verdict::Open || got == (*verdict == Verdict::Yes),
+            "route {} LAPIC {j} ({:?}) of {ipi:?}; the SDM's rules say {verdict:?}",
+            if got { "names" } else { "leaves out" },
+            addressing[j]
+        );
+    }
+    if ipi.shorthand != Shorthand::None || ipi.destination == u32::MAX || ipi.destination == 0xFF {
+        // Lowest priority to a broadcast or shorthand is not defined (SDM 11.6.2.4).
+        return;
+    }
+    let lowest = Ipi {
+        delivery_mode: DeliveryMode::LowestPriority,
+        ..*ipi
+    };
+    let candidates = |want: Verdict| {
+        (0..verdicts.len())
+            .filter(|&j| verdicts[j] == want && addressing[j].is_some_and(|a| a.software_enabled))
+            .collect::<Vec<_>>()
+    };
+    let (yes, open) = (candidates(Verdict::Yes), candidates(Verdict::Open));
+    let picked: Vec<_> = route(&lowest, infos).iter().collect();
+    assert!(
+        picked.len() <= 1 && picked.iter().all(|j| yes.contains(j) || open.contains(j)),
+        "lowest priority {lowest:?} went to {picked:?}, not one of {yes:?} (or {open:?})"
+    );
+    assert!(
+        yes.is_empty() || picked.len() == 1,
+        "lowest priority {lowest:?} went nowhere; {yes:?} accept it"
+    );
 }

@@ -10,13 +10,18 @@
 //! targets never call `VcpuIrq::halted`, and call `wait_for_sipi` only when a start-up IPI is
 //! already waiting (it returns at once then).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use devices::pio::PioBus;
 use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm::idle::advance::TimerAdvanceMode;
+use vmm::idle::global_load::GlobalTimersConfig;
 use vmm::idle::halt_poll::HaltPollMode;
+use vmm::idle::inject::IdleInjectConfig;
+use vmm::idle::quota::CpuQuotaConfig;
 use vmm::irqchip::user::vcpu::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VmShared;
@@ -26,12 +31,71 @@ pub const GUEST_RAM: u64 = 0x4000;
 
 /// The fake clock as the chip's clock type (`VmTime` is `vmm`'s, `FakeClock` the timer
 /// crate's: the wrapper is this crate's own).
+///
+/// With [`IdleSpec::timer_advance`] on, a vCPU that handles its LAPIC timer early spins on
+/// the clock until the deadline; a fake clock that never moves would spin forever. So a clock
+/// built [`FuzzClock::spinning`] moves on by itself, [`SPIN_STEP_NS`] after every
+/// [`SPIN_READS`] reads of one value without the target moving it in between: only a spin
+/// reads the clock that often within one step (the target calls [`FuzzClock::settle`] at
+/// each step).
 #[derive(Clone, Debug)]
-pub struct FuzzClock(pub FakeClock);
+pub struct FuzzClock {
+    clock: FakeClock,
+    spin: Option<Arc<Spin>>,
+}
+
+/// Reads of one value after which a spinning [`FuzzClock`] moves on.
+pub const SPIN_READS: u64 = 1000;
+/// How far a spinning [`FuzzClock`] moves on.
+pub const SPIN_STEP_NS: u64 = 997;
+
+/// A spinning clock's count of reads of one value.
+#[derive(Debug, Default)]
+struct Spin {
+    last: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl FuzzClock {
+    /// A clock that moves only when the target moves it.
+    pub fn fixed(clock: FakeClock) -> Self {
+        Self { clock, spin: None }
+    }
+
+    /// A clock that also moves on while the chip spins on it.
+    pub fn spinning(clock: FakeClock) -> Self {
+        Self {
+            clock,
+            spin: Some(Arc::default()),
+        }
+    }
+
+    /// The target starts a step: the reads so far were not a spin.
+    pub fn settle(&self) {
+        if let Some(spin) = &self.spin {
+            spin.reads.store(0, Ordering::SeqCst);
+        }
+    }
+}
 
 impl Clock for FuzzClock {
     fn now(&self) -> Nanos {
-        self.0.now()
+        let t = self.clock.now();
+        let Some(spin) = &self.spin else {
+            return t;
+        };
+        if spin.last.swap(t, Ordering::SeqCst) != t {
+            spin.reads.store(0, Ordering::SeqCst);
+            return t;
+        }
+        if spin.reads.fetch_add(1, Ordering::SeqCst) + 1 < SPIN_READS {
+            return t;
+        }
+        spin.reads.store(0, Ordering::SeqCst);
+        self.clock.advance(SPIN_STEP_NS);
+        let t = self.clock.now();
+        spin.last.store(t, Ordering::SeqCst);
+        t
     }
 }
 
@@ -60,12 +124,43 @@ pub struct ChipSpec {
     pub pv_deadline: bool,
 }
 
+/// The idle manager's features a chip is built with (all off for [`FakeChip::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct IdleSpec {
+    /// Halt polling (the targets never halt: it only has to stay out of the way).
+    pub halt_poll: HaltPollMode,
+    /// Timer advance: host timers armed early, the vCPU spinning to the deadline.
+    pub timer_advance: TimerAdvanceMode,
+    /// Idle injection.
+    pub idle_inject: Option<IdleInjectConfig>,
+    /// CPU quota (its phase must be `Aligned`: a random one is drawn from the host).
+    pub cpu_quota: Option<CpuQuotaConfig>,
+    /// Background global timers on the vCPUs' bases.
+    pub global_timers: Option<GlobalTimersConfig>,
+}
+
+impl IdleSpec {
+    /// Every feature off (what `lull run` does without the idle flags but timer advance,
+    /// whose default is adaptive: off here).
+    pub fn off() -> Self {
+        Self {
+            halt_poll: HaltPollMode::Off,
+            timer_advance: TimerAdvanceMode::Off,
+            idle_inject: None,
+            cpu_quota: None,
+            global_timers: None,
+        }
+    }
+}
+
 /// A real user irqchip with its fake time and host timers, and the VM state it hangs off.
 pub struct FakeChip {
     /// The chip.
     pub chip: UserIrqChip<FuzzClock>,
     /// Its clock.
     pub clock: FakeClock,
+    /// The clock as the chip reads it.
+    pub fuzz_clock: FuzzClock,
     /// The VM's shared state (counters, stop request, an empty port bus unless given one).
     pub shared: Arc<VmShared>,
     /// Guest RAM.
@@ -80,9 +175,21 @@ pub struct FakeChip {
 type Made = Arc<Mutex<Vec<(Option<usize>, FakeHostTimer)>>>;
 
 impl FakeChip {
-    /// Builds the chip; `None` if `vmm` refuses the configuration.
+    /// Builds the chip with the idle manager's features off; `None` if `vmm` refuses the
+    /// configuration.
     pub fn new(spec: ChipSpec) -> Option<Self> {
+        Self::with_idle(spec, None)
+    }
+
+    /// Builds the chip with the idle manager's features `idle` (and a clock that moves while
+    /// the chip spins on it) or, for `None`, with them off.
+    pub fn with_idle(spec: ChipSpec, idle: Option<IdleSpec>) -> Option<Self> {
         let clock = FakeClock::new(spec.start);
+        let fuzz_clock = match idle {
+            Some(_) => FuzzClock::spinning(clock.clone()),
+            None => FuzzClock::fixed(clock.clone()),
+        };
+        let idle = idle.unwrap_or_else(IdleSpec::off);
         let mem = Arc::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), usize::try_from(GUEST_RAM).ok()?)])
                 .ok()?,
@@ -91,12 +198,12 @@ impl FakeChip {
             cpus: spec.cpus,
             model: spec.model,
             tsc_khz: spec.tsc_khz,
-            halt_poll: HaltPollMode::Off,
-            timer_advance: vmm::idle::advance::TimerAdvanceMode::Off,
+            halt_poll: idle.halt_poll,
+            timer_advance: idle.timer_advance,
             wake_placement: vmm::idle::placement::WakePlacementMode::Off,
-            idle_inject: None,
-            cpu_quota: None,
-            global_timers: None,
+            idle_inject: idle.idle_inject,
+            cpu_quota: idle.cpu_quota,
+            global_timers: idle.global_timers,
             pv_eoi: spec.pv_eoi,
             pv_deadline: spec.pv_deadline,
             x2apic: true,
@@ -113,7 +220,7 @@ impl FakeChip {
         let chip = UserIrqChip::with_clock(
             &cfg,
             mem.clone(),
-            FuzzClock(clock.clone()),
+            fuzz_clock.clone(),
             (spec.guest_tsc, clock.now()),
             &mut host,
         )
@@ -136,6 +243,7 @@ impl FakeChip {
         Some(Self {
             chip,
             clock,
+            fuzz_clock,
             shared,
             mem,
             ticks,

@@ -36,8 +36,9 @@ fn replay(target: &str, run: Driver) {
 }
 
 /// Every target's driver, by the name of its `fuzz_targets/` file.
-const TARGETS: [(&str, Driver); 9] = [
+const TARGETS: [(&str, Driver); 10] = [
     ("lapic", lull_fuzz::lapic::run),
+    ("lapic_idle", lull_fuzz::lapic::run_idle),
     ("ioapic", lull_fuzz::ioapic::run),
     ("serial", lull_fuzz::serial::run),
     ("timer", lull_fuzz::timer_model::run),

@@ -1,9 +1,16 @@
 //! Property tests: random register traffic, clock advances and interrupt flow never panic and
 //! keep the LAPIC's invariants.
+//!
+//! The priority checks do not trust the LAPIC's own bookkeeping: [`Model`] keeps, from what
+//! the test did (injections, EOIs, TPR and CR8 writes, INIT, global disable), which vectors are
+//! in service and what TPR holds, and PPR, CR8 and interrupt acceptance are checked against
+//! the SDM's definitions over that record ([`sdm_ppr`]).
+
+use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use super::regs::{self, VectorBitmap};
+use super::regs;
 use super::*;
 
 #[derive(Debug, Clone)]
@@ -18,6 +25,8 @@ enum Op {
     Inject,
     Eoi,
     Receive(u64),
+    /// `kvm_run.cr8` after an exit.
+    Cr8(u64),
 }
 
 fn offset() -> impl Strategy<Value = u32> {
@@ -69,16 +78,93 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Inject),
         1 => Just(Op::Eoi),
         1 => any::<u64>().prop_map(Op::Receive),
+        1 => prop_oneof![0u64..16, any::<u64>()].prop_map(Op::Cr8),
     ]
 }
 
-fn derived_ppr(tpr: u8, isr: &VectorBitmap) -> u8 {
-    let isrv = isr.highest().unwrap_or(0);
-    if tpr >> 4 >= isrv >> 4 {
-        tpr
-    } else {
-        isrv & 0xF0
+/// The processor priority as the SDM defines it (Vol. 3A 11.8.3.1), nibble by nibble:
+/// PPR[7:4] = max(TPR[7:4], ISRV[7:4]); PPR[3:0] = TPR[3:0] if TPR[7:4] >= ISRV[7:4], else 0.
+/// `isrv` is the highest in-service vector (0 if none).
+fn sdm_ppr(tpr: u8, isrv: u8) -> u8 {
+    let (tpr_class, isr_class) = (tpr / 16, isrv / 16);
+    let high = tpr_class.max(isr_class);
+    let low = if tpr_class >= isr_class { tpr % 16 } else { 0 };
+    high * 16 + low
+}
+
+/// What the test did to the LAPIC, recorded without reading its ISR or TPR back.
+#[derive(Debug, Default)]
+struct Model {
+    /// Vectors the test injected (`interrupt_injected`) and no EOI has retired yet.
+    in_service: BTreeSet<u8>,
+    /// The task priority the test last wrote (TPR register or CR8).
+    tpr: u8,
+}
+
+impl Model {
+    /// The highest in-service vector, by scanning the record (0 if none).
+    fn isrv(&self) -> u8 {
+        (0..=255u8)
+            .rev()
+            .find(|v| self.in_service.contains(v))
+            .unwrap_or(0)
     }
+
+    /// INIT or a global disable: no vector in service, TPR 0 (SDM 11.4.7.1, 11.4.7.3).
+    fn reset(&mut self) {
+        self.in_service.clear();
+        self.tpr = 0;
+    }
+
+    /// An EOI the LAPIC reported: it must retire the highest vector the test delivered.
+    fn eoi(&mut self, eoi: Option<Eoi>, canonical: bool) -> Result<(), TestCaseError> {
+        let top = self.in_service.last().copied();
+        match eoi {
+            Some(eoi) => {
+                prop_assert_eq!(
+                    Some(eoi.vector),
+                    top,
+                    "EOI retired a vector not highest in service"
+                );
+                self.in_service.remove(&eoi.vector);
+            }
+            None if canonical => prop_assert_eq!(top, None, "an EOI write retired nothing"),
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+/// PPR, TPR and CR8 as the guest reads them, against the model's record.
+fn check_priorities(lapic: &mut Lapic, model: &Model) -> Result<(), TestCaseError> {
+    let ppr = sdm_ppr(model.tpr, model.isrv());
+    prop_assert_eq!(
+        lapic.ppr(),
+        ppr,
+        "PPR against the SDM over {:?}, TPR {:#x}",
+        model.in_service,
+        model.tpr
+    );
+    prop_assert_eq!(lapic.tpr(), model.tpr);
+    // SDM 11.8.6.1: CR8[3:0] is TPR[7:4].
+    prop_assert_eq!(lapic.cr8(), u64::from(model.tpr / 16));
+    let read = |lapic: &mut Lapic, offset: u32| match lapic.mode() {
+        ApicMode::Disabled => None,
+        ApicMode::XApic => {
+            let mut data = [0u8; 4];
+            lapic.read_mmio(u64::from(offset), &mut data, 0);
+            Some(u32::from_le_bytes(data))
+        }
+        ApicMode::X2Apic => lapic
+            .read_msr(regs::X2APIC_MSR_FIRST + (offset >> 4), 0)
+            .ok()
+            .and_then(|v| u32::try_from(v).ok()),
+    };
+    if lapic.mode() != ApicMode::Disabled {
+        prop_assert_eq!(read(lapic, regs::PPR), Some(u32::from(ppr)));
+        prop_assert_eq!(read(lapic, regs::TPR), Some(u32::from(model.tpr)));
+    }
+    Ok(())
 }
 
 fn check_arm(change: LapicTimerChange, now: u64, limits: TimerLimits) -> Result<(), TestCaseError> {
@@ -102,11 +188,18 @@ proptest! {
         let limits = config.limits;
         let mut lapic = Lapic::new(config).unwrap();
         let mut now = 0u64;
+        let mut model = Model::default();
         for op in ops {
+            let mode = lapic.mode();
             match op {
                 Op::MmioWrite(offset, value) => {
                     let effects = lapic.write_mmio(u64::from(offset), &value.to_le_bytes(), now);
                     check_arm(effects.timer, now, limits)?;
+                    let xapic = mode == ApicMode::XApic;
+                    if xapic && offset == regs::TPR {
+                        model.tpr = value.to_le_bytes()[0];
+                    }
+                    model.eoi(effects.eoi, xapic && offset == regs::EOI)?;
                 }
                 Op::MmioRead(offset, len) => {
                     let mut data = vec![0u8; len];
@@ -116,8 +209,20 @@ proptest! {
                     }
                 }
                 Op::MsrWrite(msr, value) => {
-                    if let Ok(effects) = lapic.write_msr(msr, value, now) {
-                        check_arm(effects.timer, now, limits)?;
+                    let x2apic = mode == ApicMode::X2Apic;
+                    let canonical_eoi = x2apic && msr == 0x80B && value == 0;
+                    match lapic.write_msr(msr, value, now) {
+                        Ok(effects) => {
+                            check_arm(effects.timer, now, limits)?;
+                            if x2apic && msr == 0x808 {
+                                model.tpr = value.to_le_bytes()[0];
+                            }
+                            model.eoi(effects.eoi, canonical_eoi)?;
+                        }
+                        Err(e) => prop_assert!(!canonical_eoi, "x2APIC EOI faulted: {e}"),
+                    }
+                    if mode != ApicMode::Disabled && lapic.mode() == ApicMode::Disabled {
+                        model.reset();
                     }
                 }
                 Op::MsrRead(msr) => {
@@ -139,25 +244,49 @@ proptest! {
                 }
                 Op::Inject => {
                     if let Some(vector) = lapic.next_interrupt() {
-                        prop_assert!(vector >> 4 > lapic.ppr() >> 4);
                         lapic.interrupt_injected(vector);
+                        model.in_service.insert(vector);
                     }
                 }
                 Op::Eoi => {
-                    let _ = lapic.write_mmio(u64::from(regs::EOI), &[0; 4], now);
-                    let _ = lapic.write_msr(0x80B, 0, now);
+                    let effects = lapic.write_mmio(u64::from(regs::EOI), &[0; 4], now);
+                    model.eoi(effects.eoi, mode == ApicMode::XApic)?;
+                    let eoi = lapic.write_msr(0x80B, 0, now).ok().and_then(|e| e.eoi);
+                    model.eoi(eoi, mode == ApicMode::X2Apic)?;
                 }
                 Op::Receive(icr) => {
                     if let super::icr::IcrDecode::Send(ipi) =
                         super::icr::decode_icr(icr, icr & 1 == 0, 0)
                     {
                         let _ = lapic.receive(&ipi);
+                        // SDM 11.6.1: an INIT (but a level de-assert) resets the LAPIC.
+                        let deassert = ipi.trigger_mode == TriggerMode::Level && !ipi.assert;
+                        if ipi.delivery_mode == DeliveryMode::Init
+                            && !deassert
+                            && mode != ApicMode::Disabled
+                        {
+                            model.reset();
+                        }
+                    }
+                }
+                Op::Cr8(cr8) => {
+                    // `sync_cr8` takes a changed CR8 as a MOV to CR8: TPR[7:4] = CR8[3:0],
+                    // TPR[3:0] = 0 (SDM 11.8.6.1); an unchanged one leaves TPR alone.
+                    let changed = (cr8 & 0xF) != u64::from(model.tpr / 16);
+                    prop_assert_eq!(lapic.sync_cr8(cr8), changed);
+                    if changed {
+                        model.tpr = (cr8.to_le_bytes()[0] & 0xF) * 16;
                     }
                 }
             }
-            prop_assert_eq!(lapic.ppr(), derived_ppr(lapic.tpr, &lapic.isr));
+            check_priorities(&mut lapic, &model)?;
+            // Acceptance follows from the PPR: the highest pending vector is deliverable iff
+            // its class is above PPR's (SDM 11.8.3.1), and nothing else is.
+            let ppr = sdm_ppr(model.tpr, model.isrv());
+            let irrv = (0..=255u8).rev().find(|&v| lapic.irr.contains(v));
+            let deliverable = irrv.filter(|&v| lapic.mode() != ApicMode::Disabled && v / 16 > ppr / 16);
+            prop_assert_eq!(lapic.next_interrupt(), deliverable, "PPR {:#x}, IRR top {:?}", ppr, irrv);
             prop_assert!(lapic.nmis_pending <= MAX_PENDING_NMIS);
-            prop_assert_eq!(u64::from(lapic.tpr >> 4), lapic.cr8());
             prop_assert_eq!(lapic.isr.word(0) & 0xFFFF, 0);
             prop_assert_eq!(lapic.irr.word(0) & 0xFFFF, 0);
             prop_assert_eq!(lapic.esr & !0xE0, 0);

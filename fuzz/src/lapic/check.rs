@@ -7,6 +7,7 @@ use std::sync::Arc;
 use devices::lapic::{regs, ApicMode, Lapic};
 use vmm::metrics::LapicNoise;
 
+use super::model::Priority;
 use super::Vcpu;
 
 /// A copy of one vCPU's LAPIC.
@@ -79,8 +80,24 @@ pub fn entry(i: usize, v: &Vcpu, after: &mut LapicCopy, now: u64) {
         port.injected.len()
     );
     let next = after.next_interrupt();
+    if after.mode() != ApicMode::Disabled {
+        // What KVM loads into CR8 at this entry (`kvm_run.cr8`): TPR[7:4] of the TPR the
+        // guest wrote (SDM 11.8.6.1).
+        assert_eq!(
+            port.cr8,
+            u64::from(v.model.tpr / 16),
+            "vCPU {i}: KVM given CR8 {:#x} with TPR {:#x} written",
+            port.cr8,
+            v.model.tpr
+        );
+    }
     if let Some(&vector) = port.injected.first() {
         assert!(vector >= 16, "vCPU {i}: vector {vector:#x} injected");
+        let ppr = v.model.ppr();
+        assert!(
+            vector / 16 > ppr / 16,
+            "vCPU {i}: injected {vector:#x} at PPR {ppr:#x} (not above its class)"
+        );
         if let (Some(isr), Some(irr)) = (
             read_bitmap(after, regs::ISR0),
             read_bitmap(after, regs::IRR0),
@@ -132,17 +149,13 @@ pub fn pv_offer_allowed(i: usize, lapic: &mut LapicCopy) -> u8 {
     vector
 }
 
-/// vCPU `i`'s registers agree with each other and with what KVM was told.
-pub fn registers(i: usize, lapic: &mut LapicCopy, apic_base_told: Option<u64>) {
+/// vCPU `i`'s registers agree with each other, with what KVM was told and with the target's
+/// own record of what was delivered and ended (`model`): ISR is exactly the vectors injected
+/// and not EOI'd, TPR what the guest wrote, PPR the SDM's function of the two.
+pub fn registers(i: usize, lapic: &mut LapicCopy, apic_base_told: Option<u64>, model: &Priority) {
     if lapic.next_interrupt().is_some() {
         assert!(lapic.has_pending_interrupt());
     }
-    let (tpr, ppr) = (lapic.tpr(), lapic.ppr());
-    assert_eq!(
-        u64::from(tpr >> 4),
-        lapic.cr8(),
-        "vCPU {i}: CR8 != TPR >> 4"
-    );
     if let Some(told) = apic_base_told {
         let base = lapic
             .read_msr(regs::MSR_APIC_BASE, 0)
@@ -155,22 +168,38 @@ pub fn registers(i: usize, lapic: &mut LapicCopy, apic_base_told: Option<u64>) {
     let Some(isr) = read_bitmap(lapic, regs::ISR0) else {
         return;
     };
-    let isrv = highest(&isr).unwrap_or(0);
-    let derived = if tpr >> 4 >= isrv >> 4 {
-        tpr
-    } else {
-        isrv & 0xF0
-    };
     assert_eq!(
-        ppr, derived,
-        "vCPU {i}: PPR {ppr:#x} inconsistent with TPR {tpr:#x}, ISR"
+        isr,
+        model.bitmap(),
+        "vCPU {i}: ISR is not the vectors injected and not ended {:?}",
+        model.in_service
     );
-    assert_eq!(read_reg(lapic, regs::PPR), Some(u32::from(ppr)));
-    assert_eq!(read_reg(lapic, regs::TPR), Some(u32::from(tpr)));
-    assert_eq!(isr[0] & 0xFFFF, 0, "vCPU {i}: vector below 16 in service");
+    let ppr = model.ppr();
+    assert_eq!(
+        read_reg(lapic, regs::TPR),
+        Some(u32::from(model.tpr)),
+        "vCPU {i}: TPR is not what the guest wrote"
+    );
+    assert_eq!(
+        read_reg(lapic, regs::PPR),
+        Some(u32::from(ppr)),
+        "vCPU {i}: PPR is not the SDM's for TPR {:#x} and in-service {:?}",
+        model.tpr,
+        model.in_service
+    );
     let irr = read_bitmap(lapic, regs::IRR0);
     assert!(
         irr.is_some_and(|irr| irr[0] & 0xFFFF == 0),
         "vCPU {i}: vector below 16 pending"
+    );
+    // Acceptance follows from the PPR (SDM 11.8.3.1): the highest pending vector is the next
+    // interrupt iff its class is above PPR's.
+    let deliverable = irr
+        .and_then(|irr| highest(&irr))
+        .filter(|&v| v / 16 > ppr / 16);
+    assert_eq!(
+        lapic.next_interrupt(),
+        deliverable,
+        "vCPU {i}: next interrupt against PPR {ppr:#x}"
     );
 }

@@ -11,24 +11,43 @@
 //! lines. A vCPU that an INIT stopped waits for its SIPI (`wait_for_sipi` is called only once
 //! the SIPI is there, so nothing blocks).
 //!
+//! `lapic_idle` (`run_idle`) drives the same vCPUs on a chip with the idle manager's features
+//! on (halt polling, timer advance, idle injection, CPU quota, global timers), with the same
+//! checks. A vCPU handling its timer early spins on a clock that then moves by itself
+//! (`chip::FuzzClock`); the target moves the clock past the holds of idle injection and the
+//! quota (from its own copies of both) before the chip would block in them.
+//!
+//! The priority checks trust nothing the LAPIC computes: `model.rs` records, per vCPU, the
+//! vectors the fake port saw injected and no EOI (register, MSR or PV flag) has ended, and the
+//! TPR the guest wrote; IPI targets come from the SDM's destination rules over the LAPICs'
+//! registers (`oracle.rs`), not from `devices::lapic::route`.
+//!
 //! Checked (`check.rs`), for every vCPU after every step:
-//! - PPR = TPR or the class of the highest in-service vector, whichever is higher; the PPR and
-//!   TPR registers read so; CR8 = TPR >> 4; no vector below 16 in IRR or ISR;
+//! - ISR = the recorded in-service vectors; TPR = the TPR written; PPR = the SDM's function of
+//!   the two (11.8.3.1); the next interrupt is the highest pending vector iff its class is
+//!   above PPR's; no vector below 16 in IRR or ISR;
 //! - IA32_APIC_BASE as last told to KVM (`CpuPort::set_apic_base`) is the LAPIC's;
 //! - **no lost timer**: a vCPU in the guest with a LAPIC deadline has a host timer armed no
 //!   later (its own tick, or the `central` thread's); **the clamp bounds the storm**: LAPIC
 //!   timer fires <= the guest's LAPIC writes + elapsed time / `min_period_ns`.
 //!
-//! At every entry: never more than one injection, and none while the port says the guest
-//! cannot take one; the injected vector is the LAPIC's highest pending one (now the highest
-//! in service, above everything left in IRR); an open window with nothing injected means
+//! At every entry: CR8 as given to KVM (`kvm_run.cr8`) = TPR[7:4] of the TPR written; never
+//! more than one injection, and none while the port says the guest cannot take one; the
+//! injected vector's class is above the recorded PPR, and it is the LAPIC's highest pending one
+//! (now the highest in service, above everything left in IRR); nothing early: a timer deadline
+//! the clock has not reached is still armed, untouched; no idle-manager hold the target did not
+//! foresee; an open window with nothing injected means
 //! nothing is deliverable; the interrupt-window request is on exactly when something is
 //! still deliverable; no timer deadline is due (a due timer fired before the entry), and a
 //! periodic re-arm is `min_period_ns` after the deadline it replaces; an unmasked timer fire
 //! left its vector in IRR or ISR; **a posted IPI is never lost**: every fixed IPI another
-//! step sent to this vCPU (routed by `devices::lapic::route` over the LAPICs' own addressing
-//! state) is in its IRR or ISR, and every NMI was injected; a PV EOI flag lull sets is set
+//! step sent to this vCPU (a target by the SDM's rules, `oracle.rs`) is in its IRR or ISR,
+//! and every NMI was injected; a PV EOI flag lull sets is set
 //! only for a lone, edge-triggered in-service vector with nothing pending.
+//!
+//! At every IPI: `devices::lapic::route` over the LAPICs' addressing state names exactly the
+//! LAPICs the SDM's rules accept (either way where the SDM leaves it open), and sends the same
+//! message with lowest-priority delivery to exactly one software-enabled LAPIC they accept.
 //!
 //! At every exit: a deadline a guest write set is at least `min_delay_ns` away; an EOI
 //! (register or PV flag) retires the highest in-service vector; a PV flag lull set is taken
@@ -38,19 +57,24 @@
 //! `LULL_FUZZ_TRACE=1` prints each step as it runs (e.g. under `cargo test`'s replay).
 
 mod check;
+mod idle;
 pub mod input;
+mod model;
+mod oracle;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arbitrary::Unstructured;
 use devices::lapic::{
-    regs, route, ApicMode, DeliveryMode, DestinationMode, InitSipiState, Ipi, Lapic, Shorthand,
+    regs, ApicMode, DeliveryMode, DestinationMode, InitSipiState, Ipi, Lapic, Shorthand,
     TimerLimits, TriggerMode,
 };
 use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
 use timer::{Clock, ModelKind};
 use vm_memory::{Bytes, GuestAddress};
+use vmm::idle::inject::IdleInjector;
+use vmm::idle::quota::CpuQuota;
 use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
@@ -99,6 +123,10 @@ struct Vcpu {
     /// The vector lull offered through the flag at the last entry, when the target saw it
     /// offered (the flag went from 0 to 1).
     offered: Option<u8>,
+    /// What the target delivered to it and the guest ended, and the TPR the guest wrote.
+    model: model::Priority,
+    /// When its last entry ended (what the chip charges the CPU quota from).
+    entered: u64,
 }
 
 /// The VM: the chip, its vCPUs, the limits the LAPICs were built with.
@@ -110,6 +138,10 @@ struct Machine {
     tsc_khz: u64,
     guest_tsc: u64,
     limits: TimerLimits,
+    /// The target's copy of the chip's idle injector (window arithmetic only).
+    inject: Option<IdleInjector>,
+    /// The target's copy of the chip's CPU quota, charged as the chip charges its own.
+    quota: Option<CpuQuota>,
 }
 
 /// A 4-byte guest write of xAPIC register `offset`.
@@ -127,7 +159,7 @@ fn lapic_of(v: &Vcpu) -> Lapic<Arc<LapicNoise>> {
 }
 
 impl Machine {
-    fn new(u: &mut Unstructured<'_>) -> arbitrary::Result<Option<Self>> {
+    fn new(u: &mut Unstructured<'_>, idle: bool) -> arbitrary::Result<Option<Self>> {
         let cpus = u.int_in_range(2u32..=4)?;
         let model = match u.int_in_range(0u8..=2)? {
             0 => ModelKind::Pull,
@@ -152,9 +184,15 @@ impl Machine {
             pv_eoi,
             pv_deadline,
         };
-        let Some(fake) = FakeChip::new(spec) else {
+        let idle = if idle { Some(idle::spec(u)?) } else { None };
+        let Some(fake) = FakeChip::with_idle(spec, idle) else {
             return Ok(None);
         };
+        let inject = idle
+            .and_then(|s| s.idle_inject)
+            .map(|c| IdleInjector::new(c, usize::try_from(cpus).unwrap_or(0)));
+        // The chip's quota epoch: its clock's 0 on CLOCK_MONOTONIC, which is 0 here.
+        let quota = idle.and_then(|s| s.cpu_quota).map(|c| CpuQuota::new(c, 0));
         let mut vcpus = Vec::new();
         for id in 0..cpus {
             let irq = fake
@@ -174,6 +212,8 @@ impl Machine {
                 pv_flag: None,
                 pv_slot: None,
                 offered: None,
+                model: model::Priority::default(),
+                entered: 0,
             });
         }
         let mut machine = Machine {
@@ -184,6 +224,8 @@ impl Machine {
             tsc_khz: u64::from(tsc_khz),
             guest_tsc,
             limits: TimerLimits::default(),
+            inject,
+            quota,
         };
         // Most inputs start where a booted guest is: every LAPIC software-enabled, some with a
         // flat logical ID (as Linux sets them up), through the same exits.
@@ -257,6 +299,7 @@ impl Machine {
     }
 
     fn step(&mut self, op: Op) {
+        self.fake.fuzz_clock.settle();
         match op {
             Op::Enter { cpu, open } => {
                 let i = self.index(cpu);
@@ -336,6 +379,12 @@ impl Machine {
             }
             Place::Out => {}
         }
+        self.skip_holds();
+        let id = u32::try_from(i).unwrap_or(0);
+        let held = |m: &Machine| {
+            m.counter(id, |c| &c.injected_idle_ns) + m.counter(id, |c| &c.throttled_ns)
+        };
+        let held_before = held(self);
         let now = self.now();
         let flag = self.pv_flag_alone(i);
         let flag_before = flag.map(|f| self.flag_byte(f));
@@ -355,6 +404,8 @@ impl Machine {
             Entry::Stop => panic!("vCPU {i}: before_entry stopped a VM nobody stopped"),
             Entry::WaitForSipi => {
                 assert!(v.port.injected.is_empty(), "vCPU {i}: injected in INIT");
+                // An INIT reset the LAPIC (or the AP never started).
+                v.model.reset();
                 v.place = Place::WaitingForSipi;
                 v.expected.clear();
                 v.expected_nmis = 0;
@@ -362,14 +413,27 @@ impl Machine {
             }
             Entry::Enter => v.place = Place::InGuest,
         }
+        let entered = self.fake.clock.now();
+        v.entered = entered;
+        let after_now = entered;
         let mut after = lapic_of(v);
         check::entry(i, &*v, &mut after, now);
+        v.model.in_service.extend(v.port.injected.iter().copied());
         let deadline = after.timer_deadline();
         assert!(
-            deadline.is_none_or(|d| d > now),
-            "vCPU {i}: entered the guest with its timer due ({deadline:?} <= now {now})"
+            deadline.is_none_or(|d| d > after_now),
+            "vCPU {i}: entered the guest with its timer due ({deadline:?} <= now {after_now})"
         );
-        if let (Some(due), Some(next)) = (deadline_before.filter(|&d| d <= now), deadline) {
+        // Nothing early: a deadline the clock had not reached when the vCPU entered is still
+        // armed, untouched (a fire consumes a one-shot deadline or moves a periodic one).
+        if let Some(d) = deadline_before.filter(|&d| d > after_now) {
+            assert_eq!(
+                deadline,
+                Some(d),
+                "vCPU {i}: timer deadline {d} taken before it came (entered at {after_now})"
+            );
+        }
+        if let (Some(due), Some(next)) = (deadline_before.filter(|&d| d <= after_now), deadline) {
             assert!(
                 next - due >= self.limits.min_period_ns,
                 "vCPU {i}: periodic step {} below the {} ns clamp",
@@ -408,6 +472,11 @@ impl Machine {
                 v.offered = Some(check::pv_offer_allowed(i, &mut after));
             }
         }
+        assert_eq!(
+            held(self),
+            held_before,
+            "vCPU {i}: held by the idle manager where the target foresaw no hold"
+        );
     }
 
     /// vCPU `i` (in the guest) exits with what its guest did.
@@ -458,12 +527,20 @@ impl Machine {
             stored = self.pv_slot_alone(i).map(|slot| (slot, tsc));
         }
         let cr8 = self.vcpus[i].port.cr8;
+        if let Some(quota) = &self.quota {
+            // What the chip charges in `after_run`: the time since the entry.
+            quota.charge(now, now.saturating_sub(self.vcpus[i].entered));
+        }
         self.vcpus[i].irq.after_run(Some(cr8));
         if let Some((slot, tsc)) = stored {
             let left: u64 = self.fake.mem.read_obj(GuestAddress(slot)).unwrap_or(0);
             assert_eq!(left, 0, "vCPU {i}: PV deadline slot not taken");
             let taken = pv_deadlines(self) - pv_deadlines_before;
             assert_eq!(taken, u64::from(tsc != 0), "vCPU {i}: PV deadlines taken");
+        }
+        // Every EOI by flag lull took ended the highest in-service interrupt.
+        for _ in pv_eois_before..pv_eois(self) {
+            self.vcpus[i].model.eoi();
         }
         if let Some(vector) = pv_eoi {
             let isr = read_bitmap(&mut lapic_of(&self.vcpus[i]), regs::ISR0);
@@ -489,6 +566,16 @@ impl Machine {
                 let addr = base.wrapping_add(offset.get());
                 self.vcpus[i].writes += 1;
                 self.run_exit(i, VcpuExit::MmioWrite(addr, &data[..usize::from(len % 9)]));
+                // An aligned 4-byte write inside the page is a register write (SDM 11.4.1).
+                let off = offset.get();
+                if mode == ApicMode::XApic && len % 9 == 4 && off % 16 == 0 && off < 0x1000 {
+                    let model = &mut self.vcpus[i].model;
+                    match u32::try_from(off).unwrap_or(u32::MAX) {
+                        regs::TPR => model.tpr = data[0],
+                        regs::EOI => model.eoi(),
+                        _ => {}
+                    }
+                }
             }
             GuestAction::MmioRead { offset, len } => {
                 let mut data = [0u8; 8];
@@ -515,7 +602,22 @@ impl Machine {
             GuestAction::MsrWrite { msr, value } => {
                 let (index, data) = (msr.get(), value.get(tsc_now));
                 self.vcpus[i].writes += 1;
-                if self.wrmsr(i, index, data) {
+                let accepted = self.wrmsr(i, index, data);
+                let model = &mut self.vcpus[i].model;
+                if accepted && mode == ApicMode::X2Apic {
+                    match index {
+                        0x808 => model.tpr = data.to_le_bytes()[0],
+                        0x80B => model.eoi(),
+                        _ => {}
+                    }
+                }
+                if mode != ApicMode::Disabled
+                    && self.vcpus[i].irq.lapic().mode() == ApicMode::Disabled
+                {
+                    // A global disable resets the LAPIC (SDM 11.4.3).
+                    self.vcpus[i].model.reset();
+                }
+                if accepted {
                     let enabled = (data & 1 == 1).then_some(data & !1);
                     match index {
                         MSR_KVM_PV_EOI_EN => self.vcpus[i].pv_flag = enabled,
@@ -537,6 +639,7 @@ impl Machine {
             GuestAction::Ipi(spec) => self.send_ipi(i, &mut lapic, spec),
             GuestAction::Eoi if eoi_register => {
                 self.vcpus[i].writes += 1;
+                self.vcpus[i].model.eoi();
                 if mode == ApicMode::X2Apic {
                     self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::EOI >> 4), 0);
                 } else {
@@ -672,22 +775,34 @@ impl Machine {
             x2apic_format: mode == ApicMode::X2Apic,
             source_apic_id: Some(lapic.apic_id()),
         };
+        let msg = oracle::Message {
+            shorthand,
+            logical,
+            destination,
+            x2apic: mode == ApicMode::X2Apic,
+        };
+        let addressing: Vec<_> = self
+            .vcpus
+            .iter()
+            .map(|v| oracle::addressing(&mut lapic_of(v)))
+            .collect();
+        let verdicts: Vec<_> = (0..self.vcpus.len())
+            .map(|j| oracle::accepts(&msg, addressing[j].as_ref(), j == i))
+            .collect();
         let infos: Vec<_> = self
             .vcpus
             .iter()
             .map(|v| v.irq.lapic().destination_info())
             .collect();
-        let sender_enabled = infos[i].software_enabled;
-        for t in route(&ipi, &infos).iter() {
-            let Some(info) = infos.get(t) else {
-                panic!("route named LAPIC {t} of {}", infos.len());
-            };
-            if !info.hardware_enabled || !sender_enabled {
+        oracle::check_route(&ipi, &infos, &verdicts, &addressing);
+        let sender_enabled = addressing[i].is_some_and(|a| a.software_enabled);
+        for (t, verdict) in verdicts.iter().enumerate() {
+            if *verdict != oracle::Verdict::Yes || !sender_enabled {
                 continue;
             }
             if nmi {
                 self.vcpus[t].expected_nmis += 1;
-            } else if vector >= 16 && info.software_enabled {
+            } else if vector >= 16 && addressing[t].is_some_and(|a| a.software_enabled) {
                 self.vcpus[t].expected.push(vector);
             }
         }
@@ -707,7 +822,7 @@ impl Machine {
         for i in 0..self.vcpus.len() {
             let v = &self.vcpus[i];
             let mut lapic = lapic_of(v);
-            check::registers(i, &mut lapic, v.port.apic_base);
+            check::registers(i, &mut lapic, v.port.apic_base, &v.model);
             let fires = self
                 .fake
                 .shared
@@ -739,8 +854,18 @@ impl Machine {
 
 /// Runs one input: a VM configuration, then steps until the bytes run out.
 pub fn run(data: &[u8]) {
+    run_with(data, false);
+}
+
+/// Runs one input on a chip with the idle manager's features on (halt polling, timer advance,
+/// idle injection, CPU quota, global timers): the `lapic_idle` target.
+pub fn run_idle(data: &[u8]) {
+    run_with(data, true);
+}
+
+fn run_with(data: &[u8], idle: bool) {
     let mut u = Unstructured::new(data);
-    let Ok(Some(mut machine)) = Machine::new(&mut u) else {
+    let Ok(Some(mut machine)) = Machine::new(&mut u, idle) else {
         return;
     };
     let trace = std::env::var_os("LULL_FUZZ_TRACE").is_some();

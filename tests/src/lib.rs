@@ -4,10 +4,10 @@
 //! `make test` builds lull and the kit first and sets `LULL_BIN` and `LULL_KIT`; run by hand,
 //! the tests look in `target/debug/lull` and `target/kit`.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -230,4 +230,53 @@ fn drain<R: Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> 
         let _ = r.read_to_end(&mut buf);
         String::from_utf8_lossy(&buf).into_owned()
     })
+}
+
+/// A `lull run --api-socket` that announced its socket: the process, the socket, and the
+/// lines of its log that follow the announcement.
+pub struct ApiServer {
+    /// The lull process (the caller kills or waits for it).
+    pub child: Child,
+    /// The socket it serves.
+    pub socket: PathBuf,
+    /// Its stderr, line by line, after the "management API on" line.
+    pub log: mpsc::Receiver<String>,
+}
+
+/// Starts `lull run --api-socket SOCKET ARGS` (the socket a temp path named after `name`) and
+/// waits up to 30 s for its "management API on" line; kills it if the line does not come.
+pub fn start_api_server(name: &str, args: &[&str]) -> Result<ApiServer, Failed> {
+    let socket = temp_path(&format!("{name}.sock"));
+    let _ = std::fs::remove_file(&socket);
+    let mut child = Command::new(lull_bin())
+        .args(["run", "--api-socket"])
+        .arg(&socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", lull_bin().display()))?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let (tx, log) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match log.recv_timeout(left) {
+            Ok(line) if line.contains("management API on") => {
+                return Ok(ApiServer { child, socket, log })
+            }
+            Ok(_) => {}
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("lull did not announce its API socket".into());
+            }
+        }
+    }
 }

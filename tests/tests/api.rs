@@ -4,7 +4,7 @@
 //! error bodies, that bad requests leave the VM running, the socket's permissions, and how
 //! lull ends (vmm.shutdown, SIGTERM) with which exit status.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lull_tests::{kit_file, kvm_trial, lull_bin, temp_path, Arguments, Failed, Trial};
+use lull_tests::{
+    kit_file, kvm_trial, lull_bin, start_api_server, temp_path, Arguments, Failed, Trial,
+};
 use serde_json::Value;
 
 /// Exit status of a VM stopped through the API (`exit_code::API_STOP`).
@@ -35,40 +37,13 @@ struct Lull {
 impl Lull {
     /// Starts `lull run --api-socket SOCKET ARGS` and waits for its "management API on" line.
     fn start(name: &str, args: &[&str]) -> Result<Self, Failed> {
-        let socket = temp_path(&format!("{name}.sock"));
-        let _ = std::fs::remove_file(&socket);
-        let mut child = Command::new(lull_bin())
-            .args(["run", "--api-socket"])
-            .arg(&socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", lull_bin().display()))?;
-        let stderr = child.stderr.take().ok_or("no stderr pipe")?;
-        let (tx, log) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let pid = child.id();
-        let lull = Self {
-            child: Some(child),
-            pid,
-            socket,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lull.log.recv_timeout(left) {
-                Ok(line) if line.contains("management API on") => return Ok(lull),
-                Ok(_) => {}
-                Err(_) => return Err("lull did not announce its API socket".into()),
-            }
-        }
+        let server = start_api_server(name, args)?;
+        Ok(Self {
+            pid: server.child.id(),
+            child: Some(server.child),
+            socket: server.socket,
+            log: server.log,
+        })
     }
 
     /// Sends one request and returns the status and the body.

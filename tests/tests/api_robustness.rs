@@ -8,14 +8,13 @@
 //! a request must arrive whole within [`REQUEST_TIMEOUT`] of its connection being accepted,
 //! at most [`MAX_CONNECTIONS`] connections are open, bodies are at most 1 MiB.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use lull_tests::{kit_file, kvm_trial, lull_bin, temp_path, Arguments, Failed, Trial};
+use lull_tests::{kit_file, kvm_trial, start_api_server, temp_path, Arguments, Failed, Trial};
 
 /// `vmm::api::http::REQUEST_TIMEOUT`.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,34 +35,11 @@ struct Lull {
 impl Lull {
     /// Starts `lull run --api-socket SOCKET ARGS` and waits for its "management API on" line.
     fn start(name: &str, args: &[&str]) -> Result<Self, Failed> {
-        let socket = temp_path(&format!("{name}.sock"));
-        let _ = std::fs::remove_file(&socket);
-        let mut child = Command::new(lull_bin())
-            .args(["run", "--api-socket"])
-            .arg(&socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", lull_bin().display()))?;
-        let stderr = child.stderr.take().ok_or("no stderr pipe")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let lull = Self { child, socket };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) if line.contains("management API on") => return Ok(lull),
-                Ok(_) => {}
-                Err(_) => return Err("lull did not announce its API socket".into()),
-            }
-        }
+        let server = start_api_server(name, args)?;
+        Ok(Self {
+            child: server.child,
+            socket: server.socket,
+        })
     }
 
     fn connect(&self) -> Result<UnixStream, Failed> {

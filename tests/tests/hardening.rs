@@ -131,6 +131,18 @@ fn kill(pid: u32, signal: &str) {
         .status();
 }
 
+/// Whether a line holding `needle` comes on `lines` before `GUEST_DEADLINE` after `started`.
+fn line_within(lines: &mpsc::Receiver<String>, needle: &str, started: Instant) -> bool {
+    while let Some(left) = GUEST_DEADLINE.checked_sub(started.elapsed()) {
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
 /// Waits for `child` to exit for up to `deadline`; kills it after that (`None`).
 fn wait_with_deadline(mut child: Child, deadline: Duration) -> Option<std::process::ExitStatus> {
     let pid = child.id();
@@ -203,48 +215,24 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
         all
     });
     let started = Instant::now();
-    let mut flooding = false;
-    while let Some(left) = GUEST_DEADLINE.checked_sub(started.elapsed()) {
-        match rx.recv_timeout(left) {
-            Ok(line) if line.contains("storm: flooding") => {
-                flooding = true;
-                break;
-            }
-            Ok(_) => {}
-            Err(_) => break,
-        }
-    }
-    if !flooding {
-        kill(pid, "-KILL");
-        let _ = child.wait();
-        return Err(format!(
-            "the storm never started\n--- console:\n{}\n--- log:\n{}",
-            console.join().unwrap_or_default(),
-            log.join().unwrap_or_default()
-        )
-        .into());
-    }
-    let ticks_before = process_cpu_ticks(pid);
-    let window_start = Instant::now();
     // The window ends with the log line of the guest's MISDEEDS_BEFORE_SIGTERM-th unknown port
     // access, however long a loaded host takes to get there.
     let proof = format!("({MISDEEDS_BEFORE_SIGTERM} unknown port accesses so far)");
-    let mut proven = false;
-    while let Some(left) = GUEST_DEADLINE.checked_sub(started.elapsed()) {
-        match log_rx.recv_timeout(left) {
-            Ok(line) if line.contains(&proof) => {
-                proven = true;
-                break;
-            }
-            Ok(_) => {}
-            Err(_) => break,
-        }
-    }
-    if !proven {
+    let mut ticks_before = 0;
+    let mut window_start = started;
+    let missing = if !line_within(&rx, "storm: flooding", started) {
+        Some("the storm never started".to_string())
+    } else {
+        ticks_before = process_cpu_ticks(pid);
+        window_start = Instant::now();
+        (!line_within(&log_rx, &proof, started))
+            .then(|| format!("no log line {proof} within {GUEST_DEADLINE:?}"))
+    };
+    if let Some(what) = missing {
         kill(pid, "-KILL");
         let _ = child.wait();
         return Err(format!(
-            "no log line {proof} within {GUEST_DEADLINE:?}\n--- console:\n{}\n--- log:\n{}",
+            "{what}\n--- console:\n{}\n--- log:\n{}",
             console.join().unwrap_or_default(),
             log.join().unwrap_or_default()
         )

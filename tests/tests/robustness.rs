@@ -26,8 +26,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lull_tests::{
-    kit_dir, kit_file, kvm_trial, lull_bin, run_lull, run_lull_in, take_metrics, temp_path,
-    Arguments, Failed, RunResult, Trial,
+    kit_dir, kit_file, kvm_trial, lull_bin, run_lull, run_lull_in, start_api_server, take_metrics,
+    temp_path, Arguments, Failed, RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -340,25 +340,10 @@ fn api(socket: &Path, method: &str, endpoint: &str, body: &str) -> Result<(u16, 
 }
 
 fn vm_create_checks_inputs_and_a_failed_boot_can_be_recreated() -> Result<(), Failed> {
-    let socket = temp_path("create.sock");
-    let _ = std::fs::remove_file(&socket);
-    let mut lull = Command::new(lull_bin())
-        .args(["run", "--api-socket", &arg(&socket)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start lull: {e}"))?;
-    let stderr = lull.stderr.take().ok_or("no stderr")?;
-    let (tx, log) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let server = start_api_server("create", &[])?;
+    let (mut lull, socket) = (server.child, server.socket);
     let bad_elf = file("create-bad.elf", 64, 0)?;
     let result = (|| -> Result<(), Failed> {
-        wait_for(&log, "management API on").map_err(|seen| format!("no API socket: {seen:?}"))?;
         let dir = std::env::temp_dir();
         let as_kernel = serde_json::json!({ "kernel": dir }).to_string();
         let (status, body) = api(&socket, "PUT", "vm.create", &as_kernel)?;

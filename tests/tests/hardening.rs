@@ -143,6 +143,23 @@ fn line_within(lines: &mpsc::Receiver<String>, needle: &str, started: Instant) -
     false
 }
 
+/// Kills lull and fails with `what` and everything its console and log said.
+fn kill_and_report(
+    mut child: Child,
+    console: std::thread::JoinHandle<String>,
+    log: std::thread::JoinHandle<String>,
+    what: &str,
+) -> Failed {
+    let _ = child.kill();
+    let _ = child.wait();
+    format!(
+        "{what}\n--- console:\n{}\n--- log:\n{}",
+        console.join().unwrap_or_default(),
+        log.join().unwrap_or_default()
+    )
+    .into()
+}
+
 /// Waits for `child` to exit for up to `deadline`; kills it after that (`None`).
 fn wait_with_deadline(mut child: Child, deadline: Duration) -> Option<std::process::ExitStatus> {
     let pid = child.id();
@@ -218,25 +235,19 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
     // The window ends with the log line of the guest's MISDEEDS_BEFORE_SIGTERM-th unknown port
     // access, however long a loaded host takes to get there.
     let proof = format!("({MISDEEDS_BEFORE_SIGTERM} unknown port accesses so far)");
-    let mut ticks_before = 0;
-    let mut window_start = started;
-    let missing = if !line_within(&rx, "storm: flooding", started) {
-        Some("the storm never started".to_string())
-    } else {
-        ticks_before = process_cpu_ticks(pid);
-        window_start = Instant::now();
-        (!line_within(&log_rx, &proof, started))
-            .then(|| format!("no log line {proof} within {GUEST_DEADLINE:?}"))
-    };
-    if let Some(what) = missing {
-        kill(pid, "-KILL");
-        let _ = child.wait();
-        return Err(format!(
-            "{what}\n--- console:\n{}\n--- log:\n{}",
-            console.join().unwrap_or_default(),
-            log.join().unwrap_or_default()
-        )
-        .into());
+    if !line_within(&rx, "storm: flooding", started) {
+        return Err(kill_and_report(
+            child,
+            console,
+            log,
+            "the storm never started",
+        ));
+    }
+    let ticks_before = process_cpu_ticks(pid);
+    let window_start = Instant::now();
+    if !line_within(&log_rx, &proof, started) {
+        let what = format!("no log line {proof} within {GUEST_DEADLINE:?}");
+        return Err(kill_and_report(child, console, log, &what));
     }
     let threads = seccomp_of_threads(pid)?;
     let ticks = process_cpu_ticks(pid).saturating_sub(ticks_before);

@@ -4,6 +4,7 @@
 //! A reading that cannot be had is a [`Reading`] with no value and the reason, never a 0: a
 //! virtual machine has no RAPL, a user may not read `energy_uj`, a CPU may have no cpuidle.
 
+pub mod cpuidle;
 pub mod rapl;
 
 use std::fmt::Display;
@@ -93,6 +94,11 @@ pub(crate) mod tests {
             let path = self.0.join(rel);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, text).unwrap();
+        }
+
+        /// Creates the directory `rel`.
+        pub(crate) fn dir(&self, rel: &str) {
+            std::fs::create_dir_all(self.0.join(rel)).unwrap();
         }
     }
 

@@ -5,6 +5,7 @@
 //! virtual machine has no RAPL, a user may not read `energy_uj`, a CPU may have no cpuidle.
 
 pub mod cpuidle;
+pub mod interrupts;
 pub mod rapl;
 
 use std::fmt::Display;

@@ -7,6 +7,7 @@
 pub mod cpuidle;
 pub mod interrupts;
 pub mod rapl;
+pub mod threads;
 
 use std::fmt::Display;
 use std::io;

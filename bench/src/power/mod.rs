@@ -6,6 +6,7 @@
 
 pub mod cpuidle;
 pub mod interrupts;
+pub mod meter;
 pub mod rapl;
 pub mod threads;
 

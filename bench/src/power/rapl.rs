@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_counter_that_wraps_counts_across_the_wrap() {
-        // AMD: package and core, wrapping at 2^32 - 1 microjoules.
+        // A package and its core whose counters wrap at 2^32 - 1 microjoules.
         let tree = TempTree::new("rapl-wrap");
         let max = u64::from(u32::MAX);
         let write = |uj: u64| {

@@ -31,6 +31,7 @@ mod idle_manager;
 mod linux_density;
 mod lull_metrics;
 mod plot;
+pub mod power;
 mod proc_sample;
 mod progress;
 mod qemu;

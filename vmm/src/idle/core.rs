@@ -23,8 +23,8 @@
 use timer::{CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
 
 use super::halt_poll::{HaltPoller, WakeKind};
+use super::shared::IdleShared;
 use super::vcpu_timer::{FiredSummary, VcpuTimer};
-use super::IdleShared;
 
 /// Shortest interval between two CPU-quota checks of a running vCPU.
 pub const MIN_QUOTA_CHECK_NS: u64 = 100_000;

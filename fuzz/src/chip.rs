@@ -22,7 +22,7 @@ use vmm::idle::global_load::GlobalTimersConfig;
 use vmm::idle::halt_poll::HaltPollMode;
 use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::CpuQuotaConfig;
-use vmm::irqchip::user::vcpu::VmTime;
+use vmm::idle::halt::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VmShared;
 

@@ -1,7 +1,7 @@
 //! The idle core: every decision a user-irqchip vCPU makes about not running guest code, as
-//! plain functions over the VM clock's time that return what to do. The irqchip's vCPU part
-//! (`irqchip::user::vcpu`) carries the decisions out (spins, blocks, injects); this file
-//! decides, so it is tested with a fake clock and a fake host timer, without KVM.
+//! plain functions over the VM clock's time that return what to do. `halt.rs` carries the
+//! decisions out (spins, blocks, holds) over the chip; this file decides, so it is tested
+//! with a fake clock and a fake host timer, without KVM.
 //!
 //! ```text
 //!           before every entry                        HLT exit

@@ -340,3 +340,7 @@ impl<C: VmTime> VcpuIdle<C> {
         count
     }
 }
+
+#[cfg(test)]
+#[path = "halt_tests.rs"]
+mod tests;

@@ -191,27 +191,47 @@ impl IdleChip for FakeChip {
     }
 }
 
-/// The idle manager of a one-vCPU VM on `clock`, and its counters.
-fn idle(
-    clock: &FakeClock,
-    halt_poll: HaltPollMode,
-    inject: Option<IdleInjector>,
-) -> (VcpuIdle<FakeClock>, Arc<VcpuCounters>) {
-    let shared = Arc::new(IdleShared {
-        halt_poll,
-        timer_advance: TimerAdvanceMode::Off,
-        inject,
-        quota: None,
-        global: None,
-        wake_placement: WakePlacementMode::Off,
-    });
-    let counters = Arc::new(VcpuCounters::default());
-    let idle = VcpuIdle::new(shared, 1, clock.clone(), counters.clone());
-    (idle, counters)
+/// The idle manager of vCPU 0 of a one-vCPU VM over a fake chip, on a fake clock.
+struct Rig {
+    clock: FakeClock,
+    idle: VcpuIdle<FakeClock>,
+    counters: Arc<VcpuCounters>,
+    chip: FakeChip,
 }
 
-fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
+impl Rig {
+    /// At `start`, halt polling `halt_poll`, idle injection `inject`, nothing else on.
+    fn new(start: Nanos, halt_poll: HaltPollMode, inject: Option<IdleInjector>) -> Self {
+        let clock = FakeClock::new(start);
+        let shared = Arc::new(IdleShared {
+            halt_poll,
+            timer_advance: TimerAdvanceMode::Off,
+            inject,
+            quota: None,
+            global: None,
+            wake_placement: WakePlacementMode::Off,
+        });
+        let counters = Arc::new(VcpuCounters::default());
+        Self {
+            idle: VcpuIdle::new(shared, 1, clock.clone(), counters.clone()),
+            chip: FakeChip::new(&clock),
+            clock,
+            counters,
+        }
+    }
+
+    fn halt(&mut self) -> HaltEnd {
+        self.idle.halt(&mut self.chip)
+    }
+
+    fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    /// A counter's value.
+    fn count(&self, counter: impl Fn(&VcpuCounters) -> &std::sync::atomic::AtomicU64) -> u64 {
+        counter(&self.counters).load(Ordering::Relaxed)
+    }
 }
 
 #[test]
@@ -221,51 +241,41 @@ fn a_runnable_vcpu_never_sleeps_or_polls() {
         HaltPollMode::Fixed(50_000),
         HaltPollMode::Adaptive,
     ] {
-        let clock = FakeClock::new(1_000);
-        let (mut idle, counters) = idle(&clock, mode, None);
-        let mut chip = FakeChip::new(&clock);
-        chip.pending = true;
-        chip.deadline = Some(2_000_000);
-        assert_eq!(idle.halt(&mut chip), HaltEnd::Resume, "{mode:?}");
-        assert!(chip.waits.is_empty(), "{mode:?}: {:?}", chip.waits);
-        assert_eq!(count(&counters.polls), 0, "{mode:?}");
-        assert_eq!(clock.now(), 1_000, "{mode:?}");
+        let mut r = Rig::new(1_000, mode, None);
+        r.chip.pending = true;
+        r.chip.deadline = Some(2_000_000);
+        assert_eq!(r.halt(), HaltEnd::Resume, "{mode:?}");
+        assert!(r.chip.waits.is_empty(), "{mode:?}: {:?}", r.chip.waits);
+        assert_eq!(r.count(|c| &c.polls), 0, "{mode:?}");
+        assert_eq!(r.now(), 1_000, "{mode:?}");
     }
 }
 
 #[test]
 fn a_pending_interrupt_the_guest_cannot_take_does_not_end_a_halt() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Off, None);
-    let mut chip = FakeChip::new(&clock);
-    chip.interrupts_enabled = false;
-    chip.pending = true;
-    chip.deadline = Some(700_000);
-    chip.mail = Some((300_000, Mail::Interrupt));
-    chip.stop_at = Some(5_000_000);
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    r.chip.interrupts_enabled = false;
+    r.chip.pending = true;
+    r.chip.deadline = Some(700_000);
+    r.chip.mail = Some((300_000, Mail::Interrupt));
+    r.chip.stop_at = Some(5_000_000);
     // Neither the mail nor its timer ends the halt: only VM control does.
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Stop);
-    let ends: Vec<Nanos> = chip.waits.iter().map(|w| w.end).collect();
+    assert_eq!(r.halt(), HaltEnd::Stop);
+    let ends: Vec<Nanos> = r.chip.waits.iter().map(|w| w.end).collect();
     assert_eq!(ends, vec![300_000, 700_000, 5_000_000]);
-    assert_eq!(count(&counters.wake_interrupt), 1);
-    assert_eq!(count(&counters.wake_timer), 1);
-    assert_eq!(count(&counters.wake_control), 1);
+    assert_eq!(r.count(|c| &c.wake_interrupt), 1);
+    assert_eq!(r.count(|c| &c.wake_timer), 1);
+    assert_eq!(r.count(|c| &c.wake_control), 1);
 }
 
 #[test]
 fn a_halt_with_a_deadline_wakes_at_the_deadline() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Off, None);
-    let mut chip = FakeChip::new(&clock);
-    chip.deadline = Some(2_000_000);
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    r.chip.deadline = Some(2_000_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.now(), 2_000_000, "resumed before or after its deadline");
     assert_eq!(
-        clock.now(),
-        2_000_000,
-        "resumed before or after its deadline"
-    );
-    assert_eq!(
-        chip.waits,
+        r.chip.waits,
         vec![Wait {
             start: 0,
             until: None,
@@ -274,119 +284,106 @@ fn a_halt_with_a_deadline_wakes_at_the_deadline() {
             timers_next: NEVER,
         }]
     );
-    assert_eq!(count(&counters.blocks), 1);
-    assert_eq!(count(&counters.wake_timer), 1);
-    assert_eq!(count(&counters.wake_interrupt), 0);
-    assert!(chip.pending);
+    assert_eq!(r.count(|c| &c.blocks), 1);
+    assert_eq!(r.count(|c| &c.wake_timer), 1);
+    assert_eq!(r.count(|c| &c.wake_interrupt), 0);
+    assert!(r.chip.pending);
 }
 
 #[test]
 fn a_kick_ends_the_wait() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Off, None);
-    let mut chip = FakeChip::new(&clock);
-    chip.deadline = Some(2_000_000);
-    chip.mail = Some((300_000, Mail::Interrupt));
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
-    assert_eq!(clock.now(), 300_000);
-    assert_eq!(chip.waits.len(), 1);
-    assert_eq!(chip.waits[0].end, 300_000);
-    assert_eq!(count(&counters.wake_interrupt), 1);
-    assert_eq!(count(&counters.wake_timer), 0);
-    assert_eq!(chip.deadline, Some(2_000_000), "its timer did not fire");
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    r.chip.deadline = Some(2_000_000);
+    r.chip.mail = Some((300_000, Mail::Interrupt));
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.now(), 300_000);
+    assert_eq!(r.chip.waits.len(), 1);
+    assert_eq!(r.chip.waits[0].end, 300_000);
+    assert_eq!(r.count(|c| &c.wake_interrupt), 1);
+    assert_eq!(r.count(|c| &c.wake_timer), 0);
+    assert_eq!(r.chip.deadline, Some(2_000_000), "its timer did not fire");
 }
 
 #[test]
 fn a_poll_that_sees_the_mail_never_blocks() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Fixed(100_000), None);
-    let mut chip = FakeChip::new(&clock);
-    chip.deadline = Some(2_000_000);
-    chip.mail = Some((10_000, Mail::Interrupt));
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
-    assert!(chip.waits.is_empty(), "{:?}", chip.waits);
-    assert_eq!(count(&counters.polls), 1);
-    assert_eq!(count(&counters.polls_won), 1);
-    assert_eq!(count(&counters.blocks), 0);
+    let mut r = Rig::new(0, HaltPollMode::Fixed(100_000), None);
+    r.chip.deadline = Some(2_000_000);
+    r.chip.mail = Some((10_000, Mail::Interrupt));
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "{:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls), 1);
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert_eq!(r.count(|c| &c.blocks), 0);
     // It saw the mail at its first look after the mail came.
-    assert!((10_000..10_000 + POLL_STEP_NS).contains(&clock.now()));
-    assert_eq!(count(&counters.poll_ns), clock.now());
+    assert!((10_000..10_000 + POLL_STEP_NS).contains(&r.now()));
+    assert_eq!(r.count(|c| &c.poll_ns), r.now());
 }
 
 #[test]
 fn a_lost_poll_blocks_until_the_deadline() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Fixed(20_000), None);
-    let mut chip = FakeChip::new(&clock);
-    chip.deadline = Some(1_000_000);
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
-    assert_eq!(count(&counters.polls), 1);
-    assert_eq!(count(&counters.polls_won), 0);
-    assert_eq!(chip.waits.len(), 1);
-    let w = chip.waits[0];
+    let mut r = Rig::new(0, HaltPollMode::Fixed(20_000), None);
+    r.chip.deadline = Some(1_000_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.count(|c| &c.polls), 1);
+    assert_eq!(r.count(|c| &c.polls_won), 0);
+    assert_eq!(r.chip.waits.len(), 1);
+    let w = r.chip.waits[0];
     assert!(
         w.start >= 20_000,
         "blocked before the poll window ended: {w:?}"
     );
     assert_eq!(w.end, 1_000_000);
-    assert_eq!(clock.now(), 1_000_000);
+    assert_eq!(r.now(), 1_000_000);
 }
 
 #[test]
 fn a_poll_never_runs_past_the_deadline() {
-    let clock = FakeClock::new(0);
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Fixed(100_000), None);
-    let mut chip = FakeChip::new(&clock);
-    chip.deadline = Some(30_000);
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
-    assert!(chip.waits.is_empty(), "{:?}", chip.waits);
-    assert_eq!(count(&counters.polls), 1);
+    let mut r = Rig::new(0, HaltPollMode::Fixed(100_000), None);
+    r.chip.deadline = Some(30_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "{:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls), 1);
     // Its own timer is the wake-up the poll waited for: the poll counts as won.
-    assert_eq!(count(&counters.polls_won), 1);
-    assert!((30_000..30_000 + POLL_STEP_NS).contains(&clock.now()));
-    assert!(chip.pending, "the timer's interrupt ended the halt");
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert!((30_000..30_000 + POLL_STEP_NS).contains(&r.now()));
+    assert!(r.chip.pending, "the timer's interrupt ended the halt");
 }
 
 #[test]
 fn a_stop_ends_a_halt_and_a_sipi_wait() {
-    let clock = FakeClock::new(0);
-    let (mut idle, _) = idle(&clock, HaltPollMode::Fixed(100_000), None);
-    let mut chip = FakeChip::new(&clock);
-    chip.stop_at = Some(0);
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Stop);
-    chip.init = true;
-    assert_eq!(idle.wait_for_sipi(&mut chip), None);
-    assert_eq!(idle.before_entry(&mut chip), Entry::Stop);
-    assert!(chip.waits.is_empty(), "{:?}", chip.waits);
+    let mut r = Rig::new(0, HaltPollMode::Fixed(100_000), None);
+    r.chip.stop_at = Some(0);
+    assert_eq!(r.halt(), HaltEnd::Stop);
+    r.chip.init = true;
+    assert_eq!(r.idle.wait_for_sipi(&mut r.chip), None);
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Stop);
+    assert!(r.chip.waits.is_empty(), "{:?}", r.chip.waits);
 }
 
 #[test]
 fn a_vcpu_in_init_waits_for_its_sipi() {
-    let clock = FakeClock::new(0);
-    let (mut idle, _) = idle(&clock, HaltPollMode::Off, None);
-    let mut chip = FakeChip::new(&clock);
-    chip.init = true;
-    assert_eq!(idle.before_entry(&mut chip), Entry::WaitForSipi);
-    chip.mail = Some((1_000_000, Mail::Sipi(0x10)));
-    assert_eq!(idle.wait_for_sipi(&mut chip), Some(0x10));
-    assert_eq!(clock.now(), 1_000_000);
-    assert_eq!(chip.waits.len(), 1);
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    r.chip.init = true;
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::WaitForSipi);
+    r.chip.mail = Some((1_000_000, Mail::Sipi(0x10)));
+    assert_eq!(r.idle.wait_for_sipi(&mut r.chip), Some(0x10));
+    assert_eq!(r.now(), 1_000_000);
+    assert_eq!(r.chip.waits.len(), 1);
 }
 
 #[test]
 fn an_injection_window_holds_the_vcpu_until_its_end_and_a_halt_cancels_the_next() {
-    let clock = FakeClock::new(100_000);
     let cfg = IdleInjectConfig {
         percent: 50,
         period_ns: 1_000_000,
     };
-    let (mut idle, counters) = idle(&clock, HaltPollMode::Off, Some(IdleInjector::new(cfg, 1)));
-    let mut chip = FakeChip::new(&clock);
+    let inject = IdleInjector::new(cfg, 1);
+    let mut r = Rig::new(100_000, HaltPollMode::Off, Some(inject));
     // Mail inside the window waits for its end.
-    chip.mail = Some((200_000, Mail::Interrupt));
-    assert_eq!(idle.before_entry(&mut chip), Entry::Enter);
+    r.chip.mail = Some((200_000, Mail::Interrupt));
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Enter);
     assert_eq!(
-        chip.waits,
+        r.chip.waits,
         vec![Wait {
             start: 100_000,
             until: Some(500_000),
@@ -395,17 +392,17 @@ fn an_injection_window_holds_the_vcpu_until_its_end_and_a_halt_cancels_the_next(
             timers_next: NEVER,
         }]
     );
-    assert!(chip.pending, "the mail is taken when the window ends");
-    assert_eq!(count(&counters.injected_idle_ns), 400_000);
+    assert!(r.chip.pending, "the mail is taken when the window ends");
+    assert_eq!(r.count(|c| &c.injected_idle_ns), 400_000);
     // The idle core armed the next window's start on the vCPU's timers, and asked for the
     // timer pass that programs the host tick for it.
-    assert_eq!(chip.timers.next_deadline(), 1_000_000);
-    assert_eq!(chip.timer_passes, 1);
+    assert_eq!(r.chip.timers.next_deadline(), 1_000_000);
+    assert_eq!(r.chip.timer_passes, 1);
     // A halt cancels it: the idle manager's timers never wake a halted vCPU.
-    chip.pending = false;
-    chip.deadline = Some(700_000);
-    assert_eq!(idle.halt(&mut chip), HaltEnd::Resume);
-    assert_eq!(chip.waits.len(), 2);
-    assert_eq!(chip.waits[1].timers_next, NEVER);
-    assert_eq!(chip.waits[1].end, 700_000);
+    r.chip.pending = false;
+    r.chip.deadline = Some(700_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.chip.waits.len(), 2);
+    assert_eq!(r.chip.waits[1].timers_next, NEVER);
+    assert_eq!(r.chip.waits[1].end, 700_000);
 }

@@ -12,8 +12,9 @@ Cycles wholly inside a directory listed in the allow-list file are reported but 
 What it sees:
 - the module tree, from the crate root (lib.rs, main.rs) through `mod x;` and `mod x { .. }`,
   with `#[path = "..."]`; a `mod x;` whose file is missing is an error (exit status 2);
-- `use` trees (`{..}`, `self`, `as`, `*`, any `pub(..)`), at any depth, and code paths of two
-  or more segments that start with `crate`, `super`, `self`, a module, or an imported name;
+- `use` trees (`{..}`, `self`, `as`, `*`, any `pub(..)`), at any depth, and paths of two or
+  more segments in code and attributes (`#[error("..", http::MAX)]`) that start with `crate`,
+  `super`, `self`, a module, or an imported name;
 - where a name is defined: items declared at a module's own level (fn, struct, enum, union,
   trait, type, const, static, macro_rules) are that module's file's; a name the module only
   imports (`use`, `pub use`, globs) is followed to the file that defines it, so a re-export
@@ -238,19 +239,10 @@ class Crate:
                 depth -= 1
                 if len(stack) > 1 and depth < base:
                     stack.pop()
-            elif kind == "#" and i + 1 < len(tokens) and tokens[i + 1][0] == "[":
-                # #[path = "x.rs"]
-                if i + 5 < len(tokens) and tokens[i + 2][1] == "path" and tokens[i + 3][0] == "=" \
-                        and tokens[i + 4][0] == "str":
-                    path_attr = tokens[i + 4][1]
-                j, level = i + 1, 0
-                while j < len(tokens):
-                    level += {"[": 1, "]": -1}.get(tokens[j][0], 0)
-                    j += 1
-                    if level == 0:
-                        break
-                i = j
-                continue
+            elif kind == "#" and i + 5 < len(tokens) and tokens[i + 1][0] == "[" \
+                    and tokens[i + 2][1] == "path" and tokens[i + 3][0] == "=" \
+                    and tokens[i + 4][0] == "str":
+                path_attr = tokens[i + 4][1]  # #[path = "x.rs"]; other attributes: as code
             elif kind == "id" and value == "mod" and i + 2 < len(tokens) and tokens[i + 1][0] == "id":
                 name = tokens[i + 1][1]
                 if tokens[i + 2][0] == ";":

@@ -88,6 +88,14 @@ class CheckCycles(unittest.TestCase):
         self.assertEqual(bad, 1, report)
         self.assertIn("crate::api::ApiError", report)
 
+    def test_a_path_in_an_attribute_is_a_use(self):
+        files = dict(PARENT_CHILD_FIXED)
+        files["api/error.rs"] = '#[derive(Debug)]\npub enum ApiError { #[error("{}", super::server::MAX)] Bad }\n'
+        files["api/server.rs"] += "pub const MAX: u32 = 1;\n"
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("src/api/error.rs:2 uses src/api/server.rs: super::server::MAX", report)
+
     def test_siblings_that_use_each_other_are_a_cycle(self):
         bad, report = run_check({
             "lib.rs": "mod a;\nmod b;\n",

@@ -244,6 +244,8 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         return ExitCode::from(EXIT_BAD_INPUT);
     }
     let result = match &args.experiment {
+        // The kit's Linux has a density experiment of its own; `--from-json` replots either.
+        Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => linux_density::run(a),
         Experiment::Density(a) => density::run(a),
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),

@@ -24,7 +24,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::density::{self, DensityArgs, Launch, Mode};
+use super::density::{self, DensityArgs, Launch, Mode, Workload};
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
@@ -34,25 +34,6 @@ use super::report::{
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload, WorkloadReport};
 use super::{host, lull_binary, lull_has_flag, qemu, work_dir, BenchError};
-
-/// The kernel-side workload of `--guest linux` (`lull.workload=KIND`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Workload {
-    /// The kernel left alone: its tick, NOHZ idle, RCU, workqueues.
-    Idle,
-    /// A thread per CPU sleeping on pinned hrtimers drawn from idle-sim's mix.
-    Timers,
-}
-
-impl Workload {
-    /// The name on the command line, in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Timers => "timers",
-        }
-    }
-}
 
 /// The window opens this long after the last VM started its workload.
 const SETTLE: Duration = Duration::from_secs(2);

@@ -6,15 +6,14 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
 use super::units::{parse_duration, parse_size};
-use super::{
-    guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
-    CommonArgs,
-};
+use super::{host, plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::api_client;
+use super::error::BenchError;
 use super::proc_sample::{self, ProcSample};
 use super::progress::Progress;
 use super::window::{self, WindowError, WindowPlan, WindowRule};
-use super::BenchError;
 
 /// One VM of the fleet: the command and where its console goes.
 #[derive(Debug)]

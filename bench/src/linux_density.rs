@@ -24,7 +24,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::common::{lull_binary, lull_has_flag, work_dir};
 use super::density::{self, DensityArgs, Launch, Mode, Workload};
+use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
@@ -33,7 +35,7 @@ use super::report::{
 };
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload, WorkloadReport};
-use super::{host, lull_binary, lull_has_flag, qemu, work_dir, BenchError};
+use super::{host, qemu};
 
 /// The window opens this long after the last VM started its workload.
 const SETTLE: Duration = Duration::from_secs(2);

@@ -15,6 +15,8 @@ What it sees:
 - `use` trees (`{..}`, `self`, `as`, `*`, any `pub(..)`), at any depth, and paths of two or
   more segments in code and attributes (`#[error("..", http::MAX)]`) that start with `crate`,
   `super`, `self`, a module, or an imported name;
+- a `pub use` (a re-export) is not a dependency of the file that writes it, unless that
+  file's own code names what it re-exports;
 - where a name is defined: items declared at a module's own level (fn, struct, enum, union,
   trait, type, const, static, macro_rules) are that module's file's; a name the module only
   imports (`use`, `pub use`, globs) is followed to the file that defines it, so a re-export
@@ -137,7 +139,9 @@ class Module:
         self.items = set()
         self.imports = {}  # name -> (module it was declared in, path segments)
         self.globs = []  # path segments
-        self.refs = []  # (line, path segments) named here
+        self.refs = []  # (line, path segments, glob) named here
+        self.reexports = set()  # names imported by a `pub use`
+        self.names = []  # (line, identifier) outside paths and `use`
 
     def path(self):
         names = []
@@ -152,6 +156,16 @@ class Module:
         while m.parent is not None:
             m = m.parent
         return m
+
+
+def is_pub(tokens, i):
+    """Whether the `use` at tokens[i] is a re-export (`pub`, `pub(crate)`, `pub(in ..)`)."""
+    j = i - 1
+    if j >= 0 and tokens[j][0] == ")":
+        while j >= 0 and tokens[j][0] != "(":
+            j -= 1
+        j -= 1
+    return j >= 0 and tokens[j][1] == "pub"
 
 
 def parse_use_tree(tokens, i, prefix, out):
@@ -264,12 +278,16 @@ class Crate:
             elif kind == "id" and value == "use" and (i == 0 or tokens[i - 1][0] != "::"):
                 out = []
                 j = parse_use_tree(tokens, i + 1, [], out)
+                reexport = is_pub(tokens, i)
                 for segs, alias, glob in out:
                     if glob:
                         module.globs.append(segs)
                     elif alias and alias != "_":
                         module.imports.setdefault(alias, (module, segs))
-                    module.refs.append((line, segs, glob))
+                        if reexport:
+                            module.reexports.add(alias)
+                    if not reexport:
+                        module.refs.append((line, segs, glob))
                 while j < len(tokens) and tokens[j][0] != ";":
                     j += 1
                 i = j + 1
@@ -292,6 +310,8 @@ class Crate:
                     module.refs.append((line, segs, False))
                 i = j
                 continue
+            elif kind == "id" and (i == 0 or tokens[i - 1][0] != "::"):
+                module.names.append((line, value))
             i += 1
 
     def lookup(self, module, name, seen):
@@ -351,7 +371,10 @@ class Crate:
         """{file: {file it depends on: [(line, path written), ...]}}."""
         graph = {f: {} for f in self.files}
         for module in self.modules():
-            for line, segs, glob in module.refs:
+            # A re-export is a dependency only where the file's own code uses the name.
+            used = [(line, [name], False) for line, name in module.names
+                    if name in module.reexports]
+            for line, segs, glob in module.refs + used:
                 target = self.resolve(module, segs)
                 if target is None:
                     continue

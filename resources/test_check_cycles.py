@@ -96,6 +96,20 @@ class CheckCycles(unittest.TestCase):
         self.assertEqual(bad, 1, report)
         self.assertIn("src/api/error.rs:2 uses src/api/server.rs: super::server::MAX", report)
 
+    def test_a_re_export_alone_is_no_dependency_of_the_file_that_writes_it(self):
+        files = {
+            "lib.rs": "pub mod lapic;\n",
+            "lapic/mod.rs": "mod access;\npub use access::is_msr;\npub struct Lapic;\n",
+            "lapic/access.rs": "use super::Lapic;\npub fn is_msr(_: &Lapic) -> bool { true }\n",
+        }
+        bad, report = run_check(files)
+        self.assertEqual((bad, report), (0, ""))
+        # ... but the code of that file naming what it re-exports is.
+        files["lapic/mod.rs"] += "pub fn msr(l: &Lapic) -> bool { is_msr(l) }\n"
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("src/lapic/mod.rs:4 uses src/lapic/access.rs: is_msr", report)
+
     def test_siblings_that_use_each_other_are_a_cycle(self):
         bad, report = run_check({
             "lib.rs": "mod a;\nmod b;\n",

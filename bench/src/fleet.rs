@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::api_client;
+use super::api_client::ApiVm;
 use super::error::BenchError;
 use super::proc_sample::{self, ProcSample};
 use super::progress::Progress;
@@ -138,55 +138,6 @@ struct Member {
     api: Option<ApiVm>,
 }
 
-/// The API side of a member.
-struct ApiVm {
-    socket: PathBuf,
-    booted: bool,
-    shut_down: bool,
-    at_start: Option<Value>,
-    at_end: Option<Value>,
-    error: Option<String>,
-}
-
-impl ApiVm {
-    /// Between windows: boots the VM once lull listens, ends lull once its VM has stopped.
-    /// Returns false if the VM cannot be driven (the caller kills it).
-    fn chores(&mut self) -> bool {
-        if self.shut_down || self.error.is_some() {
-            return self.error.is_none();
-        }
-        let step = if !self.booted {
-            if !self.socket.exists() {
-                return true;
-            }
-            api_client::boot(&self.socket).map(|()| self.booted = true)
-        } else {
-            match api_client::state(&self.socket) {
-                Ok(state) if state == "Shutdown" => {
-                    api_client::shutdown(&self.socket).map(|()| self.shut_down = true)
-                }
-                Ok(_) => Ok(()),
-                Err(e) => Err(e),
-            }
-        };
-        if let Err(e) = step {
-            self.error = Some(e.to_string());
-        }
-        self.error.is_none()
-    }
-
-    /// Live counters now, or the error noted.
-    fn counters(&mut self) -> Option<Value> {
-        match api_client::counters(&self.socket) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.error.get_or_insert(e.to_string());
-                None
-            }
-        }
-    }
-}
-
 /// The instant of a sample and every VMM's counters then.
 type Snapshot = (Instant, Vec<ProcSample>);
 
@@ -237,14 +188,7 @@ fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
         code: None,
         max_rss: 0,
         split: None,
-        api: spec.api.map(|socket| ApiVm {
-            socket,
-            booted: false,
-            shut_down: false,
-            at_start: None,
-            at_end: None,
-            error: None,
-        }),
+        api: spec.api.map(ApiVm::new),
     })
 }
 

@@ -6,16 +6,14 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
-pub use super::linux_density::Workload;
 use super::lull_metrics::MetricsSum;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
 use super::units::{parse_duration, parse_size};
-use super::{
-    guest_path, host, lull_binary, lull_has_flag, plot, qemu, read_metrics, work_dir, BenchError,
-    CommonArgs,
-};
+use super::{host, plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -60,6 +58,25 @@ impl Mode {
             Self::Push => &["--irqchip", "user", "--timer-model", "push"],
             Self::Central => &["--irqchip", "user", "--timer-model", "central"],
             Self::QemuOn | Self::QemuOff => &[],
+        }
+    }
+}
+
+/// The kernel-side workload of `--guest linux` (`lull.workload=KIND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// The kernel left alone: its tick, NOHZ idle, RCU, workqueues.
+    Idle,
+    /// A thread per CPU sleeping on pinned hrtimers drawn from idle-sim's mix.
+    Timers,
+}
+
+impl Workload {
+    /// The name on the command line, in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Timers => "timers",
         }
     }
 }
@@ -386,13 +403,11 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
     Ok(report.results.iter().all(|r| r.failures.is_empty()))
 }
 
-/// Runs the density experiment; `Ok(false)` if some VM failed.
+/// Runs the density experiment (or, with `--from-json`, shows an earlier run of either
+/// guest); `Ok(false)` if some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
-    }
-    if args.is_linux() {
-        return super::linux_density::run(args);
     }
     let duration = args.duration;
     let lull = lull_binary(args.common.lull.as_ref())?;

@@ -12,6 +12,7 @@
 use plotters::coord::ranged1d::{IntoSegmentedCoord, SegmentValue};
 use plotters::prelude::*;
 
+use super::error::PlotError;
 use super::report::{DensityReport, DensityRow};
 
 const WIDTH: u32 = 1100;
@@ -26,11 +27,6 @@ const COLORS: &[RGBColor] = &[
     RGBColor(0x8c, 0x56, 0x4b),
     RGBColor(0x17, 0xbe, 0xcf),
 ];
-
-/// The plot could not be drawn.
-#[derive(Debug, thiserror::Error)]
-#[error("Cannot draw the density plot: {0}; report this as a bug with the --json of the run")]
-pub struct PlotError(String);
 
 struct Panel {
     title: &'static str,

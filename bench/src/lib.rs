@@ -24,6 +24,7 @@ mod boot;
 mod children;
 mod common;
 mod density;
+mod density_power;
 mod error;
 mod fleet;
 mod global_timers;

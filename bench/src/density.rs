@@ -14,8 +14,9 @@ use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
 use super::power::{PowerWindow, Reading};
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
+use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
-use super::{host, plot, qemu};
+use super::{host, max_vms, plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -152,6 +153,17 @@ pub struct DensityArgs {
     /// `ipmitool dcmi power reading`); its samples are integrated over each window.
     #[arg(long, value_name = "CMD")]
     pub power_meter: Option<String>,
+    /// Instead of --vms: find per mode the most VMs, up to CAP, whose window meets every
+    /// bound of --slo (doubling from 1 VM, then bisection; each step is a run of --duration),
+    /// stopping before the host's memory runs out.
+    #[arg(long, value_name = "CAP")]
+    pub max_vms: Option<u32>,
+    /// --max-vms: the bounds a window must meet, comma-separated: `lateness_p99=DURATION`
+    /// (guest timer lateness), `host_busy=PERCENT%` (CPU of every VMM over the window, share
+    /// of the host's CPUs), `ipi_p99=DURATION` (IPI wake-up latency, off unless given). No VM
+    /// may fail, always.
+    #[arg(long, default_value = "lateness_p99=2ms,host_busy=90%", value_parser = super::slo::parse)]
+    pub slo: Slo,
 }
 
 /// The `--guest` that selects the kit's Linux.
@@ -414,12 +426,16 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
 }
 
 /// Runs the density experiment (or, with `--from-json`, shows an earlier run of either
-/// guest); `Ok(false)` if some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
+/// guest; with `--max-vms`, searches the most VMs per mode in max_vms.rs); `Ok(false)` if
+/// some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
     let (plan, modes, skipped) = Plan::new(args)?;
+    if let Some(cap) = args.max_vms {
+        return max_vms::run(&plan, &modes, skipped, cap);
+    }
     let mut report = plan.empty_report(&modes, skipped);
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(

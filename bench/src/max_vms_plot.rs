@@ -12,7 +12,7 @@ use plotters::prelude::*;
 
 use super::error::PlotError;
 use super::max_vms::MaxVmsReport;
-use super::plot::{nice_ceiling, COLORS};
+use super::plot::{draw_legend, nice_ceiling, COLORS};
 use super::slo::Verdict;
 
 const WIDTH: u32 = 1100;
@@ -96,13 +96,7 @@ fn draw_panel<DB: DrawingBackend>(
             .map_err(err)?;
     }
     if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
 }

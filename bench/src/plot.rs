@@ -158,15 +158,24 @@ fn draw_panel<DB: DrawingBackend>(
             .map_err(err)?;
     }
     if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
+}
+
+/// Draws the legend of `chart`'s labelled series in its upper left corner.
+pub(crate) fn draw_legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> Result<(), PlotError>
+where
+    DB: DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)
 }
 
 /// The SVG document for a density report.

@@ -6,15 +6,16 @@ KIT     := $(CURDIR)/target/kit
 GUEST   ?=
 ARGS    ?=
 
-.PHONY: all run test build build-release guests linux kit fmt-check clippy unit-tests \
-        loom-tests integration-tests bench-timer clean clean-kit help
+.PHONY: all run test build build-release guests linux kit fmt-check clippy check-cycles \
+        unit-tests loom-tests integration-tests bench-timer clean clean-kit help
 
 all: build kit
 
 help:
 	@echo "make run            build lull and the kit, boot the default guest (Linux) on this terminal"
 	@echo "make run GUEST=hello  boot a test guest from target/kit/guests instead"
-	@echo "make test           format check, clippy, unit, property, loom and integration tests"
+	@echo "make test           format check, clippy, import cycles, unit, property, loom and integration tests"
+	@echo "make check-cycles   no file-level import cycle in the crates (resources/check_cycles.py)"
 	@echo "make loom-tests     the timer crate's loom models (LOOM_MAX_PREEMPTIONS=N searches deeper)"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
@@ -63,6 +64,13 @@ clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(FUZZ_CHECK) $(CARGO) clippy --all-targets -- -D warnings
 
+# No file-level import cycle (a module's file and its children, siblings) in any crate, but in
+# the modules resources/check_cycles.allow lists (the check's own tests first).
+CYCLE_CRATES := vmm/src bench/src devices/src timer/src tests/src fuzz/src
+check-cycles:
+	python3 resources/test_check_cycles.py
+	python3 resources/check_cycles.py --allow resources/check_cycles.allow $(CYCLE_CRATES)
+
 # Unit and property tests; in fuzz/, the replay of fuzz/regressions/ through every driver.
 unit-tests:
 	$(CARGO) test --workspace --exclude lull-tests
@@ -93,7 +101,7 @@ integration-tests: build kit
 	resources/ensure-apt.sh e2fsprogs iproute2 iputils-ping
 	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
 
-test: fmt-check clippy unit-tests loom-tests integration-tests fuzz-smoke
+test: fmt-check clippy check-cycles unit-tests loom-tests integration-tests fuzz-smoke
 
 bench-timer:
 	resources/bench/bench-timer.sh

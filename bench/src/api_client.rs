@@ -117,6 +117,70 @@ pub fn shutdown(socket: &Path) -> Result<(), ApiClientError> {
     expect_ok(socket, "PUT", "vmm.shutdown").map(drop)
 }
 
+/// One VM of a fleet (`fleet.rs`) as the bench drives it through the API.
+pub(crate) struct ApiVm {
+    socket: PathBuf,
+    booted: bool,
+    shut_down: bool,
+    /// Its live counters as the window opened.
+    pub(crate) at_start: Option<Value>,
+    /// ... and as it closed.
+    pub(crate) at_end: Option<Value>,
+    /// The first thing that went wrong with its API.
+    pub(crate) error: Option<String>,
+}
+
+impl ApiVm {
+    /// A VM whose lull will listen on `socket`.
+    pub(crate) fn new(socket: PathBuf) -> Self {
+        Self {
+            socket,
+            booted: false,
+            shut_down: false,
+            at_start: None,
+            at_end: None,
+            error: None,
+        }
+    }
+
+    /// Between windows: boots the VM once lull listens, ends lull once its VM has stopped.
+    /// Returns false if the VM cannot be driven (the caller kills it).
+    pub(crate) fn chores(&mut self) -> bool {
+        if self.shut_down || self.error.is_some() {
+            return self.error.is_none();
+        }
+        let step = if !self.booted {
+            if !self.socket.exists() {
+                return true;
+            }
+            boot(&self.socket).map(|()| self.booted = true)
+        } else {
+            match state(&self.socket) {
+                Ok(state) if state == "Shutdown" => {
+                    shutdown(&self.socket).map(|()| self.shut_down = true)
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = step {
+            self.error = Some(e.to_string());
+        }
+        self.error.is_none()
+    }
+
+    /// Live counters now, or the error noted.
+    pub(crate) fn counters(&mut self) -> Option<Value> {
+        match counters(&self.socket) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.error.get_or_insert(e.to_string());
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixListener;

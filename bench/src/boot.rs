@@ -25,9 +25,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
+use super::common::{guest_path, lull_binary, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::host::{self, HostInfo};
 use super::report::{median, write_json};
-use super::{guest_path, lull_binary, proc_sample, qemu, work_dir, BenchError, CommonArgs};
+use super::{proc_sample, qemu};
 
 /// Schema name of the boot JSON.
 pub const BOOT_SCHEMA: &str = "lull-bench-boot/1";

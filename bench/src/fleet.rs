@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::api_client;
+use super::api_client::ApiVm;
+use super::error::BenchError;
 use super::proc_sample::{self, ProcSample};
 use super::progress::Progress;
 use super::window::{self, WindowError, WindowPlan, WindowRule};
-use super::BenchError;
 
 /// One VM of the fleet: the command and where its console goes.
 #[derive(Debug)]
@@ -72,6 +72,8 @@ pub struct Window {
     pub seconds: f64,
     /// Sum of the deltas of every process.
     pub delta: ProcSample,
+    /// When it opened and closed (`None` if no window was found).
+    pub span: Option<(Instant, Instant)>,
 }
 
 /// The result of a fleet run.
@@ -138,55 +140,6 @@ struct Member {
     api: Option<ApiVm>,
 }
 
-/// The API side of a member.
-struct ApiVm {
-    socket: PathBuf,
-    booted: bool,
-    shut_down: bool,
-    at_start: Option<Value>,
-    at_end: Option<Value>,
-    error: Option<String>,
-}
-
-impl ApiVm {
-    /// Between windows: boots the VM once lull listens, ends lull once its VM has stopped.
-    /// Returns false if the VM cannot be driven (the caller kills it).
-    fn chores(&mut self) -> bool {
-        if self.shut_down || self.error.is_some() {
-            return self.error.is_none();
-        }
-        let step = if !self.booted {
-            if !self.socket.exists() {
-                return true;
-            }
-            api_client::boot(&self.socket).map(|()| self.booted = true)
-        } else {
-            match api_client::state(&self.socket) {
-                Ok(state) if state == "Shutdown" => {
-                    api_client::shutdown(&self.socket).map(|()| self.shut_down = true)
-                }
-                Ok(_) => Ok(()),
-                Err(e) => Err(e),
-            }
-        };
-        if let Err(e) = step {
-            self.error = Some(e.to_string());
-        }
-        self.error.is_none()
-    }
-
-    /// Live counters now, or the error noted.
-    fn counters(&mut self) -> Option<Value> {
-        match api_client::counters(&self.socket) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                self.error.get_or_insert(e.to_string());
-                None
-            }
-        }
-    }
-}
-
 /// The instant of a sample and every VMM's counters then.
 type Snapshot = (Instant, Vec<ProcSample>);
 
@@ -237,14 +190,7 @@ fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
         code: None,
         max_rss: 0,
         split: None,
-        api: spec.api.map(|socket| ApiVm {
-            socket,
-            booted: false,
-            shut_down: false,
-            at_start: None,
-            at_end: None,
-            error: None,
-        }),
+        api: spec.api.map(ApiVm::new),
     })
 }
 
@@ -267,138 +213,41 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     let start = Instant::now();
     let n = specs.len();
     let mut pending = specs.into_iter();
-    let mut members = Vec::with_capacity(n);
-    if watch.stagger {
-        members.extend(pending.next().map(launch).transpose()?);
-    } else {
-        for spec in pending.by_ref() {
-            members.push(launch(spec)?);
-        }
-    }
-    let mut all_booted_at: Option<Instant> = None;
-    let mut phase = Phase::Before;
-    let mut plan: Option<Result<WindowPlan, WindowError>> = None;
-    let mut cut = None;
+    let mut members = launch_first(&mut pending, watch.stagger)?;
+    let mut tracker = WindowTracker {
+        phase: Phase::Before,
+        plan: None,
+        cut: None,
+        all_booted_at: None,
+    };
     let mut any_exited = false;
     let mut progress = Progress::start(&watch.label, watch.expected);
     loop {
         let now = Instant::now();
         let since = now.duration_since(start);
-        let open = matches!(phase, Phase::Open { .. });
-        for m in &mut members {
-            if m.code.is_none() {
-                if let Ok(Some(status)) = m.child.try_wait() {
-                    m.code = Some(status.code());
-                    any_exited = true;
-                }
-            }
-            if m.booted.is_none() || !m.finished {
-                let console = std::fs::read_to_string(&m.serial).unwrap_or_default();
-                if m.booted.is_none() && console.contains(&watch.boot_marker) {
-                    m.booted = Some(since);
-                }
-                m.finished = watch
-                    .end_markers
-                    .iter()
-                    .any(|end| console.contains(end.as_str()));
-            }
-            let driven = match (&mut m.api, m.code, open) {
-                (Some(api), None, false) => api.chores(),
-                _ => true,
-            };
-            if !driven {
-                let _ = m.child.kill();
-            }
-        }
-        // Staggered: the next VM once the last one launched has booted (or ended).
-        if members
-            .last()
-            .is_some_and(|m| m.booted.is_some() || m.code.is_some())
-        {
-            if let Some(spec) = pending.next() {
-                members.push(launch(spec)?);
-            }
-        }
-        let round = sample_all(&members);
-        for (m, s) in members.iter_mut().zip(&round) {
-            if let Some(s) = s {
-                m.max_rss = m.max_rss.max(s.rss_kib);
-            }
-        }
+        let open = matches!(tracker.phase, Phase::Open { .. });
+        any_exited |= poll_members(&mut members, watch, since, open);
+        launch_next(&mut members, &mut pending)?;
+        let samples = sample_round(&mut members);
         let booted = members.iter().filter(|m| m.booted.is_some()).count();
         let exited = members.iter().filter(|m| m.code.is_some()).count();
-        if all_booted_at.is_none() && booted == n {
-            all_booted_at = Some(now);
+        if tracker.all_booted_at.is_none() && booted == n {
+            tracker.all_booted_at = Some(now);
         }
-        let all_alive =
-            !any_exited && !members.iter().any(|m| m.finished) && round.iter().all(Option::is_some);
-        let full = || round.iter().flatten().copied().collect::<Vec<ProcSample>>();
-        phase = match phase {
-            Phase::Before => match (all_booted_at, watch.planned) {
-                (Some(t), None) if all_alive && now >= t + watch.settle => {
-                    open_window(&mut members, watch, now, None)
-                }
-                (Some(_), Some(rule)) if plan.is_none() => {
-                    let starts: Vec<Duration> = members.iter().filter_map(|m| m.booted).collect();
-                    match window::plan(&starts, &rule) {
-                        // A VM ended before the last one started: their workloads never overlapped.
-                        Ok(p) if members.iter().any(|m| m.finished) => {
-                            plan = Some(Err(WindowError::NoOverlap(p.spread)));
-                            Phase::Closed(None)
-                        }
-                        Ok(p) if all_alive && since >= p.start => {
-                            plan = Some(Ok(p));
-                            open_window(&mut members, watch, now, Some(p))
-                        }
-                        Ok(_) => Phase::Before,
-                        Err(e) => {
-                            plan = Some(Err(e));
-                            Phase::Closed(None)
-                        }
-                    }
-                }
-                _ => Phase::Before,
-            },
-            Phase::Open { start, last, plan } => match plan {
-                // Steady: the window grows while every VM is in its phase.
-                None if all_alive => Phase::Open {
-                    start,
-                    last: Some((now, full())),
-                    plan,
-                },
-                None => Phase::Closed(last.map(|l| (start, l))),
-                Some(p) if all_alive && since >= p.end => {
-                    let end = (now, full());
-                    for api in members.iter_mut().filter_map(|m| m.api.as_mut()) {
-                        api.at_end = api.counters();
-                    }
-                    Phase::Closed(Some((start, end)))
-                }
-                Some(_) if all_alive => Phase::Open {
-                    start,
-                    last: Some((now, full())),
-                    plan,
-                },
-                Some(_) => {
-                    cut = Some(
-                        match members.iter().position(|m| m.finished || m.code.is_some()) {
-                            Some(i) => format!("vm{i} ended its workload before the window's end"),
-                            None => "a VMM's /proc could not be read".to_string(),
-                        },
-                    );
-                    Phase::Closed(last.map(|l| (start, l)))
-                }
-            },
-            closed @ Phase::Closed(_) => closed,
+        let round = Round {
+            now,
+            since,
+            all_alive: !any_exited
+                && !members.iter().any(|m| m.finished)
+                && samples.iter().all(Option::is_some),
+            samples,
         };
+        tracker.advance(&mut members, watch, &round);
         if exited == n {
             break;
         }
         if since > watch.deadline {
-            for m in members.iter_mut().filter(|m| m.code.is_none()) {
-                let _ = m.child.kill();
-                m.code = Some(m.child.wait().ok().and_then(|s| s.code()));
-            }
+            kill_remaining(&mut members);
             progress.println(&format!(
                 "bench: {}: deadline of {:?} passed: killed {} VM(s)",
                 watch.label,
@@ -408,8 +257,215 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             break;
         }
         progress.update(since, booted, exited, n);
-        // A planned window's edges are kept to the sampling period's precision or better.
-        let next_edge = match (&phase, &plan) {
+        std::thread::sleep(tracker.next_sleep(since));
+    }
+    progress.finish();
+    Ok(FleetRun {
+        vms: outcomes(members, pending),
+        window: window_of(tracker.phase),
+        plan: tracker.plan,
+        cut: tracker.cut,
+    })
+}
+
+/// Launches the first VM (staggered) or all of them.
+fn launch_first(
+    pending: &mut std::vec::IntoIter<VmSpec>,
+    stagger: bool,
+) -> Result<Vec<Member>, BenchError> {
+    let mut members = Vec::with_capacity(pending.len());
+    if stagger {
+        members.extend(pending.next().map(launch).transpose()?);
+    } else {
+        for spec in pending.by_ref() {
+            members.push(launch(spec)?);
+        }
+    }
+    Ok(members)
+}
+
+/// Notes which members have exited, booted and finished their measured phase, and drives
+/// the API VMs while the window is shut; returns whether one exited.
+fn poll_members(members: &mut [Member], watch: &Watch, since: Duration, open: bool) -> bool {
+    let mut any_exited = false;
+    for m in members {
+        if m.code.is_none() {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                m.code = Some(status.code());
+                any_exited = true;
+            }
+        }
+        if m.booted.is_none() || !m.finished {
+            let console = std::fs::read_to_string(&m.serial).unwrap_or_default();
+            if m.booted.is_none() && console.contains(&watch.boot_marker) {
+                m.booted = Some(since);
+            }
+            m.finished = watch
+                .end_markers
+                .iter()
+                .any(|end| console.contains(end.as_str()));
+        }
+        let driven = match (&mut m.api, m.code, open) {
+            (Some(api), None, false) => api.chores(),
+            _ => true,
+        };
+        if !driven {
+            let _ = m.child.kill();
+        }
+    }
+    any_exited
+}
+
+/// Staggered: the next VM once the last one launched has booted (or ended).
+fn launch_next(
+    members: &mut Vec<Member>,
+    pending: &mut std::vec::IntoIter<VmSpec>,
+) -> Result<(), BenchError> {
+    if members
+        .last()
+        .is_some_and(|m| m.booted.is_some() || m.code.is_some())
+    {
+        if let Some(spec) = pending.next() {
+            members.push(launch(spec)?);
+        }
+    }
+    Ok(())
+}
+
+/// Samples every live member now and keeps each one's largest RSS.
+fn sample_round(members: &mut [Member]) -> Vec<Option<ProcSample>> {
+    let samples = sample_all(members);
+    for (m, s) in members.iter_mut().zip(&samples) {
+        if let Some(s) = s {
+            m.max_rss = m.max_rss.max(s.rss_kib);
+        }
+    }
+    samples
+}
+
+/// Kills what still runs at the deadline and reaps it.
+fn kill_remaining(members: &mut [Member]) {
+    for m in members.iter_mut().filter(|m| m.code.is_none()) {
+        let _ = m.child.kill();
+        m.code = Some(m.child.wait().ok().and_then(|s| s.code()));
+    }
+}
+
+/// One sample round, as the window sees it.
+struct Round {
+    now: Instant,
+    /// Since the fleet started.
+    since: Duration,
+    /// No VM has exited or finished its measured phase, and every VMM's /proc was read.
+    all_alive: bool,
+    /// Every member's /proc now (`None` for one that has exited or could not be read).
+    samples: Vec<Option<ProcSample>>,
+}
+
+impl Round {
+    /// The snapshot of this round (the members that were read).
+    fn snapshot(&self) -> Snapshot {
+        (self.now, self.samples.iter().flatten().copied().collect())
+    }
+}
+
+/// Where the window stands, and what the run will report of it.
+struct WindowTracker {
+    phase: Phase,
+    /// A planned window's place, or why there is none.
+    plan: Option<Result<WindowPlan, WindowError>>,
+    /// Why a planned window closed before its time.
+    cut: Option<String>,
+    /// When every VM had booted.
+    all_booted_at: Option<Instant>,
+}
+
+impl WindowTracker {
+    /// Moves the window on by one sample round.
+    fn advance(&mut self, members: &mut [Member], watch: &Watch, r: &Round) {
+        self.phase = match std::mem::replace(&mut self.phase, Phase::Before) {
+            Phase::Before => self.before(members, watch, r),
+            Phase::Open { start, last, plan } => self.open(members, r, start, last, plan),
+            closed @ Phase::Closed(_) => closed,
+        };
+    }
+
+    /// Before the window: open it (steady: `settle` after the last boot; planned: at the
+    /// planned start), or give up on it.
+    fn before(&mut self, members: &mut [Member], watch: &Watch, r: &Round) -> Phase {
+        match (self.all_booted_at, watch.planned) {
+            (Some(t), None) if r.all_alive && r.now >= t + watch.settle => {
+                open_window(members, watch, r.now, None)
+            }
+            (Some(_), Some(rule)) if self.plan.is_none() => {
+                let starts: Vec<Duration> = members.iter().filter_map(|m| m.booted).collect();
+                match window::plan(&starts, &rule) {
+                    // A VM ended before the last one started: their workloads never overlapped.
+                    Ok(p) if members.iter().any(|m| m.finished) => {
+                        self.plan = Some(Err(WindowError::NoOverlap(p.spread)));
+                        Phase::Closed(None)
+                    }
+                    Ok(p) if r.all_alive && r.since >= p.start => {
+                        self.plan = Some(Ok(p));
+                        open_window(members, watch, r.now, Some(p))
+                    }
+                    Ok(_) => Phase::Before,
+                    Err(e) => {
+                        self.plan = Some(Err(e));
+                        Phase::Closed(None)
+                    }
+                }
+            }
+            _ => Phase::Before,
+        }
+    }
+
+    /// An open window: grow it while every VM is in its phase, close it at its planned end
+    /// or when one leaves.
+    fn open(
+        &mut self,
+        members: &mut [Member],
+        r: &Round,
+        start: Snapshot,
+        last: Option<Snapshot>,
+        plan: Option<WindowPlan>,
+    ) -> Phase {
+        match plan {
+            // Steady: the window grows while every VM is in its phase.
+            None if r.all_alive => Phase::Open {
+                start,
+                last: Some(r.snapshot()),
+                plan,
+            },
+            None => Phase::Closed(last.map(|l| (start, l))),
+            Some(p) if r.all_alive && r.since >= p.end => {
+                let end = r.snapshot();
+                for api in members.iter_mut().filter_map(|m| m.api.as_mut()) {
+                    api.at_end = api.counters();
+                }
+                Phase::Closed(Some((start, end)))
+            }
+            Some(_) if r.all_alive => Phase::Open {
+                start,
+                last: Some(r.snapshot()),
+                plan,
+            },
+            Some(_) => {
+                self.cut = Some(
+                    match members.iter().position(|m| m.finished || m.code.is_some()) {
+                        Some(i) => format!("vm{i} ended its workload before the window's end"),
+                        None => "a VMM's /proc could not be read".to_string(),
+                    },
+                );
+                Phase::Closed(last.map(|l| (start, l)))
+            }
+        }
+    }
+
+    /// How long to sleep before the next round: a planned window's edges are kept to the
+    /// sampling period's precision or better.
+    fn next_sleep(&self, since: Duration) -> Duration {
+        let next_edge = match (&self.phase, &self.plan) {
             (Phase::Before | Phase::Open { .. }, Some(Ok(p))) => [p.start, p.end]
                 .into_iter()
                 .filter(|&t| t > since)
@@ -417,16 +473,19 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                 .map(|t| t - since),
             _ => None,
         };
-        std::thread::sleep(next_edge.map_or(SAMPLE_EVERY, |d| d.min(SAMPLE_EVERY)));
+        next_edge.map_or(SAMPLE_EVERY, |d| d.min(SAMPLE_EVERY))
     }
-    progress.finish();
+}
+
+/// The fleet's counters over the window the run ended with.
+fn window_of(phase: Phase) -> Window {
     let edges = match phase {
         Phase::Closed(edges) => edges,
         // The run ended with the window open (the last VM exited, or the deadline).
         Phase::Open { start, last, .. } => last.map(|l| (start, l)),
         Phase::Before => None,
     };
-    let window = match edges {
+    match edges {
         Some(((t0, a), (t1, b))) if t1 > t0 => {
             let (a, b) = (sum(&a), sum(&b));
             Window {
@@ -437,11 +496,16 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
                     nonvoluntary: b.nonvoluntary.saturating_sub(a.nonvoluntary),
                     rss_kib: b.rss_kib,
                 },
+                span: Some((t0, t1)),
             }
         }
         _ => Window::default(),
-    };
-    let vms = members
+    }
+}
+
+/// What became of every VM, in launch order; those never launched last.
+fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<VmOutcome> {
+    members
         .into_iter()
         .map(|m| {
             let (counters, api_error) = match m.api {
@@ -472,13 +536,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
             counters: None,
             api_error: None,
         }))
-        .collect();
-    Ok(FleetRun {
-        vms,
-        window,
-        plan,
-        cut,
-    })
+        .collect()
 }
 
 /// Opens the window now: lull's counters first (the requests' own cost stays outside), then

@@ -27,13 +27,14 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_idle_sim;
 use super::host::{self, HostInfo};
 use super::lull_metrics::MetricsSum;
 use super::report;
 use super::units::parse_duration;
-use super::{guest_path, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
 
 /// Schema tag of the JSON this experiment writes.
 pub const GLOBAL_TIMERS_SCHEMA: &str = "lull-bench-global-timers/1";

@@ -20,11 +20,12 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::fleet::{self, VmOutcome, VmSpec, Watch};
 use super::host::{self, HostInfo};
 use super::report::write_json;
 use super::units::parse_duration;
-use super::{guest_path, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
 
 /// Schema name of the idle-manager JSON.
 pub const IDLE_MANAGER_SCHEMA: &str = "lull-bench-idle-manager/1";

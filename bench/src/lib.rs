@@ -22,7 +22,10 @@
 mod api_client;
 mod boot;
 mod children;
+mod common;
 mod density;
+mod density_power;
+mod error;
 mod fleet;
 mod global_timers;
 mod guest_output;
@@ -30,25 +33,29 @@ mod host;
 mod idle_manager;
 mod linux_density;
 mod lull_metrics;
+mod max_vms;
+mod max_vms_plot;
 mod plot;
 pub mod power;
 mod proc_sample;
 mod progress;
 mod qemu;
 mod report;
+mod slo;
 mod timer_modes;
 mod units;
 mod wakeup;
 mod window;
 mod workload_output;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
 pub use boot::{BootArgs, BootReport, BOOT_SCHEMA};
+pub use common::CommonArgs;
 pub use density::{DensityArgs, Mode};
+pub use error::{BenchError, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED, EXIT_VM_FAILED};
 pub use global_timers::{GlobalTimersArgs, GlobalTimersReport, GLOBAL_TIMERS_SCHEMA};
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
 pub use report::{
@@ -57,15 +64,6 @@ pub use report::{
 };
 pub use timer_modes::TimerModesArgs;
 pub use wakeup::{WakeMode, WakeupArgs};
-
-/// `lull bench` exit status: everything ran and every VM passed.
-pub const EXIT_OK: u8 = 0;
-/// `lull bench` exit status: bad input (guest, kit, lull binary, output path).
-pub const EXIT_BAD_INPUT: u8 = 4;
-/// `lull bench` exit status: it ran, but some VM failed (its row lists why).
-pub const EXIT_VM_FAILED: u8 = 8;
-/// `lull bench` exit status: stopped by SIGINT or SIGTERM (its VMs stopped first, no result).
-pub const EXIT_STOPPED: u8 = 12;
 
 /// Flags of `lull bench`.
 #[derive(Debug)]
@@ -118,23 +116,6 @@ impl clap::FromArgMatches for BenchArgs {
     }
 }
 
-/// Flags of every experiment: where the VMs come from and where the results go.
-#[derive(Debug, Args)]
-pub struct CommonArgs {
-    /// Write the results as JSON here (schema in docs/bench/README.md).
-    #[arg(long, value_name = "PATH")]
-    pub json: Option<PathBuf>,
-    /// lull binary for the VMs. Default: this one.
-    #[arg(long, value_name = "PATH")]
-    pub lull: Option<PathBuf>,
-    /// Guest kit directory. Default: as `lull run` finds it ($LULL_KIT, target/kit).
-    #[arg(long, value_name = "DIR")]
-    pub kit: Option<PathBuf>,
-    /// Keep the VMs' consoles, stderr and metrics here. Default: a directory under /tmp.
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
-}
-
 /// The experiments of `lull bench`.
 #[derive(Debug, Subcommand)]
 pub enum Experiment {
@@ -156,88 +137,6 @@ pub enum Experiment {
     GlobalTimers(GlobalTimersArgs),
 }
 
-/// Why a benchmark could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    /// A file could not be written or read.
-    #[error("Cannot use {0}: {1}; check that the directory exists and is writable")]
-    Io(PathBuf, #[source] std::io::Error),
-    /// A VMM process could not be started.
-    #[error("Cannot start {0}: {1}; check that it is installed (or pass --lull / --qemu)")]
-    Spawn(String, #[source] std::io::Error),
-    /// The guest ELF is missing.
-    #[error("Guest {0} not found: build the kit with `make guests`, or pass --guest PATH")]
-    NoGuest(PathBuf),
-    /// The kit's Linux guest is missing.
-    #[error(transparent)]
-    Kit(kit::KitError),
-    /// lull cannot find its own binary.
-    #[error("Cannot find the lull binary to launch VMs ({0}); pass --lull PATH")]
-    NoLull(#[source] std::io::Error),
-    /// The JSON report could not be encoded or decoded.
-    #[error("Cannot encode or decode the JSON report: {0}; check that it is a lull bench JSON")]
-    Json(#[from] serde_json::Error),
-    /// The SVG plot could not be drawn.
-    #[error(transparent)]
-    Plot(#[from] plot::PlotError),
-    /// A quota period too short to halve in milliseconds.
-    #[error("--period {0:?} is too short: write at least 2ms (the quota is half of it, in ms)")]
-    Period(std::time::Duration),
-    /// Nothing to run.
-    #[error("No mode can run here: {0}")]
-    NoModes(String),
-}
-
-/// The lull binary to launch: `--lull`, else this very executable.
-fn lull_binary(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
-    match flag {
-        Some(p) => Ok(p.clone()),
-        None => std::env::current_exe().map_err(BenchError::NoLull),
-    }
-}
-
-/// The directory for the VMs' logs: `--work-dir`, else a new one under the temp directory.
-fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
-    let dir = flag
-        .cloned()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("lull-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&dir).map_err(|e| BenchError::Io(dir.clone(), e))?;
-    Ok(dir)
-}
-
-/// lull's `--metrics` JSON of a run, if it wrote one that parses.
-fn read_metrics(path: &std::path::Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-/// A guest given by name (looked up in the kit's `guests/`) or by path.
-fn guest_path(name: &str, kit: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
-    let direct = PathBuf::from(name);
-    let path = if name.contains('/') || name.ends_with(".elf") {
-        direct
-    } else {
-        kit.cloned()
-            .unwrap_or_else(kit::kit_dir)
-            .join("guests")
-            .join(format!("{name}.elf"))
-    };
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(BenchError::NoGuest(path))
-    }
-}
-
-/// Whether `lull run --help` of `lull` offers `flag` (the idle manager's flags arrive
-/// separately; the bench leaves out what the binary lacks and says so).
-fn lull_has_flag(lull: &std::path::Path, flag: &str) -> bool {
-    children::guard(&mut std::process::Command::new(lull))
-        .args(["run", "--help"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
-}
-
 /// Runs `lull bench ...`; the return value is the process exit status.
 pub fn main(args: &BenchArgs) -> ExitCode {
     if let Err(e) = children::forward_stop_signals() {
@@ -245,6 +144,8 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         return ExitCode::from(EXIT_BAD_INPUT);
     }
     let result = match &args.experiment {
+        // The kit's Linux has a density experiment of its own; `--from-json` replots either.
+        Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => linux_density::run(a),
         Experiment::Density(a) => density::run(a),
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),
@@ -273,6 +174,8 @@ pub fn main(args: &BenchArgs) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use clap::{CommandFactory, Parser, Subcommand};
 
     use super::*;

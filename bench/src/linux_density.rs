@@ -24,35 +24,21 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::density::{self, DensityArgs, Launch, Mode};
+use super::common::{lull_binary, lull_has_flag, work_dir};
+use super::density::{self, DensityArgs, Launch, Mode, Workload};
+use super::density_power;
+use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
+use super::power::{PowerWindow, Reading};
 use super::report::{
-    self, DensityParams, DensityReport, DensityRow, LinuxParams, LinuxRow, DENSITY_SCHEMA,
+    self, DensityParams, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode,
+    DENSITY_SCHEMA,
 };
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload, WorkloadReport};
-use super::{host, lull_binary, lull_has_flag, qemu, work_dir, BenchError};
-
-/// The kernel-side workload of `--guest linux` (`lull.workload=KIND`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Workload {
-    /// The kernel left alone: its tick, NOHZ idle, RCU, workqueues.
-    Idle,
-    /// A thread per CPU sleeping on pinned hrtimers drawn from idle-sim's mix.
-    Timers,
-}
-
-impl Workload {
-    /// The name on the command line, in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Idle => "idle",
-            Self::Timers => "timers",
-        }
-    }
-}
+use super::{host, qemu};
 
 /// The window opens this long after the last VM started its workload.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -260,31 +246,103 @@ struct Experiment {
     rule: WindowRule,
 }
 
-fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
-    let vcpus = e.n * plan.args.cpus;
-    let mut guest = GuestRates::default();
-    let mut ok = 0;
-    let mut failures = Vec::new();
-    let mut boot_ms = Vec::new();
+/// What the VMs' consoles said, over the VMs: the guests' figures, who passed, who failed and
+/// why, and when each kernel started its workload.
+#[derive(Default)]
+struct Consoles {
+    guest: GuestRates,
+    ok: u32,
+    failures: Vec<String>,
+    boot_ms: Vec<u64>,
+}
+
+fn read_consoles(run: &FleetRun) -> Consoles {
+    let mut c = Consoles::default();
     for (i, vm) in run.vms.iter().enumerate() {
         let g = parse_workload(&vm.console);
-        guest.add(&g);
-        boot_ms.extend(g.start.as_ref().map(|s| s.boot_ms));
+        c.guest.add(&g);
+        c.boot_ms.extend(g.start.as_ref().map(|s| s.boot_ms));
         if vm.code == Some(1) && g.passed {
-            ok += 1;
+            c.ok += 1;
         } else {
             let last = vm.console.lines().last().unwrap_or("").trim();
             let err = vm.stderr.lines().last().unwrap_or("").trim();
             let why = g.failure.as_deref().unwrap_or("no PASS");
-            failures.push(format!(
+            c.failures.push(format!(
                 "vm{i}: status {:?}, {why}, console {last:?}, stderr {err:?}",
                 vm.code
             ));
         }
         if let Some(api) = &vm.api_error {
-            failures.push(format!("vm{i}: management API: {api}"));
+            c.failures.push(format!("vm{i}: management API: {api}"));
         }
     }
+    c
+}
+
+/// The rates of one experiment over its window, per vCPU.
+struct Rates<'a> {
+    e: &'a Experiment,
+    run: &'a FleetRun,
+    guest: &'a GuestRates,
+    /// lull's counters over the window (not for QEMU, nor without a window).
+    metrics: Option<MetricsSum>,
+    vcpus: u32,
+}
+
+impl Rates<'_> {
+    /// A count over the window, per vCPU and second.
+    fn per_vcpu_s(&self, x: f64) -> f64 {
+        let w = &self.run.window;
+        if w.seconds > 0.0 {
+            x / w.seconds / f64::from(self.vcpus)
+        } else {
+            0.0
+        }
+    }
+
+    /// The vCPUs the guests counted (at least 1).
+    fn guest_cpus(&self) -> f64 {
+        self.guest.cpus.max(1) as f64
+    }
+
+    /// Guest local-timer interrupts per vCPU and second, over the guests that reported (all
+    /// of them in a good run).
+    fn loc_per_vcpu_s(&self) -> f64 {
+        self.guest.loc_per_s / self.guest_cpus()
+    }
+
+    /// A rate per guest local-timer interrupt.
+    fn per_loc(&self, x: f64) -> Option<f64> {
+        let loc = self.loc_per_vcpu_s();
+        (loc > 0.0).then(|| x / loc)
+    }
+
+    fn wakeups(&self) -> f64 {
+        self.per_vcpu_s(self.run.window.delta.voluntary as f64)
+    }
+
+    /// Wake-ups of halted vCPUs per vCPU and second (KVM's count with its LAPIC).
+    fn halted_per_vcpu_s(&self) -> Option<f64> {
+        let halted = self.metrics.as_ref().map(|m| {
+            if self.e.mode == Mode::Kernel {
+                m.kvm_halt_wakeups
+            } else {
+                m.halted_wakeups
+            }
+        });
+        halted.map(|h| self.per_vcpu_s(h as f64))
+    }
+}
+
+fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
+    let vcpus = e.n * plan.args.cpus;
+    let Consoles {
+        guest,
+        ok,
+        mut failures,
+        boot_ms,
+    } = read_consoles(run);
     let note = window_note(run, &e.rule);
     if run.window.seconds == 0.0 {
         failures.push(format!(
@@ -293,34 +351,21 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         ));
     }
     let w = &run.window;
-    let per_vcpu_s = |x: f64| {
-        if w.seconds > 0.0 {
-            x / w.seconds / f64::from(vcpus)
-        } else {
-            0.0
-        }
-    };
     let metrics = (!e.mode.is_qemu() && w.seconds > 0.0)
         .then(|| window_metrics(&run.vms))
         .flatten();
     if metrics.is_none() && !e.mode.is_qemu() && w.seconds > 0.0 {
         failures.push("lull's counters were not read at both edges of the window".into());
     }
-    let halted = metrics.as_ref().map(|m| {
-        if e.mode == Mode::Kernel {
-            m.kvm_halt_wakeups
-        } else {
-            m.halted_wakeups
-        }
-    });
-    // Guest rates per vCPU; over the guests that reported (all of them in a good run).
-    let guest_cpus = guest.cpus.max(1) as f64;
-    let loc_per_vcpu_s = guest.loc_per_s / guest_cpus;
-    let cpu_pct = per_vcpu_s(w.delta.cpu_ns as f64) / 1e9 * 100.0;
-    let wakeups = per_vcpu_s(w.delta.voluntary as f64);
-    let halted_per_vcpu_s = halted.map(|h| per_vcpu_s(h as f64));
-    let per_loc = |x: f64| (loc_per_vcpu_s > 0.0).then(|| x / loc_per_vcpu_s);
-    let boot_s = |ms: Option<&u64>| ms.map_or(0.0, |&ms| ms as f64 / 1000.0);
+    let r = Rates {
+        e,
+        run,
+        guest: &guest,
+        metrics,
+        vcpus,
+    };
+    let cpu_pct = r.per_vcpu_s(w.delta.cpu_ns as f64) / 1e9 * 100.0;
+    let metrics = r.metrics.as_ref();
     DensityRow {
         mode: e.mode.name().into(),
         vms: e.n,
@@ -329,17 +374,15 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         window_s: w.seconds,
         host_cpu_percent_per_vcpu: cpu_pct,
         host_cpu_percent_total: cpu_pct * f64::from(vcpus),
-        host_wakeups_per_vcpu_s: wakeups,
-        host_ctxt_switches_per_vcpu_s: per_vcpu_s(
-            (w.delta.voluntary + w.delta.nonvoluntary) as f64,
-        ),
-        guest_timer_events_per_vcpu_s: loc_per_vcpu_s,
-        host_wakeups_per_timer_event: per_loc(wakeups).unwrap_or(0.0),
-        halted_vcpu_wakeups_per_timer_event: halted_per_vcpu_s.and_then(per_loc),
-        global_timer_wakeups: metrics.as_ref().and_then(|m| m.global_timer_wakeups),
-        global_timer_fires: metrics.as_ref().and_then(|m| m.global_timer_fires),
+        host_wakeups_per_vcpu_s: r.wakeups(),
+        host_ctxt_switches_per_vcpu_s: r
+            .per_vcpu_s((w.delta.voluntary + w.delta.nonvoluntary) as f64),
+        guest_timer_events_per_vcpu_s: r.loc_per_vcpu_s(),
+        host_wakeups_per_timer_event: r.per_loc(r.wakeups()).unwrap_or(0.0),
+        halted_vcpu_wakeups_per_timer_event: r.halted_per_vcpu_s().and_then(|h| r.per_loc(h)),
+        global_timer_wakeups: metrics.and_then(|m| m.global_timer_wakeups),
+        global_timer_fires: metrics.and_then(|m| m.global_timer_fires),
         vm_exits_per_vcpu_s: metrics
-            .as_ref()
             .filter(|m| m.vcpu_seconds > 0.0)
             .and_then(|m| Some(m.kvm_exits? as f64 / m.vcpu_seconds)),
         lateness: guest.lateness(false).unwrap_or_default(),
@@ -349,50 +392,57 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         guest_ram_rss_kib_per_vm: run.mean(|v| v.guest_rss_kib),
         vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
         failures,
-        linux: Some(LinuxRow {
-            workload: e.workload.name().into(),
-            workload_s: e.rule.workload.as_secs(),
-            boot_s: (boot_s(boot_ms.iter().min()), boot_s(boot_ms.iter().max())),
-            start_spread_s: match &run.plan {
-                Some(Ok(p)) => p.spread.as_secs_f64(),
-                _ => 0.0,
-            },
-            window_note: note,
-            loc_per_vcpu_s,
-            guest_idle_calls_per_vcpu_s: guest.idle_calls_per_s / guest_cpus,
-            guest_ipis_per_vcpu_s: guest.ipis_per_s / guest_cpus,
-            guest_idle_pct: if guest.vms > 0 {
-                guest.idle_pct_sum / f64::from(guest.vms)
+        linux: Some(linux_row(&r, &boot_ms, note)),
+        power: None,
+    }
+}
+
+/// The Linux-only columns of a row.
+fn linux_row(r: &Rates, boot_ms: &[u64], note: Option<String>) -> LinuxRow {
+    let (e, guest, metrics) = (r.e, r.guest, r.metrics.as_ref());
+    let guest_cpus = r.guest_cpus();
+    let boot_s = |ms: Option<&u64>| ms.map_or(0.0, |&ms| ms as f64 / 1000.0);
+    LinuxRow {
+        workload: e.workload.name().into(),
+        workload_s: e.rule.workload.as_secs(),
+        boot_s: (boot_s(boot_ms.iter().min()), boot_s(boot_ms.iter().max())),
+        start_spread_s: match &r.run.plan {
+            Some(Ok(p)) => p.spread.as_secs_f64(),
+            _ => 0.0,
+        },
+        window_note: note,
+        loc_per_vcpu_s: r.loc_per_vcpu_s(),
+        guest_idle_calls_per_vcpu_s: guest.idle_calls_per_s / guest_cpus,
+        guest_ipis_per_vcpu_s: guest.ipis_per_s / guest_cpus,
+        guest_idle_pct: if guest.vms > 0 {
+            guest.idle_pct_sum / f64::from(guest.vms)
+        } else {
+            0.0
+        },
+        timer_events_per_vcpu_s: (!guest.timers.is_empty())
+            .then(|| guest.timer_events_per_s / guest_cpus),
+        thread_wake: guest.lateness(true),
+        halted_vcpu_wakeups_per_vcpu_s: r.halted_per_vcpu_s(),
+        host_timer_interrupts_per_vcpu_s: metrics
+            .filter(|_| e.mode != Mode::Kernel)
+            .map(|m| r.per_vcpu_s(m.lapic_timer_fires as f64)),
+        host_injected_interrupts_per_vcpu_s: metrics.and_then(|m| {
+            let n = if e.mode == Mode::Kernel {
+                m.kvm_irq_injections?
             } else {
-                0.0
-            },
-            timer_events_per_vcpu_s: (!guest.timers.is_empty())
-                .then(|| guest.timer_events_per_s / guest_cpus),
-            thread_wake: guest.lateness(true),
-            halted_vcpu_wakeups_per_vcpu_s: halted_per_vcpu_s,
-            host_timer_interrupts_per_vcpu_s: metrics
-                .as_ref()
-                .filter(|_| e.mode != Mode::Kernel)
-                .map(|m| per_vcpu_s(m.lapic_timer_fires as f64)),
-            host_injected_interrupts_per_vcpu_s: metrics.as_ref().and_then(|m| {
-                let n = if e.mode == Mode::Kernel {
-                    m.kvm_irq_injections?
-                } else {
-                    m.injected
-                };
-                Some(per_vcpu_s(n as f64))
-            }),
-            halted_vcpu_wakeups_by_cause: metrics
-                .as_ref()
-                .filter(|_| e.mode != Mode::Kernel)
-                .map(|m| {
-                    m.wakeup_causes
-                        .iter()
-                        .map(|(cause, &n)| (cause.clone(), per_vcpu_s(n as f64)))
-                        .collect()
-                })
-                .unwrap_or_default(),
+                m.injected
+            };
+            Some(r.per_vcpu_s(n as f64))
         }),
+        halted_vcpu_wakeups_by_cause: metrics
+            .filter(|_| e.mode != Mode::Kernel)
+            .map(|m| {
+                m.wakeup_causes
+                    .iter()
+                    .map(|(cause, &n)| (cause.clone(), r.per_vcpu_s(n as f64)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 
@@ -411,21 +461,60 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         global_timers: args.global_timers.as_deref().filter(|_| has_global),
         work: work_dir(args.common.work_dir.as_ref())?,
     };
-    let rule = |n: u32| {
-        let spread = boot_spread(args, n);
-        WindowRule {
-            settle: SETTLE,
-            length: args.duration,
-            workload: Duration::from_secs(window::guest_seconds(
-                args.duration,
-                spread,
-                SETTLE,
-                MARGIN,
-            )),
-            margin: MARGIN,
+    let mut report = empty_report(&plan, &modes, skipped);
+    eprintln!(
+        "bench: density --guest linux, logs in {}",
+        plan.work.display()
+    );
+    println!(
+        "density: {} x {} vCPUs, the kit's Linux ({}), {} MiB, {:?} window per run",
+        args.vm_counts(),
+        args.cpus,
+        report.params.guest_cmdline,
+        report.params.memory_mib,
+        args.duration
+    );
+    println!("{}", report::linux_header());
+    let baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    report.power_baseline = Some(baseline.clone());
+    let mut all_ok = true;
+    for &n in &args.vms {
+        for &workload in &args.workload {
+            for &mode in &modes {
+                let e = Experiment {
+                    mode,
+                    workload,
+                    n,
+                    rule: window_rule(args, n),
+                };
+                let r = run_experiment(&plan, &e, &baseline)?;
+                all_ok &= r.failures.is_empty();
+                report.results.push(r);
+                if let Some(path) = &args.common.json {
+                    report::write_json(path, &report)?;
+                }
+            }
         }
-    };
-    let mut report = DensityReport {
+    }
+    density::finish(&report, args.plot.as_ref())?;
+    Ok(all_ok)
+}
+
+/// Where the window of a run of `n` VMs goes.
+fn window_rule(args: &DensityArgs, n: u32) -> WindowRule {
+    let spread = boot_spread(args, n);
+    WindowRule {
+        settle: SETTLE,
+        length: args.duration,
+        workload: Duration::from_secs(window::guest_seconds(args.duration, spread, SETTLE, MARGIN)),
+        margin: MARGIN,
+    }
+}
+
+/// The report before its first row: host, parameters, the modes left out.
+fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
+    let args = plan.args;
+    DensityReport {
         schema: DENSITY_SCHEMA.into(),
         host: host::host_info(),
         params: DensityParams {
@@ -449,75 +538,65 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                 settle_s: SETTLE.as_secs_f64(),
                 margin_s: MARGIN.as_secs_f64(),
             }),
+            power_meter: args.power_meter.clone(),
         },
         results: Vec::new(),
         skipped,
-    };
-    eprintln!(
-        "bench: density --guest linux, logs in {}",
-        plan.work.display()
-    );
-    println!(
-        "density: {} x {} vCPUs, the kit's Linux ({}), {} MiB, {:?} window per run",
-        args.vm_counts(),
-        args.cpus,
-        report.params.guest_cmdline,
-        report.params.memory_mib,
-        args.duration
-    );
-    println!("{}", report::linux_header());
-    let mut all_ok = true;
-    for &n in &args.vms {
-        for &workload in &args.workload {
-            for &mode in &modes {
-                let e = Experiment {
-                    mode,
-                    workload,
-                    n,
-                    rule: rule(n),
-                };
-                let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
-                let label = format!("{} {} N={n}", mode.name(), workload.name());
-                eprintln!(
-                    "bench: {label}: starting {n} VM(s), workload {} s",
-                    e.rule.workload.as_secs()
-                );
-                let specs = (0..n)
-                    .map(|i| plan.spec(mode, workload, n, i, &cmdline))
-                    .collect();
-                let watch = Watch {
-                    boot_marker: workload_output::START_MARKER.into(),
-                    end_markers: std::iter::once(workload_output::report_marker(workload.name()))
-                        .chain(workload_output::END_MARKERS.map(String::from))
-                        .collect(),
-                    guest_bytes: args.memory_bytes(),
-                    deadline: args.boot_timeout + e.rule.workload + Duration::from_secs(30),
-                    settle: SETTLE,
-                    planned: Some(e.rule),
-                    stagger: true,
-                    label,
-                    // The first boot, about a minute, then the workload.
-                    expected: Duration::from_secs(60) + e.rule.workload,
-                };
-                let run = fleet::run(specs, &watch)?;
-                let r = row(&plan, &e, &run);
-                all_ok &= r.failures.is_empty();
-                println!("{}", report::linux_line(&r));
-                if let Some(note) = r.linux.as_ref().and_then(|l| l.window_note.as_ref()) {
-                    println!("  {} {} N={n}: {note}", mode.name(), workload.name());
-                }
-                for f in &r.failures {
-                    println!("  {} {} N={n} failed: {f}", mode.name(), workload.name());
-                }
-                report.results.push(r);
-                if let Some(path) = &args.common.json {
-                    report::write_json(path, &report)?;
-                }
-            }
-        }
+        power_baseline: None,
     }
-    density::finish(&report, args.plot.as_ref())?;
-    Ok(all_ok)
+}
+
+/// Runs one experiment's fleet, prints its row (and why it failed, if it did).
+fn run_experiment(
+    plan: &Plan,
+    e: &Experiment,
+    baseline: &Reading<PowerWindow>,
+) -> Result<DensityRow, BenchError> {
+    let (mode, workload, n) = (e.mode, e.workload, e.n);
+    let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
+    let label = format!("{} {} N={n}", mode.name(), workload.name());
+    eprintln!(
+        "bench: {label}: starting {n} VM(s), workload {} s",
+        e.rule.workload.as_secs()
+    );
+    let specs = (0..n)
+        .map(|i| plan.spec(mode, workload, n, i, &cmdline))
+        .collect();
+    let watch = Watch {
+        boot_marker: workload_output::START_MARKER.into(),
+        end_markers: std::iter::once(workload_output::report_marker(workload.name()))
+            .chain(workload_output::END_MARKERS.map(String::from))
+            .collect(),
+        guest_bytes: plan.args.memory_bytes(),
+        deadline: plan.args.boot_timeout + e.rule.workload + Duration::from_secs(30),
+        settle: SETTLE,
+        planned: Some(e.rule),
+        stagger: true,
+        label,
+        // The first boot, about a minute, then the workload.
+        expected: Duration::from_secs(60) + e.rule.workload,
+    };
+    let sampler = density_power::Sampler::start(
+        density_power::period(plan.args.duration),
+        plan.args.power_meter.as_deref(),
+    );
+    let run = fleet::run(specs, &watch);
+    let samples = sampler.stop();
+    let run = run?;
+    let mut r = row(plan, e, &run);
+    r.power = Some(density_power::row_power(
+        &r,
+        samples.window(run.window.span),
+        baseline,
+    ));
+    println!("{}", report::linux_line(&r));
+    if let Some(note) = r.linux.as_ref().and_then(|l| l.window_note.as_ref()) {
+        println!("  {} {} N={n}: {note}", mode.name(), workload.name());
+    }
+    for f in &r.failures {
+        println!("  {} {} N={n} failed: {f}", mode.name(), workload.name());
+    }
+    Ok(r)
 }
 
 #[cfg(test)]

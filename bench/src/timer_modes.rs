@@ -29,11 +29,13 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
 use super::density::Mode;
+use super::error::BenchError;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_lapic_timer;
+use super::host;
 use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
-use super::{guest_path, host, lull_binary, read_metrics, work_dir, BenchError, CommonArgs};
 
 /// Timer events of the small run (each of the guest's four timer modes runs this many).
 const SMALL_COUNT: u32 = 10;

@@ -10,12 +10,12 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::Value;
 
+use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
+use super::error::BenchError;
 use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_wake_ipi;
+use super::host;
 use super::report::{self, WakeupReport, WakeupRow, WAKEUP_SCHEMA};
-use super::{
-    guest_path, host, lull_binary, lull_has_flag, read_metrics, work_dir, BenchError, CommonArgs,
-};
 
 /// A VM configuration of the wake-up experiment.
 #[derive(Debug, Clone, PartialEq, Eq)]

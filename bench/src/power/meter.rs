@@ -230,6 +230,34 @@ pub fn integrate(samples: &[MeterSample], end: Duration) -> Result<MeterWindow, 
     })
 }
 
+/// Every sample of a stopped meter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeterRecord {
+    /// When the meter started (the samples' `at` count from here).
+    pub started: Instant,
+    /// The samples in the order taken.
+    pub samples: Vec<MeterSample>,
+}
+
+impl MeterRecord {
+    /// The energy and mean power over `[from, to]` of the samples taken in it (as
+    /// [`integrate`] over a window that opened at `from`).
+    pub fn between(&self, from: Instant, to: Instant) -> Result<MeterWindow, MeterError> {
+        let open = from.saturating_duration_since(self.started);
+        let close = to.saturating_duration_since(self.started);
+        let inside: Vec<MeterSample> = self
+            .samples
+            .iter()
+            .filter(|s| s.at >= open)
+            .map(|s| MeterSample {
+                at: s.at - open,
+                watts: s.watts.clone(),
+            })
+            .collect();
+        integrate(&inside, close.saturating_sub(open))
+    }
+}
+
 /// The samples so far, and a signal for each new one.
 type Shared = Arc<(Mutex<Vec<MeterSample>>, Condvar)>;
 
@@ -297,6 +325,20 @@ impl Meter {
             .map_err(|_| MeterError::Thread("the sampling thread panicked".into()))?;
         let list = self.samples.0.lock().unwrap_or_else(|e| e.into_inner());
         integrate(&list, end)
+    }
+
+    /// Stops sampling (a command still running is waited for) and hands over every sample,
+    /// to integrate over any span of the run ([`MeterRecord::between`]).
+    pub fn stop(self) -> Result<MeterRecord, MeterError> {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .map_err(|_| MeterError::Thread("the sampling thread panicked".into()))?;
+        let samples = self.samples.0.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(MeterRecord {
+            started: self.started,
+            samples: samples.clone(),
+        })
     }
 
     /// Blocks until `n` samples have been taken.
@@ -422,6 +464,29 @@ mod tests {
         assert_eq!(w.errors, [MeterError::Garbage("x".into()).to_string()]);
         let one = integrate(&[at(400, Ok(60.0))], Duration::from_secs(2)).unwrap();
         assert_eq!((one.joules, one.watts), (120.0, 60.0));
+    }
+
+    #[test]
+    fn a_record_integrates_the_span_asked_for_only() {
+        let started = Instant::now();
+        let record = MeterRecord {
+            started,
+            samples: vec![
+                at(0, Ok(10.0)),
+                at(1000, Ok(10.0)),
+                at(2000, Ok(20.0)),
+                at(3000, Ok(20.0)),
+            ],
+        };
+        let s = Duration::from_secs;
+        // From 1 s to 3 s: 10 W then 20 W, a trapezoid of 15 J and a flat 20 J.
+        let w = record.between(started + s(1), started + s(3)).unwrap();
+        assert_eq!((w.samples, w.valid), (3, 3));
+        assert!((w.joules - 35.0).abs() < 1e-9, "{w:?}");
+        assert!((w.watts - 17.5).abs() < 1e-9, "{w:?}");
+        // A span past the last sample holds that sample to its end.
+        let late = record.between(started + s(3), started + s(5)).unwrap();
+        assert!((late.joules - 40.0).abs() < 1e-9, "{late:?}");
     }
 
     #[test]

@@ -129,27 +129,23 @@ pub struct PowerWindow {
     pub meter: Reading<MeterWindow>,
 }
 
-/// The first samples of a window; [`PowerProbe::finish`] takes the second and compares.
-#[derive(Debug)]
-pub struct PowerProbe {
-    root: PathBuf,
-    started: Instant,
+/// Every counter of the host (under a root) and of chosen processes, read at one instant;
+/// two of them make a [`PowerWindow`] ([`PowerSample::window_to`]).
+#[derive(Debug, Clone)]
+pub struct PowerSample {
+    /// When the reading began.
+    pub at: Instant,
     energy: Result<EnergySample, EnergyError>,
     idle: Result<IdleSample, cpuidle::IdleError>,
     interrupts: Result<Interrupts, InterruptsError>,
     threads: Vec<(u32, Result<ThreadsSample, ThreadsError>)>,
-    meter: Option<Result<Meter, MeterError>>,
 }
 
-impl PowerProbe {
-    /// Opens a window now: reads the host under `root` (`/` for this one), the threads of
-    /// `pids`, and starts `meter` if given.
-    pub fn start(root: &Path, pids: &[u32], meter: Option<MeterConfig>) -> PowerProbe {
-        let meter = meter.map(Meter::start);
-        let started = Instant::now();
-        PowerProbe {
-            root: root.to_path_buf(),
-            started,
+impl PowerSample {
+    /// Reads the host under `root` (`/` for this one) and the threads of `pids` now.
+    pub fn take(root: &Path, pids: &[u32]) -> PowerSample {
+        PowerSample {
+            at: Instant::now(),
             energy: rapl::sample(root, &RealFs),
             idle: cpuidle::sample(root, &RealFs),
             interrupts: interrupts::sample(root, &RealFs),
@@ -157,44 +153,44 @@ impl PowerProbe {
                 .iter()
                 .map(|&pid| (pid, threads::sample(root, pid, &RealFs)))
                 .collect(),
-            meter,
         }
     }
 
-    /// Closes the window now and reports it.
-    pub fn finish(self) -> PowerWindow {
-        let seconds = self.started.elapsed().as_secs_f64();
-        let root = &self.root;
-        let energy = rapl::sample(root, &RealFs);
-        let idle = cpuidle::sample(root, &RealFs);
-        let irqs = interrupts::sample(root, &RealFs);
+    /// The window from this sample to `later` (of the same processes), with the external
+    /// meter's reading of that window.
+    pub fn window_to(&self, later: &PowerSample, meter: Reading<MeterWindow>) -> PowerWindow {
+        let seconds = later.at.saturating_duration_since(self.at).as_secs_f64();
         let processes: Vec<ProcessSwitches> = self
             .threads
             .iter()
             .map(|(pid, before)| ProcessSwitches {
                 pid: *pid,
                 switches: Reading::from(before.clone().and_then(|before| {
-                    let after = threads::sample(root, *pid, &RealFs).ok();
-                    threads::window(&before, after.as_ref(), seconds)
+                    let after = later
+                        .threads
+                        .iter()
+                        .find(|(p, _)| p == pid)
+                        .and_then(|(_, s)| s.as_ref().ok());
+                    threads::window(&before, after, seconds)
                 })),
             })
             .collect();
-        let idle = Reading::from(
-            self.idle
-                .and_then(|before| cpuidle::window(&before, &idle?, seconds)),
-        );
+        let idle = Reading::from(match (&self.idle, &later.idle) {
+            (Ok(before), Ok(after)) => cpuidle::window(before, after, seconds),
+            (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+        });
         let irq_rate = |kind| {
-            Reading::from(match (&self.interrupts, &irqs) {
+            Reading::from(match (&self.interrupts, &later.interrupts) {
                 (Ok(before), Ok(after)) => interrupts::per_second(before, after, kind, seconds),
                 (Err(e), _) | (_, Err(e)) => Err(e.clone()),
             })
         };
         PowerWindow {
             seconds,
-            energy: Reading::from(
-                self.energy
-                    .and_then(|before| rapl::window(&before, &energy?, seconds)),
-            ),
+            energy: Reading::from(match (&self.energy, &later.energy) {
+                (Ok(before), Ok(after)) => rapl::window(before, after, seconds),
+                (Err(e), _) | (_, Err(e)) => Err(e.clone()),
+            }),
             idle_exits_per_s: Reading {
                 value: idle.value.as_ref().map(|w| w.exits_per_s),
                 reason: idle.reason.clone(),
@@ -204,11 +200,41 @@ impl PowerProbe {
             resched_irqs_per_s: irq_rate(Kind::Reschedule),
             context_switches_per_s: Reading::from(switches_per_s(&processes)),
             processes,
-            meter: match self.meter {
-                None => Reading::missing(PowerError::NoMeter),
-                Some(meter) => Reading::from(meter.and_then(Meter::finish)),
-            },
+            meter,
         }
+    }
+}
+
+/// The first samples of a window; [`PowerProbe::finish`] takes the second and compares.
+#[derive(Debug)]
+pub struct PowerProbe {
+    root: PathBuf,
+    pids: Vec<u32>,
+    first: PowerSample,
+    meter: Option<Result<Meter, MeterError>>,
+}
+
+impl PowerProbe {
+    /// Opens a window now: reads the host under `root` (`/` for this one), the threads of
+    /// `pids`, and starts `meter` if given.
+    pub fn start(root: &Path, pids: &[u32], meter: Option<MeterConfig>) -> PowerProbe {
+        let meter = meter.map(Meter::start);
+        PowerProbe {
+            root: root.to_path_buf(),
+            pids: pids.to_vec(),
+            first: PowerSample::take(root, pids),
+            meter,
+        }
+    }
+
+    /// Closes the window now and reports it.
+    pub fn finish(self) -> PowerWindow {
+        let later = PowerSample::take(&self.root, &self.pids);
+        let meter = match self.meter {
+            None => Reading::missing(PowerError::NoMeter),
+            Some(meter) => Reading::from(meter.and_then(Meter::finish)),
+        };
+        self.first.window_to(&later, meter)
     }
 }
 

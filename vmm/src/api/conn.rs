@@ -23,8 +23,8 @@
 
 use std::time::Instant;
 
+use super::error::ApiError;
 use super::http::{self, Framing, Request, Response};
-use super::ApiError;
 
 /// What the connection needs next.
 #[derive(Debug, Clone, PartialEq, Eq)]

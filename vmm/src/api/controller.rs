@@ -17,10 +17,10 @@
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::error::ApiError;
 use super::http::Response;
 use super::routes::ApiRequest;
 use super::runner::{self, RunningVm};
-use super::ApiError;
 use crate::config::VmConfig;
 use crate::exit_code;
 use crate::metrics::RunReport;

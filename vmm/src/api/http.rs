@@ -6,24 +6,9 @@
 //! more", or an error out). [`super::conn::Conn`] calls it on a connection's buffered bytes;
 //! the `api` fuzz target calls both on arbitrary bytes.
 
-use std::time::Duration;
+use super::error::ApiError;
 
-use super::ApiError;
-
-/// Largest request head (request line and headers) accepted.
-pub const MAX_HEAD: usize = 8 * 1024;
-/// Largest request body accepted (a VM configuration is well under 1 KiB); a request that
-/// announces more is answered 413 before its body is read.
-pub const MAX_BODY: usize = 1 << 20;
-/// Most headers in one request.
-pub const MAX_HEADERS: usize = 32;
-/// A request must arrive whole within this time of the moment the connection was ready for
-/// it: its accept for the first, the previous answer's last byte written for the next ones. A
-/// connection that has not begun a request by then is closed (the keep-alive idle timeout);
-/// one in the middle of a request is answered 408 and closed.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Most requests answered on one connection; the last one's answer says `Connection: close`.
-pub const MAX_REQUESTS: u32 = 100;
+pub use super::limits::{MAX_BODY, MAX_HEAD, MAX_HEADERS, MAX_REQUESTS, REQUEST_TIMEOUT};
 
 /// A complete request.
 #[derive(Debug, Clone, PartialEq, Eq)]

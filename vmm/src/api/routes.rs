@@ -3,8 +3,8 @@
 //! 400 that says so, never read as something else). [`route`] turns a parsed request into an [`ApiRequest`] or the error the
 //! client gets; [`decode`] does the whole way from bytes (the `api` fuzz target's entry).
 
+use super::error::ApiError;
 use super::http::{self, Request};
-use super::ApiError;
 use crate::config::VmConfig;
 
 /// Where every endpoint lives.

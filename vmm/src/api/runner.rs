@@ -12,16 +12,15 @@
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::ApiError;
+use super::error::ApiError;
 use crate::config::VmConfig;
 use crate::vm::{self, LiveVm, RunOutcome, VmError};
 
-/// How long a stop request may take to end the run.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+pub use super::limits::STOP_TIMEOUT;
 
 /// What the VM thread reports.
 enum RunEvent {

@@ -39,9 +39,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::conn::{Conn, Step};
 use super::controller::{Controller, Next};
+use super::error::ApiError;
 use super::http::{self, Response};
 use super::routes;
-use super::ApiError;
 use crate::config::VmConfig;
 use crate::seccomp::{self, SeccompMode, ThreadKind};
 use crate::sys::stop_signals;

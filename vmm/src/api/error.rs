@@ -1,0 +1,216 @@
+//! What can go wrong with the API socket or one of its requests, and how each is answered.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::limits;
+use crate::config::ConfigError;
+use crate::vm::VmError;
+
+/// What went wrong with the API socket or one of its requests.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The socket cannot be created.
+    #[error("Cannot create the API socket {path}: {source}")]
+    Socket {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Something is already at the socket's path.
+    #[error("{0} already exists: remove it if no lull serves it, or choose another path")]
+    SocketExists(PathBuf),
+    /// A host resource (eventfd, epoll, thread, signal handler) could not be created.
+    #[error("Cannot create {what}: {source}")]
+    Host {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The API server's seccomp filter could not be built or installed.
+    #[error("Cannot filter the API server's system calls: {0}")]
+    Seccomp(#[source] crate::seccomp::SeccompError),
+    /// The connection failed while the request was read or the response written.
+    #[error("API connection: {0}")]
+    Connection(#[source] std::io::Error),
+    /// The client closed the connection before its request was complete.
+    #[error("The client hung up before its request was complete")]
+    HungUp,
+    /// The request did not arrive whole in time.
+    #[error("The request was not complete within {} s", limits::REQUEST_TIMEOUT.as_secs())]
+    Timeout,
+    /// The request is not HTTP/1.x.
+    #[error("Malformed HTTP request: {0}")]
+    Malformed(httparse::Error),
+    /// The request is HTTP but breaks a rule of this server.
+    #[error("Bad request: {0}")]
+    BadRequest(&'static str),
+    /// The request's head (request line and headers) is too long.
+    #[error("The request head exceeds {} bytes", limits::MAX_HEAD)]
+    HeadTooLarge,
+    /// The request's body is too long.
+    #[error("The request body of {0} bytes exceeds {max} bytes", max = limits::MAX_BODY)]
+    BodyTooLarge(u64),
+    /// A transfer coding (chunked) was asked for.
+    #[error("Transfer-Encoding is not supported: send the body with a Content-Length")]
+    TransferEncoding,
+    /// No such endpoint.
+    #[error("Unknown endpoint {0}: see docs/API.md")]
+    NotFound(String),
+    /// The endpoint exists but does not take this method.
+    #[error("{endpoint} does not take {method}: use {allowed}")]
+    MethodNotAllowed {
+        /// The endpoint.
+        endpoint: &'static str,
+        /// The request's method.
+        method: String,
+        /// The methods it takes.
+        allowed: &'static str,
+    },
+    /// A body was sent to an endpoint that takes none.
+    #[error("{0} takes no request body")]
+    UnexpectedBody(&'static str),
+    /// The body is JSON but not the object the endpoint takes.
+    #[error("{endpoint} takes a JSON object as its body ({what}), not {found}")]
+    BodyNotObject {
+        /// The endpoint.
+        endpoint: &'static str,
+        /// What the object is.
+        what: &'static str,
+        /// What the body is instead ("an array", "a number", ...).
+        found: &'static str,
+    },
+    /// `vm.create` without a body.
+    #[error("vm.create needs the VM configuration (the JSON of --config) as its body")]
+    MissingConfig,
+    /// The `vm.create` body is not a VM configuration.
+    #[error("The body is not a VM configuration: {0}")]
+    ConfigJson(#[source] serde_json::Error),
+    /// The configuration is out of range.
+    #[error("The VM configuration is not valid: {0}")]
+    ConfigInvalid(#[source] ConfigError),
+    /// The configuration names a kernel, initramfs, disk, tap or path lull cannot use.
+    #[error("The VM configuration cannot be used")]
+    ConfigInputs(#[source] VmError),
+    /// The VM has not been created (`vm.create`).
+    #[error("The VM is not created")]
+    VmNotCreated,
+    /// `vm.create` when a VM exists.
+    #[error("The VM is already created")]
+    VmAlreadyCreated,
+    /// The VM has not been booted (`vm.boot`).
+    #[error("The VM is not booted")]
+    VmNotBooted,
+    /// `vm.boot` when the VM runs.
+    #[error("The VM is already booted")]
+    VmAlreadyBooted,
+    /// `vm.shutdown` when the VM has already stopped.
+    #[error("The VM is not running: it has stopped")]
+    VmNotRunning,
+    /// `vm.boot` after the VM ran and stopped.
+    #[error("The VM has already run: lull runs one VM per process; start another lull")]
+    VmAlreadyRan,
+    /// The VM could not be built or started.
+    #[error("Cannot boot the VM")]
+    Boot(#[source] VmError),
+    /// The VM failed while it ran; it has no report.
+    #[error("The VM failed while it ran")]
+    RunFailed(#[source] Arc<VmError>),
+    /// The VM did not stop in time after a stop request.
+    #[error("The VM did not stop within {} s of the stop request", limits::STOP_TIMEOUT.as_secs())]
+    StopTimeout,
+    /// The VM thread ended without saying how (a lull bug).
+    #[error("The VM thread ended without a result")]
+    RunnerLost,
+    /// A response body could not be encoded (a lull bug).
+    #[error("Cannot encode the response: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+impl ApiError {
+    /// The HTTP status this error is answered with (Cloud Hypervisor's choices).
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Malformed(_)
+            | Self::BadRequest(_)
+            | Self::UnexpectedBody(_)
+            | Self::BodyNotObject { .. }
+            | Self::MissingConfig
+            | Self::ConfigJson(_)
+            | Self::ConfigInvalid(_)
+            | Self::ConfigInputs(_) => 400,
+            Self::NotFound(_) | Self::VmNotCreated => 404,
+            Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,
+            Self::Timeout => 408,
+            Self::BodyTooLarge(_) => 413,
+            Self::HeadTooLarge => 431,
+            Self::TransferEncoding => 501,
+            Self::Socket { .. }
+            | Self::SocketExists(_)
+            | Self::Host { .. }
+            | Self::Seccomp(_)
+            | Self::Connection(_)
+            | Self::HungUp
+            | Self::VmAlreadyCreated
+            | Self::VmAlreadyBooted
+            | Self::VmAlreadyRan
+            | Self::Boot(_)
+            | Self::RunFailed(_)
+            | Self::StopTimeout
+            | Self::RunnerLost
+            | Self::Encode(_) => 500,
+        }
+    }
+
+    /// lull's exit status when the API cannot be served at all (see [`crate::exit_code`]).
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            Self::Socket { .. } | Self::SocketExists(_) => crate::exit_code::BAD_INPUT,
+            _ => crate::exit_code::VMM_FAILURE,
+        }
+    }
+
+    /// The error and its causes, each said once (a cause already quoted by the message above
+    /// it is left out): the body of an error response.
+    pub fn messages(&self) -> Vec<String> {
+        let mut out: Vec<String> = vec![self.to_string()];
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !out.iter().any(|m| m.contains(&text)) {
+                out.push(text);
+            }
+            source = s.source();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bodies_name_each_cause_once() {
+        let quoted = ApiError::ConfigInvalid(ConfigError::Cpus(0));
+        assert_eq!(quoted.messages().len(), 1, "{:?}", quoted.messages());
+        let chained = ApiError::Boot(VmError::Host {
+            what: "the stop eventfd",
+            source: std::io::Error::from_raw_os_error(libc::EMFILE),
+        });
+        let messages = chained.messages();
+        assert_eq!(messages[0], "Cannot boot the VM");
+        assert!(messages[1].starts_with("Cannot create the stop eventfd"));
+        assert_eq!(messages.len(), 2, "{messages:?}");
+    }
+
+    #[test]
+    fn state_errors_answer_as_cloud_hypervisor_does() {
+        assert_eq!(ApiError::VmNotCreated.status(), 404);
+        assert_eq!(ApiError::VmNotBooted.status(), 405);
+        assert_eq!(ApiError::VmAlreadyCreated.status(), 500);
+        assert_eq!(ApiError::NotFound("/x".into()).status(), 404);
+    }
+}

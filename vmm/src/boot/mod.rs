@@ -14,6 +14,9 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::pvh::PvhBootConfigurator;
+use linux_loader::configurator::{self, BootConfigurator, BootParams};
 use linux_loader::loader::{self, KernelLoader, PvhBootCapability};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -103,6 +106,14 @@ pub enum BootError {
         what: &'static str,
         /// Why.
         source: vm_memory::GuestMemoryError,
+    },
+    /// linux-loader's boot configurator could not write a boot structure to guest memory.
+    #[error("Cannot write {what} to guest memory: {source}")]
+    Configure {
+        /// The structure.
+        what: &'static str,
+        /// Why.
+        source: configurator::Error,
     },
 }
 
@@ -269,24 +280,14 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
                 initramfs,
                 memmap: e820,
             };
-            write(
+            PvhBootConfigurator::write_bootparams(
+                &info.boot_params(GuestAddress(PVH_INFO_ADDR)),
                 mem,
-                PVH_INFO_ADDR,
-                &info.header_bytes(),
-                "the PVH start info",
-            )?;
-            write(
-                mem,
-                PVH_MODLIST_ADDR,
-                &info.modlist_bytes(),
-                "the PVH module list",
-            )?;
-            write(
-                mem,
-                PVH_MEMMAP_ADDR,
-                &info.memmap_bytes(),
-                "the PVH memory map",
-            )?;
+            )
+            .map_err(|source| BootError::Configure {
+                what: "the PVH start info",
+                source,
+            })?;
         }
         EntryMode::Multiboot { info, .. } => {
             let program = path.to_string_lossy();
@@ -322,7 +323,13 @@ pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, Boo
                 source,
             })?;
             let zp = zeropage::build(&head[..n], CMDLINE_ADDR, initramfs, &e820)?;
-            write(mem, ZERO_PAGE_ADDR, &zp, "the zero page")?;
+            let params = BootParams::new(&zp, GuestAddress(ZERO_PAGE_ADDR));
+            LinuxBootConfigurator::write_bootparams(&params, mem).map_err(|source| {
+                BootError::Configure {
+                    what: "the zero page",
+                    source,
+                }
+            })?;
             for (addr, bytes) in cpu_state::identity_page_tables() {
                 write(mem, addr, &bytes, "the page tables")?;
             }

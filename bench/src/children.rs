@@ -10,13 +10,18 @@
 //!   with [`crate::EXIT_STOPPED`]. Children are found in /proc by their parent's pid, so a
 //!   child spawned anywhere in bench is found; one forked while bench stops fails its exec.
 //!
-//! The `unsafe` blocks are calls into libc, each with its invariant stated.
+//! The system calls go through `nix`; the one `unsafe` left is [`CommandExt::pre_exec`]
+//! itself, whose closure runs between fork and exec (its SAFETY comment says what it does).
 
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use nix::sys::prctl;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::unistd::{getppid, Pid};
 
 /// How long a child may take to exit after SIGTERM before it is killed.
 pub const GRACE: Duration = Duration::from_secs(20);
@@ -25,16 +30,8 @@ pub const GRACE: Duration = Duration::from_secs(20);
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// SIGINT and SIGTERM, as a signal set.
-fn stop_set() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use, and
-    // sigaddset only sets bits of the set it is given.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        set
-    }
+fn stop_set() -> SigSet {
+    [Signal::SIGINT, Signal::SIGTERM].into_iter().collect()
 }
 
 /// Makes `cmd`'s child die with bench (see the module comment).
@@ -42,26 +39,22 @@ pub fn guard(cmd: &mut Command) -> &mut Command {
     let parent = std::process::id();
     let set = stop_set();
     let setup = move || -> io::Result<()> {
-        // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and no pointer.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: getppid has no arguments and cannot fail.
-        let ppid = unsafe { libc::getppid() };
+        prctl::set_pdeathsig(Signal::SIGTERM)?;
+        let ppid = getppid().as_raw();
         if u32::try_from(ppid).ok() != Some(parent) || STOPPING.load(Ordering::Relaxed) {
             return Err(io::Error::other("lull bench is stopping"));
         }
-        // SAFETY: `set` is an initialised sigset_t that lives across the call; the old mask
-        // is not asked for (null).
-        if unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set.thread_unblock()?;
         Ok(())
     };
     // SAFETY: the closure runs in the child between fork and exec, where only
     // async-signal-safe calls are allowed: it makes three system calls (prctl, getppid,
-    // pthread_sigmask) and an atomic load, and allocates nothing on its success path.
-    unsafe { cmd.pre_exec(setup) }
+    // pthread_sigmask, each a thin nix wrapper that allocates nothing) and an atomic load,
+    // and allocates nothing on its success path.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(setup)
+    }
 }
 
 /// Blocks SIGINT and SIGTERM in this thread (and the threads it starts) and stops bench's
@@ -69,18 +62,16 @@ pub fn guard(cmd: &mut Command) -> &mut Command {
 /// starts a thread or a child.
 pub fn forward_stop_signals() -> io::Result<()> {
     let set = stop_set();
-    // SAFETY: `set` is an initialised sigset_t; the old mask is not asked for (null).
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
-    }
+    set.thread_block()?;
     std::thread::Builder::new()
         .name("bench-signals".into())
         .spawn(move || {
-            let mut signal: libc::c_int = 0;
-            // SAFETY: `set` and `signal` outlive the call; sigwait writes only `signal`.
-            while unsafe { libc::sigwait(&set, &mut signal) } != 0 {}
-            let name = if signal == libc::SIGINT {
+            let signal = loop {
+                if let Ok(signal) = set.wait() {
+                    break signal;
+                }
+            };
+            let name = if signal == Signal::SIGINT {
                 "SIGINT"
             } else {
                 "SIGTERM"
@@ -104,15 +95,15 @@ fn stop_children() -> usize {
             return stopped.len();
         }
         let signal = if Instant::now() < deadline {
-            libc::SIGTERM
+            Signal::SIGTERM
         } else {
-            libc::SIGKILL
+            Signal::SIGKILL
         };
         for pid in &live {
-            if stopped.insert(*pid) || signal == libc::SIGKILL {
-                // SAFETY: kill takes a pid and a signal number; `pid` is a child of this
-                // process that has not been reaped (a zombie is not listed), so it is ours.
-                unsafe { libc::kill(*pid, signal) };
+            if stopped.insert(*pid) || signal == Signal::SIGKILL {
+                // `pid` is a child of this process that has not been reaped (a zombie is not
+                // listed), so it is ours; one that exited meanwhile is simply gone.
+                let _ = kill(Pid::from_raw(*pid), signal);
             }
         }
         // The children need a moment to stop their VMs; a zombie is not listed again.

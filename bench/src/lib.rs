@@ -19,6 +19,8 @@
 //!               global-timer load -> global fires, who woke for them, empty wake-ups
 //! ```
 
+#![deny(unsafe_code)]
+
 mod api_client;
 mod boot;
 mod children;

@@ -308,6 +308,11 @@ fn us(ns: u64) -> String {
     format!("{:.0}", ns as f64 / 1000.0)
 }
 
+// The tables are fixed-width `format!` strings, not a table crate (comfy-table, tabled): the
+// experiments print the header first and each row as it completes (a run takes minutes), and
+// a table crate sizes its columns from all rows, so it would print nothing until the last row
+// or give each row its own widths. The widths are written once per header/line pair instead.
+
 /// Header of the density table.
 pub fn density_header() -> String {
     format!(

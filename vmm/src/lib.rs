@@ -1,6 +1,7 @@
 //! The lull VMM library: CLI and configuration, KVM set-up, guest loading, the irqchip in both
 //! modes, the idle core, vCPU threads and the VMM thread. Every `unsafe` of the project lives
-//! in [`sys`].
+//! in [`sys`], and the compiler holds it there: `#![deny(unsafe_code)]` here, allowed on `sys`
+//! only.
 //!
 //! Layers, each importing only the ones below it:
 //!
@@ -12,6 +13,8 @@
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
 //! `counters`, `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
 //! locates the guest kit; `lull bench` is the `bench` crate.
+
+#![deny(unsafe_code)]
 
 pub mod api;
 pub mod boot;
@@ -34,6 +37,7 @@ pub mod seccomp;
 pub mod size;
 pub mod state;
 pub mod sync;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod vcpu;
 pub mod vm;

@@ -1,5 +1,7 @@
 //! The `lull` command: parse the command line, run the VM, turn the outcome into an exit status.
 
+#![deny(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Instant;

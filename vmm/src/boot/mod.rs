@@ -14,6 +14,9 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::pvh::PvhBootConfigurator;
+use linux_loader::configurator::{self, BootConfigurator, BootParams};
 use linux_loader::loader::{self, KernelLoader, PvhBootCapability};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -104,6 +107,14 @@ pub enum BootError {
         /// Why.
         source: vm_memory::GuestMemoryError,
     },
+    /// linux-loader's boot configurator could not write a boot structure to guest memory.
+    #[error("Cannot write {what} to guest memory: {source}")]
+    Configure {
+        /// The structure.
+        what: &'static str,
+        /// Why.
+        source: configurator::Error,
+    },
 }
 
 /// What to boot.
@@ -190,145 +201,183 @@ fn write(
 /// Loads the guest described by `spec` into `mem`; returns how the boot CPU enters it.
 pub fn load(mem: &GuestMemoryMmap, spec: &BootSpec<'_>) -> Result<EntryMode, BootError> {
     let path = spec.kernel;
-    let mut file = File::open(path).map_err(|source| BootError::ReadKernel {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let mut file = File::open(path).map_err(|source| read_kernel_err(path, source))?;
     let format = detect_format(path, &mut file)?;
-    let load_err = |source| BootError::Load {
-        path: path.to_path_buf(),
-        source,
-    };
-
-    // Command line.
-    if spec.cmdline.len() >= CMDLINE_MAX {
-        return Err(BootError::CmdlineTooLong(spec.cmdline.len()));
-    }
-    if spec.cmdline.contains('\0') {
-        return Err(BootError::CmdlineNul);
-    }
-    let mut cmdline = spec.cmdline.as_bytes().to_vec();
-    cmdline.push(0);
-    write(mem, CMDLINE_ADDR, &cmdline, "the command line")?;
-
-    // Kernel.
-    let (kernel_end, mode_without_initramfs) = match format {
-        KernelFormat::Elf => {
-            let res = loader::Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                .map_err(load_err)?;
-            let PvhBootCapability::PvhEntryPresent(entry) = res.pvh_boot_cap else {
-                let mut head = vec![0u8; multiboot::HEADER_SEARCH];
-                let n = file
-                    .seek(SeekFrom::Start(0))
-                    .and_then(|_| read_up_to(&mut file, &mut head))
-                    .unwrap_or(0);
-                if multiboot::find_header(&head[..n]).is_some() {
-                    return Err(BootError::Elf64Multiboot(path.to_path_buf()));
-                }
-                return Err(BootError::NoPvhNote(path.to_path_buf()));
-            };
-            let mode = EntryMode::Pvh {
-                entry: entry.0,
-                start_info: PVH_INFO_ADDR,
-            };
-            (res.kernel_end, mode)
-        }
-        KernelFormat::BzImage => {
-            let res = loader::BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))
-                .map_err(load_err)?;
-            let mode = EntryMode::Linux64 {
-                entry: res.kernel_load.0 + 0x200,
-            };
-            (res.kernel_end, mode)
-        }
+    write_cmdline(mem, spec.cmdline)?;
+    let (kernel_end, mode) = match format {
+        KernelFormat::Elf => load_elf(mem, path, &mut file)?,
+        KernelFormat::BzImage => load_bzimage(mem, path, &mut file)?,
         KernelFormat::Multiboot => load_multiboot(mem, path, &mut file, spec.memory)?,
     };
-
     // Initramfs at the top of low memory, page aligned.
     let initramfs = match spec.initramfs {
         None => None,
         Some(ipath) => Some(load_initramfs(mem, ipath, kernel_end, spec.memory)?),
     };
-
     let e820 = layout::e820_map(spec.memory);
-    write(mem, EBDA_START, &mptable::build(spec.cpus)?, "the MP table")?;
-    write(
-        mem,
-        GDT_ADDR,
-        &cpu_state::gdt_bytes(mode_without_initramfs),
-        "the GDT",
-    )?;
-    write(mem, IDT_ADDR, &0u64.to_le_bytes(), "the IDT")?;
-
-    match mode_without_initramfs {
-        EntryMode::Pvh { .. } => {
-            let info = pvh::StartInfo {
-                cmdline_addr: CMDLINE_ADDR,
-                modlist_addr: PVH_MODLIST_ADDR,
-                memmap_addr: PVH_MEMMAP_ADDR,
-                initramfs,
-                memmap: e820,
-            };
-            write(
-                mem,
-                PVH_INFO_ADDR,
-                &info.header_bytes(),
-                "the PVH start info",
-            )?;
-            write(
-                mem,
-                PVH_MODLIST_ADDR,
-                &info.modlist_bytes(),
-                "the PVH module list",
-            )?;
-            write(
-                mem,
-                PVH_MEMMAP_ADDR,
-                &info.memmap_bytes(),
-                "the PVH memory map",
-            )?;
-        }
+    write_cpu_tables(mem, spec.cpus, mode)?;
+    match mode {
+        EntryMode::Pvh { .. } => write_pvh_start_info(mem, initramfs, e820)?,
         EntryMode::Multiboot { info, .. } => {
-            let program = path.to_string_lossy();
-            let line = multiboot::command_line(&program, spec.cmdline);
-            if line.len() >= CMDLINE_MAX {
-                return Err(BootError::CmdlineTooLong(line.len()));
-            }
-            let mut bytes = line.into_bytes();
-            bytes.push(0);
-            write(mem, CMDLINE_ADDR, &bytes, "the command line")?;
-            let names = spec.initramfs.map(|p| p.to_string_lossy().into_owned());
-            let page = multiboot::info_page(&multiboot::BootInfo {
-                memory: spec.memory,
-                cmdline_addr: CMDLINE_ADDR,
-                memmap: &e820,
-                module: initramfs.zip(names.as_deref()).map(|((a, s), n)| (a, s, n)),
-            })
-            .map_err(|reason| BootError::Multiboot {
-                path: path.to_path_buf(),
-                reason,
-            })?;
-            write(mem, info, &page, "the multiboot information")?;
+            write_multiboot_info(mem, spec, info, initramfs, &e820)?;
         }
-        EntryMode::Linux64 { .. } => {
-            let mut head = vec![0u8; 0x400];
-            file.seek(SeekFrom::Start(0))
-                .map_err(|source| BootError::ReadKernel {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-            let n = read_up_to(&mut file, &mut head).map_err(|source| BootError::ReadKernel {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let zp = zeropage::build(&head[..n], CMDLINE_ADDR, initramfs, &e820)?;
-            write(mem, ZERO_PAGE_ADDR, &zp, "the zero page")?;
-            for (addr, bytes) in cpu_state::identity_page_tables() {
-                write(mem, addr, &bytes, "the page tables")?;
-            }
-        }
+        EntryMode::Linux64 { .. } => write_zero_page(mem, path, &mut file, initramfs, &e820)?,
     }
-    Ok(mode_without_initramfs)
+    Ok(mode)
+}
+
+fn read_kernel_err(path: &Path, source: std::io::Error) -> BootError {
+    BootError::ReadKernel {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn load_err(path: &Path, source: loader::Error) -> BootError {
+    BootError::Load {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Checks the command line and writes it, NUL-terminated, at `CMDLINE_ADDR`.
+fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), BootError> {
+    if cmdline.len() >= CMDLINE_MAX {
+        return Err(BootError::CmdlineTooLong(cmdline.len()));
+    }
+    if cmdline.contains('\0') {
+        return Err(BootError::CmdlineNul);
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    write(mem, CMDLINE_ADDR, &bytes, "the command line")
+}
+
+/// Loads an ELF64 kernel entered through its PVH note; returns its end and entry mode. One
+/// without the note is refused, and told apart from an ELF64 multiboot kernel.
+fn load_elf(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    file: &mut File,
+) -> Result<(u64, EntryMode), BootError> {
+    let res = loader::Elf::load(mem, None, file, Some(GuestAddress(HIMEM_START)))
+        .map_err(|source| load_err(path, source))?;
+    let PvhBootCapability::PvhEntryPresent(entry) = res.pvh_boot_cap else {
+        let mut head = vec![0u8; multiboot::HEADER_SEARCH];
+        let n = file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| read_up_to(file, &mut head))
+            .unwrap_or(0);
+        if multiboot::find_header(&head[..n]).is_some() {
+            return Err(BootError::Elf64Multiboot(path.to_path_buf()));
+        }
+        return Err(BootError::NoPvhNote(path.to_path_buf()));
+    };
+    let mode = EntryMode::Pvh {
+        entry: entry.0,
+        start_info: PVH_INFO_ADDR,
+    };
+    Ok((res.kernel_end, mode))
+}
+
+/// Loads a bzImage's protected-mode kernel; returns its end and the 64-bit entry mode.
+fn load_bzimage(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    file: &mut File,
+) -> Result<(u64, EntryMode), BootError> {
+    let res = loader::BzImage::load(mem, None, file, Some(GuestAddress(HIMEM_START)))
+        .map_err(|source| load_err(path, source))?;
+    let mode = EntryMode::Linux64 {
+        entry: res.kernel_load.0 + 0x200,
+    };
+    Ok((res.kernel_end, mode))
+}
+
+/// Writes what every boot CPU finds: the MP table, the GDT for `mode` and an empty IDT.
+fn write_cpu_tables(mem: &GuestMemoryMmap, cpus: u32, mode: EntryMode) -> Result<(), BootError> {
+    write(mem, EBDA_START, &mptable::build(cpus)?, "the MP table")?;
+    write(mem, GDT_ADDR, &cpu_state::gdt_bytes(mode), "the GDT")?;
+    write(mem, IDT_ADDR, &0u64.to_le_bytes(), "the IDT")
+}
+
+/// Writes the PVH start info, module list and memory map through linux-loader.
+fn write_pvh_start_info(
+    mem: &GuestMemoryMmap,
+    initramfs: Option<(u64, u64)>,
+    e820: Vec<layout::E820Entry>,
+) -> Result<(), BootError> {
+    let info = pvh::StartInfo {
+        cmdline_addr: CMDLINE_ADDR,
+        modlist_addr: PVH_MODLIST_ADDR,
+        memmap_addr: PVH_MEMMAP_ADDR,
+        initramfs,
+        memmap: e820,
+    };
+    PvhBootConfigurator::write_bootparams(&info.boot_params(GuestAddress(PVH_INFO_ADDR)), mem)
+        .map_err(|source| BootError::Configure {
+            what: "the PVH start info",
+            source,
+        })
+}
+
+/// Writes a multiboot kernel's command line (its path first, as QEMU passes it) over the plain
+/// one, and its information page at `info`.
+fn write_multiboot_info(
+    mem: &GuestMemoryMmap,
+    spec: &BootSpec<'_>,
+    info: u64,
+    initramfs: Option<(u64, u64)>,
+    e820: &[layout::E820Entry],
+) -> Result<(), BootError> {
+    let path = spec.kernel;
+    let program = path.to_string_lossy();
+    let line = multiboot::command_line(&program, spec.cmdline);
+    if line.len() >= CMDLINE_MAX {
+        return Err(BootError::CmdlineTooLong(line.len()));
+    }
+    let mut bytes = line.into_bytes();
+    bytes.push(0);
+    write(mem, CMDLINE_ADDR, &bytes, "the command line")?;
+    let names = spec.initramfs.map(|p| p.to_string_lossy().into_owned());
+    let page = multiboot::info_page(&multiboot::BootInfo {
+        memory: spec.memory,
+        cmdline_addr: CMDLINE_ADDR,
+        memmap: e820,
+        module: initramfs.zip(names.as_deref()).map(|((a, s), n)| (a, s, n)),
+    })
+    .map_err(|reason| BootError::Multiboot {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    write(mem, info, &page, "the multiboot information")
+}
+
+/// Writes a bzImage's zero page (its own setup header, re-read from the file) through
+/// linux-loader, and the identity page tables its 64-bit entry needs.
+fn write_zero_page(
+    mem: &GuestMemoryMmap,
+    path: &Path,
+    file: &mut File,
+    initramfs: Option<(u64, u64)>,
+    e820: &[layout::E820Entry],
+) -> Result<(), BootError> {
+    let mut head = vec![0u8; 0x400];
+    file.seek(SeekFrom::Start(0))
+        .map_err(|source| read_kernel_err(path, source))?;
+    let n = read_up_to(file, &mut head).map_err(|source| read_kernel_err(path, source))?;
+    let zp = zeropage::build(&head[..n], CMDLINE_ADDR, initramfs, e820)?;
+    let params = BootParams::new(&zp, GuestAddress(ZERO_PAGE_ADDR));
+    LinuxBootConfigurator::write_bootparams(&params, mem).map_err(|source| {
+        BootError::Configure {
+            what: "the zero page",
+            source,
+        }
+    })?;
+    for (addr, bytes) in cpu_state::identity_page_tables() {
+        write(mem, addr, &bytes, "the page tables")?;
+    }
+    Ok(())
 }
 
 /// Reads, checks and loads a multiboot ELF32 image; returns its end and entry mode.

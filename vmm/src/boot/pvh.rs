@@ -1,9 +1,16 @@
-//! The PVH boot protocol's `hvm_start_info`, module list and memory map, as bytes.
+//! The PVH boot protocol's `hvm_start_info`, module list and memory map, as linux-loader's
+//! structures, which `load` writes through its `PvhBootConfigurator`.
+
+use linux_loader::configurator::BootParams;
+use linux_loader::loader::elf::start_info::{
+    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info, XEN_HVM_START_MAGIC_VALUE,
+};
+use vm_memory::GuestAddress;
 
 use crate::layout::E820Entry;
 
 /// Magic of `hvm_start_info` ("xEn3" with the high bit of each byte cleared).
-pub const START_INFO_MAGIC: u32 = 0x336e_c578;
+pub const START_INFO_MAGIC: u32 = XEN_HVM_START_MAGIC_VALUE;
 
 /// Where each PVH structure goes and what it points to.
 #[derive(Debug, Clone)]
@@ -21,49 +28,56 @@ pub struct StartInfo {
 }
 
 impl StartInfo {
-    /// `hvm_start_info` (version 1, 56 bytes).
-    pub fn header_bytes(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(56);
-        b.extend_from_slice(&START_INFO_MAGIC.to_le_bytes());
-        b.extend_from_slice(&1u32.to_le_bytes()); // version
-        b.extend_from_slice(&0u32.to_le_bytes()); // flags
-        let (nr_modules, modlist) = match self.initramfs {
-            Some(_) => (1u32, self.modlist_addr),
+    /// `hvm_start_info` (version 1).
+    pub fn header(&self) -> hvm_start_info {
+        let (nr_modules, modlist_paddr) = match self.initramfs {
+            Some(_) => (1, self.modlist_addr),
             None => (0, 0),
         };
-        b.extend_from_slice(&nr_modules.to_le_bytes());
-        b.extend_from_slice(&modlist.to_le_bytes());
-        b.extend_from_slice(&self.cmdline_addr.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes()); // rsdp_paddr: no ACPI
-        b.extend_from_slice(&self.memmap_addr.to_le_bytes());
-        let entries = u32::try_from(self.memmap.len()).unwrap_or(u32::MAX);
-        b.extend_from_slice(&entries.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
-        b
+        hvm_start_info {
+            magic: START_INFO_MAGIC,
+            version: 1,
+            nr_modules,
+            modlist_paddr,
+            cmdline_paddr: self.cmdline_addr,
+            rsdp_paddr: 0, // no ACPI
+            memmap_paddr: self.memmap_addr,
+            memmap_entries: u32::try_from(self.memmap.len()).unwrap_or(u32::MAX),
+            ..hvm_start_info::default()
+        }
     }
 
-    /// The module list (`hvm_modlist_entry`, 32 bytes each).
-    pub fn modlist_bytes(&self) -> Vec<u8> {
-        let mut b = Vec::new();
-        if let Some((addr, size)) = self.initramfs {
-            b.extend_from_slice(&addr.to_le_bytes());
-            b.extend_from_slice(&size.to_le_bytes());
-            b.extend_from_slice(&0u64.to_le_bytes()); // no module command line
-            b.extend_from_slice(&0u64.to_le_bytes());
-        }
-        b
+    /// The module list: the initramfs, if any, with no module command line.
+    pub fn modules(&self) -> Vec<hvm_modlist_entry> {
+        let entry = |(paddr, size)| hvm_modlist_entry {
+            paddr,
+            size,
+            ..hvm_modlist_entry::default()
+        };
+        self.initramfs.into_iter().map(entry).collect()
     }
 
-    /// The memory map (`hvm_memmap_table_entry`, 24 bytes each).
-    pub fn memmap_bytes(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(self.memmap.len() * 24);
-        for e in &self.memmap {
-            b.extend_from_slice(&e.addr.to_le_bytes());
-            b.extend_from_slice(&e.size.to_le_bytes());
-            b.extend_from_slice(&(e.kind as u32).to_le_bytes());
-            b.extend_from_slice(&0u32.to_le_bytes());
+    /// The memory map.
+    pub fn memmap(&self) -> Vec<hvm_memmap_table_entry> {
+        let entry = |e: &E820Entry| hvm_memmap_table_entry {
+            addr: e.addr,
+            size: e.size,
+            type_: e.kind as u32,
+            reserved: 0,
+        };
+        self.memmap.iter().map(entry).collect()
+    }
+
+    /// All three, placed for linux-loader's `PvhBootConfigurator`: the start info at
+    /// `info_addr`, the memory map and the module list (if any) at their addresses.
+    pub fn boot_params(&self, info_addr: GuestAddress) -> BootParams {
+        let mut params = BootParams::new(&self.header(), info_addr);
+        params.set_sections(&self.memmap(), GuestAddress(self.memmap_addr));
+        let modules = self.modules();
+        if !modules.is_empty() {
+            params.set_modules(&modules, GuestAddress(self.modlist_addr));
         }
-        b
+        params
     }
 }
 
@@ -81,7 +95,8 @@ mod tests {
             initramfs: Some((0x0800_0000, 0x1234)),
             memmap: e820_map(128 << 20),
         };
-        let h = si.header_bytes();
+        let params = si.boot_params(GuestAddress(0x6000));
+        let h = &params.header;
         assert_eq!(h.len(), 56);
         assert_eq!(&h[0..4], &START_INFO_MAGIC.to_le_bytes());
         assert_eq!(u32::from_le_bytes(h[12..16].try_into().unwrap()), 1);
@@ -89,7 +104,10 @@ mod tests {
         assert_eq!(u64::from_le_bytes(h[24..32].try_into().unwrap()), 0x20000);
         assert_eq!(u64::from_le_bytes(h[40..48].try_into().unwrap()), 0x6100);
         assert_eq!(u32::from_le_bytes(h[48..52].try_into().unwrap()), 3);
-        assert_eq!(si.modlist_bytes().len(), 32);
-        assert_eq!(si.memmap_bytes().len(), 72);
+        assert_eq!(params.modules.as_ref().map(Vec::len), Some(32));
+        assert_eq!(params.modules_start, Some(GuestAddress(0x6040)));
+        assert_eq!(params.sections.as_ref().map(Vec::len), Some(72));
+        assert_eq!(params.sections_start, Some(GuestAddress(0x6100)));
+        assert_eq!(params.header_start, GuestAddress(0x6000));
     }
 }

@@ -1,16 +1,14 @@
-//! The Linux x86 boot protocol's `boot_params` ("zero page") for a bzImage.
+//! The Linux x86 boot protocol's `boot_params` ("zero page") for a bzImage, as linux-loader's
+//! [`boot_params`], which `load` writes through its `LinuxBootConfigurator`.
+
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
+use vm_memory::ByteValued;
 
 use crate::layout::E820Entry;
 
 /// Size of `boot_params`.
-pub const ZERO_PAGE_SIZE: usize = 4096;
-const E820_ENTRIES_OFFSET: usize = 0x1e8;
+pub const ZERO_PAGE_SIZE: usize = std::mem::size_of::<boot_params>();
 const SETUP_HEADER_OFFSET: usize = 0x1f1;
-const TYPE_OF_LOADER_OFFSET: usize = 0x210;
-const RAMDISK_IMAGE_OFFSET: usize = 0x218;
-const RAMDISK_SIZE_OFFSET: usize = 0x21c;
-const CMD_LINE_PTR_OFFSET: usize = 0x228;
-const E820_TABLE_OFFSET: usize = 0x2d0;
 const E820_MAX_ENTRIES: usize = 128;
 /// "Undefined" boot loader id: lull has no assigned one.
 const LOADER_UNDEFINED: u8 = 0xff;
@@ -36,40 +34,35 @@ pub fn build(
     cmdline_addr: u64,
     initramfs: Option<(u64, u64)>,
     e820: &[E820Entry],
-) -> Result<Vec<u8>, ZeroPageError> {
-    // The setup header runs from 0x1f1 to 0x202 + the byte at 0x201.
+) -> Result<boot_params, ZeroPageError> {
+    // The setup header runs from 0x1f1 to 0x202 + the byte at 0x201. It is copied as bytes, as
+    // long as the kernel says it is: linux-loader's `setup_header` is the newest protocol's,
+    // longer than an older kernel's, whose bytes past its own header are not header fields.
     let header_end =
         0x202 + usize::from(*kernel_head.get(0x201).ok_or(ZeroPageError::ShortHeader)?);
     let header = kernel_head
         .get(SETUP_HEADER_OFFSET..header_end.min(ZERO_PAGE_SIZE))
         .ok_or(ZeroPageError::ShortHeader)?;
-    let mut zp = vec![0u8; ZERO_PAGE_SIZE];
-    zp[SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + header.len()].copy_from_slice(header);
-    zp[TYPE_OF_LOADER_OFFSET] = LOADER_UNDEFINED;
-    let put32 = |zp: &mut Vec<u8>, off: usize, v: u64, what| -> Result<(), ZeroPageError> {
-        let v = u32::try_from(v).map_err(|_| ZeroPageError::Above4G(what))?;
-        zp[off..off + 4].copy_from_slice(&v.to_le_bytes());
-        Ok(())
-    };
-    put32(
-        &mut zp,
-        CMD_LINE_PTR_OFFSET,
-        cmdline_addr,
-        "The command line",
-    )?;
+    let mut zp = boot_params::default();
+    zp.as_mut_slice()[SETUP_HEADER_OFFSET..SETUP_HEADER_OFFSET + header.len()]
+        .copy_from_slice(header);
+    zp.hdr.type_of_loader = LOADER_UNDEFINED;
+    let below_4g = |v: u64, what| u32::try_from(v).map_err(|_| ZeroPageError::Above4G(what));
+    zp.hdr.cmd_line_ptr = below_4g(cmdline_addr, "The command line")?;
     if let Some((addr, size)) = initramfs {
-        put32(&mut zp, RAMDISK_IMAGE_OFFSET, addr, "The initramfs")?;
-        put32(&mut zp, RAMDISK_SIZE_OFFSET, size, "The initramfs size")?;
+        zp.hdr.ramdisk_image = below_4g(addr, "The initramfs")?;
+        zp.hdr.ramdisk_size = below_4g(size, "The initramfs size")?;
     }
     if e820.len() > E820_MAX_ENTRIES {
         return Err(ZeroPageError::TooManyE820);
     }
-    zp[E820_ENTRIES_OFFSET] = u8::try_from(e820.len()).map_err(|_| ZeroPageError::TooManyE820)?;
-    for (i, e) in e820.iter().enumerate() {
-        let off = E820_TABLE_OFFSET + i * 20;
-        zp[off..off + 8].copy_from_slice(&e.addr.to_le_bytes());
-        zp[off + 8..off + 16].copy_from_slice(&e.size.to_le_bytes());
-        zp[off + 16..off + 20].copy_from_slice(&(e.kind as u32).to_le_bytes());
+    zp.e820_entries = u8::try_from(e820.len()).map_err(|_| ZeroPageError::TooManyE820)?;
+    for (slot, e) in zp.e820_table.iter_mut().zip(e820) {
+        *slot = boot_e820_entry {
+            addr: e.addr,
+            size: e.size,
+            r#type: e.kind as u32,
+        };
     }
     Ok(zp)
 }
@@ -91,6 +84,7 @@ mod tests {
             &e820_map(64 << 20),
         )
         .unwrap();
+        let zp = zp.as_slice();
         assert_eq!(&zp[0x202..0x206], b"HdrS");
         assert_eq!(zp[0x210], 0xff);
         assert_eq!(

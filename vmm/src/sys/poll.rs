@@ -1,4 +1,9 @@
 //! Waiting for a blocked vCPU's events: its kick eventfd, its wake-up timerfd, a timeout.
+//!
+//! `ppoll` stays hand-written, not nix's: nix's `PollFd` borrows an `AsFd`, which
+//! vmm-sys-util's `EventFd` (the kick) does not implement, so it would take the same `unsafe`
+//! (`BorrowedFd::borrow_raw`) in another place, and change this function for its callers on
+//! the halt path; the system call would be the same.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;

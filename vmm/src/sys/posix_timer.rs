@@ -1,6 +1,10 @@
 //! A POSIX timer that sends the kick signal to the thread that created it (`SIGEV_THREAD_ID`),
 //! armed at absolute CLOCK_MONOTONIC times: a vCPU thread's host tick, which interrupts
 //! KVM_RUN when one of its timers is due.
+//!
+//! Hand-written, not nix's `Timer`: nix's `SigevNotify::SigevThreadId` takes its `Signal`
+//! enum, which has no real-time signals, and the kick is `SIGRTMIN + 1`; nix's `Timer` is not
+//! `Send` either, so the `unsafe impl Send` below would stay.
 
 use super::clock::{one_shot, timespec};
 use super::kick;

@@ -1,45 +1,46 @@
 //! A terminal on stdin in raw input mode, restored when dropped.
+//!
+//! Not vmm-sys-util's `Terminal`: its `set_raw_mode` clears only `ICANON | ECHO | ISIG`, so
+//! the tty would still turn Enter into `\n` (`ICRNL`), swallow Ctrl-S/Ctrl-Q (`IXON`) and
+//! Ctrl-V (`IEXTEN`) before the guest sees them, and its `set_canon_mode` sets those three
+//! flags again instead of restoring the settings lull found. nix's termios calls do the same
+//! `tcgetattr`/`tcsetattr` as before, without `unsafe` here.
 
-use std::io;
-use std::os::fd::AsRawFd;
+use std::io::{self, IsTerminal};
+
+use nix::sys::termios::{
+    tcgetattr, tcsetattr, InputFlags, LocalFlags, SetArg, SpecialCharacterIndices, Termios,
+};
 
 /// Puts a terminal on stdin into a mode that passes keys straight to the guest, and restores
 /// it when dropped. Output processing stays on, so the guest's `\n` still moves to column 0.
 pub struct RawTerminal {
-    saved: libc::termios,
+    saved: Termios,
 }
 
 impl RawTerminal {
     /// Switches stdin to raw input if it is a terminal; `None` if it is not.
     pub fn enable() -> Option<Self> {
-        let fd = io::stdin().as_raw_fd();
-        // SAFETY: isatty only inspects the descriptor number.
-        if unsafe { libc::isatty(fd) } != 1 {
+        let stdin = io::stdin();
+        if !stdin.is_terminal() {
             return None;
         }
-        // SAFETY: termios is plain old data; tcgetattr fills it for a valid terminal fd.
-        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
-        // SAFETY: `fd` is a terminal (checked above) and `saved` is a valid termios to fill.
-        if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
-            return None;
-        }
-        let mut raw = saved;
-        raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG | libc::IEXTEN);
-        raw.c_iflag &= !(libc::IXON | libc::ICRNL | libc::INLCR | libc::IGNCR);
-        raw.c_cc[libc::VMIN] = 1;
-        raw.c_cc[libc::VTIME] = 0;
-        // SAFETY: `fd` is a terminal and `raw` a termios derived from its current settings.
-        if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
-            return None;
-        }
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        raw.local_flags
+            .remove(LocalFlags::ICANON | LocalFlags::ECHO | LocalFlags::ISIG | LocalFlags::IEXTEN);
+        raw.input_flags
+            .remove(InputFlags::IXON | InputFlags::ICRNL | InputFlags::INLCR | InputFlags::IGNCR);
+        raw.control_chars[SpecialCharacterIndices::VMIN as usize] = 1;
+        raw.control_chars[SpecialCharacterIndices::VTIME as usize] = 0;
+        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
         Some(Self { saved })
     }
 }
 
 impl Drop for RawTerminal {
     fn drop(&mut self) {
-        let fd = io::stdin().as_raw_fd();
-        // SAFETY: restores the settings read from this same terminal in `enable`.
-        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &self.saved) };
+        // Restores the settings read from this same terminal in `enable`.
+        let _ = tcsetattr(io::stdin(), SetArg::TCSANOW, &self.saved);
     }
 }

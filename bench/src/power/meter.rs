@@ -18,6 +18,8 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::children;
@@ -168,10 +170,9 @@ pub fn read_once(command: &str, timeout: Duration) -> Result<f64, MeterError> {
         Ok(Ok(output)) => watts_of_output(&output),
         Ok(Err(e)) => Err(MeterError::Spawn(e.to_string())),
         Err(mpsc::RecvTimeoutError::Timeout) => {
-            // SAFETY: kill takes a process group id and a signal number, no pointer. The group
-            // is the command's own (process_group(0) made its shell the leader), and it lives
-            // until the waiting thread has reaped the shell, which has not happened yet.
-            unsafe { libc::kill(-group, libc::SIGKILL) };
+            // The group is the command's own (process_group(0) made its shell the leader), and
+            // it lives until the waiting thread has reaped the shell, which has not happened yet.
+            let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
             Err(MeterError::Hung {
                 after: timeout,
                 ended: rx.recv_timeout(KILL_GRACE).is_ok(),

@@ -1,5 +1,5 @@
 //! What every thread of a running VM shares, below the irqchip and the vCPUs: the stop
-//! request and its reason, the port-I/O bus, the counters, and when the guest booted.
+//! request and its reason, the counters, and when the guest booted.
 //!
 //! The first stop request wins: a vCPU thread (guest reset, crash, lull error), the VMM thread
 //! (Ctrl-A x, a signal) or the irqchip's timer thread records why, and the VMM thread, which
@@ -10,13 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use devices::mmio::MmioBus;
-use devices::pio::PioBus;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::device_timers::DeviceTimers;
 use crate::host_stats::{self, ThreadStat};
-use crate::metrics::{GuestNoise, VcpuCounters};
+use crate::metrics::VcpuCounters;
 use crate::net_port::NetPort;
 pub use crate::sync::lock;
 
@@ -107,12 +105,6 @@ impl StopSignal {
 
 /// What every vCPU thread and the VMM thread share.
 pub struct VmShared {
-    /// Port I/O devices.
-    pub pio: PioBus,
-    /// MMIO devices outside the irqchip (virtio); empty until the VM puts its devices there.
-    pub mmio: MmioBus,
-    /// Ignored guest accesses.
-    pub noise: GuestNoise,
     /// One set of exit counters per vCPU.
     pub vcpu_counters: Vec<Arc<VcpuCounters>>,
     /// Stop requests.
@@ -134,17 +126,13 @@ pub struct VmShared {
 }
 
 impl VmShared {
-    /// Shared state for `cpus` vCPUs around `pio`.
+    /// Shared state for `cpus` vCPUs.
     pub fn new(
-        pio: PioBus,
         cpus: u32,
         started: Instant,
         kvm_stats: Vec<std::fs::File>,
     ) -> std::io::Result<Self> {
         Ok(Self {
-            pio,
-            mmio: MmioBus::new(),
-            noise: GuestNoise::default(),
             vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
             stop: StopSignal::new()?,
             started,

@@ -20,6 +20,7 @@ use crate::boot::cpu_state::{self, EntryMode};
 use crate::cpuid;
 use crate::irqchip::VcpuIrq;
 use crate::state::VmShared;
+pub use exit::DeviceBuses;
 pub use kvm_port::{InjectPath, KvmPort};
 
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
@@ -131,6 +132,7 @@ pub fn spawn(
     port: KvmPort,
     irq: Box<dyn VcpuIrq>,
     shared: Arc<VmShared>,
+    buses: Arc<DeviceBuses>,
 ) -> Result<VcpuHandle, VcpuError> {
     let id = port.id;
     let thread = std::thread::Builder::new()
@@ -144,7 +146,7 @@ pub fn spawn(
                 shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
                 return;
             }
-            run::run(port, irq, &shared);
+            run::run(port, irq, &shared, &buses);
         })
         .map_err(|source| VcpuError::Thread { id, source })?;
     Ok(VcpuHandle { id, thread })

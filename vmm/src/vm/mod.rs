@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
-//!    ─► devices: console, port bus, disks, nets ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► devices: console, port bus, disks, nets ─► VmShared, DeviceBuses ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
 //!
@@ -40,7 +40,7 @@ use crate::device_timers::DeviceTimers;
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::metrics::RunReport;
 use crate::state::{lock, StopReason, VmShared};
-use crate::vcpu::{self, VcpuError};
+use crate::vcpu::{self, DeviceBuses, VcpuError};
 use guest::{GuestError, GuestImage};
 use kvm::KvmError;
 
@@ -124,6 +124,7 @@ pub struct RunOutcome {
 #[derive(Clone)]
 pub struct LiveVm {
     shared: Arc<VmShared>,
+    buses: Arc<DeviceBuses>,
     chip: Arc<dyn IrqChip>,
     serial: Arc<SerialCounters>,
 }
@@ -244,15 +245,15 @@ pub fn run_observed(
         .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
         .collect();
     let mut shared =
-        VmShared::new(pio, cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
+        VmShared::new(cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
             what: "the stop eventfd",
             source,
         })?;
-    shared.mmio = disks.bus;
     shared.device_timers = device_timers;
     shared.nets = nets.ports;
     shared.disk_shrink_errors = std::mem::take(&mut disks.shrink_errors);
     let shared = Arc::new(shared);
+    let buses = Arc::new(DeviceBuses::new(pio, disks.bus));
     if let Some(hook) = sink_failure {
         let vm = Arc::downgrade(&shared);
         let _ = hook.set(Box::new(move |why| {
@@ -263,17 +264,19 @@ pub fn run_observed(
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
-    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared)
+    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {
         stop_started(&shared, chip.as_ref(), &e);
         return Err(e);
     }
-    on_running(LiveVm {
+    let live = LiveVm {
         shared: shared.clone(),
+        buses,
         chip: chip.clone(),
-        serial: serial_counters.clone(),
-    });
+        serial: serial_counters,
+    };
+    on_running(live.clone());
     let reason = events.run().inspect_err(|e| {
         stop_started(&shared, chip.as_ref(), e);
         disks::sync(&disks.files);
@@ -289,7 +292,7 @@ pub fn run_observed(
         );
     }
     let _ = lock(&console.console).flush();
-    let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
+    let report = report::build(&reason, &live, host);
     Ok(RunOutcome { reason, report })
 }
 
@@ -301,15 +304,16 @@ fn stop_started(shared: &VmShared, chip: &dyn IrqChip, why: &VmError) {
     chip.kick_all();
 }
 
-/// Starts one thread per vCPU with its part of the irqchip.
+/// Starts one thread per vCPU with its part of the irqchip; its exits reach `buses`.
 fn start_vcpus(
     vcpus: vcpus::CreatedVcpus,
     chip: &dyn IrqChip,
     shared: &Arc<VmShared>,
+    buses: &Arc<DeviceBuses>,
 ) -> Result<(), VmError> {
     for port in vcpus.ports {
         let irq = chip.vcpu(port.id, shared)?;
-        vcpu::spawn(port, irq, shared.clone())?;
+        vcpu::spawn(port, irq, shared.clone(), buses.clone())?;
     }
     Ok(())
 }

@@ -1,14 +1,11 @@
 //! The `--metrics` report of a finished run: what the VM's shared state counted, plus the
-//! irqchip's own part ([`IrqChip::report`]); the same report of a running VM ([`live`]); and
-//! writing it as JSON.
+//! irqchip's own part ([`crate::irqchip::IrqChip::report`]); the same report of a running VM
+//! ([`live`]); and writing it as JSON.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use devices::serial::SerialCounters;
-
-use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
 use crate::state::{lock, StopReason, VmShared};
 use crate::vm::LiveVm;
@@ -35,45 +32,28 @@ pub fn host_facts(shared: &VmShared) -> HostFacts {
     }
 }
 
-/// The report of a run that ended for `reason`.
-pub fn build(
-    reason: &StopReason,
-    shared: &VmShared,
-    chip: &dyn IrqChip,
-    serial: &SerialCounters,
-    host: HostFacts,
-) -> RunReport {
-    assemble(reason.to_string(), shared, chip, serial, host)
+/// The report of a run of `vm` that ended for `reason`.
+pub fn build(reason: &StopReason, vm: &LiveVm, host: HostFacts) -> RunReport {
+    assemble(reason.to_string(), vm, host)
 }
 
 /// The report of a VM that is still running: its counters so far, KVM's counters, and the
 /// threads that already ended (none, usually).
 pub fn live(vm: &LiveVm) -> RunReport {
     let host = host_facts(&vm.shared);
-    assemble(
-        RUNNING.to_string(),
-        &vm.shared,
-        vm.chip.as_ref(),
-        &vm.serial,
-        host,
-    )
+    assemble(RUNNING.to_string(), vm, host)
 }
 
-fn assemble(
-    stop_reason: String,
-    shared: &VmShared,
-    chip: &dyn IrqChip,
-    serial: &SerialCounters,
-    host: HostFacts,
-) -> RunReport {
+fn assemble(stop_reason: String, vm: &LiveVm, host: HostFacts) -> RunReport {
+    let (shared, chip, serial) = (&vm.shared, vm.chip.as_ref(), &vm.serial);
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let mut report = RunReport {
         stop_reason,
         run_time_ms: ms(shared.started.elapsed()),
         boot_time_ms: shared.booted.get().map(|d| ms(*d)),
         serial_bytes_out: serial.bytes_out.load(Ordering::Relaxed),
-        unknown_port_accesses: shared.noise.unknown_port.count(),
-        unknown_mmio_accesses: shared.noise.unknown_mmio.count(),
+        unknown_port_accesses: vm.buses.noise.unknown_port.count(),
+        unknown_mmio_accesses: vm.buses.noise.unknown_mmio.count(),
         irqchip: chip.name().to_string(),
         vcpus: (0u32..)
             .zip(&shared.vcpu_counters)

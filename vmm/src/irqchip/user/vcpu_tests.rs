@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use devices::ioapic::IoApic;
 use devices::lapic::{Ipi, LapicConfig, NoopLapicEvents};
-use devices::pio::PioBus;
 use proptest::prelude::*;
 use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
 
@@ -67,8 +66,7 @@ impl Rig {
             global: None,
             wake_placement: crate::idle::placement::WakePlacementMode::Off,
         });
-        let shared =
-            Arc::new(VmShared::new(PioBus::new(), 1, std::time::Instant::now(), vec![]).unwrap());
+        let shared = Arc::new(VmShared::new(1, std::time::Instant::now(), vec![]).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {
             id: 0,
             lapic,

@@ -242,7 +242,7 @@ impl FakeChip {
             .iter()
             .find(|(owner, _)| owner.is_none())
             .map(|(_, t)| t.clone());
-        let shared = Arc::new(VmShared::new(spec.cpus, Instant::now(), vec![]).ok()?);
+        let shared = Arc::new(VmShared::new(spec.cpus, Instant::now()).ok()?);
         Some(Self {
             chip,
             clock,

@@ -6,7 +6,6 @@
 //! waits on the stop eventfd, tears the VM down. Nobody polls a flag in a loop for it: vCPU
 //! threads read it once per iteration, and blocked ones are woken by the irqchip.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,6 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::device_timers::DeviceTimers;
 use crate::host_stats::{self, ThreadStat};
 use crate::metrics::VcpuCounters;
-use crate::net_port::NetPort;
 pub use crate::sync::lock;
 
 /// Why a VM stops.
@@ -113,35 +111,22 @@ pub struct VmShared {
     pub started: Instant,
     /// When the guest wrote its boot-complete marker (time since `started`).
     pub booted: OnceLock<Duration>,
-    /// KVM's binary statistics of each vCPU.
-    pub kvm_stats: Vec<std::fs::File>,
     /// Statistics of threads that have ended (recorded by each thread on its way out).
     pub ended_threads: Mutex<Vec<ThreadStat>>,
     /// The refill timers of rate-limited devices; empty until the VM puts its devices there.
     pub device_timers: Arc<DeviceTimers>,
-    /// The virtio-net devices, in `--net` order: the VMM thread watches their taps.
-    pub nets: Vec<Arc<dyn NetPort>>,
-    /// Each disk's requests that failed because its image shrank under the VM.
-    pub disk_shrink_errors: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl VmShared {
     /// Shared state for `cpus` vCPUs.
-    pub fn new(
-        cpus: u32,
-        started: Instant,
-        kvm_stats: Vec<std::fs::File>,
-    ) -> std::io::Result<Self> {
+    pub fn new(cpus: u32, started: Instant) -> std::io::Result<Self> {
         Ok(Self {
             vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
             stop: StopSignal::new()?,
             started,
             booted: OnceLock::new(),
-            kvm_stats,
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
-            nets: Vec::new(),
-            disk_shrink_errors: Vec::new(),
         })
     }
 
@@ -159,18 +144,6 @@ impl VmShared {
     /// Records the calling thread's statistics on its way out.
     pub fn thread_ended(&self) {
         lock(&self.ended_threads).push(host_stats::current_thread_stat());
-    }
-
-    /// KVM's counters summed over all vCPUs, if KVM offers binary statistics.
-    pub fn kvm_counters(&self) -> Option<BTreeMap<String, u64>> {
-        if self.kvm_stats.is_empty() {
-            return None;
-        }
-        let mut out = BTreeMap::new();
-        for fd in &self.kvm_stats {
-            host_stats::read_kvm_stats(fd, &mut out).ok()?;
-        }
-        Some(out)
     }
 
     /// Records the guest's boot-complete marker.

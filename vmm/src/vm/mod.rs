@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
-//!    ─► devices: console, port bus, disks, nets ─► VmShared, DeviceBuses ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► devices: console, port bus, disks, nets ─► VmShared, DeviceBuses, RunStats ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
 //!
@@ -43,6 +43,7 @@ use crate::state::{lock, StopReason, VmShared};
 use crate::vcpu::{self, DeviceBuses, VcpuError};
 use guest::{GuestError, GuestImage};
 use kvm::KvmError;
+use report::RunStats;
 
 /// Why a VM could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +126,7 @@ pub struct RunOutcome {
 pub struct LiveVm {
     shared: Arc<VmShared>,
     buses: Arc<DeviceBuses>,
+    stats: Arc<RunStats>,
     chip: Arc<dyn IrqChip>,
     serial: Arc<SerialCounters>,
 }
@@ -244,16 +246,18 @@ pub fn run_observed(
         .iter()
         .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
         .collect();
-    let mut shared =
-        VmShared::new(cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
-            what: "the stop eventfd",
-            source,
-        })?;
+    let mut shared = VmShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
+        what: "the stop eventfd",
+        source,
+    })?;
     shared.device_timers = device_timers;
-    shared.nets = nets.ports;
-    shared.disk_shrink_errors = std::mem::take(&mut disks.shrink_errors);
     let shared = Arc::new(shared);
     let buses = Arc::new(DeviceBuses::new(pio, disks.bus));
+    let stats = Arc::new(RunStats {
+        kvm_stats,
+        nets: nets.ports,
+        disk_shrink_errors: std::mem::take(&mut disks.shrink_errors),
+    });
     if let Some(hook) = sink_failure {
         let vm = Arc::downgrade(&shared);
         let _ = hook.set(Box::new(move |why| {
@@ -262,7 +266,7 @@ pub fn run_observed(
             }
         }));
     }
-    let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
+    let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
@@ -273,6 +277,7 @@ pub fn run_observed(
     let live = LiveVm {
         shared: shared.clone(),
         buses,
+        stats,
         chip: chip.clone(),
         serial: serial_counters,
     };
@@ -281,10 +286,10 @@ pub fn run_observed(
         stop_started(&shared, chip.as_ref(), e);
         disks::sync(&disks.files);
     })?;
-    let host = report::host_facts(&shared);
+    let host = report::host_facts(&live);
     chip.kick_all();
     disks::sync(&disks.files);
-    let shrunk = disks::shrink_error_total(&shared.disk_shrink_errors);
+    let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
     if shrunk > 0 {
         tracing::warn!(
             "{shrunk} disk request(s) failed because a disk image shrank under the VM (the guest \

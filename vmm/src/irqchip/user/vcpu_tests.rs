@@ -66,7 +66,7 @@ impl Rig {
             global: None,
             wake_placement: crate::idle::placement::WakePlacementMode::Off,
         });
-        let shared = Arc::new(VmShared::new(1, std::time::Instant::now(), vec![]).unwrap());
+        let shared = Arc::new(VmShared::new(1, std::time::Instant::now()).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {
             id: 0,
             lapic,

@@ -25,7 +25,7 @@ use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::CpuQuotaConfig;
 use vmm::irqchip::user::vcpu::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
-use vmm::state::VmShared;
+use vmm::state::VcpuShared;
 use vmm::vcpu::DeviceBuses;
 
 /// Size of the fake guest RAM (where PV EOI flags live).
@@ -164,7 +164,7 @@ pub struct FakeChip {
     /// The clock as the chip reads it.
     pub fuzz_clock: FuzzClock,
     /// The VM's shared state (counters, stop request).
-    pub shared: Arc<VmShared>,
+    pub shared: Arc<VcpuShared>,
     /// The buses exits reach beyond the chip (empty).
     pub buses: DeviceBuses,
     /// Guest RAM.
@@ -242,7 +242,7 @@ impl FakeChip {
             .iter()
             .find(|(owner, _)| owner.is_none())
             .map(|(_, t)| t.clone());
-        let shared = Arc::new(VmShared::new(spec.cpus, Instant::now()).ok()?);
+        let shared = Arc::new(VcpuShared::new(spec.cpus, Instant::now()).ok()?);
         Some(Self {
             chip,
             clock,

@@ -40,7 +40,7 @@ use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
 use vmm::layout::IOAPIC_ADDR;
 use vmm::metrics::LapicNoise;
 use vmm::size::ByteSize;
-use vmm::state::{lock, StopReason, VmShared};
+use vmm::state::{lock, StopReason, VcpuShared};
 use vmm::vcpu::exit::{DeviceBuses, VcpuAction};
 use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 
@@ -127,7 +127,7 @@ fn sink_file() -> &'static Mutex<File> {
 }
 
 struct Fuzz<'a> {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     buses: DeviceBuses,
     console: Arc<Mutex<Console>>,
     sink: &'a File,

@@ -1,10 +1,42 @@
-//! What every thread of a running VM shares, below the irqchip and the vCPUs: the stop
-//! request and its reason, the counters, and when the guest booted.
+//! What the vCPU threads share with the VM's other threads, below the irqchip and the vCPUs:
+//! the stop request and its reason, each vCPU's counters, the device timers, and what vCPU
+//! threads record for the report ([`VcpuShared`]).
 //!
 //! The first stop request wins: a vCPU thread (guest reset, crash, lull error), the VMM thread
 //! (Ctrl-A x, a signal) or the irqchip's timer thread records why, and the VMM thread, which
 //! waits on the stop eventfd, tears the VM down. Nobody polls a flag in a loop for it: vCPU
 //! threads read it once per iteration, and blocked ones are woken by the irqchip.
+//!
+//! The state of a running VM outside the irqchip, split by who uses it (the map a snapshot
+//! follows). Threads: vCPU i, the VMM thread (`vm::event_loop`, then the report), the `central`
+//! model's timer thread, the API thread (a live report, a stop request).
+//!
+//! ```text
+//!  piece               home                  written by                read by
+//!  stop                state::VcpuShared     any thread; first wins    vCPU threads (each
+//!                                                                      iteration), timer
+//!                                                                      thread, VMM thread
+//!  vcpu_counters[i]    state::VcpuShared     vCPU i                    the report
+//!  device_timers       state::VcpuShared     vCPU threads, timer       the report (summary)
+//!                                            thread, VMM thread (fire,
+//!                                            arm, timerfds)
+//!  started, booted     state::VcpuShared     the vCPU that sees the    the report
+//!                                            boot marker
+//!  ended_threads       state::VcpuShared     each vCPU thread on its   the report
+//!                                            way out
+//!  pio, mmio, noise    vcpu::DeviceBuses     vCPU threads, only in     the report (noise)
+//!                                            the exit context
+//!  kvm_stats, nets,    vm::report::RunStats  the VM, once (disks       the report; the VMM
+//!  disk_shrink_errors                        count errors in their     thread polls the
+//!                                            own atomics)              nets' taps
+//! ```
+//!
+//! Who holds what: vCPU thread i an `Arc<VcpuShared>` (through its irqchip half too) and an
+//! `Arc<DeviceBuses>`; the timer thread and the VMM thread's loop an `Arc<VcpuShared>` (the
+//! loop also the nets); `vm::LiveVm` (the report, the API) all three; the console's failure
+//! hook a `Weak<VcpuShared>`, to request a stop. `started`, `booted` and
+//! `ended_threads` are the run's statistics, but vCPU threads write them, and the `vcpu` layer
+//! cannot name a `vm` type: they live here.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -101,8 +133,10 @@ impl StopSignal {
     }
 }
 
-/// What every vCPU thread and the VMM thread share.
-pub struct VmShared {
+/// What the vCPU threads share with the VM's other threads: the stop signal, each vCPU's exit
+/// counters, the device timers vCPUs fire and arm, and what vCPU threads record for the report
+/// (the boot marker, each ended thread's statistics). One per VM, as an `Arc`.
+pub struct VcpuShared {
     /// One set of exit counters per vCPU.
     pub vcpu_counters: Vec<Arc<VcpuCounters>>,
     /// Stop requests.
@@ -117,7 +151,7 @@ pub struct VmShared {
     pub device_timers: Arc<DeviceTimers>,
 }
 
-impl VmShared {
+impl VcpuShared {
     /// Shared state for `cpus` vCPUs.
     pub fn new(cpus: u32, started: Instant) -> std::io::Result<Self> {
         Ok(Self {

@@ -19,7 +19,7 @@ use kvm_ioctls::VcpuFd;
 use crate::boot::cpu_state::{self, EntryMode};
 use crate::cpuid;
 use crate::irqchip::VcpuIrq;
-use crate::state::VmShared;
+use crate::state::VcpuShared;
 pub use exit::DeviceBuses;
 pub use kvm_port::{InjectPath, KvmPort};
 
@@ -131,7 +131,7 @@ pub struct VcpuHandle {
 pub fn spawn(
     port: KvmPort,
     irq: Box<dyn VcpuIrq>,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     buses: Arc<DeviceBuses>,
 ) -> Result<VcpuHandle, VcpuError> {
     let id = port.id;

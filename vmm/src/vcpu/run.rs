@@ -22,7 +22,7 @@ use kvm_ioctls::VcpuExit;
 use super::exit::{handle_exit, DeviceBuses, VcpuAction};
 use super::kvm_port::KvmPort;
 use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
-use crate::state::{StopReason, VmShared};
+use crate::state::{StopReason, VcpuShared};
 use crate::sys;
 
 /// Where a vCPU is.
@@ -97,7 +97,7 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
 }
 
 /// Runs the vCPU until the VM stops, its exits reaching `buses`. The body of the vCPU's thread.
-pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VmShared, buses: &DeviceBuses) {
+pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, buses: &DeviceBuses) {
     irq.attach(&mut port);
     let mut state = VcpuState::Runnable;
     let mut exit_clock = ExitClock::default();
@@ -154,7 +154,7 @@ fn wait_for_sipi(port: &mut KvmPort, irq: &mut dyn VcpuIrq) -> Result<bool, Stop
 fn enter_guest(
     port: &mut KvmPort,
     irq: &mut dyn VcpuIrq,
-    shared: &VmShared,
+    shared: &VcpuShared,
     buses: &DeviceBuses,
     exit_clock: &mut ExitClock,
 ) -> VcpuAction {

@@ -15,14 +15,14 @@ use super::VmError;
 use crate::config::{SerialMode, VmConfig};
 use crate::console::{self, EscapeFilter};
 use crate::net_port::NetPort;
-use crate::state::{lock, StopReason, VmShared};
+use crate::state::{lock, StopReason, VcpuShared};
 use crate::sys::stop_signals;
 use crate::sys::terminal::RawTerminal;
 
 /// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
 pub struct EventLoop {
     manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     _raw_terminal: Option<RawTerminal>,
 }
 
@@ -31,7 +31,7 @@ impl EventLoop {
     /// `nets`: the virtio-net devices whose taps it watches.
     pub fn new(
         cfg: &VmConfig,
-        shared: Arc<VmShared>,
+        shared: Arc<VcpuShared>,
         nets: Vec<Arc<dyn NetPort>>,
         console: &ConsoleParts,
     ) -> Result<Self, VmError> {
@@ -73,7 +73,7 @@ impl EventLoop {
 
 /// The VMM thread's subscriber: console input, stop requests and signals.
 pub struct VmmEvents {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     /// The virtio-net devices, in `--net` order: their taps wake the loop.
     nets: Vec<Arc<dyn NetPort>>,
     console: Arc<Mutex<Console>>,

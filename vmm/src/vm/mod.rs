@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
-//!    ─► devices: console, port bus, disks, nets ─► VmShared, DeviceBuses, RunStats ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► devices: console, port bus, disks, nets ─► VcpuShared, DeviceBuses, RunStats ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
 //!
@@ -39,7 +39,7 @@ use crate::config::{IrqchipMode, VmConfig};
 use crate::device_timers::DeviceTimers;
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::metrics::RunReport;
-use crate::state::{lock, StopReason, VmShared};
+use crate::state::{lock, StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses, VcpuError};
 use guest::{GuestError, GuestImage};
 use kvm::KvmError;
@@ -124,7 +124,7 @@ pub struct RunOutcome {
 /// ([`report::live`]) and to ask it to stop.
 #[derive(Clone)]
 pub struct LiveVm {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     buses: Arc<DeviceBuses>,
     stats: Arc<RunStats>,
     chip: Arc<dyn IrqChip>,
@@ -246,7 +246,7 @@ pub fn run_observed(
         .iter()
         .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
         .collect();
-    let mut shared = VmShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
+    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
         what: "the stop eventfd",
         source,
     })?;
@@ -302,7 +302,7 @@ pub fn run_observed(
 }
 
 /// Ends the threads a failed start left running (they matter when lull lives on: the API).
-fn stop_started(shared: &VmShared, chip: &dyn IrqChip, why: &VmError) {
+fn stop_started(shared: &VcpuShared, chip: &dyn IrqChip, why: &VmError) {
     shared
         .stop
         .request(StopReason::VmmError(format!("start failed: {why}")));
@@ -313,7 +313,7 @@ fn stop_started(shared: &VmShared, chip: &dyn IrqChip, why: &VmError) {
 fn start_vcpus(
     vcpus: vcpus::CreatedVcpus,
     chip: &dyn IrqChip,
-    shared: &Arc<VmShared>,
+    shared: &Arc<VcpuShared>,
     buses: &Arc<DeviceBuses>,
 ) -> Result<(), VmError> {
     for port in vcpus.ports {

@@ -27,7 +27,7 @@ pub struct HostFacts {
 }
 
 /// What only the `vm` layer reads of a run, besides what the vCPUs share with it
-/// ([`crate::state::VmShared`]): KVM's statistics, the virtio-net devices and the disks'
+/// ([`crate::state::VcpuShared`]): KVM's statistics, the virtio-net devices and the disks'
 /// shrink errors. Built with the devices; read by the report (on the VMM thread at the end, or
 /// on the API thread while the VM runs).
 pub struct RunStats {

@@ -38,7 +38,7 @@ use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
 use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
-use crate::state::VmShared;
+use crate::state::VcpuShared;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;
@@ -70,7 +70,7 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     /// The idle manager's VM-wide state.
     pub idle: Arc<IdleShared>,
     /// Shared VM state (stop request, counters).
-    pub shared: Arc<VmShared>,
+    pub shared: Arc<VcpuShared>,
     /// Unimplemented-MSR log limiter (VM-wide).
     pub unknown_msr: Arc<LogLimiter>,
     /// Guest memory (the PV EOI flag lives there).
@@ -98,7 +98,7 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     clock: C,
     idle: Arc<IdleShared>,
     core: IdleCore,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     counters: Arc<VcpuCounters>,
     unknown_msr: Arc<LogLimiter>,
     entered: Nanos,

@@ -25,7 +25,7 @@ struct Rig {
     irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,
     router: Arc<InterruptRouter>,
     clock: FakeClock,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     port: FakePort,
     /// vCPU 0's host tick.
     tick: FakeHostTimer,
@@ -66,7 +66,7 @@ impl Rig {
             global: None,
             wake_placement: crate::idle::placement::WakePlacementMode::Off,
         });
-        let shared = Arc::new(VmShared::new(1, std::time::Instant::now()).unwrap());
+        let shared = Arc::new(VcpuShared::new(1, std::time::Instant::now()).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {
             id: 0,
             lapic,

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use devices::mmio::MmioBus;
 use devices::pio::PioBus;
 use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -24,7 +25,8 @@ use vmm::idle::halt_poll::HaltPollMode;
 use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::CpuQuotaConfig;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
-use vmm::state::VmShared;
+use vmm::state::VcpuShared;
+use vmm::vcpu::DeviceBuses;
 
 /// Size of the fake guest RAM (where PV EOI flags live).
 pub const GUEST_RAM: u64 = 0x4000;
@@ -161,8 +163,10 @@ pub struct FakeChip {
     pub clock: FakeClock,
     /// The clock as the chip reads it.
     pub fuzz_clock: FuzzClock,
-    /// The VM's shared state (counters, stop request, an empty port bus unless given one).
-    pub shared: Arc<VmShared>,
+    /// The VM's shared state (counters, stop request).
+    pub shared: Arc<VcpuShared>,
+    /// The buses exits reach beyond the chip (empty).
+    pub buses: DeviceBuses,
     /// Guest RAM.
     pub mem: Arc<GuestMemoryMmap>,
     /// vCPU i's host tick (`pull`, `push`).
@@ -238,13 +242,13 @@ impl FakeChip {
             .iter()
             .find(|(owner, _)| owner.is_none())
             .map(|(_, t)| t.clone());
-        let shared =
-            Arc::new(VmShared::new(PioBus::new(), spec.cpus, Instant::now(), vec![]).ok()?);
+        let shared = Arc::new(VcpuShared::new(spec.cpus, Instant::now()).ok()?);
         Some(Self {
             chip,
             clock,
             fuzz_clock,
             shared,
+            buses: DeviceBuses::new(PioBus::new(), MmioBus::new()),
             mem,
             ticks,
             central,

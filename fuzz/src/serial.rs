@@ -21,12 +21,12 @@ use std::fs::File;
 use std::io::{Seek, Write};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
 use arbitrary::{Arbitrary, Unstructured};
 use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORT_COUNT};
 use devices::i8042;
+use devices::mmio::MmioBus;
 use devices::port92;
 use devices::serial::{COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT};
@@ -40,8 +40,8 @@ use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
 use vmm::layout::IOAPIC_ADDR;
 use vmm::metrics::LapicNoise;
 use vmm::size::ByteSize;
-use vmm::state::{lock, StopReason, VmShared};
-use vmm::vcpu::exit::{ExitContext, VcpuAction};
+use vmm::state::{lock, StopReason, VcpuShared};
+use vmm::vcpu::exit::{DeviceBuses, VcpuAction};
 use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 
 use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
@@ -127,7 +127,8 @@ fn sink_file() -> &'static Mutex<File> {
 }
 
 struct Fuzz<'a> {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
+    buses: DeviceBuses,
     console: Arc<Mutex<Console>>,
     sink: &'a File,
     irq: UserVcpuIrq<Arc<LapicNoise>, FuzzClock>,
@@ -153,7 +154,7 @@ impl<'a> Fuzz<'a> {
             pv_eoi: false,
             pv_deadline: false,
         };
-        let mut fake = FakeChip::new(spec)?;
+        let fake = FakeChip::new(spec)?;
         let cfg = VmConfig {
             cpus: 1,
             memory: ByteSize(memory),
@@ -164,7 +165,6 @@ impl<'a> Fuzz<'a> {
         let cmos = Cmos::new(Box::new(move || clock));
         let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)
             .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));
-        fake.shared = Arc::new(VmShared::new(bus, 1, Instant::now(), vec![]).ok()?);
         let mut port = crate::chip::fake_port();
         let mut irq = fake
             .chip
@@ -173,6 +173,7 @@ impl<'a> Fuzz<'a> {
         irq.attach(&mut port);
         Some(Fuzz {
             shared: fake.shared.clone(),
+            buses: DeviceBuses::new(bus, MmioBus::new()),
             console: parts.console,
             sink,
             irq,
@@ -190,14 +191,7 @@ impl<'a> Fuzz<'a> {
                 let Some(counters) = self.shared.counters(0) else {
                     panic!("no counters for vCPU 0");
                 };
-                let ctx = ExitContext {
-                    vcpu: 0,
-                    pio: &self.shared.pio,
-                    mmio: &self.shared.mmio,
-                    counters,
-                    noise: &self.shared.noise,
-                };
-                vmm::vcpu::exit::handle_exit(exit, &ctx)
+                vmm::vcpu::exit::handle_exit(exit, &self.buses.exit_context(0, counters))
             }
         };
         self.irq.exit_done(&mut self.port);
@@ -205,7 +199,7 @@ impl<'a> Fuzz<'a> {
     }
 
     fn unknown_ports(&self) -> u64 {
-        self.shared.noise.unknown_port.count()
+        self.buses.noise.unknown_port.count()
     }
 
     fn step(&mut self, op: Op) {

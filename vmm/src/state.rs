@@ -1,23 +1,51 @@
-//! What every thread of a running VM shares, below the irqchip and the vCPUs: the stop
-//! request and its reason, the port-I/O bus, the counters, and when the guest booted.
+//! What the vCPU threads share with the VM's other threads, below the irqchip and the vCPUs:
+//! the stop request and its reason, each vCPU's counters, the device timers, and what vCPU
+//! threads record for the report ([`VcpuShared`]).
 //!
 //! The first stop request wins: a vCPU thread (guest reset, crash, lull error), the VMM thread
 //! (Ctrl-A x, a signal) or the irqchip's timer thread records why, and the VMM thread, which
 //! waits on the stop eventfd, tears the VM down. Nobody polls a flag in a loop for it: vCPU
 //! threads read it once per iteration, and blocked ones are woken by the irqchip.
+//!
+//! The state of a running VM outside the irqchip, split by who uses it (the map a snapshot
+//! follows). Threads: vCPU i, the VMM thread (`vm::event_loop`, then the report), the `central`
+//! model's timer thread, the API thread (a live report, a stop request).
+//!
+//! ```text
+//!  piece               home                  written by                read by
+//!  stop                state::VcpuShared     any thread; first wins    vCPU threads (each
+//!                                                                      iteration), timer
+//!                                                                      thread, VMM thread
+//!  vcpu_counters[i]    state::VcpuShared     vCPU i                    the report
+//!  device_timers       state::VcpuShared     vCPU threads, timer       the report (summary)
+//!                                            thread, VMM thread (fire,
+//!                                            arm, timerfds)
+//!  started, booted     state::VcpuShared     the vCPU that sees the    the report
+//!                                            boot marker
+//!  ended_threads       state::VcpuShared     each vCPU thread on its   the report
+//!                                            way out
+//!  pio, mmio, noise    vcpu::DeviceBuses     vCPU threads, only in     the report (noise)
+//!                                            the exit context
+//!  kvm_stats, nets,    vm::report::RunStats  the VM, once (disks       the report; the VMM
+//!  disk_shrink_errors                        count errors in their     thread polls the
+//!                                            own atomics)              nets' taps
+//! ```
+//!
+//! Who holds what: vCPU thread i an `Arc<VcpuShared>` (through its irqchip half too) and an
+//! `Arc<DeviceBuses>`; the timer thread and the VMM thread's loop an `Arc<VcpuShared>` (the
+//! loop also the nets); `vm::LiveVm` (the report, the API) all three; the console's failure
+//! hook a `Weak<VcpuShared>`, to request a stop. `started`, `booted` and
+//! `ended_threads` are the run's statistics, but vCPU threads write them, and the `vcpu` layer
+//! cannot name a `vm` type: they live here.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use devices::mmio::MmioBus;
-use devices::pio::PioBus;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::device_timers::DeviceTimers;
 use crate::host_stats::{self, ThreadStat};
-use crate::metrics::{GuestNoise, VcpuCounters};
-use crate::net_port::NetPort;
+use crate::metrics::VcpuCounters;
 pub use crate::sync::lock;
 
 /// Why a VM stops.
@@ -105,14 +133,10 @@ impl StopSignal {
     }
 }
 
-/// What every vCPU thread and the VMM thread share.
-pub struct VmShared {
-    /// Port I/O devices.
-    pub pio: PioBus,
-    /// MMIO devices outside the irqchip (virtio); empty until the VM puts its devices there.
-    pub mmio: MmioBus,
-    /// Ignored guest accesses.
-    pub noise: GuestNoise,
+/// What the vCPU threads share with the VM's other threads: the stop signal, each vCPU's exit
+/// counters, the device timers vCPUs fire and arm, and what vCPU threads record for the report
+/// (the boot marker, each ended thread's statistics). One per VM, as an `Arc`.
+pub struct VcpuShared {
     /// One set of exit counters per vCPU.
     pub vcpu_counters: Vec<Arc<VcpuCounters>>,
     /// Stop requests.
@@ -121,39 +145,22 @@ pub struct VmShared {
     pub started: Instant,
     /// When the guest wrote its boot-complete marker (time since `started`).
     pub booted: OnceLock<Duration>,
-    /// KVM's binary statistics of each vCPU.
-    pub kvm_stats: Vec<std::fs::File>,
     /// Statistics of threads that have ended (recorded by each thread on its way out).
     pub ended_threads: Mutex<Vec<ThreadStat>>,
     /// The refill timers of rate-limited devices; empty until the VM puts its devices there.
     pub device_timers: Arc<DeviceTimers>,
-    /// The virtio-net devices, in `--net` order: the VMM thread watches their taps.
-    pub nets: Vec<Arc<dyn NetPort>>,
-    /// Each disk's requests that failed because its image shrank under the VM.
-    pub disk_shrink_errors: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
-impl VmShared {
-    /// Shared state for `cpus` vCPUs around `pio`.
-    pub fn new(
-        pio: PioBus,
-        cpus: u32,
-        started: Instant,
-        kvm_stats: Vec<std::fs::File>,
-    ) -> std::io::Result<Self> {
+impl VcpuShared {
+    /// Shared state for `cpus` vCPUs.
+    pub fn new(cpus: u32, started: Instant) -> std::io::Result<Self> {
         Ok(Self {
-            pio,
-            mmio: MmioBus::new(),
-            noise: GuestNoise::default(),
             vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
             stop: StopSignal::new()?,
             started,
             booted: OnceLock::new(),
-            kvm_stats,
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
-            nets: Vec::new(),
-            disk_shrink_errors: Vec::new(),
         })
     }
 
@@ -171,18 +178,6 @@ impl VmShared {
     /// Records the calling thread's statistics on its way out.
     pub fn thread_ended(&self) {
         lock(&self.ended_threads).push(host_stats::current_thread_stat());
-    }
-
-    /// KVM's counters summed over all vCPUs, if KVM offers binary statistics.
-    pub fn kvm_counters(&self) -> Option<BTreeMap<String, u64>> {
-        if self.kvm_stats.is_empty() {
-            return None;
-        }
-        let mut out = BTreeMap::new();
-        for fd in &self.kvm_stats {
-            host_stats::read_kvm_stats(fd, &mut out).ok()?;
-        }
-        Some(out)
     }
 
     /// Records the guest's boot-complete marker.

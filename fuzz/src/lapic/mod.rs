@@ -81,7 +81,7 @@ use vmm::irqchip::user::vcpu::UserVcpuIrq;
 use vmm::irqchip::{ChipExit, Entry, IrqChip, VcpuIrq};
 use vmm::layout::IOAPIC_ADDR;
 use vmm::metrics::{LapicNoise, VcpuCounters};
-use vmm::vcpu::exit::{ExitContext, VcpuAction};
+use vmm::vcpu::exit::VcpuAction;
 
 use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
 use check::{highest, read_bitmap, read_reg};
@@ -703,17 +703,10 @@ impl Machine {
             Ok(ChipExit::Stop(reason)) => panic!("vCPU {i}: the irqchip stopped the VM: {reason}"),
             Err(exit) => {
                 let id = u32::try_from(i).unwrap_or(0);
-                let shared = &self.fake.shared;
-                let Some(counters) = shared.counters(id) else {
+                let Some(counters) = self.fake.shared.counters(id) else {
                     panic!("no counters for vCPU {i}");
                 };
-                let ctx = ExitContext {
-                    vcpu: id,
-                    pio: &shared.pio,
-                    mmio: &shared.mmio,
-                    counters,
-                    noise: &shared.noise,
-                };
+                let ctx = self.fake.buses.exit_context(id, counters);
                 let action = vmm::vcpu::exit::handle_exit(exit, &ctx);
                 assert_eq!(
                     action,

@@ -13,7 +13,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::{ChipExit, CpuPort, EdgeIrq, Entry, HaltEnd, IrqChip, IrqChipError, VcpuIrq};
 use crate::metrics::RunReport;
 use crate::ratelimit::LogLimiter;
-use crate::state::{lock, VmShared};
+use crate::state::{lock, VcpuShared};
 
 /// KVM's in-kernel irqchip of one VM (created with the VM).
 pub struct KernelIrqChip {
@@ -46,7 +46,7 @@ impl IrqChip for KernelIrqChip {
         "kernel"
     }
 
-    fn vcpu(&self, _id: u32, _shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
+    fn vcpu(&self, _id: u32, _shared: &Arc<VcpuShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
         Ok(Box::new(KernelVcpuIrq {
             threads: self.vcpu_threads.clone(),
         }))
@@ -70,7 +70,7 @@ impl IrqChip for KernelIrqChip {
         self.lines.clone()
     }
 
-    fn start(&self, _shared: &Arc<VmShared>) -> Result<(), IrqChipError> {
+    fn start(&self, _shared: &Arc<VcpuShared>) -> Result<(), IrqChipError> {
         Ok(())
     }
 

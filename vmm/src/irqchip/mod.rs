@@ -36,7 +36,7 @@ use kvm_ioctls::VcpuExit;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::metrics::RunReport;
-use crate::state::{StopReason, VmShared};
+use crate::state::{StopReason, VcpuShared};
 
 pub use crate::idle::halt::{Entry, HaltEnd};
 
@@ -176,13 +176,13 @@ pub trait IrqChip: Send + Sync {
     /// `kernel` or `user`.
     fn name(&self) -> &'static str;
     /// The per-vCPU half of vCPU `id` (taken once).
-    fn vcpu(&self, id: u32, shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError>;
+    fn vcpu(&self, id: u32, shared: &Arc<VcpuShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError>;
     /// An edge trigger for device line `gsi`.
     fn edge_irq(&self, gsi: u32) -> Result<EdgeIrq, IrqChipError>;
     /// Level-driven device lines (pc-testdev's IRQ ports).
     fn irq_lines(&self) -> Arc<dyn IrqLines>;
     /// Starts the chip's own threads, if any.
-    fn start(&self, shared: &Arc<VmShared>) -> Result<(), IrqChipError>;
+    fn start(&self, shared: &Arc<VcpuShared>) -> Result<(), IrqChipError>;
     /// Wakes every vCPU (and helper thread) so that it sees the stop request.
     fn kick_all(&self);
     /// Fills the chip's part of the run report.

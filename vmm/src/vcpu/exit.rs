@@ -39,6 +39,39 @@ pub struct ExitContext<'a> {
     pub noise: &'a GuestNoise,
 }
 
+/// The devices a vCPU's exits reach beyond the irqchip: built by the VM, shared by every vCPU
+/// thread and handed only into the [`ExitContext`]; the VM also reads `noise` for its report.
+pub struct DeviceBuses {
+    /// Port I/O devices.
+    pub pio: PioBus,
+    /// MMIO devices outside the irqchip (virtio).
+    pub mmio: MmioBus,
+    /// VM-wide counters of ignored guest accesses.
+    pub noise: GuestNoise,
+}
+
+impl DeviceBuses {
+    /// The buses `pio` and `mmio`, with no ignored access counted yet.
+    pub fn new(pio: PioBus, mmio: MmioBus) -> Self {
+        Self {
+            pio,
+            mmio,
+            noise: GuestNoise::default(),
+        }
+    }
+
+    /// What an exit of vCPU `vcpu`, counted in `counters`, may touch.
+    pub fn exit_context<'a>(&'a self, vcpu: u32, counters: &'a VcpuCounters) -> ExitContext<'a> {
+        ExitContext {
+            vcpu,
+            pio: &self.pio,
+            mmio: &self.mmio,
+            counters,
+            noise: &self.noise,
+        }
+    }
+}
+
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
 
@@ -140,10 +173,8 @@ mod tests {
 
     /// What an exit context borrows, owned by the test.
     struct Parts {
-        bus: PioBus,
-        mmio: MmioBus,
+        buses: DeviceBuses,
         counters: VcpuCounters,
-        noise: GuestNoise,
     }
 
     impl Parts {
@@ -151,21 +182,13 @@ mod tests {
             let mut bus = PioBus::new();
             bus.insert(0xf4, 4, Arc::new(Mutex::new(TestExit))).unwrap();
             Self {
-                bus,
-                mmio: MmioBus::new(),
+                buses: DeviceBuses::new(bus, MmioBus::new()),
                 counters: VcpuCounters::default(),
-                noise: GuestNoise::default(),
             }
         }
 
         fn ctx(&self) -> ExitContext<'_> {
-            ExitContext {
-                vcpu: 0,
-                pio: &self.bus,
-                mmio: &self.mmio,
-                counters: &self.counters,
-                noise: &self.noise,
-            }
+            self.buses.exit_context(0, &self.counters)
         }
     }
 
@@ -198,8 +221,8 @@ mod tests {
             handle_exit(VcpuExit::MmioWrite(0xd000_0000, &[1]), &ctx),
             VcpuAction::Continue
         );
-        assert_eq!(parts.noise.unknown_port.count(), 1);
-        assert_eq!(parts.noise.unknown_mmio.count(), 2);
+        assert_eq!(parts.buses.noise.unknown_port.count(), 1);
+        assert_eq!(parts.buses.noise.unknown_mmio.count(), 2);
     }
 
     #[test]

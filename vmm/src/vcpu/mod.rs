@@ -19,7 +19,8 @@ use kvm_ioctls::VcpuFd;
 use crate::boot::cpu_state::{self, EntryMode};
 use crate::cpuid;
 use crate::irqchip::VcpuIrq;
-use crate::state::VmShared;
+use crate::state::VcpuShared;
+pub use exit::DeviceBuses;
 pub use kvm_port::{InjectPath, KvmPort};
 
 const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
@@ -130,7 +131,8 @@ pub struct VcpuHandle {
 pub fn spawn(
     port: KvmPort,
     irq: Box<dyn VcpuIrq>,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
+    buses: Arc<DeviceBuses>,
 ) -> Result<VcpuHandle, VcpuError> {
     let id = port.id;
     let thread = std::thread::Builder::new()
@@ -144,7 +146,7 @@ pub fn spawn(
                 shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
                 return;
             }
-            run::run(port, irq, &shared);
+            run::run(port, irq, &shared, &buses);
         })
         .map_err(|source| VcpuError::Thread { id, source })?;
     Ok(VcpuHandle { id, thread })

@@ -19,10 +19,10 @@ use std::sync::atomic::Ordering;
 
 use kvm_ioctls::VcpuExit;
 
-use super::exit::{handle_exit, ExitContext, VcpuAction};
+use super::exit::{handle_exit, DeviceBuses, VcpuAction};
 use super::kvm_port::KvmPort;
 use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
-use crate::state::{StopReason, VmShared};
+use crate::state::{StopReason, VcpuShared};
 use crate::sys;
 
 /// Where a vCPU is.
@@ -96,8 +96,8 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
     }
 }
 
-/// Runs the vCPU until the VM stops. The body of the vCPU's thread.
-pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VmShared) {
+/// Runs the vCPU until the VM stops, its exits reaching `buses`. The body of the vCPU's thread.
+pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, buses: &DeviceBuses) {
     irq.attach(&mut port);
     let mut state = VcpuState::Runnable;
     let mut exit_clock = ExitClock::default();
@@ -110,6 +110,7 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VmShared) {
                     &mut port,
                     irq.as_mut(),
                     shared,
+                    buses,
                     &mut exit_clock,
                 )),
                 other => VcpuEvent::BeforeEntry(other),
@@ -153,7 +154,8 @@ fn wait_for_sipi(port: &mut KvmPort, irq: &mut dyn VcpuIrq) -> Result<bool, Stop
 fn enter_guest(
     port: &mut KvmPort,
     irq: &mut dyn VcpuIrq,
-    shared: &VmShared,
+    shared: &VcpuShared,
+    buses: &DeviceBuses,
     exit_clock: &mut ExitClock,
 ) -> VcpuAction {
     let id = port.id;
@@ -176,16 +178,7 @@ fn enter_guest(
         Ok(exit) => match irq.handle_exit(exit) {
             Ok(ChipExit::Continue) => VcpuAction::Continue,
             Ok(ChipExit::Stop(reason)) => VcpuAction::Stop(reason),
-            Err(exit) => {
-                let ctx = ExitContext {
-                    vcpu: id,
-                    pio: &shared.pio,
-                    mmio: &shared.mmio,
-                    counters,
-                    noise: &shared.noise,
-                };
-                handle_exit(exit, &ctx)
-            }
+            Err(exit) => handle_exit(exit, &buses.exit_context(id, counters)),
         },
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
             counters.interrupted.fetch_add(1, Ordering::Relaxed);

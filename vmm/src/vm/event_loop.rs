@@ -14,22 +14,25 @@ use super::devices::{Console, ConsoleParts};
 use super::VmError;
 use crate::config::{SerialMode, VmConfig};
 use crate::console::{self, EscapeFilter};
-use crate::state::{lock, StopReason, VmShared};
+use crate::net_port::NetPort;
+use crate::state::{lock, StopReason, VcpuShared};
 use crate::sys::stop_signals;
 use crate::sys::terminal::RawTerminal;
 
 /// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
 pub struct EventLoop {
     manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     _raw_terminal: Option<RawTerminal>,
 }
 
 impl EventLoop {
     /// The VMM thread's loop for a VM configured by `cfg`.
+    /// `nets`: the virtio-net devices whose taps it watches.
     pub fn new(
         cfg: &VmConfig,
-        shared: Arc<VmShared>,
+        shared: Arc<VcpuShared>,
+        nets: Vec<Arc<dyn NetPort>>,
         console: &ConsoleParts,
     ) -> Result<Self, VmError> {
         let host = |what| move |source| VmError::Host { what, source };
@@ -39,6 +42,7 @@ impl EventLoop {
             EventManager::new().map_err(VmError::EventLoop)?;
         manager.add_subscriber(Arc::new(Mutex::new(VmmEvents {
             shared: shared.clone(),
+            nets,
             console: console.console.clone(),
             signal,
             drained: console.drained.clone(),
@@ -69,7 +73,9 @@ impl EventLoop {
 
 /// The VMM thread's subscriber: console input, stop requests and signals.
 pub struct VmmEvents {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
+    /// The virtio-net devices, in `--net` order: their taps wake the loop.
+    nets: Vec<Arc<dyn NetPort>>,
     console: Arc<Mutex<Console>>,
     /// Written by the SIGINT/SIGTERM handler.
     signal: EventFd,
@@ -137,7 +143,7 @@ impl MutEventSubscriber for VmmEvents {
             }
         } else if fd == Self::stdin_fd() {
             self.on_stdin(ops);
-        } else if let Some(net) = self.shared.nets.iter().find(|n| n.fd() == fd) {
+        } else if let Some(net) = self.nets.iter().find(|n| n.fd() == fd) {
             net.poll_rx();
         } else if let Some((id, _)) = self.shared.device_timers.timerfds().find(|t| t.1 == fd) {
             self.shared.device_timers.on_timerfd(id);
@@ -151,7 +157,7 @@ impl MutEventSubscriber for VmmEvents {
         for (_, fd) in self.shared.device_timers.timerfds() {
             let _ = ops.add(Events::new_raw(fd, EventSet::IN));
         }
-        for net in &self.shared.nets {
+        for net in &self.nets {
             let _ = ops.add(Events::new_raw(
                 net.fd(),
                 EventSet::IN | EventSet::EDGE_TRIGGERED,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  inputs::check (guest::resolve, paths, disks, nets) ─► kvm: open, memory, VM ─► boot::load ─► vcpus::create ─► vcpus::irqchip
-//!    ─► devices: console, port bus, disks, nets ─► VmShared ─► vcpu::spawn ×N ─► event_loop::run
+//!    ─► devices: console, port bus, disks, nets ─► VcpuShared, DeviceBuses, RunStats ─► vcpu::spawn ×N ─► event_loop::run
 //!    ─► report::build
 //! ```
 //!
@@ -39,10 +39,11 @@ use crate::config::{IrqchipMode, VmConfig};
 use crate::device_timers::DeviceTimers;
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::metrics::RunReport;
-use crate::state::{lock, StopReason, VmShared};
-use crate::vcpu::{self, VcpuError};
+use crate::state::{lock, StopReason, VcpuShared};
+use crate::vcpu::{self, DeviceBuses, VcpuError};
 use guest::{GuestError, GuestImage};
 use kvm::KvmError;
+use report::RunStats;
 
 /// Why a VM could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +124,9 @@ pub struct RunOutcome {
 /// ([`report::live`]) and to ask it to stop.
 #[derive(Clone)]
 pub struct LiveVm {
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
+    buses: Arc<DeviceBuses>,
+    stats: Arc<RunStats>,
     chip: Arc<dyn IrqChip>,
     serial: Arc<SerialCounters>,
 }
@@ -243,16 +246,18 @@ pub fn run_observed(
         .iter()
         .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
         .collect();
-    let mut shared =
-        VmShared::new(pio, cfg.cpus, started, kvm_stats).map_err(|source| VmError::Host {
-            what: "the stop eventfd",
-            source,
-        })?;
-    shared.mmio = disks.bus;
+    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
+        what: "the stop eventfd",
+        source,
+    })?;
     shared.device_timers = device_timers;
-    shared.nets = nets.ports;
-    shared.disk_shrink_errors = std::mem::take(&mut disks.shrink_errors);
     let shared = Arc::new(shared);
+    let buses = Arc::new(DeviceBuses::new(pio, disks.bus));
+    let stats = Arc::new(RunStats {
+        kvm_stats,
+        nets: nets.ports,
+        disk_shrink_errors: std::mem::take(&mut disks.shrink_errors),
+    });
     if let Some(hook) = sink_failure {
         let vm = Arc::downgrade(&shared);
         let _ = hook.set(Box::new(move |why| {
@@ -261,27 +266,30 @@ pub fn run_observed(
             }
         }));
     }
-    let events = event_loop::EventLoop::new(cfg, shared.clone(), &console)?;
+    let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
-    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared)
+    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {
         stop_started(&shared, chip.as_ref(), &e);
         return Err(e);
     }
-    on_running(LiveVm {
+    let live = LiveVm {
         shared: shared.clone(),
+        buses,
+        stats,
         chip: chip.clone(),
-        serial: serial_counters.clone(),
-    });
+        serial: serial_counters,
+    };
+    on_running(live.clone());
     let reason = events.run().inspect_err(|e| {
         stop_started(&shared, chip.as_ref(), e);
         disks::sync(&disks.files);
     })?;
-    let host = report::host_facts(&shared);
+    let host = report::host_facts(&live);
     chip.kick_all();
     disks::sync(&disks.files);
-    let shrunk = disks::shrink_error_total(&shared.disk_shrink_errors);
+    let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
     if shrunk > 0 {
         tracing::warn!(
             "{shrunk} disk request(s) failed because a disk image shrank under the VM (the guest \
@@ -289,27 +297,28 @@ pub fn run_observed(
         );
     }
     let _ = lock(&console.console).flush();
-    let report = report::build(&reason, &shared, chip.as_ref(), &serial_counters, host);
+    let report = report::build(&reason, &live, host);
     Ok(RunOutcome { reason, report })
 }
 
 /// Ends the threads a failed start left running (they matter when lull lives on: the API).
-fn stop_started(shared: &VmShared, chip: &dyn IrqChip, why: &VmError) {
+fn stop_started(shared: &VcpuShared, chip: &dyn IrqChip, why: &VmError) {
     shared
         .stop
         .request(StopReason::VmmError(format!("start failed: {why}")));
     chip.kick_all();
 }
 
-/// Starts one thread per vCPU with its part of the irqchip.
+/// Starts one thread per vCPU with its part of the irqchip; its exits reach `buses`.
 fn start_vcpus(
     vcpus: vcpus::CreatedVcpus,
     chip: &dyn IrqChip,
-    shared: &Arc<VmShared>,
+    shared: &Arc<VcpuShared>,
+    buses: &Arc<DeviceBuses>,
 ) -> Result<(), VmError> {
     for port in vcpus.ports {
         let irq = chip.vcpu(port.id, shared)?;
-        vcpu::spawn(port, irq, shared.clone())?;
+        vcpu::spawn(port, irq, shared.clone(), buses.clone())?;
     }
     Ok(())
 }

@@ -1,16 +1,16 @@
 //! The `--metrics` report of a finished run: what the VM's shared state counted, plus the
-//! irqchip's own part ([`IrqChip::report`]); the same report of a running VM ([`live`]); and
-//! writing it as JSON.
+//! irqchip's own part ([`crate::irqchip::IrqChip::report`]); the same report of a running VM
+//! ([`live`]); and writing it as JSON.
 
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use devices::serial::SerialCounters;
-
-use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
-use crate::state::{lock, StopReason, VmShared};
+use crate::net_port::NetPort;
+use crate::state::{lock, StopReason};
 use crate::vm::LiveVm;
 
 /// The `stop_reason` of a report taken while the VM runs.
@@ -21,59 +21,69 @@ pub struct HostFacts {
     /// Each lull thread's wake-ups and CPU time.
     pub threads: Vec<crate::host_stats::ThreadStat>,
     /// KVM's own counters.
-    pub kvm: Option<std::collections::BTreeMap<String, u64>>,
+    pub kvm: Option<BTreeMap<String, u64>>,
     /// Bytes of lull's own code on 2 MiB pages.
     pub text_on_huge_pages: u64,
 }
 
-/// Reads the host's view of the run (call before the vCPU threads are stopped).
-pub fn host_facts(shared: &VmShared) -> HostFacts {
+/// What only the `vm` layer reads of a run, besides what the vCPUs share with it
+/// ([`crate::state::VcpuShared`]): KVM's statistics, the virtio-net devices and the disks'
+/// shrink errors. Built with the devices; read by the report (on the VMM thread at the end, or
+/// on the API thread while the VM runs).
+pub struct RunStats {
+    /// KVM's binary statistics of each vCPU.
+    pub kvm_stats: Vec<std::fs::File>,
+    /// The virtio-net devices, in `--net` order (the VMM thread also watches their taps).
+    pub nets: Vec<Arc<dyn NetPort>>,
+    /// Each disk's requests that failed because its image shrank under the VM.
+    pub disk_shrink_errors: Vec<Arc<AtomicU64>>,
+}
+
+impl RunStats {
+    /// KVM's counters summed over all vCPUs, if KVM offers binary statistics.
+    pub fn kvm_counters(&self) -> Option<BTreeMap<String, u64>> {
+        if self.kvm_stats.is_empty() {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        for fd in &self.kvm_stats {
+            crate::host_stats::read_kvm_stats(fd, &mut out).ok()?;
+        }
+        Some(out)
+    }
+}
+
+/// Reads the host's view of the run of `vm` (call before the vCPU threads are stopped).
+pub fn host_facts(vm: &LiveVm) -> HostFacts {
     HostFacts {
-        threads: crate::host_stats::thread_stats(&lock(&shared.ended_threads)),
-        kvm: shared.kvm_counters(),
+        threads: crate::host_stats::thread_stats(&lock(&vm.shared.ended_threads)),
+        kvm: vm.stats.kvm_counters(),
         text_on_huge_pages: crate::sys::huge_text::own_text_on_huge_pages(),
     }
 }
 
-/// The report of a run that ended for `reason`.
-pub fn build(
-    reason: &StopReason,
-    shared: &VmShared,
-    chip: &dyn IrqChip,
-    serial: &SerialCounters,
-    host: HostFacts,
-) -> RunReport {
-    assemble(reason.to_string(), shared, chip, serial, host)
+/// The report of a run of `vm` that ended for `reason`.
+pub fn build(reason: &StopReason, vm: &LiveVm, host: HostFacts) -> RunReport {
+    assemble(reason.to_string(), vm, host)
 }
 
 /// The report of a VM that is still running: its counters so far, KVM's counters, and the
 /// threads that already ended (none, usually).
 pub fn live(vm: &LiveVm) -> RunReport {
-    let host = host_facts(&vm.shared);
-    assemble(
-        RUNNING.to_string(),
-        &vm.shared,
-        vm.chip.as_ref(),
-        &vm.serial,
-        host,
-    )
+    let host = host_facts(vm);
+    assemble(RUNNING.to_string(), vm, host)
 }
 
-fn assemble(
-    stop_reason: String,
-    shared: &VmShared,
-    chip: &dyn IrqChip,
-    serial: &SerialCounters,
-    host: HostFacts,
-) -> RunReport {
+fn assemble(stop_reason: String, vm: &LiveVm, host: HostFacts) -> RunReport {
+    let (shared, chip, serial) = (&vm.shared, vm.chip.as_ref(), &vm.serial);
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let mut report = RunReport {
         stop_reason,
         run_time_ms: ms(shared.started.elapsed()),
         boot_time_ms: shared.booted.get().map(|d| ms(*d)),
         serial_bytes_out: serial.bytes_out.load(Ordering::Relaxed),
-        unknown_port_accesses: shared.noise.unknown_port.count(),
-        unknown_mmio_accesses: shared.noise.unknown_mmio.count(),
+        unknown_port_accesses: vm.buses.noise.unknown_port.count(),
+        unknown_mmio_accesses: vm.buses.noise.unknown_mmio.count(),
         irqchip: chip.name().to_string(),
         vcpus: (0u32..)
             .zip(&shared.vcpu_counters)
@@ -83,8 +93,8 @@ fn assemble(
         kvm: host.kvm,
         text_on_huge_pages_bytes: host.text_on_huge_pages,
         device_timers: shared.device_timers.summary(),
-        nets: shared.nets.iter().map(|n| n.report()).collect(),
-        disk_shrunk_image_errors: super::disks::shrink_error_total(&shared.disk_shrink_errors),
+        nets: vm.stats.nets.iter().map(|n| n.report()).collect(),
+        disk_shrunk_image_errors: super::disks::shrink_error_total(&vm.stats.disk_shrink_errors),
         ..RunReport::default()
     };
     chip.report(&mut report);

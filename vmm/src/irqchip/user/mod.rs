@@ -59,7 +59,7 @@ use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
 use crate::ratelimit::LogLimiter;
-use crate::state::{lock, StopReason, VmShared};
+use crate::state::{lock, StopReason, VcpuShared};
 use guest_tsc::{sample_guest_tsc, tsc_map};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
@@ -273,7 +273,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     pub fn user_vcpu(
         &self,
         id: u32,
-        shared: &Arc<VmShared>,
+        shared: &Arc<VcpuShared>,
     ) -> Result<UserVcpuIrq<Arc<LapicNoise>, C>, IrqChipError> {
         let taken = usize::try_from(id)
             .ok()
@@ -304,7 +304,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
     }
 
     /// The central model's timer thread: expires every timer at the timerfd's deadline.
-    fn central_thread(&self, fd: Arc<SharedTimerFd>, shared: Arc<VmShared>) -> impl FnOnce() {
+    fn central_thread(&self, fd: Arc<SharedTimerFd>, shared: Arc<VcpuShared>) -> impl FnOnce() {
         let model = self.model.clone();
         let router = self.router.clone();
         let clock = self.clock.clone();
@@ -383,7 +383,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         "user"
     }
 
-    fn vcpu(&self, id: u32, shared: &Arc<VmShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
+    fn vcpu(&self, id: u32, shared: &Arc<VcpuShared>) -> Result<Box<dyn VcpuIrq>, IrqChipError> {
         Ok(Box::new(self.user_vcpu(id, shared)?))
     }
 
@@ -398,7 +398,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         Arc::new(router::UserIrqLines(self.router.clone()))
     }
 
-    fn start(&self, shared: &Arc<VmShared>) -> Result<(), IrqChipError> {
+    fn start(&self, shared: &Arc<VcpuShared>) -> Result<(), IrqChipError> {
         if let Some(fd) = &self.central {
             std::thread::Builder::new()
                 .name("timers".into())

@@ -36,7 +36,7 @@ use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
 use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
-use crate::state::VmShared;
+use crate::state::VcpuShared;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;
@@ -56,7 +56,7 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     /// The idle manager's VM-wide state.
     pub idle: Arc<IdleShared>,
     /// Shared VM state (stop request, counters).
-    pub shared: Arc<VmShared>,
+    pub shared: Arc<VcpuShared>,
     /// Unimplemented-MSR log limiter (VM-wide).
     pub unknown_msr: Arc<LogLimiter>,
     /// Guest memory (the PV EOI flag lives there).
@@ -92,7 +92,7 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     clock: C,
     /// The idle manager's VM-wide state (the chip runs its global-timer load).
     idle: Arc<IdleShared>,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     counters: Arc<VcpuCounters>,
     unknown_msr: Arc<LogLimiter>,
     effects: Option<LapicEffects>,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use devices::ioapic::IoApic;
 use devices::lapic::{Ipi, LapicConfig, NoopLapicEvents};
-use devices::pio::PioBus;
 use proptest::prelude::*;
 use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
 
@@ -20,7 +19,7 @@ struct Rig {
     irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,
     router: Arc<InterruptRouter>,
     clock: FakeClock,
-    shared: Arc<VmShared>,
+    shared: Arc<VcpuShared>,
     port: FakePort,
     /// vCPU 0's host tick.
     tick: FakeHostTimer,
@@ -61,8 +60,7 @@ impl Rig {
             global: None,
             wake_placement: crate::idle::placement::WakePlacementMode::Off,
         });
-        let shared =
-            Arc::new(VmShared::new(PioBus::new(), 1, std::time::Instant::now(), vec![]).unwrap());
+        let shared = Arc::new(VcpuShared::new(1, std::time::Instant::now()).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {
             id: 0,
             lapic,

@@ -260,28 +260,33 @@ impl Plan<'_> {
     }
 }
 
-fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
-    let cpus = plan.args.cpus;
-    let vcpus = n * cpus;
-    let mut lateness = Histogram::default();
-    let mut ipi = Histogram::default();
-    let mut events = 0;
-    let mut early = 0;
-    let mut ok = 0;
-    let mut failures = Vec::new();
-    let mut metrics = MetricsSum::default();
+/// What the VMs of one run reported: the guests' histograms and counts, who passed, who
+/// failed and why, and lull's metrics summed.
+#[derive(Default)]
+struct Reported {
+    lateness: Histogram,
+    ipi: Histogram,
+    events: u64,
+    early: u64,
+    ok: u32,
+    failures: Vec<String>,
+    metrics: MetricsSum,
+}
+
+fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
+    let mut r = Reported::default();
     for (i, vm) in run.vms.iter().enumerate() {
         let g = parse_idle_sim(&vm.console);
-        lateness.merge(&g.lateness);
-        ipi.merge(&g.ipi);
-        events += g.events;
-        early += g.early;
+        r.lateness.merge(&g.lateness);
+        r.ipi.merge(&g.ipi);
+        r.events += g.events;
+        r.early += g.early;
         if vm.code == Some(1) && g.passed {
-            ok += 1;
+            r.ok += 1;
         } else {
             let last = vm.console.lines().last().unwrap_or("").trim();
             let err = vm.stderr.lines().last().unwrap_or("").trim();
-            failures.push(format!(
+            r.failures.push(format!(
                 "vm{i}: status {:?}, console {last:?}, stderr {err:?}",
                 vm.code
             ));
@@ -289,10 +294,25 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         if !mode.is_qemu() {
             let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
             if let Some(m) = read_metrics(&path) {
-                metrics.add(&m);
+                r.metrics.add(&m);
             }
         }
     }
+    r
+}
+
+fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
+    let cpus = plan.args.cpus;
+    let vcpus = n * cpus;
+    let Reported {
+        lateness,
+        ipi,
+        events,
+        early,
+        ok,
+        failures,
+        metrics,
+    } = read_vms(plan, mode, n, run);
     let w = &run.window;
     let per_vcpu_s = |x: u64| {
         if w.seconds > 0.0 {
@@ -432,24 +452,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         global_timers: args.global_timers.as_deref().filter(|_| has_global),
         work: work_dir(args.common.work_dir.as_ref())?,
     };
-    let mut report = DensityReport {
-        schema: DENSITY_SCHEMA.into(),
-        host: host::host_info(),
-        params: DensityParams {
-            vms: args.vms.clone(),
-            cpus_per_vm: args.cpus,
-            guest: plan.guest.display().to_string(),
-            guest_cmdline: plan.cmdline.clone(),
-            duration_s: duration.as_secs_f64(),
-            memory_mib: args.memory_bytes() >> 20,
-            modes: modes.iter().map(|m| m.name().to_string()).collect(),
-            global_timers: args.global_timers.clone(),
-            global_timers_applied: plan.global_timers.is_some(),
-            linux: None,
-        },
-        results: Vec::new(),
-        skipped,
-    };
+    let mut report = empty_report(&plan, &modes, skipped);
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(
         "density: {} x {} vCPUs, guest {} ({}), {:?} per run",
@@ -463,28 +466,8 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let mut all_ok = true;
     for &n in &args.vms {
         for &mode in &modes {
-            let label = format!("{} N={n}", mode.name());
-            eprintln!("bench: {label}: starting {n} VM(s)");
-            let specs = (0..n).map(|i| plan.spec(mode, n, i)).collect();
-            let watch = Watch {
-                boot_marker: format!("{}: ", guest_stem(&plan.guest)),
-                end_markers: vec![format!("{}: cpu 0: ", guest_stem(&plan.guest))],
-                guest_bytes: args.memory_bytes(),
-                deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
-                settle: Duration::from_secs(1),
-                planned: None,
-                stagger: false,
-                label,
-                // The guests' run plus a boot of about a second.
-                expected: duration + Duration::from_secs(2),
-            };
-            let run = fleet::run(specs, &watch)?;
-            let r = row(&plan, mode, n, &run, duration);
+            let r = run_mode(&plan, mode, n)?;
             all_ok &= r.failures.is_empty();
-            println!("{}", report::density_line(&r));
-            for f in &r.failures {
-                println!("  {} N={n} failed: {f}", mode.name());
-            }
             report.results.push(r);
             if let Some(path) = &args.common.json {
                 report::write_json(path, &report)?;
@@ -493,6 +476,56 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     }
     finish(&report, args.plot.as_ref())?;
     Ok(all_ok)
+}
+
+/// The report before its first row: host, parameters, the modes left out.
+fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
+    let args = plan.args;
+    DensityReport {
+        schema: DENSITY_SCHEMA.into(),
+        host: host::host_info(),
+        params: DensityParams {
+            vms: args.vms.clone(),
+            cpus_per_vm: args.cpus,
+            guest: plan.guest.display().to_string(),
+            guest_cmdline: plan.cmdline.clone(),
+            duration_s: args.duration.as_secs_f64(),
+            memory_mib: args.memory_bytes() >> 20,
+            modes: modes.iter().map(|m| m.name().to_string()).collect(),
+            global_timers: args.global_timers.clone(),
+            global_timers_applied: plan.global_timers.is_some(),
+            linux: None,
+        },
+        results: Vec::new(),
+        skipped,
+    }
+}
+
+/// Runs `n` VMs in `mode`, prints their row (and why it failed, if it did).
+fn run_mode(plan: &Plan, mode: Mode, n: u32) -> Result<DensityRow, BenchError> {
+    let duration = plan.args.duration;
+    let label = format!("{} N={n}", mode.name());
+    eprintln!("bench: {label}: starting {n} VM(s)");
+    let specs = (0..n).map(|i| plan.spec(mode, n, i)).collect();
+    let watch = Watch {
+        boot_marker: format!("{}: ", guest_stem(&plan.guest)),
+        end_markers: vec![format!("{}: cpu 0: ", guest_stem(&plan.guest))],
+        guest_bytes: plan.args.memory_bytes(),
+        deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
+        settle: Duration::from_secs(1),
+        planned: None,
+        stagger: false,
+        label,
+        // The guests' run plus a boot of about a second.
+        expected: duration + Duration::from_secs(2),
+    };
+    let run = fleet::run(specs, &watch)?;
+    let r = row(plan, mode, n, &run, duration);
+    println!("{}", report::density_line(&r));
+    for f in &r.failures {
+        println!("  {} N={n} failed: {f}", mode.name());
+    }
+    Ok(r)
 }
 
 /// After the last row: the modes left out, the `pull / kernel` ratios, the plot.

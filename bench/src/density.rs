@@ -11,7 +11,9 @@ use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
-use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
+use super::report::{
+    self, DensityParams, DensityReport, DensityRow, LinuxParams, SkippedMode, DENSITY_SCHEMA,
+};
 use super::units::{parse_duration, parse_size};
 use super::{host, plot, qemu};
 
@@ -452,7 +454,15 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         global_timers: args.global_timers.as_deref().filter(|_| has_global),
         work: work_dir(args.common.work_dir.as_ref())?,
     };
-    let mut report = empty_report(&plan, &modes, skipped);
+    let mut report = empty_report(
+        args,
+        plan.guest.display().to_string(),
+        plan.cmdline.clone(),
+        &modes,
+        plan.global_timers.is_some(),
+        None,
+        skipped,
+    );
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(
         "density: {} x {} vCPUs, guest {} ({}), {:?} per run",
@@ -478,23 +488,31 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// The report before its first row: host, parameters, the modes left out.
-fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
-    let args = plan.args;
+/// The report before its first row: host, parameters, the modes left out. Both guests'
+/// experiments start from it (`linux`: the Linux-only parameters).
+pub(crate) fn empty_report(
+    args: &DensityArgs,
+    guest: String,
+    guest_cmdline: String,
+    modes: &[Mode],
+    global_timers_applied: bool,
+    linux: Option<LinuxParams>,
+    skipped: Vec<SkippedMode>,
+) -> DensityReport {
     DensityReport {
         schema: DENSITY_SCHEMA.into(),
         host: host::host_info(),
         params: DensityParams {
             vms: args.vms.clone(),
             cpus_per_vm: args.cpus,
-            guest: plan.guest.display().to_string(),
-            guest_cmdline: plan.cmdline.clone(),
+            guest,
+            guest_cmdline,
             duration_s: args.duration.as_secs_f64(),
             memory_mib: args.memory_bytes() >> 20,
             modes: modes.iter().map(|m| m.name().to_string()).collect(),
             global_timers: args.global_timers.clone(),
-            global_timers_applied: plan.global_timers.is_some(),
-            linux: None,
+            global_timers_applied,
+            linux,
         },
         results: Vec::new(),
         skipped,

@@ -7,15 +7,16 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
+use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
-use super::report::{
-    self, DensityParams, DensityReport, DensityRow, LinuxParams, SkippedMode, DENSITY_SCHEMA,
-};
+use super::power::{PowerWindow, Reading};
+use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
+use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
-use super::{host, plot, qemu};
+use super::{host, max_vms, plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -147,6 +148,22 @@ pub struct DensityArgs {
     /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
     #[arg(long, value_name = "PATH")]
     pub from_json: Option<PathBuf>,
+    /// An external power meter: `sh -c CMD` runs once a second during the baseline and every
+    /// window and prints the host's power in watts (a wall meter, a PDU; IPMI DCMI:
+    /// `ipmitool dcmi power reading`); its samples are integrated over each window.
+    #[arg(long, value_name = "CMD")]
+    pub power_meter: Option<String>,
+    /// Instead of --vms: find per mode the most VMs, up to CAP, whose window meets every
+    /// bound of --slo (doubling from 1 VM, then bisection; each step is a run of --duration),
+    /// stopping before the host's memory runs out.
+    #[arg(long, value_name = "CAP")]
+    pub max_vms: Option<u32>,
+    /// --max-vms: the bounds a window must meet, comma-separated: `lateness_p99=DURATION`
+    /// (guest timer lateness), `host_busy=PERCENT%` (CPU of every VMM over the window, share
+    /// of the host's CPUs), `ipi_p99=DURATION` (IPI wake-up latency, off unless given). No VM
+    /// may fail, always.
+    #[arg(long, default_value = "lateness_p99=2ms,host_busy=90%", value_parser = super::slo::parse)]
+    pub slo: Slo,
 }
 
 /// The `--guest` that selects the kit's Linux.
@@ -228,8 +245,10 @@ impl DensityArgs {
     }
 }
 
-struct Plan<'a> {
-    args: &'a DensityArgs,
+/// What every run of the experiment shares: the request, the binaries, the logs.
+pub(crate) struct Plan<'a> {
+    /// The request.
+    pub args: &'a DensityArgs,
     lull: PathBuf,
     guest: PathBuf,
     cmdline: String,
@@ -362,6 +381,7 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
         failures,
         linux: None,
+        power: None,
     }
 }
 
@@ -426,43 +446,17 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
 }
 
 /// Runs the density experiment (or, with `--from-json`, shows an earlier run of either
-/// guest); `Ok(false)` if some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
+/// guest; with `--max-vms`, searches the most VMs per mode in max_vms.rs); `Ok(false)` if
+/// some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
-    let duration = args.duration;
-    let lull = lull_binary(args.common.lull.as_ref())?;
-    let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
-    let (modes, skipped) = modes(args)?;
-    let has_global = lull_has_flag(&lull, "--global-timers");
-    if args.global_timers.is_some() && !has_global {
-        eprintln!(
-            "bench: {} has no --global-timers yet: running without it",
-            lull.display()
-        );
+    let (plan, modes, skipped) = Plan::new(args)?;
+    if let Some(cap) = args.max_vms {
+        return max_vms::run(&plan, &modes, skipped, cap);
     }
-    let duration_ms = duration.as_millis();
-    let cmdline = format!("duration_ms={duration_ms} {}", args.guest_args)
-        .trim()
-        .to_string();
-    let plan = Plan {
-        args,
-        lull,
-        guest,
-        cmdline,
-        global_timers: args.global_timers.as_deref().filter(|_| has_global),
-        work: work_dir(args.common.work_dir.as_ref())?,
-    };
-    let mut report = empty_report(
-        args,
-        plan.guest.display().to_string(),
-        plan.cmdline.clone(),
-        &modes,
-        plan.global_timers.is_some(),
-        None,
-        skipped,
-    );
+    let mut report = plan.empty_report(&modes, skipped);
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(
         "density: {} x {} vCPUs, guest {} ({}), {:?} per run",
@@ -470,14 +464,20 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         args.cpus,
         args.guest,
         plan.cmdline,
-        duration
+        args.duration
     );
     println!("{}", report::density_header());
+    let baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    report.power_baseline = Some(baseline.clone());
     let mut all_ok = true;
     for &n in &args.vms {
         for &mode in &modes {
-            let r = run_mode(&plan, mode, n)?;
+            let r = plan.measure(mode, n, &baseline)?;
             all_ok &= r.failures.is_empty();
+            println!("{}", report::density_line(&r));
+            for f in &r.failures {
+                println!("  {} N={n} failed: {f}", mode.name());
+            }
             report.results.push(r);
             if let Some(path) = &args.common.json {
                 report::write_json(path, &report)?;
@@ -488,66 +488,107 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
-/// The report before its first row: host, parameters, the modes left out. Both guests'
-/// experiments start from it (`linux`: the Linux-only parameters).
-pub(crate) fn empty_report(
-    args: &DensityArgs,
-    guest: String,
-    guest_cmdline: String,
-    modes: &[Mode],
-    global_timers_applied: bool,
-    linux: Option<LinuxParams>,
-    skipped: Vec<SkippedMode>,
-) -> DensityReport {
-    DensityReport {
-        schema: DENSITY_SCHEMA.into(),
-        host: host::host_info(),
-        params: DensityParams {
-            vms: args.vms.clone(),
-            cpus_per_vm: args.cpus,
+impl<'a> Plan<'a> {
+    /// The plan of `args`, the modes to run and the ones left out.
+    pub(crate) fn new(
+        args: &'a DensityArgs,
+    ) -> Result<(Plan<'a>, Vec<Mode>, Vec<SkippedMode>), BenchError> {
+        let lull = lull_binary(args.common.lull.as_ref())?;
+        let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
+        let (modes, skipped) = modes(args)?;
+        let has_global = lull_has_flag(&lull, "--global-timers");
+        if args.global_timers.is_some() && !has_global {
+            eprintln!(
+                "bench: {} has no --global-timers yet: running without it",
+                lull.display()
+            );
+        }
+        let duration_ms = args.duration.as_millis();
+        let cmdline = format!("duration_ms={duration_ms} {}", args.guest_args)
+            .trim()
+            .to_string();
+        let plan = Plan {
+            args,
+            lull,
             guest,
-            guest_cmdline,
-            duration_s: args.duration.as_secs_f64(),
-            memory_mib: args.memory_bytes() >> 20,
-            modes: modes.iter().map(|m| m.name().to_string()).collect(),
-            global_timers: args.global_timers.clone(),
-            global_timers_applied,
-            linux,
-        },
-        results: Vec::new(),
-        skipped,
+            cmdline,
+            global_timers: args.global_timers.as_deref().filter(|_| has_global),
+            work: work_dir(args.common.work_dir.as_ref())?,
+        };
+        Ok((plan, modes, skipped))
     }
-}
 
-/// Runs `n` VMs in `mode`, prints their row (and why it failed, if it did).
-fn run_mode(plan: &Plan, mode: Mode, n: u32) -> Result<DensityRow, BenchError> {
-    let duration = plan.args.duration;
-    let label = format!("{} N={n}", mode.name());
-    eprintln!("bench: {label}: starting {n} VM(s)");
-    let specs = (0..n).map(|i| plan.spec(mode, n, i)).collect();
-    let watch = Watch {
-        boot_marker: format!("{}: ", guest_stem(&plan.guest)),
-        end_markers: vec![format!("{}: cpu 0: ", guest_stem(&plan.guest))],
-        guest_bytes: plan.args.memory_bytes(),
-        deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
-        settle: Duration::from_secs(1),
-        planned: None,
-        stagger: false,
-        label,
-        // The guests' run plus a boot of about a second.
-        expected: duration + Duration::from_secs(2),
-    };
-    let run = fleet::run(specs, &watch)?;
-    let r = row(plan, mode, n, &run, duration);
-    println!("{}", report::density_line(&r));
-    for f in &r.failures {
-        println!("  {} N={n} failed: {f}", mode.name());
+    /// The report before its first row.
+    pub(crate) fn empty_report(&self, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
+        let args = self.args;
+        DensityReport {
+            schema: DENSITY_SCHEMA.into(),
+            host: host::host_info(),
+            params: DensityParams {
+                vms: args.vms.clone(),
+                cpus_per_vm: args.cpus,
+                guest: self.guest.display().to_string(),
+                guest_cmdline: self.cmdline.clone(),
+                duration_s: args.duration.as_secs_f64(),
+                memory_mib: args.memory_bytes() >> 20,
+                modes: modes.iter().map(|m| m.name().to_string()).collect(),
+                global_timers: args.global_timers.clone(),
+                global_timers_applied: self.global_timers.is_some(),
+                linux: None,
+                power_meter: args.power_meter.clone(),
+            },
+            results: Vec::new(),
+            skipped,
+            power_baseline: None,
+        }
     }
-    Ok(r)
+
+    /// Runs `n` VMs in `mode` and measures them (power against `baseline`).
+    pub(crate) fn measure(
+        &self,
+        mode: Mode,
+        n: u32,
+        baseline: &Reading<PowerWindow>,
+    ) -> Result<DensityRow, BenchError> {
+        let args = self.args;
+        let duration = args.duration;
+        let label = format!("{} N={n}", mode.name());
+        eprintln!("bench: {label}: starting {n} VM(s)");
+        let specs = (0..n).map(|i| self.spec(mode, n, i)).collect();
+        let watch = Watch {
+            boot_marker: format!("{}: ", guest_stem(&self.guest)),
+            end_markers: vec![format!("{}: cpu 0: ", guest_stem(&self.guest))],
+            guest_bytes: args.memory_bytes(),
+            deadline: duration + Duration::from_secs(60 + 3 * u64::from(n)),
+            settle: Duration::from_secs(1),
+            planned: None,
+            stagger: false,
+            label,
+            // The guests' run plus a boot of about a second.
+            expected: duration + Duration::from_secs(2),
+        };
+        let sampler = density_power::Sampler::start(
+            density_power::period(duration),
+            args.power_meter.as_deref(),
+        );
+        let run = fleet::run(specs, &watch);
+        let samples = sampler.stop();
+        let run = run?;
+        let mut r = row(self, mode, n, &run, duration);
+        r.power = Some(density_power::row_power(
+            &r,
+            samples.window(run.window.span),
+            baseline,
+        ));
+        Ok(r)
+    }
 }
 
 /// After the last row: the modes left out, the `pull / kernel` ratios, the plot.
 pub(crate) fn finish(report: &DensityReport, plot: Option<&PathBuf>) -> Result<(), BenchError> {
+    for line in density_power::notes(report) {
+        println!("{line}");
+    }
     for s in &report.skipped {
         println!("{} skipped: {}", s.mode, s.reason);
     }

@@ -72,6 +72,8 @@ pub struct Window {
     pub seconds: f64,
     /// Sum of the deltas of every process.
     pub delta: ProcSample,
+    /// When it opened and closed (`None` if no window was found).
+    pub span: Option<(Instant, Instant)>,
 }
 
 /// The result of a fleet run.
@@ -494,6 +496,7 @@ fn window_of(phase: Phase) -> Window {
                     nonvoluntary: b.nonvoluntary.saturating_sub(a.nonvoluntary),
                     rss_kib: b.rss_kib,
                 },
+                span: Some((t0, t1)),
             }
         }
         _ => Window::default(),

@@ -26,15 +26,20 @@ use std::time::Duration;
 
 use super::common::{lull_binary, lull_has_flag, work_dir};
 use super::density::{self, DensityArgs, Launch, Mode, Workload};
+use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
-use super::qemu;
-use super::report::{self, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode};
+use super::power::{PowerWindow, Reading};
+use super::report::{
+    self, DensityParams, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode,
+    DENSITY_SCHEMA,
+};
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload};
 use super::workload_rates::GuestRates;
+use super::{host, qemu};
 
 /// The window opens this long after the last VM started its workload.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -311,6 +316,7 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
         failures,
         linux: Some(linux_row(&r, &boot_ms, note)),
+        power: None,
     }
 }
 
@@ -392,6 +398,8 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         args.duration
     );
     println!("{}", report::linux_header());
+    let baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    report.power_baseline = Some(baseline.clone());
     let mut all_ok = true;
     for &n in &args.vms {
         for &workload in &args.workload {
@@ -402,7 +410,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                     n,
                     rule: window_rule(args, n),
                 };
-                let r = run_experiment(&plan, &e)?;
+                let r = run_experiment(&plan, &e, &baseline)?;
                 all_ok &= r.failures.is_empty();
                 report.results.push(r);
                 if let Some(path) = &args.common.json {
@@ -430,30 +438,44 @@ fn window_rule(args: &DensityArgs, n: u32) -> WindowRule {
 /// out.
 fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
     let args = plan.args;
-    let linux = LinuxParams {
-        workloads: args.workload.iter().map(|w| w.name().to_string()).collect(),
-        window_s: args.duration.as_secs_f64(),
-        boot_spread_s: args
-            .vms
-            .iter()
-            .map(|&n| (n, boot_spread(args, n).as_secs_f64()))
-            .collect(),
-        settle_s: SETTLE.as_secs_f64(),
-        margin_s: MARGIN.as_secs_f64(),
-    };
-    density::empty_report(
-        args,
-        plan.kernel.display().to_string(),
-        plan.cmdline_of("WORKLOAD", "S"),
-        modes,
-        plan.global_timers.is_some(),
-        Some(linux),
+    DensityReport {
+        schema: DENSITY_SCHEMA.into(),
+        host: host::host_info(),
+        params: DensityParams {
+            vms: args.vms.clone(),
+            cpus_per_vm: args.cpus,
+            guest: plan.kernel.display().to_string(),
+            guest_cmdline: plan.cmdline_of("WORKLOAD", "S"),
+            duration_s: args.duration.as_secs_f64(),
+            memory_mib: args.memory_bytes() >> 20,
+            modes: modes.iter().map(|m| m.name().to_string()).collect(),
+            global_timers: args.global_timers.clone(),
+            global_timers_applied: plan.global_timers.is_some(),
+            linux: Some(LinuxParams {
+                workloads: args.workload.iter().map(|w| w.name().to_string()).collect(),
+                window_s: args.duration.as_secs_f64(),
+                boot_spread_s: args
+                    .vms
+                    .iter()
+                    .map(|&n| (n, boot_spread(args, n).as_secs_f64()))
+                    .collect(),
+                settle_s: SETTLE.as_secs_f64(),
+                margin_s: MARGIN.as_secs_f64(),
+            }),
+            power_meter: args.power_meter.clone(),
+        },
+        results: Vec::new(),
         skipped,
-    )
+        power_baseline: None,
+    }
 }
 
 /// Runs one experiment's fleet, prints its row (and why it failed, if it did).
-fn run_experiment(plan: &Plan, e: &Experiment) -> Result<DensityRow, BenchError> {
+fn run_experiment(
+    plan: &Plan,
+    e: &Experiment,
+    baseline: &Reading<PowerWindow>,
+) -> Result<DensityRow, BenchError> {
     let (mode, workload, n) = (e.mode, e.workload, e.n);
     let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
     let label = format!("{} {} N={n}", mode.name(), workload.name());
@@ -478,8 +500,19 @@ fn run_experiment(plan: &Plan, e: &Experiment) -> Result<DensityRow, BenchError>
         // The first boot, about a minute, then the workload.
         expected: Duration::from_secs(60) + e.rule.workload,
     };
-    let run = fleet::run(specs, &watch)?;
-    let r = row(plan, e, &run);
+    let sampler = density_power::Sampler::start(
+        density_power::period(plan.args.duration),
+        plan.args.power_meter.as_deref(),
+    );
+    let run = fleet::run(specs, &watch);
+    let samples = sampler.stop();
+    let run = run?;
+    let mut r = row(plan, e, &run);
+    r.power = Some(density_power::row_power(
+        &r,
+        samples.window(run.window.span),
+        baseline,
+    ));
     println!("{}", report::linux_line(&r));
     if let Some(note) = r.linux.as_ref().and_then(|l| l.window_note.as_ref()) {
         println!("  {} {} N={n}: {note}", mode.name(), workload.name());

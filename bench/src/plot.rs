@@ -1,5 +1,7 @@
 //! The density plot: host CPU and host wake-ups per vCPU against the number of VMs, one line
-//! per mode, drawn by plotters' SVG backend into a self-contained SVG document.
+//! per mode, drawn by plotters' SVG backend into a self-contained SVG document; with power
+//! readings (schema 2), a third panel: host power per VM above the no-VM baseline, or host
+//! idle exits per vCPU where no energy was read.
 //!
 //! ```text
 //!   +-- Host CPU per vCPU --+  +-- Host wake-ups per vCPU --+
@@ -18,7 +20,8 @@ use super::report::{DensityReport, DensityRow};
 const WIDTH: u32 = 1100;
 const HEIGHT: u32 = 400;
 const FOOTER: u32 = 24;
-const COLORS: &[RGBColor] = &[
+/// The modes' colours, in order.
+pub(crate) const COLORS: &[RGBColor] = &[
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),
@@ -31,24 +34,50 @@ const COLORS: &[RGBColor] = &[
 struct Panel {
     title: &'static str,
     y_label: &'static str,
-    value: fn(&DensityRow) -> f64,
+    value: fn(&DensityRow) -> Option<f64>,
 }
 
 const PANELS: [Panel; 2] = [
     Panel {
         title: "Host CPU per vCPU",
         y_label: "% of one host core",
-        value: |r| r.host_cpu_percent_per_vcpu,
+        value: |r| Some(r.host_cpu_percent_per_vcpu),
     },
     Panel {
         title: "Host wake-ups per vCPU",
         y_label: "voluntary context switches / s",
-        value: |r| r.host_wakeups_per_vcpu_s,
+        value: |r| Some(r.host_wakeups_per_vcpu_s),
     },
 ];
 
+/// The third panel where energy was read: per-VM power above the no-VM baseline.
+const POWER_PANEL: Panel = Panel {
+    title: "Host power per VM",
+    y_label: "W above the no-VM baseline",
+    value: |r| r.power.as_ref()?.watts_per_vm.value,
+};
+
+/// The third panel where energy was not read: host idle exits per vCPU.
+const EXITS_PANEL: Panel = Panel {
+    title: "Host idle exits per vCPU",
+    y_label: "exits / s above the no-VM baseline",
+    value: |r| r.power.as_ref()?.idle_exits_per_vcpu_s.value,
+};
+
+/// The panels of `report`: host CPU, wake-ups, and power (or idle exits) if it has them.
+fn panels(report: &DensityReport) -> Vec<&'static Panel> {
+    let mut v: Vec<&Panel> = PANELS.iter().collect();
+    let has = |p: &Panel| report.results.iter().any(|r| (p.value)(r).is_some());
+    if has(&POWER_PANEL) {
+        v.push(&POWER_PANEL);
+    } else if has(&EXITS_PANEL) {
+        v.push(&EXITS_PANEL);
+    }
+    v
+}
+
 /// A "nice" upper bound for an axis: 1, 2 or 5 times a power of ten, at least `max`.
-fn nice_ceiling(max: f64) -> f64 {
+pub(crate) fn nice_ceiling(max: f64) -> f64 {
     if max <= 0.0 || !max.is_finite() {
         return 1.0;
     }
@@ -72,7 +101,11 @@ fn draw_panel<DB: DrawingBackend>(
     xs: &[u32],
     legend: bool,
 ) -> Result<(), PlotError> {
-    let ymax = nice_ceiling(report.results.iter().map(p.value).fold(0.0f64, f64::max));
+    let values = || report.results.iter().filter_map(p.value);
+    let ymax = nice_ceiling(values().fold(0.0f64, f64::max));
+    // Figures above a baseline may fall below it.
+    let low = values().fold(0.0f64, f64::min);
+    let ymin = if low < 0.0 { -nice_ceiling(-low) } else { 0.0 };
     // The x axis is categorical over the VM counts: one segment per count, spread evenly.
     let count = i32::try_from(xs.len()).map_err(err)?;
     let label = |i: &i32| usize::try_from(*i).ok().and_then(|i| xs.get(i));
@@ -82,7 +115,7 @@ fn draw_panel<DB: DrawingBackend>(
         .x_label_area_size(40)
         .y_label_area_size(60)
         // A segmented range holds both of its ends: one empty segment pads each side.
-        .build_cartesian_2d((-1..count).into_segmented(), 0f64..ymax)
+        .build_cartesian_2d((-1..count).into_segmented(), ymin..ymax)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -105,7 +138,7 @@ fn draw_panel<DB: DrawingBackend>(
             .filter(|r| &r.series() == mode)
             .filter_map(|r| {
                 let x = i32::try_from(xs.iter().position(|&n| n == r.vms)?).ok()?;
-                Some((SegmentValue::CenterOf(x), (p.value)(r)))
+                Some((SegmentValue::CenterOf(x), (p.value)(r)?))
             })
             .collect();
         let series = chart
@@ -125,15 +158,24 @@ fn draw_panel<DB: DrawingBackend>(
             .map_err(err)?;
     }
     if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
+}
+
+/// Draws the legend of `chart`'s labelled series in its upper left corner.
+pub(crate) fn draw_legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> Result<(), PlotError>
+where
+    DB: DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)
 }
 
 /// The SVG document for a density report.
@@ -154,7 +196,9 @@ pub fn density_svg(report: &DensityReport) -> Result<String, PlotError> {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let (charts, footer) = root.split_vertically(HEIGHT - FOOTER);
-        for (i, (area, p)) in charts.split_evenly((1, 2)).iter().zip(&PANELS).enumerate() {
+        let panels = panels(report);
+        let areas = charts.split_evenly((1, panels.len()));
+        for (i, (area, p)) in areas.iter().zip(panels).enumerate() {
             draw_panel(area, p, report, &modes, &xs, i == 0)?;
         }
         let note = format!(
@@ -179,6 +223,33 @@ pub fn density_svg(report: &DensityReport) -> Result<String, PlotError> {
 mod tests {
     use super::*;
     use crate::report::tests::{density_report, density_row};
+
+    #[test]
+    fn a_third_panel_shows_power_or_else_idle_exits() {
+        use crate::density_power::row_power;
+        use crate::power::{PowerError, PowerWindow, Reading};
+        let w = |exits: f64| {
+            Reading::ok(PowerWindow {
+                seconds: 1.0,
+                energy: Reading::missing("no RAPL"),
+                idle: Reading::missing("no cpuidle"),
+                idle_exits_per_s: Reading::ok(exits),
+                local_timer_irqs_per_s: Reading::missing("-"),
+                resched_irqs_per_s: Reading::missing("-"),
+                processes: Vec::new(),
+                context_switches_per_s: Reading::missing(PowerError::NoProcesses),
+                meter: Reading::missing(PowerError::NoMeter),
+            })
+        };
+        let mut rows = vec![density_row("kernel", 1, 0.25), density_row("pull", 1, 0.5)];
+        for r in &mut rows {
+            r.power = Some(row_power(r, w(100.0), &w(20.0)));
+        }
+        let svg = density_svg(&density_report(rows)).unwrap();
+        assert!(svg.contains("Host idle exits per vCPU"), "{svg}");
+        assert!(!svg.contains("Host power per VM"));
+        assert_eq!(svg.matches("<circle").count(), 2 * 3);
+    }
 
     #[test]
     fn axis_ceilings_are_round() {

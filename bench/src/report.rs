@@ -1,14 +1,16 @@
 //! The results of `lull bench`: JSON documents with stable field names (schema names
-//! `lull-bench-density/1`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/bench/README.md`)
+//! `lull-bench-density/2`, `lull-bench-wakeup/1` and `lull-bench-timer-modes/1`, documented in `docs/bench/README.md`)
 //! and the text tables printed as rows complete.
 
 use serde::{Deserialize, Serialize};
 
+use super::density_power::{self, DensityPower};
 use super::guest_output::{LatencySummary, WakeIpiReport};
 use super::host::HostInfo;
+use super::power::{PowerWindow, Reading};
 
 /// Schema name of the density JSON.
-pub const DENSITY_SCHEMA: &str = "lull-bench-density/1";
+pub const DENSITY_SCHEMA: &str = "lull-bench-density/2";
 /// Schema name of the wake-up JSON.
 pub const WAKEUP_SCHEMA: &str = "lull-bench-wakeup/1";
 /// Schema name of the timer-modes JSON.
@@ -38,6 +40,9 @@ pub struct DensityParams {
     /// `--guest linux`: how its workload and window were set (absent for the other guests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linux: Option<LinuxParams>,
+    /// `--power-meter`: the command that prints the host's watts, if one was given.
+    #[serde(default)]
+    pub power_meter: Option<String>,
 }
 
 /// How `lull bench density --guest linux` ran its kernels.
@@ -118,6 +123,10 @@ pub struct DensityRow {
     /// `--guest linux`: the workload's own figures and the window (absent for the others).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub linux: Option<LinuxRow>,
+    /// What the row cost the host in power, above the baseline (absent in reports before
+    /// schema 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<DensityPower>,
 }
 
 impl DensityRow {
@@ -193,6 +202,10 @@ pub struct DensityReport {
     /// Modes left out, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<SkippedMode>,
+    /// The host with no VM, measured before the first row as long as a row's run (absent in
+    /// reports before schema 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_baseline: Option<Reading<PowerWindow>>,
 }
 
 /// One (mode, delay) of the wake-up experiment.
@@ -316,7 +329,7 @@ pub fn density_header() -> String {
         "p99_us",
         "max_us",
         "rss_KiB"
-    )
+    ) + &density_power::header_columns()
 }
 
 /// One density row as a table line.
@@ -340,7 +353,7 @@ pub fn density_line(r: &DensityRow) -> String {
         us(r.lateness.p99_ns),
         us(r.lateness.max_ns),
         r.rss_kib_per_vm
-    )
+    ) + &density_power::columns(r)
 }
 
 /// Header of the `--guest linux` density table.
@@ -363,7 +376,7 @@ pub fn linux_header() -> String {
         "p50_us",
         "p99_us",
         "boot_s"
-    )
+    ) + &density_power::header_columns()
 }
 
 /// One `--guest linux` row as a table line.
@@ -390,7 +403,7 @@ pub fn linux_line(r: &DensityRow) -> String {
         opt(late(r.lateness.p50_ns), 0),
         opt(late(r.lateness.p99_ns), 0),
         l.boot_s.1
-    )
+    ) + &density_power::columns(r)
 }
 
 /// The header and lines of a density report's table (the Linux one if it has Linux rows).
@@ -570,6 +583,7 @@ pub(crate) mod tests {
             vmm_rss_kib_per_vm: None,
             failures: Vec::new(),
             linux: None,
+            power: None,
         }
     }
 
@@ -589,9 +603,11 @@ pub(crate) mod tests {
                 global_timers: None,
                 global_timers_applied: false,
                 linux: None,
+                power_meter: None,
             },
             results,
             skipped: Vec::new(),
+            power_baseline: None,
         }
     }
 

@@ -19,10 +19,10 @@ use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::idle::advance::TimerAdvanceMode;
 use vmm::idle::global_load::GlobalTimersConfig;
+use vmm::idle::halt::VmTime;
 use vmm::idle::halt_poll::HaltPollMode;
 use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::CpuQuotaConfig;
-use vmm::irqchip::user::vcpu::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VmShared;
 

@@ -85,7 +85,7 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
     r.expect_code(0)?;
     r.expect_stdout("wake/ev")?;
     let v = read_json(&json)?;
-    if v["schema"] != "lull-bench-density/1" || v["params"]["cpus_per_vm"] != 2 {
+    if v["schema"] != "lull-bench-density/2" || v["params"]["cpus_per_vm"] != 2 {
         return Err(format!("unexpected header: {v}").into());
     }
     let rows = v["results"].as_array().cloned().unwrap_or_default();

@@ -6,11 +6,11 @@
 //!
 //! ```text
 //!  main ─► api (--api-socket: the management API) ─► vm (build, run, report) ─► vcpu (state machine, KVM adapter, generic exits)
-//!     ─► irqchip (IrqChip/VcpuIrq: kernel | user) ─► idle (pure decisions: core, halt_poll,
-//!     inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
+//!     ─► irqchip (IrqChip/VcpuIrq: kernel | user) ─► idle (halt: the vCPU's holds and halts;
+//!     pure decisions: core, halt_poll, inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
 //! ```
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
-//! `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
+//! `counters`, `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
 //! locates the guest kit; `lull bench` is the `bench` crate.
 
 pub mod api;
@@ -18,6 +18,7 @@ pub mod boot;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod counters;
 pub mod cpuid;
 pub mod device_timers;
 pub mod exit_code;

@@ -1,7 +1,7 @@
 //! The idle core: every decision a user-irqchip vCPU makes about not running guest code, as
-//! plain functions over the VM clock's time that return what to do. The irqchip's vCPU part
-//! (`irqchip::user::vcpu`) carries the decisions out (spins, blocks, injects); this file
-//! decides, so it is tested with a fake clock and a fake host timer, without KVM.
+//! plain functions over the VM clock's time that return what to do. `halt.rs` carries the
+//! decisions out (spins, blocks, holds) over the chip; this file decides, so it is tested
+//! with a fake clock and a fake host timer, without KVM.
 //!
 //! ```text
 //!           before every entry                        HLT exit
@@ -23,8 +23,8 @@
 use timer::{CpuTimers, Nanos, TimerHandle, TimerKind, NEVER};
 
 use super::halt_poll::{HaltPoller, WakeKind};
+use super::shared::IdleShared;
 use super::vcpu_timer::{FiredSummary, VcpuTimer};
-use super::IdleShared;
 
 /// Shortest interval between two CPU-quota checks of a running vCPU.
 pub const MIN_QUOTA_CHECK_NS: u64 = 100_000;

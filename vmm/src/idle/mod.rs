@@ -13,40 +13,27 @@
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
-//! - [`placement`]: timer-aware wake placement (bind a short sleeper to its host CPU).
+//! - [`placement`]: timer-aware wake placement (bind a short sleeper to its host CPU);
+//!   [`vcpu_placement`]: a vCPU thread's side of it (its affinity, its counters).
+//! - [`halt`]: the halt of a vCPU, top to bottom: holds, HLT and INIT carried out as the
+//!   core decides, over the chip's narrow [`halt::IdleChip`] interface.
+//! - [`shared`]: the idle manager's VM-wide state ([`IdleShared`]).
 //!
 //! Each knob has a textual form shared by the command line and the JSON config.
 
 pub mod advance;
 pub mod core;
 pub mod global_load;
+pub mod halt;
 pub mod halt_poll;
 pub mod inject;
 pub mod placement;
 pub mod quota;
+pub mod shared;
+pub mod vcpu_placement;
 pub mod vcpu_timer;
 
-use global_load::GlobalLoad;
-use halt_poll::HaltPollMode;
-use inject::IdleInjector;
-use quota::CpuQuota;
-
-/// The idle manager's VM-wide state, shared by every vCPU thread.
-#[derive(Debug)]
-pub struct IdleShared {
-    /// Halt-polling mode of every vCPU.
-    pub halt_poll: HaltPollMode,
-    /// Timer advance of every vCPU.
-    pub timer_advance: advance::TimerAdvanceMode,
-    /// Idle injection, if enabled.
-    pub inject: Option<IdleInjector>,
-    /// CPU quota, if enabled.
-    pub quota: Option<CpuQuota>,
-    /// Global-timer load, if enabled.
-    pub global: Option<GlobalLoad>,
-    /// Wake placement of every vCPU.
-    pub wake_placement: placement::WakePlacementMode,
-}
+pub use shared::IdleShared;
 
 /// A knob's value does not parse.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

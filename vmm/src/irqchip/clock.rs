@@ -3,6 +3,7 @@
 
 use timer::{Clock, Nanos};
 
+use crate::idle::halt::VmTime;
 use crate::sys::clock::monotonic_ns;
 
 /// Nanoseconds since the VM's epoch, read from CLOCK_MONOTONIC.
@@ -28,6 +29,12 @@ impl VmClock {
 impl Default for VmClock {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl VmTime for VmClock {
+    fn to_monotonic(&self, t: Nanos) -> u64 {
+        VmClock::to_monotonic(self, t)
     }
 }
 

@@ -38,6 +38,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::metrics::RunReport;
 use crate::state::{StopReason, VmShared};
 
+pub use crate::idle::halt::{Entry, HaltEnd};
+
 /// Why an irqchip could not be built or started.
 #[derive(Debug, thiserror::Error)]
 pub enum IrqChipError {
@@ -113,17 +115,6 @@ pub trait CpuPort {
     fn unregister_kick(&mut self);
 }
 
-/// What the vCPU does before the next entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// Enter the guest.
-    Enter,
-    /// The vCPU is in INIT (an AP before its SIPI, or after an INIT IPI): wait for SIPI.
-    WaitForSipi,
-    /// The VM stops.
-    Stop,
-}
-
 /// What the irqchip made of an exit it handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChipExit {
@@ -131,15 +122,6 @@ pub enum ChipExit {
     Continue,
     /// Stop the VM.
     Stop(StopReason),
-}
-
-/// How a halt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HaltEnd {
-    /// Back to the guest (or to INIT/SIPI handling: `before_entry` says which).
-    Resume,
-    /// The VM stops.
-    Stop,
 }
 
 /// The per-vCPU half of the irqchip, owned by that vCPU's thread.

@@ -20,14 +20,13 @@
 //! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
 //! - [`guest_tsc`]: the map from the guest TSC to the VM clock.
 //! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks; [`wait`]: how a
-//!   blocked vCPU waits; [`placement`]: where it wakes.
+//!   blocked vCPU waits (when and for how long is the idle manager's: `idle::halt`).
 
 pub mod cr8;
 pub mod exit;
 pub mod guest_tsc;
 pub mod host_timer;
 pub mod mailbox;
-pub mod placement;
 pub mod pv_deadline;
 pub mod pv_eoi;
 pub mod pv_msr;
@@ -51,6 +50,7 @@ use crate::cpuid::APIC_BUS_KHZ;
 use crate::device_timers::DeviceTimers;
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
+use crate::idle::halt::VmTime;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
 use crate::idle::placement::WakePlacementMode;
@@ -65,7 +65,7 @@ use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
 use timers::on_timer_fired;
-use vcpu::{UserVcpuIrq, UserVcpuParts, VmTime};
+use vcpu::{UserVcpuIrq, UserVcpuParts};
 
 /// What the user-space irqchip is built from.
 #[derive(Debug, Clone)]

@@ -1,14 +1,14 @@
-//! The per-vCPU half of the user-space irqchip: lull's LAPIC, the vCPU's timers and its idle
-//! manager, driven by the vCPU thread through [`VcpuIrq`].
+//! The per-vCPU half of the user-space irqchip: lull's LAPIC and the vCPU's timers, driven by
+//! the vCPU thread through [`VcpuIrq`], with its idle manager ([`VcpuIdle`]) beside it.
 //!
-//! Before every entry: drain the mailbox into the LAPIC, run due timers, let the idle core
-//! hold the vCPU (injection window, quota), inject the highest pending interrupt or ask for an
-//! interrupt window. At HLT: the idle core's [`HaltSession`] says poll, block or resume; a
-//! block idles the vCPU in the timer model (so that in `pull` running vCPUs expire its global
-//! timers) and waits on its kick eventfd and the wake-up timerfd the model arms (and other
-//! vCPUs may re-arm), until its own deadline, mail, or VM control. Also here: PV EOI offered
-//! and read back, timer advance, CR8 kept equal to the TPR. The clock is a type parameter and
-//! the vCPU is reached only through [`CpuPort`], so all of this runs in tests without KVM.
+//! Before every entry: the idle manager takes mail and due timers through [`IdleChip`] and
+//! may hold the vCPU (injection window, quota); then the chip injects the highest pending
+//! interrupt or asks for an interrupt window. At HLT and in INIT the idle manager runs the
+//! whole halt (`idle/halt.rs`); the chip answers whether the vCPU is runnable, services its
+//! mailbox and timers, and waits on its kick eventfd and the wake-up timerfd the timer model
+//! arms (see [`VcpuWait`]). Also here: PV EOI offered and read back, timer advance, CR8 kept
+//! equal to the TPR. The clock is a type parameter and the vCPU is reached only through
+//! [`CpuPort`], so all of this runs in tests without KVM.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,13 +16,12 @@ use std::sync::Arc;
 use devices::lapic::regs::MSR_TSC_DEADLINE;
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
 use kvm_ioctls::VcpuExit;
-use timer::{Clock, CpuTimers, Nanos, TimerHandle, TimerKind};
+use timer::{CpuTimers, Nanos, TimerHandle, TimerKind};
 use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::host_timer::SharedTimerFd;
-use super::placement::VcpuPlacement;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
 use super::pv_msr::PvMsrs;
@@ -30,9 +29,8 @@ use super::router::InterruptRouter;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
-use crate::idle::core::{
-    classify_wake, HaltSession, HaltStep, Hold, HoldReason, IdleCore, WakeCount,
-};
+use crate::idle::core::WakeCause;
+use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
@@ -42,18 +40,6 @@ use crate::state::VmShared;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;
-
-/// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report).
-pub trait VmTime: Clock + Clone + 'static {
-    /// The CLOCK_MONOTONIC value of VM-clock time `t`.
-    fn to_monotonic(&self, t: Nanos) -> u64;
-}
-
-impl VmTime for crate::irqchip::clock::VmClock {
-    fn to_monotonic(&self, t: Nanos) -> u64 {
-        crate::irqchip::clock::VmClock::to_monotonic(self, t)
-    }
-}
 
 /// What a [`UserVcpuIrq`] is built from.
 pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
@@ -84,8 +70,16 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     pub wake_timer: Option<Arc<SharedTimerFd>>,
 }
 
-/// One vCPU's LAPIC, timers and idle state, owned by its thread.
+/// One vCPU's chip and idle manager, owned by its thread.
 pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
+    /// Its LAPIC, timers and mailbox.
+    chip: VcpuChip<E, C>,
+    /// Its idle manager, which runs the vCPU's holds and halts over `chip`.
+    idle: VcpuIdle<C>,
+}
+
+/// One vCPU's LAPIC and timers: what the guest sees of its interrupt controller.
+struct VcpuChip<E: LapicEvents, C: VmTime> {
     id: u32,
     lapic: Lapic<E>,
     timers: Box<dyn CpuTimers<VcpuTimer>>,
@@ -96,12 +90,11 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
+    /// The idle manager's VM-wide state (the chip runs its global-timer load).
     idle: Arc<IdleShared>,
-    core: IdleCore,
     shared: Arc<VmShared>,
     counters: Arc<VcpuCounters>,
     unknown_msr: Arc<LogLimiter>,
-    entered: Nanos,
     effects: Option<LapicEffects>,
     mem: Arc<GuestMemoryMmap>,
     /// PV EOI state, if the guest may use it.
@@ -110,8 +103,6 @@ pub struct UserVcpuIrq<E: LapicEvents, C: VmTime> {
     pv_deadline: Option<PvDeadline>,
     /// What it blocks on.
     wait: VcpuWait,
-    /// Where it wakes.
-    placement: VcpuPlacement,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
     tpr_poll: TprPoll,
     /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
@@ -129,10 +120,14 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         let mailbox = parts.router.mailbox(index)?.clone();
         let counters = parts.shared.counters(parts.id)?.clone();
         let cpus = parts.router.mailboxes().len();
-        Some(Self {
+        let idle = VcpuIdle::new(
+            parts.idle.clone(),
+            cpus,
+            parts.clock.clone(),
+            counters.clone(),
+        );
+        let chip = VcpuChip {
             id: parts.id,
-            core: IdleCore::new(&parts.idle, cpus),
-            placement: VcpuPlacement::new(parts.idle.wake_placement),
             lapic: parts.lapic,
             timers: parts.timers,
             lapic_timer: None,
@@ -145,7 +140,6 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             shared: parts.shared,
             counters,
             unknown_msr: parts.unknown_msr,
-            entered: 0,
             effects: None,
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
@@ -157,14 +151,17 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             tpr_poll: TprPoll::default(),
             nmi_in_kvm: false,
             halted: false,
-        })
+        };
+        Some(Self { chip, idle })
     }
 
     /// The LAPIC (tests and reports).
     pub fn lapic(&self) -> &Lapic<E> {
-        &self.lapic
+        &self.chip.lapic
     }
+}
 
+impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     fn counters(&self) -> &VcpuCounters {
         &self.counters
     }
@@ -194,7 +191,6 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
                 self.lapic.receive(&ipi);
             }
         }
-        self.core.timers_fired(now);
         self.tpr_poll.fired(now);
         if self.wait.mailbox.take_timer_due() {
             let now = self.lapic_timer_due(now);
@@ -394,93 +390,8 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         cpu.request_interrupt_window(more);
     }
 
-    /// Holds the vCPU out of the guest until `until` (an injection window or a used-up
-    /// quota); interrupts and timers wait for the end.
-    fn hold_until(&mut self, now: Nanos, until: Nanos, reason: HoldReason) {
-        let idle = self.idle.clone();
-        let inject = idle
-            .inject
-            .as_ref()
-            .filter(|_| reason == HoldReason::Inject);
-        if let Some(inj) = inject {
-            inj.enter_forced(now);
-        }
-        self.block_until(Some(until), false);
-        let left = self.clock.now();
-        if let Some(inj) = inject {
-            inj.leave_forced(left);
-        }
-        let counter = match reason {
-            HoldReason::Inject => &self.counters().injected_idle_ns,
-            HoldReason::Quota => &self.counters().throttled_ns,
-        };
-        counter.fetch_add(left.saturating_sub(now), Ordering::Relaxed);
-    }
-
-    /// Spins from `start` (when the poll was decided) until a wake-up comes, `deadline` (its
-    /// own timer) passes, or `until`; true if the poll saw a wake-up.
-    fn poll(&mut self, start: Nanos, until: Nanos, deadline: Option<Nanos>) -> bool {
-        self.counters().polls.fetch_add(1, Ordering::Relaxed);
-        // Senders then set the flags watched here without a signal (see `mailbox.rs`).
-        self.wait.mailbox.set_polling();
-        let won = loop {
-            if self.wait.mailbox.has_work() || self.stop_requested() {
-                break true;
-            }
-            let t = self.clock.now();
-            if deadline.is_some_and(|d| d <= t) {
-                break true;
-            }
-            if t >= until {
-                break false;
-            }
-            std::hint::spin_loop();
-        };
-        self.wait.mailbox.clear_polling();
-        let c = self.counters();
-        c.poll_ns
-            .fetch_add(self.clock.now().saturating_sub(start), Ordering::Relaxed);
-        if won {
-            c.polls_won.fetch_add(1, Ordering::Relaxed);
-        }
-        won
-    }
-
-    /// One block of a halted vCPU; counts what woke it.
-    fn halt_block(&mut self, cpu: &mut dyn CpuPort) -> WakeCount {
-        self.counters().blocks.fetch_add(1, Ordering::Relaxed);
-        let idle = self.idle.clone();
-        if let Some(inj) = &idle.inject {
-            inj.enter_blocked(self.clock.now());
-        }
-        // Its own next wake-up: the LAPIC timer's host timer, if armed.
-        let wake_at = self.lapic_timer.and(self.lapic_armed_at);
-        let now = self.clock.now();
-        self.placement.before_block(now, wake_at, &self.counters);
-        self.block_until(None, true);
-        let now = self.clock.now();
-        self.placement.after_wake(now, wake_at, &self.counters);
-        if let Some(inj) = &idle.inject {
-            inj.leave_blocked(now);
-        }
-        let cause = self.wait.mailbox.wake_cause();
-        cpu.clear_immediate_exit();
-        let fired = self.service(cpu, now);
-        let count = classify_wake(cause, fired, self.lapic.has_pending_interrupt());
-        let c = self.counters();
-        let counter = match count {
-            WakeCount::OwnTimer => &c.wake_timer,
-            WakeCount::Interrupt => &c.wake_interrupt,
-            WakeCount::Control => &c.wake_control,
-            WakeCount::GlobalTimer => &c.wake_global_timer,
-            WakeCount::Empty => &c.wake_other,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        count
-    }
-
     /// Blocks the thread until `until`, VM control and (with `wake_on_work`) mail or its
-    /// wake-up (see [`VcpuWait`]).
+    /// wake-up (see [`VcpuWait`]); counts the time asleep.
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
         let shared = self.shared.clone();
         let asleep = self.wait.block_until(
@@ -494,41 +405,10 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             .blocked_ns
             .fetch_add(asleep, Ordering::Relaxed);
     }
-}
 
-impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
-    fn attach(&mut self, cpu: &mut dyn CpuPort) {
-        self.wait.mailbox.bind_current_thread();
-        self.placement.attach();
-        cpu.register_kick();
-    }
-
-    fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry {
-        loop {
-            if self.stop_requested() {
-                return Entry::Stop;
-            }
-            let now = self.clock.now();
-            self.service(cpu, now);
-            if self.lapic.init_sipi_state() != InitSipiState::Running {
-                return Entry::WaitForSipi;
-            }
-            let clock = &self.clock;
-            let hold = self.core.hold(now, &self.idle, self.timers.as_mut(), |t| {
-                clock.to_monotonic(t)
-            });
-            match hold {
-                Hold::Run { armed } => {
-                    if armed {
-                        // Armed after this iteration's timer pass: program the host tick
-                        // for it now, or KVM_RUN would not be interrupted in time.
-                        self.run_timers(now);
-                    }
-                    break;
-                }
-                Hold::Until { until, reason } => self.hold_until(now, until, reason),
-            }
-        }
+    /// Before an entry the idle manager lets happen: injects or asks for a window, sets CR8,
+    /// keeps the TPR poll and offers PV EOI.
+    fn prepare_entry(&mut self, cpu: &mut dyn CpuPort) {
         self.inject(cpu);
         cpu.set_cr8(self.lapic.cr8());
         let now = self.clock.now();
@@ -539,18 +419,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         if let Some(pv) = &mut self.pv_eoi {
             pv.before_entry(&self.lapic, &self.mem);
         }
-        self.entered = self.clock.now();
-        Entry::Enter
     }
 
-    fn after_run(&mut self, cr8: Option<u64>) {
-        if let Some(cr8) = cr8 {
-            self.lapic.sync_cr8(cr8);
-        }
-        if let Some(quota) = &self.idle.quota {
-            let now = self.clock.now();
-            quota.charge(now, now.saturating_sub(self.entered));
-        }
+    /// After KVM_RUN, before the exit: reads back PV EOI and a PV deadline.
+    fn after_run(&mut self) {
         if let Some(pv) = &mut self.pv_eoi {
             if pv.after_exit(&mut self.lapic, &self.mem).is_some() {
                 self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);
@@ -566,6 +438,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         }
     }
 
+    /// Handles the exits only the chip knows (see [`VcpuIrq::handle_exit`]).
     fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
         if matches!(exit, VcpuExit::Hlt) {
             // A halted vCPU cannot write CR8: nothing to poll for until it runs again.
@@ -589,25 +462,58 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         self.effects = handle_user_exit(exit, &mut ctx)?;
         Ok(ChipExit::Continue)
     }
+}
+
+impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
+    fn attach(&mut self, cpu: &mut dyn CpuPort) {
+        self.chip.wait.mailbox.bind_current_thread();
+        self.idle.attach();
+        cpu.register_kick();
+    }
+
+    fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry {
+        let chip = &mut self.chip;
+        let entry = self.idle.before_entry(&mut ChipOnCpu { chip, cpu });
+        if entry != Entry::Enter {
+            return entry;
+        }
+        self.chip.prepare_entry(cpu);
+        self.idle.entering();
+        Entry::Enter
+    }
+
+    fn after_run(&mut self, cr8: Option<u64>) {
+        if let Some(cr8) = cr8 {
+            self.chip.lapic.sync_cr8(cr8);
+        }
+        self.idle.ran();
+        self.chip.after_run();
+    }
+
+    fn handle_exit<'a>(&mut self, exit: VcpuExit<'a>) -> Result<ChipExit, VcpuExit<'a>> {
+        self.chip.handle_exit(exit)
+    }
 
     fn exit_done(&mut self, cpu: &mut dyn CpuPort) {
         cpu.clear_immediate_exit();
-        if let Some(effects) = self.effects.take() {
-            self.apply(effects, cpu);
+        if let Some(effects) = self.chip.effects.take() {
+            self.chip.apply(effects, cpu);
         }
     }
 
     fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
-        self.halted = true;
-        let end = self.halt(cpu);
-        self.halted = false;
+        self.chip.halted = true;
+        let chip = &mut self.chip;
+        let end = self.idle.halt(&mut ChipOnCpu { chip, cpu });
+        self.chip.halted = false;
         end
     }
 
     fn wait_for_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
-        self.halted = true;
-        let vector = self.wait_sipi(cpu);
-        self.halted = false;
+        self.chip.halted = true;
+        let chip = &mut self.chip;
+        let vector = self.idle.wait_for_sipi(&mut ChipOnCpu { chip, cpu });
+        self.chip.halted = false;
         vector
     }
 
@@ -616,59 +522,77 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 }
 
-impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
-    /// One HLT: service, poll or block until the vCPU can run again (or the VM stops).
-    fn halt(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
-        let interrupts_enabled = cpu.interrupts_enabled();
-        self.core.halt_begins(self.timers.as_mut());
-        let mut session: HaltSession = self.core.halt_session(self.clock.now());
-        loop {
-            // A kick that arrived while blocked is answered by the service() below: clear it
-            // so that the next KVM_RUN does not return at once.
-            cpu.clear_immediate_exit();
-            let now = self.clock.now();
-            if self.service(cpu, now).own_pinned > 0 {
-                session.woke(crate::idle::halt_poll::WakeKind::OwnTimer);
-            }
-            if self.stop_requested() {
-                return HaltEnd::Stop;
-            }
-            let runnable = (interrupts_enabled && self.lapic.has_pending_interrupt())
-                || self.lapic.init_sipi_state() != InitSipiState::Running
-                || self.nmi_runnable(cpu);
-            let next_pinned = self.lapic.timer_deadline();
-            match self
-                .core
-                .halt_step(&mut session, now, runnable, next_pinned)
-            {
-                HaltStep::Resume => return HaltEnd::Resume,
-                HaltStep::Poll { until, deadline } => {
-                    let won = self.poll(now, until, deadline);
-                    session.polled(won);
-                }
-                HaltStep::Block => {
-                    let count = self.halt_block(cpu);
-                    session.woke(count.kind());
-                }
-            }
+/// A vCPU's chip and the vCPU, as its idle manager drives them.
+struct ChipOnCpu<'a, E: LapicEvents, C: VmTime> {
+    chip: &'a mut VcpuChip<E, C>,
+    cpu: &'a mut dyn CpuPort,
+}
+
+impl<E: LapicEvents + Send, C: VmTime> IdleChip for ChipOnCpu<'_, E, C> {
+    fn stop_requested(&self) -> bool {
+        self.chip.stop_requested()
+    }
+
+    fn service(&mut self, now: Nanos) -> FiredSummary {
+        self.chip.service(self.cpu, now)
+    }
+
+    fn runnable(&mut self) -> bool {
+        (self.chip.lapic.has_pending_interrupt() && self.cpu.interrupts_enabled())
+            || self.in_init()
+            || self.chip.nmi_runnable(self.cpu)
+    }
+
+    fn interrupt_pending(&self) -> bool {
+        self.chip.lapic.has_pending_interrupt()
+    }
+
+    fn in_init(&self) -> bool {
+        self.chip.lapic.init_sipi_state() != InitSipiState::Running
+    }
+
+    fn take_sipi(&mut self) -> Option<u8> {
+        self.chip.lapic.take_sipi()
+    }
+
+    fn next_pinned(&self) -> Option<Nanos> {
+        self.chip.lapic.timer_deadline()
+    }
+
+    fn wake_at(&self) -> Option<Nanos> {
+        self.chip.lapic_timer.and(self.chip.lapic_armed_at)
+    }
+
+    fn timers(&mut self) -> &mut dyn CpuTimers<VcpuTimer> {
+        self.chip.timers.as_mut()
+    }
+
+    fn run_timers(&mut self, now: Nanos) {
+        self.chip.run_timers(now);
+    }
+
+    fn set_polling(&self, on: bool) {
+        if on {
+            self.chip.wait.mailbox.set_polling();
+        } else {
+            self.chip.wait.mailbox.clear_polling();
         }
     }
 
-    /// INIT state: blocks, serving timers and mail, until a SIPI (its vector) or the VM stops.
-    fn wait_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8> {
-        loop {
-            if self.stop_requested() {
-                return None;
-            }
-            if let Some(vector) = self.lapic.take_sipi() {
-                return Some(vector);
-            }
-            // Idle in the timer model while waiting, so that in `pull` a vCPU that has not
-            // started never holds migrator duty; its timers still run when due.
-            self.block_until(None, true);
-            let now = self.clock.now();
-            self.service(cpu, now);
-        }
+    fn has_work(&self) -> bool {
+        self.chip.wait.mailbox.has_work()
+    }
+
+    fn wake_cause(&self) -> Option<WakeCause> {
+        self.chip.wait.mailbox.wake_cause()
+    }
+
+    fn clear_kick(&mut self) {
+        self.cpu.clear_immediate_exit();
+    }
+
+    fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
+        self.chip.block_until(until, wake_on_work);
     }
 }
 

@@ -13,12 +13,6 @@ use super::*;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::irqchip::user::cr8::TPR_POLL_NS;
 
-impl VmTime for FakeClock {
-    fn to_monotonic(&self, t: Nanos) -> u64 {
-        t
-    }
-}
-
 use crate::irqchip::fake_port::FakePort;
 use crate::irqchip::user::mailbox::Mailbox;
 
@@ -260,24 +254,24 @@ fn an_interrupt_held_by_tpr_alone_makes_the_vcpu_look_again() {
     rig.irq.after_run(Some(6));
     rig.router.send_ipi(&Ipi::fixed(0x62, 0));
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
-    assert!(rig.irq.tpr_poll.is_armed());
-    assert_eq!(rig.irq.timers.next_deadline(), TPR_POLL_NS);
+    assert!(rig.irq.chip.tpr_poll.is_armed());
+    assert_eq!(rig.irq.chip.timers.next_deadline(), TPR_POLL_NS);
     // The poll fires while CR8 is still 6: nothing is injected, and the poll is re-armed.
     rig.clock.set(TPR_POLL_NS);
     rig.irq.after_run(Some(6));
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
     assert!(rig.port.injected.is_empty());
-    assert_eq!(rig.irq.timers.next_deadline(), 2 * TPR_POLL_NS);
+    assert_eq!(rig.irq.chip.timers.next_deadline(), 2 * TPR_POLL_NS);
     // The guest lowered CR8 (no exit reported it): the poll's exit delivers.
     rig.clock.set(2 * TPR_POLL_NS);
     rig.irq.after_run(Some(0));
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
     assert_eq!(rig.port.injected, vec![0x62]);
-    assert!(!rig.irq.tpr_poll.is_armed(), "nothing held, no poll");
+    assert!(!rig.irq.chip.tpr_poll.is_armed(), "nothing held, no poll");
     // Nothing pending: no poll either (the common case pays nothing).
     rig.eoi();
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
-    assert!(!rig.irq.tpr_poll.is_armed());
+    assert!(!rig.irq.chip.tpr_poll.is_armed());
 }
 
 #[test]
@@ -287,12 +281,12 @@ fn a_halt_cancels_the_tpr_poll() {
     rig.irq.after_run(Some(6));
     rig.router.send_ipi(&Ipi::fixed(0x62, 0));
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
-    assert!(rig.irq.tpr_poll.is_armed());
+    assert!(rig.irq.chip.tpr_poll.is_armed());
     assert!(matches!(
         rig.irq.handle_exit(VcpuExit::Hlt),
         Err(VcpuExit::Hlt)
     ));
-    assert!(!rig.irq.tpr_poll.is_armed());
+    assert!(!rig.irq.chip.tpr_poll.is_armed());
 }
 
 #[test]
@@ -324,13 +318,13 @@ fn a_halt_with_an_nmi_still_held_in_kvm_resumes_unless_nmis_are_blocked() {
     // Halted inside the NMI handler: the held NMI waits for IRET, so the halt must not end
     // for it (a resume would come straight back as another HLT exit).
     rig.port.kvm_nmi = Some(KvmNmi::Blocked);
-    assert!(!rig.irq.nmi_runnable(&mut rig.port));
-    assert!(rig.irq.nmi_in_kvm, "still outstanding");
+    assert!(!rig.irq.chip.nmi_runnable(&mut rig.port));
+    assert!(rig.irq.chip.nmi_in_kvm, "still outstanding");
     // Once KVM holds none, HLT stops asking.
     rig.port.kvm_nmi = Some(KvmNmi::None);
-    assert!(!rig.irq.nmi_runnable(&mut rig.port));
+    assert!(!rig.irq.chip.nmi_runnable(&mut rig.port));
     let asked = rig.port.events_asked;
-    assert!(!rig.irq.nmi_runnable(&mut rig.port));
+    assert!(!rig.irq.chip.nmi_runnable(&mut rig.port));
     assert_eq!(rig.port.events_asked, asked);
 }
 

@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 
 use timer::Nanos;
 
+use crate::counters::VcpuCounters;
 use crate::idle::placement::{Placement, WakeOutcome, WakePlacement, WakePlacementMode};
-use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
 use crate::sys::affinity::{self, CpuSet};
 

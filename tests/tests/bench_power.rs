@@ -1,0 +1,211 @@
+//! Integration tests of `lull bench density`'s power readings and of `--max-vms` (issue 28):
+//! the JSON carries a no-VM baseline, every power figure is a value or `null` with its reason,
+//! and a search reports every step with verdicts that agree with the step's own figures. No
+//! test asserts a timing or a load-dependent figure (the host is shared and may never idle).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lull_tests::{kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed};
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(300);
+
+fn temp_dir(name: &str) -> Result<PathBuf, Failed> {
+    let dir = std::env::temp_dir().join(format!("lull-bench-power-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Runs `lull bench density ARGS` on 1-vCPU VMs of idle-sim for 2 s per run, modes kernel
+/// and pull; returns the JSON report and stdout.
+fn density(name: &str, args: &[&str]) -> Result<(Value, String), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let dir = temp_dir(name)?;
+    let json = dir.join("report.json");
+    let (kit, json_arg, dir_arg) = (
+        kit_dir().display().to_string(),
+        json.display().to_string(),
+        dir.display().to_string(),
+    );
+    let mut all = vec![
+        "bench",
+        "density",
+        "--cpus",
+        "1",
+        "--duration",
+        "2s",
+        "--modes",
+        "kernel,pull",
+    ];
+    all.extend_from_slice(args);
+    all.extend(["--kit", &kit, "--json", &json_arg, "--work-dir", &dir_arg]);
+    let r = run_lull(&all, DEADLINE)?;
+    r.expect_code(0)?;
+    let v = read_json(&json)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((v, r.stdout))
+}
+
+/// A reading is a value or a reason, never both nor neither.
+fn reading<'a>(v: &'a Value, what: &str) -> Result<Option<&'a Value>, Failed> {
+    match (&v["value"], &v["reason"]) {
+        (Value::Null, Value::String(_)) => Ok(None),
+        (value, Value::Null) if !value.is_null() => Ok(Some(value)),
+        _ => Err(format!("{what} is not a value or a reason: {v}").into()),
+    }
+}
+
+fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
+    let (v, stdout) = density("density", &["--vms", "1"])?;
+    if v["schema"] != "lull-bench-density/2" {
+        return Err(format!("schema {}", v["schema"]).into());
+    }
+    let base = reading(&v["power_baseline"], "power_baseline")?
+        .ok_or_else(|| format!("no baseline window: {}", v["power_baseline"]))?;
+    if base["seconds"].as_f64().unwrap_or(0.0) <= 0.0 {
+        return Err(format!("an empty baseline: {base}").into());
+    }
+    let rows = v["results"].as_array().cloned().unwrap_or_default();
+    if rows.len() != 2 {
+        return Err(format!("expected 2 rows, got {}", rows.len()).into());
+    }
+    let rapl = std::path::Path::new("/sys/class/powercap").exists();
+    for row in &rows {
+        let p = &row["power"];
+        let w = reading(&p["window"], "power.window")?
+            .ok_or_else(|| format!("no power window: {p}"))?;
+        // This host's CPUs have cpuidle states: the idle exits are read (a loaded host may
+        // never leave busy, so their count is only known not to be negative).
+        let exits = reading(&w["idle_exits_per_s"], "idle_exits_per_s")?
+            .and_then(Value::as_f64)
+            .ok_or_else(|| format!("no host idle exits: {w}"))?;
+        let states = w["idle"]["value"]["states"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if exits < 0.0 || states.is_empty() || w["seconds"].as_f64().unwrap_or(0.0) <= 0.0 {
+            return Err(format!("idle states not measured: {w}").into());
+        }
+        for f in [
+            "watts_per_vm",
+            "watts_per_vcpu",
+            "joules_per_vm",
+            "joules_per_vcpu",
+            "meter_watts_per_vm",
+            "idle_exits_per_vcpu_s",
+            "residency",
+            "host_wakeups_per_timer_event",
+            "local_timer_irqs_per_s",
+            "resched_irqs_per_s",
+            "vmm_context_switches_per_s",
+        ] {
+            reading(&p[f], f)?;
+        }
+        reading(&p["idle_exits_per_vcpu_s"], "idle exits")?
+            .ok_or_else(|| format!("idle exits above the baseline missing: {p}"))?;
+        // Without RAPL, energy is null with the reader's reason; without a meter, so is it.
+        let energy = reading(&p["watts_per_vm"], "watts_per_vm")?;
+        if !rapl
+            && (energy.is_some()
+                || !p["watts_per_vm"]["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("RAPL"))
+        {
+            return Err(format!("energy should be null with a reason here: {p}").into());
+        }
+        if reading(&p["meter_watts_per_vm"], "meter")?.is_some() {
+            return Err(format!("a meter reading without --power-meter: {p}").into());
+        }
+    }
+    if !stdout.contains("idlx/v/s") || !stdout.contains("power baseline (no VM") {
+        return Err(format!("no power columns or baseline line in the table:\n{stdout}").into());
+    }
+    Ok(())
+}
+
+fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
+    let (v, stdout) = density(
+        "max-vms",
+        &["--max-vms", "4", "--slo", "lateness_p99=20ms,host_busy=90%"],
+    )?;
+    if v["schema"] != "lull-bench-max-vms/1" || v["cap"] != 4 {
+        return Err(format!("unexpected header: {}", v["schema"]).into());
+    }
+    let modes = v["modes"].as_array().cloned().unwrap_or_default();
+    if modes.len() != 2 {
+        return Err(format!("expected kernel and pull, got {modes:?}").into());
+    }
+    for m in &modes {
+        let steps = m["steps"].as_array().cloned().unwrap_or_default();
+        let max = m["max_vms"].as_u64().ok_or("no max_vms")?;
+        if steps.is_empty() || max > 4 || m["max_vcpus"].as_u64() != Some(max) {
+            return Err(format!("bad result: {m}").into());
+        }
+        // Doubling starts at 1 VM; every step's verdict is its own figures against the bounds.
+        if steps[0]["vms"] != 1 {
+            return Err(format!("the search did not start at 1 VM: {m}").into());
+        }
+        let mut met_counts = Vec::new();
+        for s in &steps {
+            let verdicts = s["verdicts"].as_array().cloned().unwrap_or_default();
+            let bounds: Vec<&str> = verdicts
+                .iter()
+                .filter_map(|x| x["bound"].as_str())
+                .collect();
+            if bounds != ["lateness_p99", "host_busy", "vms_ok"] {
+                return Err(format!("unexpected bounds {bounds:?}").into());
+            }
+            for x in &verdicts {
+                let met = x["figure"]
+                    .as_f64()
+                    .is_some_and(|f| f <= x["limit"].as_f64().unwrap_or(-1.0));
+                if x["met"].as_bool() != Some(met) {
+                    return Err(format!("verdict disagrees with its figure: {x}").into());
+                }
+            }
+            let lateness = &verdicts[0];
+            let p99_ms = s["row"]["lateness"]["p99_ns"].as_f64().unwrap_or(-1.0) / 1e6;
+            if s["row"]["lateness"]["n"].as_u64().unwrap_or(0) > 0
+                && lateness["figure"].as_f64() != Some(p99_ms)
+            {
+                return Err(format!("lateness figure is not the row's p99: {s}").into());
+            }
+            let all = verdicts.iter().all(|x| x["met"] == true);
+            if s["met"].as_bool() != Some(all) || s["row"]["vms"] != s["vms"] {
+                return Err(format!("step disagrees with its verdicts or row: {s}").into());
+            }
+            if all {
+                met_counts.push(s["vms"].as_u64().unwrap_or(0));
+            }
+        }
+        // The result is the largest count that was measured and met (0 if none).
+        if met_counts.iter().copied().max().unwrap_or(0) != max {
+            return Err(format!("max_vms {max} is not the largest met step {met_counts:?}").into());
+        }
+        if !stdout.contains(&format!(
+            "{:<9}{:>8}",
+            m["mode"].as_str().unwrap_or(""),
+            max
+        )) {
+            return Err(format!("the result table lacks {}:\n{stdout}", m["mode"]).into());
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        kvm_trial(
+            "density_reports_power_against_a_baseline",
+            density_reports_power_against_a_baseline,
+        ),
+        kvm_trial(
+            "max_vms_reports_every_step_and_consistent_verdicts",
+            max_vms_reports_every_step_and_consistent_verdicts,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

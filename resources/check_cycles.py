@@ -476,6 +476,11 @@ def crate_roots(src):
 
 def check(srcs, allow, root, out=sys.stdout):
     """Prints every cycle; returns the number of cycles not allowed."""
+    for d in allow:
+        path = os.path.join(root, d)
+        if not os.path.isdir(path) and not os.path.isfile(path + ".rs"):
+            raise InputError(f"allow-list entry {d}: no such module directory or file")
+    used = set()
     bad = 0
     for src in srcs:
         for crate_root in crate_roots(src):
@@ -483,6 +488,7 @@ def check(srcs, allow, root, out=sys.stdout):
             graph = crate.edges()
             for comp in strongly_connected(graph):
                 ok = allowed(comp, allow, root)
+                used.update(d for d in allow if allowed(comp, [d], root))
                 bad += not ok
                 rel = lambda f: os.path.relpath(f, root)  # noqa: E731
                 label = "allowed cycle" if ok else "cycle"
@@ -496,6 +502,9 @@ def check(srcs, allow, root, out=sys.stdout):
                             more = len(graph[a][b]) - 1
                             tail = f" (+{more} more)" if more else ""
                             print(f"  {rel(a)}:{line} uses {rel(b)}: {text}{tail}", file=out)
+    for d in allow:
+        if d not in used:
+            print(f"allow-list entry {d} has no cycle left: delete it", file=out)
     return bad
 
 

@@ -153,8 +153,15 @@ class CheckCycles(unittest.TestCase):
         bad, report = run_check(PARENT_CHILD, allow=["src/api"])
         self.assertEqual(bad, 0, report)
         self.assertIn("allowed cycle: src/api/mod.rs, src/api/server.rs", report)
-        bad, _ = run_check(PARENT_CHILD, allow=["src/ap"])
+        bad, _ = run_check(PARENT_CHILD, allow=["src/api/server"])
         self.assertEqual(bad, 1)
+
+    def test_an_allow_list_entry_must_name_a_module_and_is_reported_once_clean(self):
+        with self.assertRaises(check_cycles.InputError):
+            run_check(PARENT_CHILD, allow=["src/apii"])
+        bad, report = run_check(PARENT_CHILD_FIXED, allow=["src/api"])
+        self.assertEqual(bad, 0, report)
+        self.assertIn("allow-list entry src/api has no cycle left: delete it", report)
 
     def test_a_module_without_its_file_is_an_error(self):
         with self.assertRaises(check_cycles.InputError):

@@ -249,9 +249,14 @@ pub fn ratio(rows: &[BootRow], lull: &str, qemu: &str) -> Option<f64> {
     Some(m(lull)? / m(qemu)?).filter(|r| r.is_finite())
 }
 
+/// What every run of the experiment needs: the VMMs, the kit's Linux, where consoles go.
 struct Plan {
     lull: PathBuf,
     qemu: Option<String>,
+    /// The kit's Linux and its command line for this host.
+    linux: kit::DefaultGuest,
+    cmdline: String,
+    work: PathBuf,
 }
 
 impl Plan {
@@ -273,6 +278,23 @@ impl Plan {
         c.args(["-serial", "stdio", "-kernel"]).arg(kernel);
         c
     }
+
+    /// `c` (lull's or QEMU's) given the kit's Linux initramfs and command line.
+    fn with_linux(&self, mut c: Command, qemu: bool) -> Command {
+        if let Some(initrd) = &self.linux.initramfs {
+            c.arg(if qemu { "-initrd" } else { "--initramfs" })
+                .arg(initrd);
+        }
+        c.arg(if qemu { "-append" } else { "--cmdline" })
+            .arg(&self.cmdline);
+        c
+    }
+
+    /// The console log of the run `name`.
+    fn log(&self, name: &str) -> PathBuf {
+        self.work
+            .join(format!("boot-{}.console", name.replace(' ', "-")))
+    }
 }
 
 /// A run that did not end as the guest asked (status 1), as a failure line.
@@ -292,44 +314,70 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
         linux.cmdline_pvm.as_deref(),
         kit::host_is_pvm(),
     );
+    let lull = lull_binary(args.common.lull.as_ref())?;
     let plan = Plan {
-        lull: lull_binary(args.common.lull.as_ref())?,
+        lull,
         qemu: qemu::installed(&args.qemu).then(|| args.qemu.clone()),
+        linux,
+        cmdline,
+        work: work_dir(args.common.work_dir.as_ref())?,
     };
-    let work = work_dir(args.common.work_dir.as_ref())?;
-    eprintln!("bench: boot, consoles in {}", work.display());
-    let log = |name: &str| work.join(format!("boot-{}.console", name.replace(' ', "-")));
+    eprintln!("bench: boot, consoles in {}", plan.work.display());
     if plan.qemu.is_none() {
         eprintln!("bench: {} is not installed: lull rows only", args.qemu);
     }
     let mut rows = Rows::default();
     let mut failures = Vec::new();
-    for rep in 1..=args.reps {
-        eprintln!("bench: boot: hello {rep}/{}", args.reps);
-        let mut vmms = vec![("lull", plan.lull(&hello, 1))];
+    hello_runs(&plan, &hello, args.reps, &mut rows, &mut failures)?;
+    let rss = lull_rss(&plan, &mut failures)?;
+    linux_runs(&plan, args.linux_reps, &mut rows, &mut failures)?;
+    let results = rows.finish();
+    let report = BootReport {
+        schema: BOOT_SCHEMA.into(),
+        host: host::host_info(),
+        qemu: plan.qemu.is_some(),
+        ratios: ratios(&results),
+        results,
+        rss,
+        failures,
+    };
+    print_report(&report);
+    if let Some(path) = &args.common.json {
+        write_json(path, &report)?;
+    }
+    Ok(report.failures.is_empty())
+}
+
+/// `reps` boots of `hello` (1 vCPU) in lull, then in QEMU where it is installed.
+fn hello_runs(
+    plan: &Plan,
+    hello: &Path,
+    reps: u32,
+    rows: &mut Rows,
+    failures: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    for rep in 1..=reps {
+        eprintln!("bench: boot: hello {rep}/{reps}");
+        let mut vmms = vec![("lull", plan.lull(hello, 1))];
         if let Some(q) = &plan.qemu {
-            vmms.push(("qemu", plan.qemu(q, &hello, 1)));
+            vmms.push(("qemu", plan.qemu(q, hello, 1)));
         }
         for (vmm, cmd) in vmms {
             let name = format!("hello {vmm}");
-            let t = timed_run(cmd, &log(&format!("{name}-{rep}")), &[], None)?;
-            check(&name, &t, &mut failures);
+            let t = timed_run(cmd, &plan.log(&format!("{name}-{rep}")), &[], None)?;
+            check(&name, &t, failures);
             rows.push(&name, Some(t.total));
         }
     }
-    let with_linux = |mut c: Command, qemu: bool| {
-        if let Some(initrd) = &linux.initramfs {
-            c.arg(if qemu { "-initrd" } else { "--initramfs" })
-                .arg(initrd);
-        }
-        c.arg(if qemu { "-append" } else { "--cmdline" })
-            .arg(&cmdline);
-        c
-    };
+    Ok(())
+}
+
+/// lull's memory beside a 1-vCPU Linux guest, read as its kernel reaches the first marker.
+fn lull_rss(plan: &Plan, failures: &mut Vec<String>) -> Result<Option<BootRss>, BenchError> {
     eprintln!("bench: boot: lull's memory beside a 1-vCPU Linux guest");
     let t = timed_run(
-        with_linux(plan.lull(&linux.kernel, 1), false),
-        &log("rss"),
+        plan.with_linux(plan.lull(&plan.linux.kernel, 1), false),
+        &plan.log("rss"),
         &LINUX_MARKERS[..1],
         Some(GUEST_MIB << 20),
     )?;
@@ -340,27 +388,39 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
     if rss.is_none() {
         failures.push(format!("rss: no reading (status {:?})", t.code));
     }
-    for rep in 1..=args.linux_reps {
+    Ok(rss)
+}
+
+/// `reps` boots of the kit's Linux (2 vCPUs) in lull's two irqchips and QEMU, each timed to
+/// every marker and to its exit.
+fn linux_runs(
+    plan: &Plan,
+    reps: u32,
+    rows: &mut Rows,
+    failures: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    let kernel = &plan.linux.kernel;
+    for rep in 1..=reps {
         let mut configs = vec![
             ("lull-user", {
-                let mut c = with_linux(plan.lull(&linux.kernel, 2), false);
+                let mut c = plan.with_linux(plan.lull(kernel, 2), false);
                 c.args(["--irqchip", "user"]);
                 c
             }),
             ("lull-kernel", {
-                let mut c = with_linux(plan.lull(&linux.kernel, 2), false);
+                let mut c = plan.with_linux(plan.lull(kernel, 2), false);
                 c.args(["--irqchip", "kernel"]);
                 c
             }),
         ];
         if let Some(q) = &plan.qemu {
-            configs.push(("qemu", with_linux(plan.qemu(q, &linux.kernel, 2), true)));
+            configs.push(("qemu", plan.with_linux(plan.qemu(q, kernel, 2), true)));
         }
         for (name, cmd) in configs {
-            eprintln!("bench: boot: linux {name} {rep}/{}", args.linux_reps);
+            eprintln!("bench: boot: linux {name} {rep}/{reps}");
             let t = timed_run(
                 cmd,
-                &log(&format!("linux-{name}-{rep}")),
+                &plan.log(&format!("linux-{name}-{rep}")),
                 &LINUX_MARKERS,
                 None,
             )?;
@@ -373,33 +433,24 @@ pub fn run(args: &BootArgs) -> Result<bool, BenchError> {
             }
         }
     }
-    let results = rows.finish();
+    Ok(())
+}
+
+/// lull's medians over QEMU's: hello, and the kit's Linux to each marker.
+fn ratios(results: &[BootRow]) -> Vec<(String, f64)> {
     let mut ratios = Vec::new();
-    if let Some(r) = ratio(&results, "hello lull", "hello qemu") {
+    if let Some(r) = ratio(results, "hello lull", "hello qemu") {
         ratios.push(("hello (lull/qemu)".to_string(), r));
     }
     for name in ["lull-user", "lull-kernel"] {
         for m in LINUX_MARKERS {
             let (a, b) = (format!("linux {name} '{m}'"), format!("linux qemu '{m}'"));
-            if let Some(r) = ratio(&results, &a, &b) {
+            if let Some(r) = ratio(results, &a, &b) {
                 ratios.push((format!("linux to '{m}' ({name}/qemu)"), r));
             }
         }
     }
-    let report = BootReport {
-        schema: BOOT_SCHEMA.into(),
-        host: host::host_info(),
-        qemu: plan.qemu.is_some(),
-        results,
-        ratios,
-        rss,
-        failures,
-    };
-    print_report(&report);
-    if let Some(path) = &args.common.json {
-        write_json(path, &report)?;
-    }
-    Ok(report.failures.is_empty())
+    ratios
 }
 
 fn print_report(report: &BootReport) {

@@ -281,28 +281,33 @@ impl Plan<'_> {
     }
 }
 
-fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
-    let cpus = plan.args.cpus;
-    let vcpus = n * cpus;
-    let mut lateness = Histogram::default();
-    let mut ipi = Histogram::default();
-    let mut events = 0;
-    let mut early = 0;
-    let mut ok = 0;
-    let mut failures = Vec::new();
-    let mut metrics = MetricsSum::default();
+/// What the VMs of one run reported: the guests' histograms and counts, who passed, who
+/// failed and why, and lull's metrics summed.
+#[derive(Default)]
+struct Reported {
+    lateness: Histogram,
+    ipi: Histogram,
+    events: u64,
+    early: u64,
+    ok: u32,
+    failures: Vec<String>,
+    metrics: MetricsSum,
+}
+
+fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
+    let mut r = Reported::default();
     for (i, vm) in run.vms.iter().enumerate() {
         let g = parse_idle_sim(&vm.console);
-        lateness.merge(&g.lateness);
-        ipi.merge(&g.ipi);
-        events += g.events;
-        early += g.early;
+        r.lateness.merge(&g.lateness);
+        r.ipi.merge(&g.ipi);
+        r.events += g.events;
+        r.early += g.early;
         if vm.code == Some(1) && g.passed {
-            ok += 1;
+            r.ok += 1;
         } else {
             let last = vm.console.lines().last().unwrap_or("").trim();
             let err = vm.stderr.lines().last().unwrap_or("").trim();
-            failures.push(format!(
+            r.failures.push(format!(
                 "vm{i}: status {:?}, console {last:?}, stderr {err:?}",
                 vm.code
             ));
@@ -310,10 +315,25 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         if !mode.is_qemu() {
             let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
             if let Some(m) = read_metrics(&path) {
-                metrics.add(&m);
+                r.metrics.add(&m);
             }
         }
     }
+    r
+}
+
+fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
+    let cpus = plan.args.cpus;
+    let vcpus = n * cpus;
+    let Reported {
+        lateness,
+        ipi,
+        events,
+        early,
+        ok,
+        failures,
+        metrics,
+    } = read_vms(plan, mode, n, run);
     let w = &run.window;
     let per_vcpu_s = |x: u64| {
         if w.seconds > 0.0 {

@@ -315,7 +315,6 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
         ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
     };
     eprintln!("bench: idle-manager, logs in {}", plan.work.display());
-    let ms = plan.ms as f64;
     let mut report = IdleManagerReport {
         schema: IDLE_MANAGER_SCHEMA.into(),
         host: host::host_info(),
@@ -334,7 +333,28 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
             0
         }
     };
-    report.base_iterations_per_ms = base_it as f64 / ms;
+    report.base_iterations_per_ms = base_it as f64 / plan.ms as f64;
+    injection_runs(&plan, args, period_ms, base_it, &mut report)?;
+    injection_table(&report);
+    quota_runs(&plan, args, period_ms, &mut report)?;
+    for f in &report.failures {
+        println!("  failed: {f}");
+    }
+    if let Some(path) = &args.common.json {
+        write_json(path, &report)?;
+    }
+    Ok(report.failures.is_empty())
+}
+
+/// One VM of 2 vCPUs per `--percents` value, under idle injection: its throughput against
+/// the base run's (`base_it` iterations).
+fn injection_runs(
+    plan: &Plan,
+    args: &IdleManagerArgs,
+    period_ms: u64,
+    base_it: u64,
+    report: &mut IdleManagerReport,
+) -> Result<(), BenchError> {
     for &pct in &args.percents {
         let name = format!("inject-{pct}");
         let knob = [
@@ -346,7 +366,19 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
             Err(e) => report.failures.push(e),
         }
     }
-    injection_table(&report);
+    Ok(())
+}
+
+/// Per `--vms` count and quota phase (aligned, random), that many 1-vCPU VMs under a 50%
+/// CPU quota: their throughput and how often all of them are throttled at once (printed as
+/// they come).
+fn quota_runs(
+    plan: &Plan,
+    args: &IdleManagerArgs,
+    period_ms: u64,
+    report: &mut IdleManagerReport,
+) -> Result<(), BenchError> {
+    let ms = plan.ms as f64;
     println!(
         "\ncpu quota 50% (quota={},period={period_ms}), 1 vCPU per VM, spin {} ms",
         period_ms / 2,
@@ -382,13 +414,7 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
             }
         }
     }
-    for f in &report.failures {
-        println!("  failed: {f}");
-    }
-    if let Some(path) = &args.common.json {
-        write_json(path, &report)?;
-    }
-    Ok(report.failures.is_empty())
+    Ok(())
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ mod units;
 mod wakeup;
 mod window;
 mod workload_output;
+mod workload_rates;
 
 use std::process::ExitCode;
 

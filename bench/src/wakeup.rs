@@ -4,6 +4,8 @@
 //! halts; vCPU 0 sends it an IPI `delay` later; the target's handler measures the delay with
 //! rdtsc. Short delays land inside a halt-polling window, long ones after it.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -118,86 +120,17 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
             .map_or_else(|| "?".to_string(), |v| v.to_string())
     );
     println!("{}", report::wakeup_header());
+    let setup = Setup {
+        args,
+        lull,
+        guest,
+        has_halt_poll,
+        work,
+    };
     let mut all_ok = true;
     for mode in &args.modes {
         for &delay in &args.delays {
-            let stem = work.join(format!("wakeup-{}-d{delay}", mode.name()));
-            let serial = stem.with_extension("console");
-            let metrics = stem.with_extension("json");
-            let _ = std::fs::remove_file(&serial);
-            let mut c = std::process::Command::new(&lull);
-            c.arg("run")
-                .arg("--kernel")
-                .arg(&guest)
-                .args(["--cpus", "2", "--memory", "64M"])
-                .arg("--cmdline")
-                .arg(format!("count={} delay_us={delay}", args.count))
-                .arg("--serial")
-                .arg(format!("file={}", serial.display()))
-                .arg("--metrics")
-                .arg(&metrics);
-            let mut halt_poll = None;
-            match mode {
-                WakeMode::Kernel => {
-                    c.args(["--irqchip", "kernel"]);
-                }
-                WakeMode::User(p) => {
-                    c.args(["--irqchip", "user", "--timer-model", &args.timer_model]);
-                    if has_halt_poll {
-                        c.args(["--halt-poll", p]);
-                        halt_poll = Some(p.clone());
-                    }
-                }
-            }
-            let label = format!("{} delay {delay} us", mode.name());
-            eprintln!("bench: wakeup {label}");
-            let watch = Watch {
-                boot_marker: "wake-ipi: ".into(),
-                end_markers: Vec::new(),
-                guest_bytes: 64 << 20,
-                deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
-                settle: Duration::from_secs(0),
-                planned: None,
-                stagger: false,
-                label,
-                // About a millisecond per sample (the guest's gap) plus the boot.
-                expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),
-            };
-            let spec = VmSpec {
-                command: c,
-                serial,
-                stderr: stem.with_extension("stderr"),
-                api: None,
-            };
-            let run = fleet::run(vec![spec], &watch)?;
-            let vm = &run.vms[0];
-            let latency = parse_wake_ipi(&vm.console);
-            let passed = vm.code == Some(1) && vm.console.contains("wake-ipi: PASS");
-            let m = read_metrics(&metrics);
-            let row = WakeupRow {
-                mode: mode.name(),
-                halt_poll,
-                delay_us: delay,
-                latency,
-                target_cpu_us_per_sample: m
-                    .as_ref()
-                    .and_then(|m| thread_per_sample(m, "vcpu1", "cpu_ns", args.count))
-                    .map(|ns| ns / 1000.0),
-                target_wakeups_per_sample: m.as_ref().and_then(|m| {
-                    thread_per_sample(m, "vcpu1", "voluntary_ctxt_switches", args.count)
-                }),
-                failure: (!passed).then(|| {
-                    format!(
-                        "status {:?}: {}",
-                        vm.code,
-                        vm.console
-                            .lines()
-                            .chain(vm.stderr.lines())
-                            .last()
-                            .unwrap_or("")
-                    )
-                }),
-            };
+            let (row, passed) = setup.run_one(mode, delay)?;
             all_ok &= passed;
             println!("{}", report::wakeup_line(&row));
             report.results.push(row);
@@ -207,6 +140,112 @@ pub fn run(args: &WakeupArgs) -> Result<bool, BenchError> {
         }
     }
     Ok(all_ok)
+}
+
+/// What every run of the experiment shares.
+struct Setup<'a> {
+    args: &'a WakeupArgs,
+    lull: PathBuf,
+    guest: PathBuf,
+    /// Whether the lull binary takes `--halt-poll`.
+    has_halt_poll: bool,
+    work: PathBuf,
+}
+
+impl Setup<'_> {
+    /// One VM in `mode` with IPIs `delay` µs after the halt: its row, and whether it passed.
+    fn run_one(&self, mode: &WakeMode, delay: u64) -> Result<(WakeupRow, bool), BenchError> {
+        let args = self.args;
+        let stem = self.work.join(format!("wakeup-{}-d{delay}", mode.name()));
+        let serial = stem.with_extension("console");
+        let metrics = stem.with_extension("json");
+        let _ = std::fs::remove_file(&serial);
+        let (command, halt_poll) = self.command(mode, delay, &serial, &metrics);
+        let label = format!("{} delay {delay} us", mode.name());
+        eprintln!("bench: wakeup {label}");
+        let watch = Watch {
+            boot_marker: "wake-ipi: ".into(),
+            end_markers: Vec::new(),
+            guest_bytes: 64 << 20,
+            deadline: Duration::from_secs(120 + u64::from(args.count) / 10),
+            settle: Duration::from_secs(0),
+            planned: None,
+            stagger: false,
+            label,
+            // About a millisecond per sample (the guest's gap) plus the boot.
+            expected: Duration::from_millis(u64::from(args.count)) + Duration::from_secs(2),
+        };
+        let spec = VmSpec {
+            command,
+            serial,
+            stderr: stem.with_extension("stderr"),
+            api: None,
+        };
+        let run = fleet::run(vec![spec], &watch)?;
+        let vm = &run.vms[0];
+        let passed = vm.code == Some(1) && vm.console.contains("wake-ipi: PASS");
+        let m = read_metrics(&metrics);
+        let row = WakeupRow {
+            mode: mode.name(),
+            halt_poll,
+            delay_us: delay,
+            latency: parse_wake_ipi(&vm.console),
+            target_cpu_us_per_sample: m
+                .as_ref()
+                .and_then(|m| thread_per_sample(m, "vcpu1", "cpu_ns", args.count))
+                .map(|ns| ns / 1000.0),
+            target_wakeups_per_sample: m
+                .as_ref()
+                .and_then(|m| thread_per_sample(m, "vcpu1", "voluntary_ctxt_switches", args.count)),
+            failure: (!passed).then(|| {
+                format!(
+                    "status {:?}: {}",
+                    vm.code,
+                    vm.console
+                        .lines()
+                        .chain(vm.stderr.lines())
+                        .last()
+                        .unwrap_or("")
+                )
+            }),
+        };
+        Ok((row, passed))
+    }
+
+    /// The `lull run` of one VM, and the `--halt-poll` it was given (if any).
+    fn command(
+        &self,
+        mode: &WakeMode,
+        delay: u64,
+        serial: &Path,
+        metrics: &Path,
+    ) -> (Command, Option<String>) {
+        let mut c = Command::new(&self.lull);
+        c.arg("run")
+            .arg("--kernel")
+            .arg(&self.guest)
+            .args(["--cpus", "2", "--memory", "64M"])
+            .arg("--cmdline")
+            .arg(format!("count={} delay_us={delay}", self.args.count))
+            .arg("--serial")
+            .arg(format!("file={}", serial.display()))
+            .arg("--metrics")
+            .arg(metrics);
+        let mut halt_poll = None;
+        match mode {
+            WakeMode::Kernel => {
+                c.args(["--irqchip", "kernel"]);
+            }
+            WakeMode::User(p) => {
+                c.args(["--irqchip", "user", "--timer-model", &self.args.timer_model]);
+                if self.has_halt_poll {
+                    c.args(["--halt-poll", p]);
+                    halt_poll = Some(p.clone());
+                }
+            }
+        }
+        (c, halt_poll)
+    }
 }
 
 #[cfg(test)]

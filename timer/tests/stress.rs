@@ -237,17 +237,39 @@ fn stress(kind: ModelKind, ncpus: usize, group_size: usize) {
         max_late: AtomicU64::new(0),
         remote: AtomicU64::new(0),
     });
-    let s2 = Arc::clone(&sh);
+    let (pull, model, cpus) = build_model(&sh, kind, group_size);
+    let cpus = run_threads(&sh, kind, &model, cpus, clock.now());
+    if sh.failed.load(Ordering::SeqCst) {
+        report_lost(&sh, &cpus, pull.as_deref());
+        panic!("{kind:?}: timers lost");
+    }
+    let fired = fired_once_each(&sh);
+    let m = model.metrics();
+    eprintln!(
+        "stress {kind:?}: {fired} fired ({} remote), max lateness {} us, {m:?}",
+        sh.remote.load(Ordering::Relaxed),
+        sh.max_late.load(Ordering::Relaxed) / 1000,
+    );
+    match kind {
+        ModelKind::Pull | ModelKind::Central => assert!(m.remote_expiries > 0),
+        ModelKind::Push => assert_eq!(m.remote_expiries, 0),
+    }
+}
+
+/// The model of `kind` over `sh`'s CPUs (all in node 0), with fake per-CPU host timers and
+/// the service timer of the test.
+fn build_model(sh: &Arc<Shared>, kind: ModelKind, group_size: usize) -> Built {
+    let s2 = Arc::clone(sh);
     let waker: Arc<dyn Waker> = Arc::new(move |c: CpuId| s2.parkers[c].kick());
-    let nodes = vec![0; ncpus];
-    let s3 = Arc::clone(&sh);
+    let nodes = vec![0; sh.ncpus];
+    let s3 = Arc::clone(sh);
     let mut host = move |cpu: Option<CpuId>| -> Box<dyn HostTimer> {
         match cpu {
             Some(_) => Box::new(timer::FakeHostTimer::new()),
             None => Box::new(ServiceTimer(Arc::clone(&s3))),
         }
     };
-    let (pull, model, cpus): Built = if kind == ModelKind::Pull {
+    if kind == ModelKind::Pull {
         let cfg = HierarchyConfig {
             group_size,
             ..HierarchyConfig::default()
@@ -261,10 +283,20 @@ fn stress(kind: ModelKind, ncpus: usize, group_size: usize) {
     } else {
         let m = build(kind, &nodes, &mut host, waker).unwrap();
         (None, m.shared, m.cpus)
-    };
-    let start = clock.now();
+    }
+}
+
+/// Runs a thread per vCPU (and the central model's service thread) until the test is over;
+/// returns the vCPUs' timers.
+fn run_threads(
+    sh: &Arc<Shared>,
+    kind: ModelKind,
+    model: &Arc<dyn TimerModel<usize>>,
+    cpus: Vec<Box<dyn CpuTimers<usize>>>,
+    start: Nanos,
+) -> Vec<Box<dyn CpuTimers<usize>>> {
     let service = (kind == ModelKind::Central).then(|| {
-        let (sh, model) = (Arc::clone(&sh), Arc::clone(&model));
+        let (sh, model) = (Arc::clone(sh), Arc::clone(model));
         std::thread::spawn(move || {
             let mut on_fire = |f: Fired<usize>| sh.on_fire(f);
             while !sh.finished(start) {
@@ -277,7 +309,7 @@ fn stress(kind: ModelKind, ncpus: usize, group_size: usize) {
         .into_iter()
         .enumerate()
         .map(|(cpu, mut t)| {
-            let sh = Arc::clone(&sh);
+            let sh = Arc::clone(sh);
             std::thread::spawn(move || {
                 vcpu(&sh, cpu, &mut *t, start);
                 t
@@ -288,28 +320,36 @@ fn stress(kind: ModelKind, ncpus: usize, group_size: usize) {
     if let Some(s) = service {
         s.join().unwrap();
     }
-    if sh.failed.load(Ordering::SeqCst) {
-        let now = sh.clock.now();
-        for id in 0..total {
-            let pending = sh.fired[id].load(Ordering::SeqCst) == 0
-                && !sh.cancelled[id].load(Ordering::SeqCst);
-            let d = sh.deadlines[id].load(Ordering::SeqCst);
-            if pending && d != NEVER {
-                let ago = now.saturating_sub(d);
-                eprintln!("lost: timer {id} of CPU {} due {ago} ns ago", id / PER_CPU);
-            }
+    cpus
+}
+
+/// After a failure: every timer still pending past its deadline, each CPU's state and the
+/// pull model's hierarchy.
+fn report_lost(sh: &Shared, cpus: &[Box<dyn CpuTimers<usize>>], pull: Option<&PullModel<usize>>) {
+    let now = sh.clock.now();
+    for id in 0..sh.fired.len() {
+        let pending =
+            sh.fired[id].load(Ordering::SeqCst) == 0 && !sh.cancelled[id].load(Ordering::SeqCst);
+        let d = sh.deadlines[id].load(Ordering::SeqCst);
+        if pending && d != NEVER {
+            let ago = now.saturating_sub(d);
+            eprintln!("lost: timer {id} of CPU {} due {ago} ns ago", id / PER_CPU);
         }
-        for (c, t) in cpus.iter().enumerate() {
-            let (timeout, tick) = (t.idle_timeout(), t.next_deadline());
-            eprintln!("CPU {c}: idle timeout {timeout} tick {tick}");
-        }
-        if let Some(p) = pull {
-            eprintln!("{:#?}", p.hierarchy().snapshot());
-        }
-        panic!("{kind:?}: timers lost");
     }
+    for (c, t) in cpus.iter().enumerate() {
+        let (timeout, tick) = (t.idle_timeout(), t.next_deadline());
+        eprintln!("CPU {c}: idle timeout {timeout} tick {tick}");
+    }
+    if let Some(p) = pull {
+        eprintln!("{:#?}", p.hierarchy().snapshot());
+    }
+}
+
+/// Checks that every timer fired once, but for the cancelled ones, which never fired;
+/// returns how many fired.
+fn fired_once_each(sh: &Shared) -> usize {
     let mut fired = 0;
-    for id in 0..total {
+    for id in 0..sh.fired.len() {
         let n = sh.fired[id].load(Ordering::SeqCst);
         let c = sh.cancelled[id].load(Ordering::SeqCst);
         assert_eq!(
@@ -319,14 +359,5 @@ fn stress(kind: ModelKind, ncpus: usize, group_size: usize) {
         );
         fired += usize::from(n);
     }
-    let m = model.metrics();
-    eprintln!(
-        "stress {kind:?}: {fired} fired ({} remote), max lateness {} us, {m:?}",
-        sh.remote.load(Ordering::Relaxed),
-        sh.max_late.load(Ordering::Relaxed) / 1000,
-    );
-    match kind {
-        ModelKind::Pull | ModelKind::Central => assert!(m.remote_expiries > 0),
-        ModelKind::Push => assert_eq!(m.remote_expiries, 0),
-    }
+    fired
 }

@@ -74,10 +74,22 @@ fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mu
 /// Adjusts KVM's supported CPUID entries for one vCPU.
 pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_entry2> {
     let mut entries = supported.to_vec();
+    set_features(&mut entries, &p);
+    set_frequencies(&mut entries, &p);
+    set_hypervisor_leaves(&mut entries, &p);
+    if p.user_lapic && p.pv_deadline {
+        set_lull_leaves(&mut entries);
+    }
+    entries
+}
+
+/// Leaf 1 (APIC ID, logical CPUs, TSC deadline, hypervisor, x2APIC), ARAT, and the APIC ID
+/// in the topology leaves.
+fn set_features(entries: &mut Vec<kvm_cpuid_entry2>, p: &CpuidParams) {
     let apic_id_byte = p.apic_id & 0xff;
     let logical = p.cpus.clamp(1, 255);
     {
-        let e = upsert(&mut entries, LEAF_FEATURES, 0);
+        let e = upsert(entries, LEAF_FEATURES, 0);
         e.ebx = (e.ebx & 0x0000_ffff) | (apic_id_byte << 24) | (logical << 16);
         e.ecx |= ECX_TSC_DEADLINE | ECX_HYPERVISOR;
         if p.x2apic {
@@ -86,17 +98,20 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
             e.ecx &= !ECX_X2APIC;
         }
     }
-    upsert(&mut entries, LEAF_THERMAL_POWER, 0).eax |= EAX_ARAT;
+    upsert(entries, LEAF_THERMAL_POWER, 0).eax |= EAX_ARAT;
     for e in entries.iter_mut() {
         if e.function == LEAF_TOPOLOGY || e.function == LEAF_TOPOLOGY_V2 {
             e.edx = p.apic_id;
         }
     }
-    // Leaf 0x15: TSC = ECX * EBX / EAX with a 1 GHz crystal; leaf 0x16: MHz.
+}
+
+/// Leaf 0x15: TSC = ECX * EBX / EAX with a 1 GHz crystal; leaf 0x16: MHz.
+fn set_frequencies(entries: &mut Vec<kvm_cpuid_entry2>, p: &CpuidParams) {
     if let Some(max) = entries.iter_mut().find(|e| e.function == 0) {
         max.eax = max.eax.max(LEAF_FREQ);
     }
-    *upsert(&mut entries, LEAF_TSC, 0) = kvm_cpuid_entry2 {
+    *upsert(entries, LEAF_TSC, 0) = kvm_cpuid_entry2 {
         function: LEAF_TSC,
         eax: 1_000_000,
         ebx: p.tsc_khz,
@@ -104,16 +119,20 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
         ..Default::default()
     };
     let mhz = p.tsc_khz / 1000;
-    *upsert(&mut entries, LEAF_FREQ, 0) = kvm_cpuid_entry2 {
+    *upsert(entries, LEAF_FREQ, 0) = kvm_cpuid_entry2 {
         function: LEAF_FREQ,
         eax: mhz,
         ebx: mhz,
         ecx: APIC_BUS_KHZ / 1000,
         ..Default::default()
     };
-    // Hypervisor leaves: KVM's signature, with the timing leaf.
+}
+
+/// Hypervisor leaves: KVM's signature, its PV features (with a user-space LAPIC: none that
+/// needs KVM's, PV EOI if asked), with the timing leaf.
+fn set_hypervisor_leaves(entries: &mut Vec<kvm_cpuid_entry2>, p: &CpuidParams) {
     {
-        let sig = upsert(&mut entries, LEAF_HV_SIGNATURE, 0);
+        let sig = upsert(entries, LEAF_HV_SIGNATURE, 0);
         sig.eax = LEAF_HV_TIMING;
         sig.ebx = u32::from_le_bytes(*b"KVMK");
         sig.ecx = u32::from_le_bytes(*b"VMKV");
@@ -128,36 +147,37 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
             features.edx &= !PV_HINT_REALTIME;
         }
     }
-    *upsert(&mut entries, LEAF_HV_TIMING, 0) = kvm_cpuid_entry2 {
+    *upsert(entries, LEAF_HV_TIMING, 0) = kvm_cpuid_entry2 {
         function: LEAF_HV_TIMING,
         eax: p.tsc_khz,
         ebx: APIC_BUS_KHZ,
         ..Default::default()
     };
-    if p.user_lapic && p.pv_deadline {
-        let word = |i: usize| {
-            u32::from_le_bytes([
-                LULL_SIGNATURE[i],
-                LULL_SIGNATURE[i + 1],
-                LULL_SIGNATURE[i + 2],
-                LULL_SIGNATURE[i + 3],
-            ])
-        };
-        *upsert(&mut entries, LEAF_LULL_SIGNATURE, 0) = kvm_cpuid_entry2 {
-            function: LEAF_LULL_SIGNATURE,
-            eax: LEAF_LULL_FEATURES,
-            ebx: word(0),
-            ecx: word(4),
-            edx: word(8),
-            ..Default::default()
-        };
-        *upsert(&mut entries, LEAF_LULL_FEATURES, 0) = kvm_cpuid_entry2 {
-            function: LEAF_LULL_FEATURES,
-            eax: LULL_FEATURE_PV_DEADLINE,
-            ..Default::default()
-        };
-    }
-    entries
+}
+
+/// lull's own leaves: its signature and the PV TSC deadline feature.
+fn set_lull_leaves(entries: &mut Vec<kvm_cpuid_entry2>) {
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            LULL_SIGNATURE[i],
+            LULL_SIGNATURE[i + 1],
+            LULL_SIGNATURE[i + 2],
+            LULL_SIGNATURE[i + 3],
+        ])
+    };
+    *upsert(entries, LEAF_LULL_SIGNATURE, 0) = kvm_cpuid_entry2 {
+        function: LEAF_LULL_SIGNATURE,
+        eax: LEAF_LULL_FEATURES,
+        ebx: word(0),
+        ecx: word(4),
+        edx: word(8),
+        ..Default::default()
+    };
+    *upsert(entries, LEAF_LULL_FEATURES, 0) = kvm_cpuid_entry2 {
+        function: LEAF_LULL_FEATURES,
+        eax: LULL_FEATURE_PV_DEADLINE,
+        ..Default::default()
+    };
 }
 
 /// Builds the `CpuId` for KVM_SET_CPUID2.

@@ -152,55 +152,57 @@ fn flag(value: libc::c_int) -> u64 {
     u64::from(value.unsigned_abs())
 }
 
+/// Calls every thread may make with any arguments.
+const ANY: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_futex,
+    libc::SYS_sched_yield,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_nanosleep,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sigaltstack,
+    libc::SYS_restart_syscall,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_getpid,
+    libc::SYS_gettid,
+    libc::SYS_getrandom,
+    libc::SYS_statx,
+    libc::SYS_newfstatat,
+    libc::SYS_fstat,
+    libc::SYS_lseek,
+    libc::SYS_pread64,
+    // Disk images (opened before the filters): virtio-blk requests on the vCPU threads,
+    // their sync at stop on the VMM thread.
+    libc::SYS_pwrite64,
+    libc::SYS_fdatasync,
+    libc::SYS_fcntl,
+    // Timerfds: the central model's (armed by the vCPU that arms a timer, the timer thread
+    // and the VMM thread at stop) and each vCPU's wake-up (re-armed by other vCPUs).
+    libc::SYS_timerfd_settime,
+    libc::SYS_timerfd_gettime,
+    // POSIX timers: each vCPU's host tick, and the timer thread's alarm, which the VMM
+    // thread also arms to stop it.
+    libc::SYS_timer_create,
+    libc::SYS_timer_settime,
+    libc::SYS_timer_gettime,
+    libc::SYS_timer_delete,
+];
+
 /// The allow-list of `kind`: syscall number to the rules of which one must match (an empty
 /// list allows every call).
 fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let any = [
-        libc::SYS_read,
-        libc::SYS_write,
-        libc::SYS_writev,
-        libc::SYS_close,
-        libc::SYS_futex,
-        libc::SYS_sched_yield,
-        libc::SYS_clock_gettime,
-        libc::SYS_clock_nanosleep,
-        libc::SYS_nanosleep,
-        libc::SYS_munmap,
-        libc::SYS_mremap,
-        libc::SYS_madvise,
-        libc::SYS_brk,
-        libc::SYS_rt_sigreturn,
-        libc::SYS_rt_sigprocmask,
-        libc::SYS_sigaltstack,
-        libc::SYS_restart_syscall,
-        libc::SYS_exit,
-        libc::SYS_exit_group,
-        libc::SYS_getpid,
-        libc::SYS_gettid,
-        libc::SYS_getrandom,
-        libc::SYS_statx,
-        libc::SYS_newfstatat,
-        libc::SYS_fstat,
-        libc::SYS_lseek,
-        libc::SYS_pread64,
-        // Disk images (opened before the filters): virtio-blk requests on the vCPU threads,
-        // their sync at stop on the VMM thread.
-        libc::SYS_pwrite64,
-        libc::SYS_fdatasync,
-        libc::SYS_fcntl,
-        // Timerfds: the central model's (armed by the vCPU that arms a timer, the timer thread
-        // and the VMM thread at stop) and each vCPU's wake-up (re-armed by other vCPUs).
-        libc::SYS_timerfd_settime,
-        libc::SYS_timerfd_gettime,
-        // POSIX timers: each vCPU's host tick, and the timer thread's alarm, which the VMM
-        // thread also arms to stop it.
-        libc::SYS_timer_create,
-        libc::SYS_timer_settime,
-        libc::SYS_timer_gettime,
-        libc::SYS_timer_delete,
-    ];
-    for sys in any {
+    for &sys in ANY {
         map.insert(sys, Vec::new());
     }
     // Memory is never made executable.
@@ -229,37 +231,10 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
     };
     let mut ioctls = Vec::new();
     if vcpu {
-        ioctls.push(cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?);
-        // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
-        map.insert(libc::SYS_ppoll, Vec::new());
-        // Wake placement: the thread's own host CPU (getcpu, when glibc has no rseq area
-        // or vDSO to answer from) and its own CPU affinity (pid 0: itself, no other).
-        map.insert(libc::SYS_getcpu, Vec::new());
-        for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
-            map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
-        }
+        vcpu_rules(&mut map, &mut ioctls)?;
     }
     if vmm {
-        for sys in [
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_epoll_ctl,
-            libc::SYS_getdents64,
-        ] {
-            map.insert(sys, Vec::new());
-        }
-        ioctls.extend(
-            [TCGETS, TCSETS, KVM_IRQ_LINE]
-                .into_iter()
-                .map(|request| cond(1, SeccompCmpOp::Eq, request))
-                .collect::<Result<Vec<_>, _>>()?,
-        );
-        for flags in [
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-        ] {
-            opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
-        }
+        vmm_rules(&mut map, &mut opens, &mut ioctls)?;
     }
     if api {
         api_rules(&mut map, &mut opens, &mut ioctls)?;
@@ -273,6 +248,53 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
     }
     map.insert(libc::SYS_openat, opens);
     Ok(map)
+}
+
+/// What a vCPU thread adds: KVM's vCPU ioctls, its blocking wait, wake placement.
+fn vcpu_rules(
+    map: &mut BTreeMap<i64, Vec<SeccompRule>>,
+    ioctls: &mut Vec<SeccompCondition>,
+) -> Result<(), SeccompError> {
+    ioctls.push(cond(1, SeccompCmpOp::MaskedEq(0xFF00), KVMIO << 8)?);
+    // A blocked vCPU waits on its kick eventfd and wake-up timerfd.
+    map.insert(libc::SYS_ppoll, Vec::new());
+    // Wake placement: the thread's own host CPU (getcpu, when glibc has no rseq area
+    // or vDSO to answer from) and its own CPU affinity (pid 0: itself, no other).
+    map.insert(libc::SYS_getcpu, Vec::new());
+    for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
+        map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
+    }
+    Ok(())
+}
+
+/// What the VMM thread adds: its epoll loop, the terminal and IRQ-line ioctls, the opens
+/// of its directories and output files.
+fn vmm_rules(
+    map: &mut BTreeMap<i64, Vec<SeccompRule>>,
+    opens: &mut Vec<SeccompRule>,
+    ioctls: &mut Vec<SeccompCondition>,
+) -> Result<(), SeccompError> {
+    for sys in [
+        libc::SYS_epoll_wait,
+        libc::SYS_epoll_pwait,
+        libc::SYS_epoll_ctl,
+        libc::SYS_getdents64,
+    ] {
+        map.insert(sys, Vec::new());
+    }
+    ioctls.extend(
+        [TCGETS, TCSETS, KVM_IRQ_LINE]
+            .into_iter()
+            .map(|request| cond(1, SeccompCmpOp::Eq, request))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
+    for flags in [
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+    ] {
+        opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
+    }
+    Ok(())
 }
 
 /// What the API server adds to the union of the other threads' lists (see the top of file).

@@ -174,6 +174,146 @@ fn check_arm(change: LapicTimerChange, now: u64, limits: TimerLimits) -> Result<
     Ok(())
 }
 
+/// Applies `op` to `lapic` at `now` (an `Advance` moves `now`), checking what it returned
+/// and keeping `model` in step.
+fn apply(
+    lapic: &mut Lapic,
+    model: &mut Model,
+    op: Op,
+    now: &mut u64,
+    limits: TimerLimits,
+) -> Result<(), TestCaseError> {
+    let at = *now;
+    let mode = lapic.mode();
+    match op {
+        Op::MmioWrite(offset, value) => {
+            let effects = lapic.write_mmio(u64::from(offset), &value.to_le_bytes(), at);
+            check_arm(effects.timer, at, limits)?;
+            let xapic = mode == ApicMode::XApic;
+            if xapic && offset == regs::TPR {
+                model.tpr = value.to_le_bytes()[0];
+            }
+            model.eoi(effects.eoi, xapic && offset == regs::EOI)?;
+        }
+        Op::MmioRead(offset, len) => {
+            let mut data = vec![0u8; len];
+            lapic.read_mmio(u64::from(offset), &mut data, at);
+            if lapic.mode() != ApicMode::XApic {
+                prop_assert!(data.iter().all(|&b| b == 0xFF), "unbacked page reads ones");
+            }
+        }
+        Op::MsrWrite(msr, value) => msr_write(lapic, model, msr, value, at, limits)?,
+        Op::MsrRead(msr) => {
+            let _ = lapic.read_msr(msr, at);
+        }
+        Op::Advance(ns) => *now = now.saturating_add(ns),
+        Op::TimerFired => {
+            let previous = lapic.timer_deadline();
+            let next = lapic.timer_fired(at);
+            if let (Some(previous), Some(next)) = (previous, next) {
+                if next != previous {
+                    prop_assert!(next - previous >= limits.min_period_ns);
+                    prop_assert!(next > at || next == u64::MAX);
+                }
+            }
+        }
+        Op::Accept(vector, level) => {
+            let _ = lapic.accept_interrupt(vector, level);
+        }
+        Op::Inject => {
+            if let Some(vector) = lapic.next_interrupt() {
+                lapic.interrupt_injected(vector);
+                model.in_service.insert(vector);
+            }
+        }
+        Op::Eoi => {
+            let effects = lapic.write_mmio(u64::from(regs::EOI), &[0; 4], at);
+            model.eoi(effects.eoi, mode == ApicMode::XApic)?;
+            let eoi = lapic.write_msr(0x80B, 0, at).ok().and_then(|e| e.eoi);
+            model.eoi(eoi, mode == ApicMode::X2Apic)?;
+        }
+        Op::Receive(icr) => receive(lapic, model, icr),
+        Op::Cr8(cr8) => {
+            // `sync_cr8` takes a changed CR8 as a MOV to CR8: TPR[7:4] = CR8[3:0],
+            // TPR[3:0] = 0 (SDM 11.8.6.1); an unchanged one leaves TPR alone.
+            let changed = (cr8 & 0xF) != u64::from(model.tpr / 16);
+            prop_assert_eq!(lapic.sync_cr8(cr8), changed);
+            if changed {
+                model.tpr = (cr8.to_le_bytes()[0] & 0xF) * 16;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What holds after every operation: priorities as the model says, delivery by the PPR, and
+/// the reserved bits clear.
+/// A WRMSR: the timer it arms, the TPR and EOI it writes (x2APIC), a reset if it disables
+/// the LAPIC.
+fn msr_write(
+    lapic: &mut Lapic,
+    model: &mut Model,
+    msr: u32,
+    value: u64,
+    at: u64,
+    limits: TimerLimits,
+) -> Result<(), TestCaseError> {
+    let mode = lapic.mode();
+    let x2apic = mode == ApicMode::X2Apic;
+    let canonical_eoi = x2apic && msr == 0x80B && value == 0;
+    match lapic.write_msr(msr, value, at) {
+        Ok(effects) => {
+            check_arm(effects.timer, at, limits)?;
+            if x2apic && msr == 0x808 {
+                model.tpr = value.to_le_bytes()[0];
+            }
+            model.eoi(effects.eoi, canonical_eoi)?;
+        }
+        Err(e) => prop_assert!(!canonical_eoi, "x2APIC EOI faulted: {e}"),
+    }
+    if mode != ApicMode::Disabled && lapic.mode() == ApicMode::Disabled {
+        model.reset();
+    }
+    Ok(())
+}
+
+/// An IPI received: an INIT resets the model as it resets the LAPIC.
+fn receive(lapic: &mut Lapic, model: &mut Model, icr: u64) {
+    let mode = lapic.mode();
+    if let super::icr::IcrDecode::Send(ipi) = super::icr::decode_icr(icr, icr & 1 == 0, 0) {
+        let _ = lapic.receive(&ipi);
+        // SDM 11.6.1: an INIT (but a level de-assert) resets the LAPIC.
+        let deassert = ipi.trigger_mode == TriggerMode::Level && !ipi.assert;
+        if ipi.delivery_mode == DeliveryMode::Init && !deassert && mode != ApicMode::Disabled {
+            model.reset();
+        }
+    }
+}
+
+fn check_invariants(lapic: &mut Lapic, model: &Model) -> Result<(), TestCaseError> {
+    check_priorities(lapic, model)?;
+    // Acceptance follows from the PPR: the highest pending vector is deliverable iff
+    // its class is above PPR's (SDM 11.8.3.1), and nothing else is.
+    let ppr = sdm_ppr(model.tpr, model.isrv());
+    let irrv = (0..=255u8).rev().find(|&v| lapic.irr.contains(v));
+    let deliverable = irrv.filter(|&v| lapic.mode() != ApicMode::Disabled && v / 16 > ppr / 16);
+    prop_assert_eq!(
+        lapic.next_interrupt(),
+        deliverable,
+        "PPR {:#x}, IRR top {:?}",
+        ppr,
+        irrv
+    );
+    prop_assert!(lapic.nmis_pending <= MAX_PENDING_NMIS);
+    prop_assert_eq!(lapic.isr.word(0) & 0xFFFF, 0);
+    prop_assert_eq!(lapic.irr.word(0) & 0xFFFF, 0);
+    prop_assert_eq!(lapic.esr & !0xE0, 0);
+    if lapic.svr & regs::SVR_ENABLED == 0 {
+        prop_assert!(lapic.lvt.iter().all(|lvt| lvt & regs::LVT_MASKED != 0));
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -190,109 +330,8 @@ proptest! {
         let mut now = 0u64;
         let mut model = Model::default();
         for op in ops {
-            let mode = lapic.mode();
-            match op {
-                Op::MmioWrite(offset, value) => {
-                    let effects = lapic.write_mmio(u64::from(offset), &value.to_le_bytes(), now);
-                    check_arm(effects.timer, now, limits)?;
-                    let xapic = mode == ApicMode::XApic;
-                    if xapic && offset == regs::TPR {
-                        model.tpr = value.to_le_bytes()[0];
-                    }
-                    model.eoi(effects.eoi, xapic && offset == regs::EOI)?;
-                }
-                Op::MmioRead(offset, len) => {
-                    let mut data = vec![0u8; len];
-                    lapic.read_mmio(u64::from(offset), &mut data, now);
-                    if lapic.mode() != ApicMode::XApic {
-                        prop_assert!(data.iter().all(|&b| b == 0xFF), "unbacked page reads ones");
-                    }
-                }
-                Op::MsrWrite(msr, value) => {
-                    let x2apic = mode == ApicMode::X2Apic;
-                    let canonical_eoi = x2apic && msr == 0x80B && value == 0;
-                    match lapic.write_msr(msr, value, now) {
-                        Ok(effects) => {
-                            check_arm(effects.timer, now, limits)?;
-                            if x2apic && msr == 0x808 {
-                                model.tpr = value.to_le_bytes()[0];
-                            }
-                            model.eoi(effects.eoi, canonical_eoi)?;
-                        }
-                        Err(e) => prop_assert!(!canonical_eoi, "x2APIC EOI faulted: {e}"),
-                    }
-                    if mode != ApicMode::Disabled && lapic.mode() == ApicMode::Disabled {
-                        model.reset();
-                    }
-                }
-                Op::MsrRead(msr) => {
-                    let _ = lapic.read_msr(msr, now);
-                }
-                Op::Advance(ns) => now = now.saturating_add(ns),
-                Op::TimerFired => {
-                    let previous = lapic.timer_deadline();
-                    let next = lapic.timer_fired(now);
-                    if let (Some(previous), Some(next)) = (previous, next) {
-                        if next != previous {
-                            prop_assert!(next - previous >= limits.min_period_ns);
-                            prop_assert!(next > now || next == u64::MAX);
-                        }
-                    }
-                }
-                Op::Accept(vector, level) => {
-                    let _ = lapic.accept_interrupt(vector, level);
-                }
-                Op::Inject => {
-                    if let Some(vector) = lapic.next_interrupt() {
-                        lapic.interrupt_injected(vector);
-                        model.in_service.insert(vector);
-                    }
-                }
-                Op::Eoi => {
-                    let effects = lapic.write_mmio(u64::from(regs::EOI), &[0; 4], now);
-                    model.eoi(effects.eoi, mode == ApicMode::XApic)?;
-                    let eoi = lapic.write_msr(0x80B, 0, now).ok().and_then(|e| e.eoi);
-                    model.eoi(eoi, mode == ApicMode::X2Apic)?;
-                }
-                Op::Receive(icr) => {
-                    if let super::icr::IcrDecode::Send(ipi) =
-                        super::icr::decode_icr(icr, icr & 1 == 0, 0)
-                    {
-                        let _ = lapic.receive(&ipi);
-                        // SDM 11.6.1: an INIT (but a level de-assert) resets the LAPIC.
-                        let deassert = ipi.trigger_mode == TriggerMode::Level && !ipi.assert;
-                        if ipi.delivery_mode == DeliveryMode::Init
-                            && !deassert
-                            && mode != ApicMode::Disabled
-                        {
-                            model.reset();
-                        }
-                    }
-                }
-                Op::Cr8(cr8) => {
-                    // `sync_cr8` takes a changed CR8 as a MOV to CR8: TPR[7:4] = CR8[3:0],
-                    // TPR[3:0] = 0 (SDM 11.8.6.1); an unchanged one leaves TPR alone.
-                    let changed = (cr8 & 0xF) != u64::from(model.tpr / 16);
-                    prop_assert_eq!(lapic.sync_cr8(cr8), changed);
-                    if changed {
-                        model.tpr = (cr8.to_le_bytes()[0] & 0xF) * 16;
-                    }
-                }
-            }
-            check_priorities(&mut lapic, &model)?;
-            // Acceptance follows from the PPR: the highest pending vector is deliverable iff
-            // its class is above PPR's (SDM 11.8.3.1), and nothing else is.
-            let ppr = sdm_ppr(model.tpr, model.isrv());
-            let irrv = (0..=255u8).rev().find(|&v| lapic.irr.contains(v));
-            let deliverable = irrv.filter(|&v| lapic.mode() != ApicMode::Disabled && v / 16 > ppr / 16);
-            prop_assert_eq!(lapic.next_interrupt(), deliverable, "PPR {:#x}, IRR top {:?}", ppr, irrv);
-            prop_assert!(lapic.nmis_pending <= MAX_PENDING_NMIS);
-            prop_assert_eq!(lapic.isr.word(0) & 0xFFFF, 0);
-            prop_assert_eq!(lapic.irr.word(0) & 0xFFFF, 0);
-            prop_assert_eq!(lapic.esr & !0xE0, 0);
-            if lapic.svr & regs::SVR_ENABLED == 0 {
-                prop_assert!(lapic.lvt.iter().all(|lvt| lvt & regs::LVT_MASKED != 0));
-            }
+            apply(&mut lapic, &mut model, op, &mut now, limits)?;
+            check_invariants(&mut lapic, &model)?;
         }
     }
 

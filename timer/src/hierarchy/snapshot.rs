@@ -18,6 +18,10 @@ pub struct EventSnapshot {
     pub cpu: CpuId,
 }
 
+/// A member as its group should see it: whether it is active, and the event (expiry, first
+/// CPU) it wants queued in the group while idle.
+type Member = (bool, Option<(Nanos, Option<CpuId>)>);
+
 /// A child of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberSnapshot {
@@ -210,7 +214,17 @@ impl Snapshot {
     }
 
     fn check_group(&self, g: &GroupSnapshot) -> Result<(), String> {
-        if g.members.len() > self.group_size {
+        Self::check_group_state(g, self.group_size)?;
+        for (slot, m) in g.members.iter().enumerate() {
+            self.check_member(g, slot, m)?;
+        }
+        Ok(())
+    }
+
+    /// The group's own state: its size, migrator and active bits, and its next expiry
+    /// against its events.
+    fn check_group_state(g: &GroupSnapshot, group_size: usize) -> Result<(), String> {
+        if g.members.len() > group_size {
             return Err(format!("{} children", g.members.len()));
         }
         let s = g.state;
@@ -241,61 +255,75 @@ impl Snapshot {
                 g.next_expiry
             ));
         }
-        for (slot, m) in g.members.iter().enumerate() {
-            let bit = s.active & (1 << slot) != 0;
-            let evt = g.events.iter().find(|e| e.slot == slot);
-            let (active, want) = match *m {
-                MemberSnapshot::Cpu(c) => {
-                    let cpu = self.cpus.get(c).ok_or("unknown CPU")?;
-                    if (cpu.group, cpu.slot) != (g.id, slot) || g.level != 0 {
-                        return Err(format!("CPU {c} misplaced"));
-                    }
-                    if g.level < self.crossnode_level && cpu.node != g.node {
-                        return Err(format!("CPU {c} of node {} in node {}", cpu.node, g.node));
-                    }
-                    (!cpu.idle, (cpu.evt != NEVER).then_some((cpu.evt, Some(c))))
-                }
-                MemberSnapshot::Group(id) => {
-                    let child = self.groups.get(id).ok_or("unknown group")?;
-                    if child.parent != Some((g.id, slot)) || child.level + 1 != g.level {
-                        return Err(format!("group {id} misplaced"));
-                    }
-                    if g.level < self.crossnode_level && child.node != g.node {
-                        return Err(format!(
-                            "group {id} crosses nodes below the cross-node level"
-                        ));
-                    }
-                    let first = child
-                        .events
-                        .iter()
-                        .filter(|e| e.expiry == child.next_expiry);
-                    let owners: Vec<_> = first.map(|e| e.cpu).collect();
-                    if child.state.active == 0
-                        && child.next_expiry != NEVER
-                        && !owners.contains(&child.first_cpu.unwrap_or(NONE))
-                    {
-                        return Err(format!(
-                            "group {id} names CPU {:?} as first",
-                            child.first_cpu
-                        ));
-                    }
-                    let want = (child.next_expiry != NEVER)
-                        .then_some((child.next_expiry, child.first_cpu));
-                    (child.state.active != 0, want)
-                }
-            };
-            if bit != active {
-                return Err(format!("slot {slot} bit {bit} but child active {active}"));
-            }
-            if !active {
-                let got = evt.map(|e| (e.expiry, Some(e.cpu)));
-                if got != want {
-                    return Err(format!(
-                        "idle slot {slot} has event {got:?}, child says {want:?}"
-                    ));
-                }
+        Ok(())
+    }
+
+    /// The member in `slot` of `g`: in its place, active as its bit says, and (idle) with
+    /// the event it asks for queued in `g`.
+    fn check_member(
+        &self,
+        g: &GroupSnapshot,
+        slot: usize,
+        m: &MemberSnapshot,
+    ) -> Result<(), String> {
+        let bit = g.state.active & (1 << slot) != 0;
+        let evt = g.events.iter().find(|e| e.slot == slot);
+        let (active, want) = match *m {
+            MemberSnapshot::Cpu(c) => self.cpu_member(g, slot, c)?,
+            MemberSnapshot::Group(id) => self.group_member(g, slot, id)?,
+        };
+        if bit != active {
+            return Err(format!("slot {slot} bit {bit} but child active {active}"));
+        }
+        if !active {
+            let got = evt.map(|e| (e.expiry, Some(e.cpu)));
+            if got != want {
+                return Err(format!(
+                    "idle slot {slot} has event {got:?}, child says {want:?}"
+                ));
             }
         }
         Ok(())
+    }
+
+    /// CPU `c` in `slot` of `g`: whether it is active, and the event it wants queued.
+    fn cpu_member(&self, g: &GroupSnapshot, slot: usize, c: CpuId) -> Result<Member, String> {
+        let cpu = self.cpus.get(c).ok_or("unknown CPU")?;
+        if (cpu.group, cpu.slot) != (g.id, slot) || g.level != 0 {
+            return Err(format!("CPU {c} misplaced"));
+        }
+        if g.level < self.crossnode_level && cpu.node != g.node {
+            return Err(format!("CPU {c} of node {} in node {}", cpu.node, g.node));
+        }
+        Ok((!cpu.idle, (cpu.evt != NEVER).then_some((cpu.evt, Some(c)))))
+    }
+
+    /// Group `id` in `slot` of `g`: whether it is active, and the event it wants queued.
+    fn group_member(&self, g: &GroupSnapshot, slot: usize, id: usize) -> Result<Member, String> {
+        let child = self.groups.get(id).ok_or("unknown group")?;
+        if child.parent != Some((g.id, slot)) || child.level + 1 != g.level {
+            return Err(format!("group {id} misplaced"));
+        }
+        if g.level < self.crossnode_level && child.node != g.node {
+            return Err(format!(
+                "group {id} crosses nodes below the cross-node level"
+            ));
+        }
+        let first = child
+            .events
+            .iter()
+            .filter(|e| e.expiry == child.next_expiry);
+        let owners: Vec<_> = first.map(|e| e.cpu).collect();
+        if child.state.active == 0
+            && child.next_expiry != NEVER
+            && !owners.contains(&child.first_cpu.unwrap_or(NONE))
+        {
+            return Err(format!(
+                "group {id} names CPU {:?} as first",
+                child.first_cpu
+            ));
+        }
+        let want = (child.next_expiry != NEVER).then_some((child.next_expiry, child.first_cpu));
+        Ok((child.state.active != 0, want))
     }
 }

@@ -35,6 +35,7 @@
 //! once for a deadline already past.
 
 mod central;
+mod factory;
 mod pull;
 mod push;
 mod sleep;
@@ -42,16 +43,15 @@ mod sleep;
 #[cfg(not(loom))]
 mod sleep_tests;
 
-use std::sync::Arc;
-
 pub use central::{CentralCpu, CentralModel};
+pub use factory::{build, Model};
 pub use pull::{PullCpu, PullModel};
 pub use push::{PushCpu, PushModel};
 pub use sleep::Sleeper;
 
 use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
-use crate::hierarchy::{HierarchyError, NodeId};
+use crate::hierarchy::HierarchyError;
 use crate::host::HostTimer;
 use crate::metrics::{Metrics, MetricsSnapshot};
 
@@ -153,52 +153,6 @@ pub trait TimerModel<T>: Send + Sync {
     /// `central` model's timer thread re-arming what it just fired). Only `central` has such
     /// a thread: the other models refuse (`false`) and their timers are re-armed on a base.
     fn arm_global(&self, cpu: CpuId, deadline: Nanos, payload: T) -> bool;
-}
-
-/// A built model: the shared part and one [`CpuTimers`] per CPU, to move to vCPU threads.
-pub struct Model<T> {
-    /// Shared part.
-    pub shared: Arc<dyn TimerModel<T>>,
-    /// Per-CPU parts, index = CPU id.
-    pub cpus: Vec<Box<dyn CpuTimers<T>>>,
-}
-
-/// Builds `kind` for CPUs on NUMA nodes `nodes` (CPU `i` on `nodes[i]`). `host(Some(cpu))`
-/// makes a CPU's host tick, `host(None)` the central thread's timer.
-pub fn build<T: Send + 'static>(
-    kind: ModelKind,
-    nodes: &[NodeId],
-    host: &mut dyn FnMut(Option<CpuId>) -> Box<dyn HostTimer>,
-    waker: Arc<dyn Waker>,
-) -> Result<Model<T>, ModelError> {
-    fn boxed<T, C: CpuTimers<T> + 'static>(v: Vec<C>) -> Vec<Box<dyn CpuTimers<T>>> {
-        v.into_iter()
-            .map(|c| Box::new(c) as Box<dyn CpuTimers<T>>)
-            .collect()
-    }
-    Ok(match kind {
-        ModelKind::Pull => {
-            let (m, c) = PullModel::new(nodes, host, waker)?;
-            Model {
-                shared: m,
-                cpus: boxed(c),
-            }
-        }
-        ModelKind::Push => {
-            let (m, c) = PushModel::new(nodes.len(), host, waker);
-            Model {
-                shared: m,
-                cpus: boxed(c),
-            }
-        }
-        ModelKind::Central => {
-            let (m, c) = CentralModel::new(nodes.len(), host, waker);
-            Model {
-                shared: m,
-                cpus: boxed(c),
-            }
-        }
-    })
 }
 
 /// A host timer armed lazily: only when the deadline moves earlier or the armed one passed.

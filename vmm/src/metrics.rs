@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::ratelimit::LogLimiter;
 
-pub use crate::counters::{VcpuCounters, LATENESS_BUCKETS};
+pub use crate::state::counters::{VcpuCounters, LATENESS_BUCKETS};
 
 /// Snapshot of [`VcpuCounters`].
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -255,16 +255,16 @@ pub struct RunReport {
     /// Global-timer load (user irqchip): setting and fires on the `central` timer thread.
     pub global_timers: Option<GlobalTimersReport>,
     /// Refill timers of rate-limited disks and nets: what expired them and what each did.
-    pub device_timers: Option<crate::device_timers::DeviceTimersReport>,
+    pub device_timers: Option<crate::state::device_timers::DeviceTimersReport>,
     /// virtio-blk requests that failed (IOERR to the guest) because a disk's image file had
     /// shrunk under the VM below them.
     pub disk_shrunk_image_errors: u64,
     /// virtio-net devices, in `--net` order: frames and bytes each way, drops.
-    pub nets: Vec<crate::net_port::NetReport>,
+    pub nets: Vec<crate::state::net_port::NetReport>,
     /// Per-vCPU exits.
     pub vcpus: Vec<VcpuSnapshot>,
     /// lull's threads: context switches (host wake-ups) and CPU time.
-    pub threads: Vec<crate::host_stats::ThreadStat>,
+    pub threads: Vec<crate::host::stats::ThreadStat>,
     /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is
     /// mounted.
     pub kvm: Option<std::collections::BTreeMap<String, u64>>,

@@ -79,7 +79,7 @@ use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
 use vmm::irqchip::{ChipExit, Entry, IrqChip, VcpuIrq};
-use vmm::layout::IOAPIC_ADDR;
+use vmm::setup::layout::IOAPIC_ADDR;
 use vmm::metrics::{LapicNoise, VcpuCounters};
 use vmm::vcpu::exit::VcpuAction;
 

@@ -34,11 +34,11 @@ use ::devices::serial::SerialCounters;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::boot::{self, BootError, BootSpec};
 use crate::config::{IrqchipMode, VmConfig};
-use crate::device_timers::DeviceTimers;
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::metrics::RunReport;
+use crate::setup::boot::{self, BootError, BootSpec};
+use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses, VcpuError};
 use guest::{GuestError, GuestImage};
@@ -94,7 +94,7 @@ pub enum VmError {
     Disk(#[from] disks::DiskOpenError),
     /// A `--net` tap cannot be used.
     #[error(transparent)]
-    Net(#[from] crate::sys::tap::TapError),
+    Net(#[from] crate::host::sys::tap::TapError),
     /// A host resource (eventfd, signal handler, event loop) could not be created.
     #[error("Cannot create {what}: {source}")]
     Host {
@@ -108,7 +108,7 @@ pub enum VmError {
     EventLoop(event_manager::Error),
     /// A seccomp filter could not be built or installed.
     #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompError),
+    Seccomp(#[from] crate::host::seccomp::SeccompError),
 }
 
 /// How a run ended.
@@ -244,7 +244,7 @@ pub fn run_observed(
     let kvm_stats = vcpus
         .ports
         .iter()
-        .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
+        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
         .collect();
     let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
         what: "the stop eventfd",
@@ -267,7 +267,7 @@ pub fn run_observed(
         }));
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
-    crate::seccomp::prepare(cfg.seccomp)?;
+    crate::host::seccomp::prepare(cfg.seccomp)?;
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {

@@ -40,10 +40,10 @@ use vm_memory::GuestMemoryMmap;
 
 use super::disks::placement;
 use crate::config::{MacAddr, NetConfig};
-use crate::device_timers::DeviceTimers;
-use crate::net_port::{NetPort, NetReport};
+use crate::host::sys::tap::{Tap, TapError};
+use crate::state::device_timers::DeviceTimers;
 use crate::state::lock;
-use crate::sys::tap::{Tap, TapError};
+use crate::state::net_port::{NetPort, NetReport};
 
 /// A virtio-net device on a tap, behind its transport and bus adapter.
 pub type NetDevice = VirtioMmioDevice<Net<Tap>, GuestMemoryMmap>;
@@ -121,7 +121,7 @@ pub fn attach(
         devices: Vec::new(),
     };
     // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
-    let clock: DeviceClock = Arc::new(crate::sys::clock::monotonic_ns);
+    let clock: DeviceClock = Arc::new(crate::host::sys::clock::monotonic_ns);
     for (n, (tap, cfg)) in open.0.into_iter().enumerate() {
         let index = first + n;
         let Some((base, irq)) = placement(index) else {

@@ -33,7 +33,7 @@ use devices::virtio::DeviceTimer;
 use serde::Serialize;
 
 use crate::config::DeviceTimerMode;
-use crate::sys::timerfd::TimerFd;
+use crate::host::sys::timerfd::TimerFd;
 
 /// Counters of one device's timer.
 #[derive(Debug, Default)]

@@ -65,7 +65,7 @@ mod tests {
     use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
     use super::*;
-    use crate::sys::timerfd::TimerFd;
+    use crate::host::sys::timerfd::TimerFd;
 
     #[test]
     fn a_kick_a_timer_or_the_timeout_ends_the_wait() {

@@ -100,10 +100,14 @@ mod tests {
         let kick = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let t = TimerFd::nonblocking().unwrap();
         let readable = |t: &TimerFd| {
-            let w = crate::sys::poll::wait(&kick, Some(t), Some(std::time::Duration::ZERO));
+            let w = crate::host::sys::poll::wait(&kick, Some(t), Some(std::time::Duration::ZERO));
             w.unwrap().wake
         };
-        let fired = |t: &TimerFd| crate::sys::poll::wait(&kick, Some(t), None).unwrap().wake;
+        let fired = |t: &TimerFd| {
+            crate::host::sys::poll::wait(&kick, Some(t), None)
+                .unwrap()
+                .wake
+        };
         t.arm_at(1).unwrap();
         assert!(fired(&t), "an expired deadline fires");
         t.arm_at(u64::MAX / 2).unwrap();

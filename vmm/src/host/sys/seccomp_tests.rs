@@ -3,7 +3,7 @@
 //! makes one syscall; the parent reads how the child ended. A refused syscall ends the child
 //! by SIGSYS (`--seccomp on`); with `--seccomp log` the same syscall goes through.
 
-use crate::seccomp::*;
+use crate::host::seccomp::*;
 
 /// What the child does after installing its filter.
 #[derive(Debug, Clone, Copy)]

@@ -6,6 +6,11 @@
 //! The field names and order are the report's JSON keys, stable: renaming a field renames a
 //! key every reader of a stored report depends on.
 //!
+//! Reading is lenient: a key a report lacks reads as its default (0, empty, null), as the
+//! bench's readers always took it, so that `lull bench --lull OLD` still reads the reports of
+//! an older lull. The integration tests check the other way, that what lull writes reads back
+//! to the same bytes.
+//!
 //! ```text
 //!  RunReport ── timers: TimerMetrics          (timer model's counters)
 //!            ├─ idle_inject, cpu_quota, global_timers (idle manager's settings and work)

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a virtio-net device has done, for metrics and tests (each [`NetReport`]'s counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NetStats {
     /// Frames delivered to the guest.
     pub rx_frames: u64,
@@ -36,6 +37,7 @@ pub struct NetStats {
 /// One network device in the run report (`nets`, in `--net` order): its tap and address, then
 /// its counters as keys of the same object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NetReport {
     /// The host tap.
     pub tap: String,

@@ -9,6 +9,7 @@ use crate::{NetReport, TimerMetrics, VcpuSnapshot};
 
 /// The JSON written to `--metrics` at exit. Field names are stable.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunReport {
     /// lull's exit status.
     pub exit_status: i32,
@@ -73,6 +74,7 @@ pub struct RunReport {
 
 /// Idle injection in the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IdleInjectReport {
     /// The setting.
     pub config: String,
@@ -82,6 +84,7 @@ pub struct IdleInjectReport {
 
 /// The global-timer load in the report.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GlobalTimersReport {
     /// The setting.
     pub config: String,
@@ -91,6 +94,7 @@ pub struct GlobalTimersReport {
 
 /// Throttling by the CPU quota, as the report gives it (`cpu_quota`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct QuotaReport {
     /// The setting.
     pub config: String,
@@ -106,6 +110,7 @@ pub struct QuotaReport {
 
 /// The device timers in the report (`device_timers`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DeviceTimersReport {
     /// `hierarchy` or `timerfd`.
     pub mode: String,
@@ -115,6 +120,7 @@ pub struct DeviceTimersReport {
 
 /// What one device's timer did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DeviceTimerReport {
     /// Refill timers asked for (requests held back by the rate limiter).
     pub requested: u64,
@@ -126,6 +132,7 @@ pub struct DeviceTimerReport {
 
 /// One lull thread as the scheduler saw it (`threads`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ThreadStat {
     /// Thread name (`vcpu0`, `timers`, `lull`, ...).
     pub name: String,

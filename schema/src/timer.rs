@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// A copy of a timer model's counters at one moment (the report's `timers`; the `timer`
 /// crate keeps them live and calls a copy `MetricsSnapshot`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TimerMetrics {
     /// Host timers programmed (timerfd/POSIX timer syscalls, or fakes).
     pub host_timer_arms: u64,

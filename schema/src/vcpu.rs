@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 /// One vCPU's exits, wake-ups and idle work (the report's `vcpus`; lull's `VcpuCounters`
 /// read at one moment).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct VcpuSnapshot {
     /// vCPU index.
     pub vcpu: u32,
@@ -72,6 +73,7 @@ pub struct VcpuSnapshot {
 
 /// Wake placement's counters of one vCPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PlacementSnapshot {
     /// Blocks for which the thread was bound to its host CPU.
     pub binds: u64,
@@ -91,6 +93,7 @@ pub struct PlacementSnapshot {
 
 /// Wake-ups of a blocked vCPU by cause.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct WakeupSnapshot {
     /// Its own timer.
     pub timer: u64,

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use lull_schema::RunReport;
 
 use super::api_client;
 use super::proc_sample::{self, ProcSample};
@@ -60,7 +60,7 @@ pub struct VmOutcome {
     /// The VMM's stdout and stderr.
     pub stderr: String,
     /// lull's live counters (`vm.counters`) as the window opened and as it closed (API VMs).
-    pub counters: Option<(Value, Value)>,
+    pub counters: Option<(RunReport, RunReport)>,
     /// What went wrong with its API, if anything.
     pub api_error: Option<String>,
 }
@@ -143,8 +143,8 @@ struct ApiVm {
     socket: PathBuf,
     booted: bool,
     shut_down: bool,
-    at_start: Option<Value>,
-    at_end: Option<Value>,
+    at_start: Option<RunReport>,
+    at_end: Option<RunReport>,
     error: Option<String>,
 }
 
@@ -176,7 +176,7 @@ impl ApiVm {
     }
 
     /// Live counters now, or the error noted.
-    fn counters(&mut self) -> Option<Value> {
+    fn counters(&mut self) -> Option<RunReport> {
         match api_client::counters(&self.socket) {
             Ok(v) => Some(v),
             Err(e) => {

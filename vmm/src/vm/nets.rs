@@ -81,18 +81,7 @@ impl NetPort for TapPort {
         NetReport {
             tap: self.tap.clone(),
             mac: self.mac.to_string(),
-            rx_frames: s.rx_frames,
-            rx_bytes: s.rx_bytes,
-            rx_dropped: s.rx_dropped,
-            rx_bad_chains: s.rx_bad_chains,
-            rx_errors: s.rx_errors,
-            tx_frames: s.tx_frames,
-            tx_bytes: s.tx_bytes,
-            tx_dropped: s.tx_dropped,
-            tx_errors: s.tx_errors,
-            bad_heads: s.bad_heads,
-            throttled: s.throttled,
-            refills: s.refills,
+            stats: s,
         }
     }
 }

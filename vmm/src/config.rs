@@ -18,6 +18,7 @@ use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
 mod file;
+pub mod knob;
 mod net;
 mod validate;
 

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
+use crate::config::knob::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
 
 /// Where periods start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

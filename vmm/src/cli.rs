@@ -1,8 +1,9 @@
-//! The `lull` command line (clap), mapped onto [`VmConfig`].
+//! The flags of `lull run` (clap), mapped onto [`VmConfig`]. The rest of the command line
+//! (`lull bench`, the subcommands) is the `lull` binary's.
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
 use crate::config::{
     ConfigError, DeviceTimerMode, DiskConfig, IrqchipMode, NetConfig, SerialMode, Switch,
@@ -15,50 +16,6 @@ use crate::idle::inject::IdleInjectConfig;
 use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
-
-const EXIT_CODES_HELP: &str = "\
-Exit status:
-  0        the guest reset or powered off the machine
-  odd      the guest wrote v to the test-exit port 0xf4: status ((v << 1) | 1) & 0xff
-  2        bad command line
-  4        bad input: kernel, initramfs, config file, memory size, CPU count, API socket
-           path, disk image (or one another lull holds), tap device, contradictory flags,
-           an output path that is an input, a serial file that cannot be written, or the
-           host out of file descriptors or memory (the message says what to raise)
-  6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
-  8        lull failed while running the guest
-  10       the guest crashed (triple fault, KVM internal error or entry failure)
-  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)
-  14       stopped through the management API (vm.shutdown, or vmm.shutdown of a running VM)
-With --api-socket, lull exits with the status of its VM's run; if none ran, 0 after
-vmm.shutdown and 12 after SIGINT or SIGTERM.";
-
-/// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
-#[derive(Debug, Parser)]
-#[command(name = "lull", version, about, after_help = EXIT_CODES_HELP)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// lull's subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Boot a guest and run it until it resets, powers off or exits through the test port.
-    ///
-    /// Without --kernel, lull boots the default guest of the built kit (`make guests linux`):
-    /// the tiny Linux kernel with its initramfs. The console is the terminal; press Ctrl-A then
-    /// x to stop the VM.
-    #[command(after_help = EXIT_CODES_HELP)]
-    Run(RunArgs),
-    /// Measure lull against the alternatives on this host: `density` (many idle VMs per mode:
-    /// host CPU, wake-ups, exits, guest timer lateness, RSS), `wakeup` (IPI wake-up latency of a
-    /// halted vCPU per halt-polling mode), `timer-modes` (cost per guest timer event),
-    /// `idle-manager` (idle injection, CPU quota) and `boot` (boot time vs QEMU, lull's RSS).
-    /// Tables on stdout, progress on stderr.
-    Bench(bench::BenchArgs),
-}
 
 /// Flags of `lull run`. Each one overrides the same field of `--config`.
 #[derive(Debug, Args, Default)]
@@ -419,7 +376,15 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+
+    /// `lull run` as the `lull` binary parses it (its other subcommand left out).
+    #[derive(Debug, Parser)]
+    #[command(name = "lull")]
+    enum Cli {
+        /// `lull run`.
+        Run(RunArgs),
+    }
 
     #[test]
     fn cli_definition_is_consistent() {
@@ -441,9 +406,7 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("expected the run subcommand");
-        };
+        let Cli::Run(args) = cli;
         let cfg = args.to_config().unwrap();
         assert_eq!(cfg.cpus, 2);
         assert_eq!(cfg.memory, ByteSize::mib(512));
@@ -453,9 +416,9 @@ mod tests {
 
     #[test]
     fn api_socket_alone_describes_no_vm() {
-        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().command {
-            Command::Run(args) => args,
-            Command::Bench(_) => panic!("expected the run subcommand"),
+        let parse = |argv: &[&str]| {
+            let Cli::Run(args) = Cli::try_parse_from(argv).unwrap();
+            args
         };
         let bare = parse(&["lull", "run", "--api-socket", "/tmp/s", "-v"]);
         assert_eq!(
@@ -475,9 +438,7 @@ mod tests {
         std::fs::write(&file, json).unwrap();
         let mut argv = vec!["lull", "run", "--config", file.to_str().unwrap()];
         argv.extend_from_slice(extra);
-        let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
-            panic!("expected the run subcommand");
-        };
+        let Cli::Run(args) = Cli::try_parse_from(argv).unwrap();
         let cfg = args.to_config().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         cfg
@@ -524,9 +485,7 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["lull", "run", "--net", "lulltap0"]).is_err());
         let cli = Cli::try_parse_from(["lull", "run", "--net", "tap=a", "--net", "tap=a"]).unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("expected the run subcommand");
-        };
+        let Cli::Run(args) = cli;
         assert!(args.describes_vm());
         assert!(matches!(
             args.to_config(),
@@ -539,9 +498,7 @@ mod tests {
         assert!(Cli::try_parse_from(["lull", "run", "--memory", "lots"]).is_err());
         assert!(Cli::try_parse_from(["lull", "run", "--serial", "tty"]).is_err());
         let cli = Cli::try_parse_from(["lull", "run", "--cpus", "0"]).unwrap();
-        let Command::Run(args) = cli.command else {
-            panic!("expected the run subcommand");
-        };
+        let Cli::Run(args) = cli;
         assert!(matches!(args.to_config(), Err(ConfigError::Cpus(0))));
     }
 }

@@ -11,7 +11,9 @@
 //! ```
 //! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
 //! `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
-//! locates the guest kit; `lull bench` is the `bench` crate.
+//! locates the guest kit. `main` is the `lull` binary, a package of its own (`lull/`) with the
+//! rest of the command line and `lull bench` (the `bench` crate), which this library does not
+//! depend on.
 
 pub mod api;
 pub mod boot;

@@ -5,12 +5,15 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use cli::{Cli, Command};
 use tracing_subscriber::EnvFilter;
-use vmm::cli::{Cli, Command, RunArgs};
+use vmm::cli::RunArgs;
 use vmm::config::Switch;
 use vmm::exit_code;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
+
+mod cli;
 
 fn init_logging(verbose: u8) {
     let default = match verbose {

@@ -10,17 +10,16 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use clap::Parser;
-use vmm::cli::RunArgs;
-use vmm::config::{IrqchipMode, SerialMode, TimerModelKind, VmConfig};
+use vmm::config::{IrqchipMode, SerialMode, TimerModelKind, VmArgs, VmConfig};
 use vmm::size::ByteSize;
 
-/// `lull run` as the `lull` binary parses it; its other subcommand, `lull bench`, is left out
-/// so that the target does not link the bench crate.
+/// `lull run` as the `lull` binary parses it, with the VM's flags only (`lull bench` left out,
+/// so that the target does not link the bench crate; `-v` is then a usage error).
 #[derive(Debug, Parser)]
 #[command(name = "lull")]
 enum Cli {
     /// `lull run`.
-    Run(RunArgs),
+    Run(VmArgs),
 }
 
 const FLAGS: &[&str] = &[

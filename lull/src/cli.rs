@@ -1,7 +1,10 @@
-//! The `lull` command line: `lull run` (the VM's flags are [`RunArgs`]) and `lull bench`.
+//! The `lull` command line: `lull run` (the VM's flags are [`VmArgs`], the rest [`RunArgs`])
+//! and `lull bench`.
 
-use clap::{Parser, Subcommand};
-use vmm::cli::RunArgs;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use vmm::config::{Switch, VmArgs};
 
 const EXIT_CODES_HELP: &str = "\
 Exit status:
@@ -47,6 +50,38 @@ pub enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Flags of `lull run`: the VM's ([`VmArgs`]), then how lull itself runs.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The flags that describe the VM, and `--config`.
+    #[command(flatten)]
+    pub vm: VmArgs,
+
+    /// Serve the management API (a subset of Cloud Hypervisor's REST API: vmm.ping,
+    /// vm.create, vm.boot, vm.info, vm.counters, vm.shutdown, vmm.shutdown) on a Unix socket
+    /// created at PATH with owner-only permissions, instead of booting at once. VM flags or
+    /// --config given with it form the created VM (boot it with vm.boot); without them, the
+    /// VM comes from vm.create, which checks the kernel, initramfs, disks, taps and output
+    /// paths as `lull run` does and answers 400 with the reason; a VM whose vm.boot failed may
+    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM. See docs/API.md.
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    /// lull's own machine code on 2 MiB pages: `on` copies lull's text into transparent huge
+    /// pages at start-up, which cuts the TLB misses of a vCPU thread waking from a long sleep:
+    /// 2-3 us less of lull's handling per timer event on our hosts, 1-4% of an event's CPU,
+    /// too little to show in `lull bench density` (see docs/PERFORMANCE.md). It costs each
+    /// lull process ~2 MiB more resident memory (a private copy instead of the shared page
+    /// cache), and `perf` then cannot name lull's functions. Where the host cannot give huge
+    /// pages, lull warns and runs from its file pages. Default: off.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub huge_text: Option<Switch>,
+
+    /// More log output on stderr (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +90,27 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn api_socket_alone_describes_no_vm() {
+        let parse = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(args) => args,
+            Command::Bench(_) => panic!("expected the run subcommand"),
+        };
+        let bare = parse(&["lull", "run", "--api-socket", "/tmp/s", "-v"]);
+        assert_eq!(
+            bare.api_socket.as_deref(),
+            Some(std::path::Path::new("/tmp/s"))
+        );
+        assert!(!bare.vm.describes_vm());
+        assert!(
+            parse(&["lull", "run", "--api-socket", "/tmp/s", "--cpus", "2"])
+                .vm
+                .describes_vm()
+        );
+        assert!(parse(&["lull", "run", "--seccomp", "off"])
+            .vm
+            .describes_vm());
     }
 }

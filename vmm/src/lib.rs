@@ -17,7 +17,6 @@
 
 pub mod api;
 pub mod boot;
-pub mod cli;
 pub mod config;
 pub mod console;
 pub mod cpuid;

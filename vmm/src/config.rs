@@ -1,14 +1,12 @@
 //! The VM configuration: one schema for the command line, `--config FILE` and `vm.create`
 //! (JSON).
 //!
-//! Precedence: built-in defaults, then the config file, then flags given on the command line.
+//! Precedence: built-in defaults, then the config file, then flags given on the command line
+//! (see `args`).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use devices::rate_limiter::{RateLimit, RateLimitError};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
@@ -19,14 +17,18 @@ use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
 mod args;
+mod disk;
 mod file;
 pub mod knob;
 mod net;
+mod serial;
 mod validate;
 
 pub use args::VmArgs;
+pub use disk::{DiskConfig, DiskConfigError};
 pub use file::MAX_CONFIG_BYTES;
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
+pub use serial::{SerialMode, SerialModeError};
 
 /// Smallest guest memory lull accepts.
 pub const MIN_MEMORY: ByteSize = ByteSize::mib(32);
@@ -101,61 +103,6 @@ impl DeviceTimerMode {
     }
 }
 
-/// Where the guest's serial console goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SerialMode {
-    /// lull's standard input and output.
-    Stdio,
-    /// Nowhere (output dropped, no input).
-    Off,
-    /// Appended to a file (no input).
-    File(PathBuf),
-}
-
-/// A `--serial` value that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("'{0}' is not a serial mode: use stdio, off or file=PATH")]
-pub struct SerialModeError(String);
-
-impl FromStr for SerialMode {
-    type Err = SerialModeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stdio" => Ok(Self::Stdio),
-            "off" => Ok(Self::Off),
-            _ => match s.strip_prefix("file=") {
-                Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
-                _ => Err(SerialModeError(s.to_string())),
-            },
-        }
-    }
-}
-
-impl fmt::Display for SerialMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Stdio => f.write_str("stdio"),
-            Self::Off => f.write_str("off"),
-            Self::File(p) => write!(f, "file={}", p.display()),
-        }
-    }
-}
-
-impl Serialize for SerialMode {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for SerialMode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
 /// A feature that is on or off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -179,86 +126,6 @@ pub const MAX_DISKS: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
 /// Most virtio devices (disks and network devices together) one VM takes: they share the
 /// windows and lines.
 pub const MAX_VIRTIO_DEVICES: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
-
-/// One `--disk`: a raw image file behind a virtio-blk device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskConfig {
-    /// The image file (its size a non-zero multiple of 512 bytes).
-    pub path: PathBuf,
-    /// The guest may not write (the device offers VIRTIO_BLK_F_RO, writes fail).
-    pub readonly: bool,
-    /// Rate limit of the device's requests (`bandwidth=`, `ops=`, `burst=`, `refill=`).
-    pub rate: RateLimit,
-}
-
-/// A `--disk` value that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DiskConfigError {
-    /// No `path=`.
-    #[error("'{0}' is not a disk: use path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N]")]
-    NoPath(String),
-    /// An option lull does not know.
-    #[error(
-        "Unknown --disk option '{0}': the options are path=FILE, readonly=on|off, \
-         bandwidth=BYTES (a second), ops=N (a second), burst=BYTES and refill=DURATION"
-    )]
-    UnknownOption(String),
-    /// A rate option with a bad value.
-    #[error("--disk: {0}")]
-    Rate(#[from] RateLimitError),
-    /// `readonly=` with a value other than on or off.
-    #[error("--disk readonly={0} is neither on nor off")]
-    BadReadonly(String),
-}
-
-impl FromStr for DiskConfig {
-    type Err = DiskConfigError;
-
-    /// `path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=DURATION]`;
-    /// the options may come in any order.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut path = None;
-        let mut readonly = false;
-        let mut rate = RateLimit::default();
-        for option in s.split(',') {
-            let (key, value) = option.split_once('=').unwrap_or((option, ""));
-            if rate.apply_option(key, value)? {
-                continue;
-            }
-            if let Some(p) = option.strip_prefix("path=").filter(|p| !p.is_empty()) {
-                path = Some(PathBuf::from(p));
-            } else if let Some(v) = option.strip_prefix("readonly=") {
-                readonly = match v {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(DiskConfigError::BadReadonly(v.to_string())),
-                };
-            } else if !option.starts_with("path=") {
-                return Err(DiskConfigError::UnknownOption(option.to_string()));
-            }
-        }
-        match path {
-            Some(path) => Ok(Self {
-                path,
-                readonly,
-                rate,
-            }),
-            None => Err(DiskConfigError::NoPath(s.to_string())),
-        }
-    }
-}
-
-impl fmt::Display for DiskConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "path={}", self.path.display())?;
-        if self.readonly {
-            f.write_str(",readonly=on")?;
-        }
-        write!(f, "{}", self.rate)
-    }
-}
-
-crate::string_serde!(DiskConfig);
 
 /// Everything lull needs to build and run one VM.
 ///
@@ -581,15 +448,7 @@ impl VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn serial_modes_parse() {
-        assert_eq!("stdio".parse(), Ok(SerialMode::Stdio));
-        assert_eq!("off".parse(), Ok(SerialMode::Off));
-        assert_eq!("file=/tmp/x".parse(), Ok(SerialMode::File("/tmp/x".into())));
-        assert!("file=".parse::<SerialMode>().is_err());
-        assert!("tty".parse::<SerialMode>().is_err());
-    }
+    use devices::rate_limiter::RateLimit;
 
     #[test]
     fn json_schema_round_trips_and_rejects_unknown_fields() {

@@ -4,8 +4,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// Where the guest's serial console goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SerialMode {
@@ -47,19 +45,7 @@ impl fmt::Display for SerialMode {
     }
 }
 
-impl Serialize for SerialMode {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for SerialMode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
+crate::string_serde!(SerialMode);
 
 #[cfg(test)]
 mod tests {

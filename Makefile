@@ -28,7 +28,7 @@ build:
 	$(CARGO) build --workspace --all-targets
 
 build-release:
-	$(CARGO) build --release -p vmm
+	$(CARGO) build --release -p lull
 
 guests:
 	resources/guests/build.sh $(KIT)/guests

@@ -196,7 +196,7 @@ pub fn run_lull_in(
     let bin = lull_bin();
     if !bin.is_file() {
         return Err(format!(
-            "{} is missing: build it with `cargo build -p vmm` (make test does)",
+            "{} is missing: build it with `cargo build -p lull` (make test does)",
             bin.display()
         )
         .into());

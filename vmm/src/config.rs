@@ -1,13 +1,12 @@
-//! The VM configuration: one schema for the command line and for `--config FILE` (JSON).
+//! The VM configuration: one schema for the command line, `--config FILE` and `vm.create`
+//! (JSON).
 //!
-//! Precedence: built-in defaults, then the config file, then flags given on the command line.
+//! Precedence: built-in defaults, then the config file, then flags given on the command line
+//! (see `args`).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use devices::rate_limiter::{RateLimit, RateLimitError};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
@@ -17,12 +16,19 @@ use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
+mod args;
+mod disk;
 mod file;
+pub mod knob;
 mod net;
+mod serial;
 mod validate;
 
+pub use args::VmArgs;
+pub use disk::{DiskConfig, DiskConfigError};
 pub use file::MAX_CONFIG_BYTES;
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
+pub use serial::{SerialMode, SerialModeError};
 
 /// Smallest guest memory lull accepts.
 pub const MIN_MEMORY: ByteSize = ByteSize::mib(32);
@@ -97,61 +103,6 @@ impl DeviceTimerMode {
     }
 }
 
-/// Where the guest's serial console goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SerialMode {
-    /// lull's standard input and output.
-    Stdio,
-    /// Nowhere (output dropped, no input).
-    Off,
-    /// Appended to a file (no input).
-    File(PathBuf),
-}
-
-/// A `--serial` value that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("'{0}' is not a serial mode: use stdio, off or file=PATH")]
-pub struct SerialModeError(String);
-
-impl FromStr for SerialMode {
-    type Err = SerialModeError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stdio" => Ok(Self::Stdio),
-            "off" => Ok(Self::Off),
-            _ => match s.strip_prefix("file=") {
-                Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
-                _ => Err(SerialModeError(s.to_string())),
-            },
-        }
-    }
-}
-
-impl fmt::Display for SerialMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Stdio => f.write_str("stdio"),
-            Self::Off => f.write_str("off"),
-            Self::File(p) => write!(f, "file={}", p.display()),
-        }
-    }
-}
-
-impl Serialize for SerialMode {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for SerialMode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
 /// A feature that is on or off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -176,135 +127,196 @@ pub const MAX_DISKS: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 /// windows and lines.
 pub const MAX_VIRTIO_DEVICES: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 
-/// One `--disk`: a raw image file behind a virtio-blk device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskConfig {
-    /// The image file (its size a non-zero multiple of 512 bytes).
-    pub path: PathBuf,
-    /// The guest may not write (the device offers VIRTIO_BLK_F_RO, writes fail).
-    pub readonly: bool,
-    /// Rate limit of the device's requests (`bandwidth=`, `ops=`, `burst=`, `refill=`).
-    pub rate: RateLimit,
-}
-
-/// A `--disk` value that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DiskConfigError {
-    /// No `path=`.
-    #[error("'{0}' is not a disk: use path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N]")]
-    NoPath(String),
-    /// An option lull does not know.
-    #[error(
-        "Unknown --disk option '{0}': the options are path=FILE, readonly=on|off, \
-         bandwidth=BYTES (a second), ops=N (a second), burst=BYTES and refill=DURATION"
-    )]
-    UnknownOption(String),
-    /// A rate option with a bad value.
-    #[error("--disk: {0}")]
-    Rate(#[from] RateLimitError),
-    /// `readonly=` with a value other than on or off.
-    #[error("--disk readonly={0} is neither on nor off")]
-    BadReadonly(String),
-}
-
-impl FromStr for DiskConfig {
-    type Err = DiskConfigError;
-
-    /// `path=FILE[,readonly=on|off][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=DURATION]`;
-    /// the options may come in any order.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut path = None;
-        let mut readonly = false;
-        let mut rate = RateLimit::default();
-        for option in s.split(',') {
-            let (key, value) = option.split_once('=').unwrap_or((option, ""));
-            if rate.apply_option(key, value)? {
-                continue;
-            }
-            if let Some(p) = option.strip_prefix("path=").filter(|p| !p.is_empty()) {
-                path = Some(PathBuf::from(p));
-            } else if let Some(v) = option.strip_prefix("readonly=") {
-                readonly = match v {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(DiskConfigError::BadReadonly(v.to_string())),
-                };
-            } else if !option.starts_with("path=") {
-                return Err(DiskConfigError::UnknownOption(option.to_string()));
-            }
-        }
-        match path {
-            Some(path) => Ok(Self {
-                path,
-                readonly,
-                rate,
-            }),
-            None => Err(DiskConfigError::NoPath(s.to_string())),
-        }
-    }
-}
-
-impl fmt::Display for DiskConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "path={}", self.path.display())?;
-        if self.readonly {
-            f.write_str(",readonly=on")?;
-        }
-        write!(f, "{}", self.rate)
-    }
-}
-
-crate::string_serde!(DiskConfig);
-
 /// Everything lull needs to build and run one VM.
+///
+/// One declaration for the three ways in: each field is a flag of `lull run` (clap, its doc
+/// comment the `--help` text), a field of `--config FILE` and the body of `vm.create` (serde).
+/// The flags are taken through [`VmArgs`], which applies the ones given over the file.
 // `remote = "Self"`: the derived code becomes `VmConfig::serialize`/`deserialize`, and the
-// traits (in `file`) take a JSON object only.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// traits (in `file`) take a JSON object only. No field has a clap default: a flag's absence
+// must leave the file's value (see `args`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields, default, remote = "Self")]
 pub struct VmConfig {
-    /// Guest kernel: PVH ELF (e.g. `vmlinux`) or bzImage. `None`: the kit's default guest.
+    /// Guest kernel: an ELF with a PVH entry note (e.g. vmlinux, lull's test guests), a bzImage,
+    /// or a multiboot (v1) ELF32 image (e.g. kvm-unit-tests' x86 tests).
+    #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
-    /// Initial ramdisk.
+
+    /// Initial ramdisk (cpio, optionally compressed) handed to the kernel.
+    #[arg(long, value_name = "PATH")]
     pub initramfs: Option<PathBuf>,
-    /// Kernel command line. `None`: lull's default for the host.
+
+    /// Kernel command line. Default: `console=ttyS0 reboot=k panic=-1`, plus the workarounds
+    /// a PVM-based host needs (see docs/GUEST-ABI.md).
+    #[arg(long, value_name = "STR")]
     pub cmdline: Option<String>,
-    /// Number of vCPUs.
+
+    /// Number of vCPUs (1 to 254). Default: 1.
+    #[arg(long, value_name = "N")]
     pub cpus: u32,
-    /// Guest RAM.
+
+    /// Guest RAM with an optional K, M or G suffix (32M to 64G), a multiple of 4K (guest
+    /// memory is mapped in whole pages; another size is refused with status 4). Default: 256M.
+    #[arg(long, value_name = "SIZE")]
     pub memory: ByteSize,
-    /// Interrupt controller model.
+
+    /// Interrupt controller model. `kernel`: KVM's in-kernel LAPIC/IOAPIC/PIC with KVM's halt
+    /// polling, the industry baseline. `user`: lull emulates every vCPU's LAPIC and the IOAPIC
+    /// and handles HLT itself, so a halted vCPU thread sleeps until its own timer, an interrupt
+    /// aimed at it, or VM control. Default: user.
+    #[arg(long, value_enum, value_name = "MODE")]
     pub irqchip: IrqchipMode,
-    /// Timer model (with the user irqchip).
+
+    /// How guest timers are expired with `--irqchip user`. `pull`: on the vCPU that armed
+    /// them, a halted vCPU's global timers pulled by running vCPUs (Linux timer-migration
+    /// model); `push`: every vCPU arms a host timer for each of its timers; `central`: one
+    /// timer thread expires everything and kicks vCPUs (QEMU-style). Default: pull. With
+    /// `--irqchip kernel`, KVM expires the guest's timers: `push` and `central` are refused
+    /// (status 4) and `pull` has no effect.
+    #[arg(long, value_enum, value_name = "MODEL")]
     pub timer_model: TimerModelKind,
-    /// Halt polling (user irqchip; `None`: adaptive).
+
+    /// Halt polling with `--irqchip user`: `off`, a window with its unit such as `50us` (ns,
+    /// us, ms, s; a bare number is refused), or `adaptive`
+    /// (grows and shrinks like KVM's halt_poll_ns, but never polls past the vCPU's next timer,
+    /// skips polling when only its own timer has been waking it, and learns halts with a timer
+    /// armed apart from halts without one). Default: adaptive.
+    #[arg(long, value_name = "off|DURATION|adaptive")]
     pub halt_poll: Option<HaltPollMode>,
-    /// Timer advance (user irqchip; `None`: adaptive).
+
+    /// Timer advance with `--irqchip user`, after KVM's lapic_timer_advance: a vCPU's host
+    /// timer for its LAPIC deadline fires early by the wake-up latency it has been seeing, and
+    /// the vCPU waits (spins) until the deadline before the interrupt is made pending, never
+    /// delivering it early. `off`, `adaptive` (learned per vCPU, at most 100us), `adaptive=MAX`,
+    /// or a fixed duration such as `20us`. Default: adaptive. Refused with `--irqchip kernel`
+    /// (KVM has its own, `lapic_timer_advance_ns`), as are --halt-poll, --wake-placement,
+    /// --idle-inject, --cpu-quota and --global-timers.
+    #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
     pub timer_advance: Option<TimerAdvanceMode>,
-    /// Wake placement (user irqchip; `None`: off).
+
+    /// Timer-aware wake placement with `--irqchip user`. `cache-hot`: a vCPU that blocks
+    /// for a short sleep (its next own deadline at most MAX away, default 2ms) is bound to
+    /// the host CPU it blocked on until it wakes, so it wakes where its caches are warm; long
+    /// sleeps never bind, and a bound wake-up that comes late (its CPU was busy) stops the
+    /// binding for 100ms. `off`: the host scheduler places every wake-up. Default: off,
+    /// because on the 2-core hosts it was measured on, Linux already woke 99.5% of 1ms
+    /// sleepers on their previous CPU: binding cut the rest by a third to a half, gained no
+    /// wake-up latency (p50), and its two syscalls per sleep cost more than the cache refill
+    /// it saves (docs/PERFORMANCE.md, "Wake placement").
+    #[arg(long, value_name = "off|cache-hot[=MAX]")]
     pub wake_placement: Option<WakePlacementMode>,
-    /// Synchronized idle injection (user irqchip).
+
+    /// Synchronized idle injection with `--irqchip user`: the first PERCENT of every period
+    /// (ms) holds all vCPUs idle together; interrupts and timers in the window wait for its
+    /// end. Example: percent=25,period=100.
+    #[arg(long, value_name = "percent=P,period=MS")]
     pub idle_inject: Option<IdleInjectConfig>,
-    /// Per-VM CPU quota (user irqchip).
+
+    /// Per-VM CPU quota with `--irqchip user`: QUOTA ms of guest run time per PERIOD ms, all
+    /// vCPUs together; vCPUs are parked until the next period once it is used. Periods start
+    /// at a random phase (default), so VMs started together interleave, or `aligned` to the
+    /// host clock (every VM's periods at the same instants). Example: quota=50,period=100.
+    /// A quota of at least `--cpus` x period could never park a vCPU and is refused (status
+    /// 4); a quota above the period is meaningful with several vCPUs.
+    #[arg(long, value_name = "quota=MS,period=MS[,phase=random|aligned]")]
     pub cpu_quota: Option<CpuQuotaConfig>,
-    /// Synthetic global-timer load (user irqchip).
+
+    /// Synthetic device/housekeeping load with `--irqchip user`: each vCPU keeps COUNT global
+    /// timers armed, re-armed every ~PERIOD ms (jittered), to exercise the timer models.
+    #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<GlobalTimersConfig>,
-    /// Serial console sink.
+
+    /// Serial console: `stdio` (the terminal), `off`, or `file=PATH` (appended). Default: stdio.
+    /// The file must not be one of the VM's inputs (kernel, initramfs, config, disk: compared
+    /// by device and inode, refused with status 4 before anything is written); if a write to
+    /// it fails (a full disk, /dev/full), lull stops the VM at once and says so (status 4)
+    /// rather than lose the guest's output.
+    #[arg(long, value_name = "MODE")]
     pub serial: SerialMode,
-    /// Write run metrics as JSON to this file at exit.
+
+    /// Write run metrics (exits by reason, halts, wake-ups by cause, timer expiries, lateness
+    /// histogram, run and boot time) as JSON to this file at exit; `-` for stderr. The file
+    /// must not be one of the VM's inputs or the serial file (refused with status 4 before
+    /// anything is written). Written also when SIGINT or SIGTERM stops the run, however early.
+    #[arg(long, value_name = "PATH")]
     pub metrics: Option<PathBuf>,
-    /// Seccomp filters on lull's threads (`on`: a syscall outside the allow-list kills lull).
+
+    /// Seccomp filters on the vCPU, timer and VMM threads, installed before they run guest-
+    /// driven code. `on`: a syscall outside each thread's allow-list kills lull (SIGSYS);
+    /// `log`: it is allowed and logged by the kernel (find what a new path needs); `off`: no
+    /// filter. Default: on.
+    #[arg(long, value_enum, value_name = "MODE")]
     pub seccomp: crate::host::seccomp::SeccompMode,
-    /// Offer KVM's paravirtual EOI to the guest (user irqchip).
+
+    /// KVM's paravirtual EOI with `--irqchip user`: lull advertises it in CPUID and the guest
+    /// ends an interrupt by clearing a flag in its memory instead of writing the EOI register
+    /// (one exit less per interrupt; Linux uses it by itself). Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
     pub pv_eoi: Switch,
-    /// Offer lull's paravirtual TSC deadline to the guest (user irqchip).
+
+    /// lull's paravirtual TSC deadline with `--irqchip user`: lull advertises it in its own
+    /// CPUID leaves (0x40000100, after KVM's) and a guest that enables it arms its next LAPIC
+    /// timer deadline with a store to its memory, which lull reads at the next exit, instead
+    /// of a WRMSR: a timer event of a vCPU that arms and halts then costs one exit, not two.
+    /// Only guests written for it use it (the kit's `idle-sim` with `pv_deadline=1`); see
+    /// docs/GUEST-ABI.md. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
     pub pv_deadline: Switch,
-    /// Offer x2APIC to the guest (CPUID.1:ECX[21]); off: the LAPIC refuses x2APIC mode.
+
+    /// x2APIC for the guest: `off` clears CPUID.1:ECX[21], and the LAPIC (lull's or KVM's)
+    /// then refuses x2APIC mode (setting IA32_APIC_BASE.EXTD and the x2APIC MSRs #GP), so the
+    /// guest stays in xAPIC mode. Default: on.
+    #[arg(long, value_enum, value_name = "on|off")]
     pub x2apic: Switch,
-    /// virtio-blk disks, in the order the guest finds them.
+
+    /// A virtio-blk disk backed by a raw image FILE (its size a non-zero multiple of 512
+    /// bytes), repeatable (at most 8). `readonly=on`: the guest sees a read-only disk and its
+    /// writes fail. The guest finds disk n's virtio-mmio registers at 0xd0000000 + n * 4K on
+    /// IOAPIC line 5, 6, 7, 9, 10, 11, 14, 15; a Linux (or PVH) guest is told on its command
+    /// line (`virtio_mmio.device=4K@0xd0000000:5`). Requests run on the vCPU that notified;
+    /// FLUSH is an fdatasync, and lull syncs every disk when the VM stops (also on SIGTERM).
+    /// Rate limits (token buckets, as Firecracker's): `bandwidth=BYTES` a second (K, M, G
+    /// binary suffixes), `ops=N` requests a second, `burst=BYTES` a one-time extra, and
+    /// `refill=DURATION` the buckets' depth in time (default 100ms: a bucket holds 100 ms of
+    /// its rate). A request that does not fit waits in its queue until a refill timer (see
+    /// --device-timers) fires at the instant it will. lull holds an flock on each image for
+    /// the VM's life: exclusive for a writable disk, shared for `readonly=on`, so an image
+    /// given twice as writable, to this lull or to another, is refused (status 4, naming the
+    /// holder). If the image shrinks under the VM, a request past its new end fails with
+    /// VIRTIO_BLK_S_IOERR (the guest sees an I/O error, the file is not re-grown) and is
+    /// counted in the metrics (`disk_shrunk_image_errors`).
+    #[arg(
+        long = "disk",
+        value_name = "path=FILE[,readonly=on][,bandwidth=BYTES][,ops=N][,burst=BYTES][,refill=D]"
+    )]
     pub disks: Vec<DiskConfig>,
-    /// virtio-net devices on host taps, found by the guest after the disks.
+
+    /// A virtio-net device on the host tap device NAME, repeatable (disks and nets together
+    /// at most 8). lull attaches to the tap (/dev/net/tun, IFF_TAP|IFF_NO_PI) and never
+    /// creates one: it must exist, be free and belong to lull's user (or lull needs
+    /// CAP_NET_ADMIN), e.g. `ip tuntap add dev lulltap0 mode tap user USER; ip link set
+    /// lulltap0 up`; a tap lull cannot attach to stops it before the guest runs (exit
+    /// status 4). The guest finds the nets after the disks: the next virtio-mmio
+    /// windows and IOAPIC lines, on the Linux command line after the disks' entries.
+    /// `mac=`: the device's address (default 52:54:00 and three bytes hashed from NAME, the
+    /// same on every run). Frames the guest sends go to the tap on the notifying vCPU; frames
+    /// from the tap reach the guest from lull's VMM thread, only into buffers the guest has
+    /// posted (until then they wait in the tap's queue). Rate limits of the frames the guest
+    /// sends: as for --disk (a frame is one operation).
+    #[arg(
+        long = "net",
+        value_name = "tap=NAME[,mac=XX:XX:XX:XX:XX:XX][,bandwidth=BYTES][,ops=N]"
+    )]
     pub nets: Vec<NetConfig>,
-    /// What expires device timers (`None`: hierarchy with the user irqchip, else timerfd).
+
+    /// What expires the refill timers of rate-limited disks and nets. `hierarchy` (the default with
+    /// --irqchip user): global timers in the --timer-model, armed on the vCPU that ran the
+    /// request; in `pull` a running vCPU expires them and a halted one is never woken for
+    /// them while another runs; no extra thread or host timer. `timerfd` (the only choice
+    /// with --irqchip kernel): one timerfd per device on the VMM thread's event loop, which
+    /// wakes that thread at each refill (Firecracker's way; the baseline to compare with).
+    #[arg(long, value_enum, value_name = "hierarchy|timerfd")]
     pub device_timers: Option<DeviceTimerMode>,
 }
 
@@ -408,6 +420,9 @@ pub enum ConfigError {
     /// Two `--net`s on one tap.
     #[error("Tap {0} is given to two --net devices; give each its own tap")]
     DuplicateTap(String),
+    /// A flag clap parsed could not be applied over the config file (clap's reason).
+    #[error("Cannot apply the command line's flags over the config file: {0}")]
+    Flags(clap::Error),
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
@@ -433,15 +448,7 @@ impl VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn serial_modes_parse() {
-        assert_eq!("stdio".parse(), Ok(SerialMode::Stdio));
-        assert_eq!("off".parse(), Ok(SerialMode::Off));
-        assert_eq!("file=/tmp/x".parse(), Ok(SerialMode::File("/tmp/x".into())));
-        assert!("file=".parse::<SerialMode>().is_err());
-        assert!("tty".parse::<SerialMode>().is_err());
-    }
+    use devices::rate_limiter::RateLimit;
 
     #[test]
     fn json_schema_round_trips_and_rejects_unknown_fields() {

@@ -17,12 +17,12 @@
 //! ```
 //! Leaves used across layers: `config` (and `size`), `metrics`, `ratelimit` (log limits for
 //! guest-triggered lines), `exit_code`, `sync` (std or loom); the `kit` crate locates the
-//! guest kit.
+//! guest kit. The `lull` binary is a package of its own (`lull/`): the command line and
+//! `lull bench` (the `bench` crate), which this library does not depend on.
 
 #![deny(unsafe_code)]
 
 pub mod api;
-pub mod cli;
 pub mod config;
 pub mod exit_code;
 pub mod host;

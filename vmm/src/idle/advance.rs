@@ -11,7 +11,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{format_duration_ns, parse_duration_ns, KnobError};
+use crate::config::knob::{format_duration_ns, parse_duration_ns, KnobError};
 
 /// Default upper bound of the adaptive advance (and of one wait).
 pub const DEFAULT_MAX_ADVANCE_NS: u64 = 100_000;

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
+use crate::config::knob::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
 
 /// `--global-timers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{format_duration_ns, parse_duration_ns, KnobError};
+use crate::config::knob::{format_duration_ns, parse_duration_ns, KnobError};
 
 /// KVM's default maximum window.
 pub const MAX_WINDOW_NS: u64 = 200_000;

@@ -8,7 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
+use crate::config::knob::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
 
 /// `--idle-inject`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,7 +43,7 @@ use std::str::FromStr;
 
 use timer::Nanos;
 
-use super::{format_duration_ns, parse_duration_ns, KnobError};
+use crate::config::knob::{format_duration_ns, parse_duration_ns, KnobError};
 
 /// Longest expected sleep for which `cache-hot` binds a vCPU by default.
 pub const DEFAULT_MAX_SLEEP_NS: u64 = 2_000_000;

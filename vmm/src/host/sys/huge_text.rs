@@ -14,7 +14,7 @@
 //! `MADV_HUGEPAGE`, checks in `/proc/self/smaps` that transparent huge pages back it, makes it
 //! read-only and executable, and moves it over the old text with one `mremap(MREMAP_FIXED)`:
 //! the kernel swaps the mapping in one step and the bytes at every address stay the same. The
-//! binary is linked with `-z max-page-size=0x200000` (`vmm/build.rs`): its segments then load
+//! binary is linked with `-z max-page-size=0x200000` (`lull/build.rs`): its segments then load
 //! 2 MiB apart, so the huge pages at both ends of the text, which it only partly fills, hold
 //! no other mapping and can be taken whole.
 //!

@@ -7,12 +7,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use cli::{Cli, Command, RunArgs};
 use tracing_subscriber::EnvFilter;
-use vmm::cli::{Cli, Command, RunArgs};
 use vmm::config::Switch;
 use vmm::exit_code;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
+
+mod cli;
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
@@ -61,8 +63,8 @@ fn vm_failed(e: &VmError) -> ExitCode {
 
 /// `lull run --api-socket PATH`: the management API until `vmm.shutdown` or a signal.
 fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
-    let initial = if args.describes_vm() {
-        match args.to_config() {
+    let initial = if args.vm.describes_vm() {
+        match args.vm.to_config() {
             Ok(cfg) => Some(cfg),
             Err(e) => {
                 eprintln!("lull: {e}");
@@ -74,7 +76,7 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     };
     if let Some(cfg) = &initial {
         let other = OtherPaths {
-            config: args.config.as_deref(),
+            config: args.vm.config.as_deref(),
             api_socket: Some(socket),
         };
         if let Err(e) = vmm::vm::inputs::check(cfg, other) {
@@ -118,7 +120,7 @@ fn main() -> ExitCode {
     if let Some(socket) = &args.api_socket {
         return serve_api(&args, socket);
     }
-    let cfg = match args.to_config() {
+    let cfg = match args.vm.to_config() {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("lull: {e}");
@@ -126,7 +128,7 @@ fn main() -> ExitCode {
         }
     };
     let other = OtherPaths {
-        config: args.config.as_deref(),
+        config: args.vm.config.as_deref(),
         api_socket: None,
     };
     match vmm::vm::run(&cfg, other, started) {

@@ -27,6 +27,7 @@ mod children;
 mod common;
 mod density;
 mod density_power;
+mod density_power_row;
 mod error;
 mod fleet;
 mod global_timers;

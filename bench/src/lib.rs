@@ -38,6 +38,7 @@ mod linux_density;
 mod lull_metrics;
 mod max_vms;
 mod max_vms_plot;
+mod max_vms_report;
 mod plot;
 pub mod power;
 mod proc_sample;

@@ -12,19 +12,15 @@
 //! Bisection assumes that a count above a failing one fails too: if the outcomes are not
 //! monotone the result is a count that met the SLO whose next count failed.
 
-use serde::{Deserialize, Serialize};
-
 use super::density::{Mode, Plan};
 use super::density_power;
 use super::error::BenchError;
-use super::host::{self, HostInfo};
+use super::host;
 use super::max_vms_plot;
-use super::power::{PowerWindow, Reading};
-use super::report::{self, DensityParams, DensityRow, SkippedMode};
+use super::max_vms_report::{MaxVmsMode, MaxVmsReport, MaxVmsStep, Stop, MAX_VMS_SCHEMA};
+use super::power::Reading;
+use super::report::{self, SkippedMode};
 use super::slo::{self, Slo, Verdict};
-
-/// Schema name of the `--max-vms` JSON.
-pub const MAX_VMS_SCHEMA: &str = "lull-bench-max-vms/1";
 
 /// Share of `MemAvailable` the VMs may take (the rest for the host and lull's peaks).
 const MEMORY_SHARE: f64 = 0.9;
@@ -74,33 +70,6 @@ impl Limits {
         }
         lo
     }
-}
-
-/// Why the search stopped where it did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "bound", rename_all = "snake_case")]
-pub enum Stop {
-    /// Every count up to the cap met the SLO.
-    Cap {
-        /// The cap.
-        cap: u32,
-    },
-    /// One more VM would not fit in the host's memory.
-    Memory {
-        /// The most VMs that fit.
-        fits: u32,
-        /// The estimate per VM (guest RAM + VMM RSS), bytes.
-        per_vm_bytes: f64,
-        /// `MemAvailable` with no VM, bytes.
-        available_bytes: u64,
-    },
-    /// The smallest count that failed, and its failed bounds.
-    Slo {
-        /// That count.
-        vms: u32,
-        /// The bounds it failed.
-        failed: Vec<String>,
-    },
 }
 
 /// The result of a search.
@@ -179,60 +148,6 @@ pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found
         max_vms: lo,
         stop: Stop::Slo { vms: hi, failed },
     }
-}
-
-/// One measured count of a mode's search.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsStep {
-    /// VMs run.
-    pub vms: u32,
-    /// Every bound met.
-    pub met: bool,
-    /// Each bound's verdict.
-    pub verdicts: Vec<Verdict>,
-    /// The density row of the step's window.
-    pub row: DensityRow,
-}
-
-/// One mode's search.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsMode {
-    /// The mode.
-    pub mode: String,
-    /// The steps in the order run.
-    pub steps: Vec<MaxVmsStep>,
-    /// The most VMs within the SLO (0: not even one).
-    pub max_vms: u32,
-    /// `max_vms` x vCPUs per VM.
-    pub max_vcpus: u32,
-    /// What stopped the search.
-    pub stopped_by: Stop,
-    /// `max_vms / kernel's max_vms` (`null` for kernel, without a kernel row, or if kernel
-    /// held none).
-    pub ratio_to_kernel: Option<f64>,
-}
-
-/// The `--max-vms` JSON document.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsReport {
-    /// Always [`MAX_VMS_SCHEMA`].
-    pub schema: String,
-    /// The host.
-    pub host: HostInfo,
-    /// The request (`vms` unused).
-    pub params: DensityParams,
-    /// The search's cap.
-    pub cap: u32,
-    /// The bounds.
-    pub slo: Slo,
-    /// `MemAvailable` before the first run, bytes (`null` if unreadable).
-    pub mem_available_bytes: Option<u64>,
-    /// The host with no VM (see the density report).
-    pub power_baseline: Reading<PowerWindow>,
-    /// One search per mode, in run order.
-    pub modes: Vec<MaxVmsMode>,
-    /// Modes left out, with why.
-    pub skipped: Vec<SkippedMode>,
 }
 
 /// `MemAvailable` of this host, bytes.

@@ -151,7 +151,10 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.experiment {
         // The kit's Linux has a density experiment of its own; `--from-json` replots either.
         Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => linux_density::run(a),
-        Experiment::Density(a) => density::run(a),
+        Experiment::Density(a) => match (a.max_vms, &a.from_json) {
+            (Some(cap), None) => max_vms::run(a, cap),
+            _ => density::run(a),
+        },
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),
         Experiment::IdleManager(a) => idle_manager::run(a),

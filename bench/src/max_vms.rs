@@ -12,14 +12,14 @@
 //! Bisection assumes that a count above a failing one fails too: if the outcomes are not
 //! monotone the result is a count that met the SLO whose next count failed.
 
-use super::density::{Mode, Plan};
+use super::density::{DensityArgs, Plan};
 use super::density_power;
 use super::error::BenchError;
 use super::host;
 use super::max_vms_plot;
 use super::max_vms_report::{MaxVmsMode, MaxVmsReport, MaxVmsStep, Stop, MAX_VMS_SCHEMA};
 use super::power::Reading;
-use super::report::{self, SkippedMode};
+use super::report;
 use super::slo::{self, Slo, Verdict};
 
 /// Share of `MemAvailable` the VMs may take (the rest for the host and lull's peaks).
@@ -161,15 +161,11 @@ fn mem_available() -> Option<u64> {
 /// The VMM's own memory per VM before one is measured: 32 MiB.
 const VMM_GUESS: u64 = 32 << 20;
 
-/// Runs the search for every mode, prints the steps and the result table, writes the JSON
-/// and the plot; `Ok(false)` if a mode held not even one VM.
-pub fn run(
-    plan: &Plan,
-    modes: &[Mode],
-    skipped: Vec<SkippedMode>,
-    cap: u32,
-) -> Result<bool, BenchError> {
-    let args = plan.args;
+/// Runs the search up to `cap` VMs for every mode of `args`, prints the steps and the result
+/// table, writes the JSON and the plot; `Ok(false)` if a mode held not even one VM.
+pub fn run(args: &DensityArgs, cap: u32) -> Result<bool, BenchError> {
+    let (plan, modes, skipped) = Plan::new(args)?;
+    let (plan, modes) = (&plan, &modes[..]);
     let slo = args.slo.clone();
     let cpus = host::host_info().cpus;
     let mut report = MaxVmsReport {

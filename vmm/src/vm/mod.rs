@@ -14,102 +14,37 @@
 
 pub mod devices;
 pub mod disks;
+mod error;
 pub mod event_loop;
 pub mod guest;
+mod input_error;
 pub mod inputs;
 pub mod kvm;
+mod live;
 pub mod nets;
 pub mod paths;
 pub mod report;
+mod run_stats;
 pub mod test_devices;
 pub mod vcpus;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ::devices::mmio::MmioBusError;
-use ::devices::pio::PioBusError;
-use ::devices::serial::SerialCounters;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::boot::{self, BootError, BootSpec};
+use crate::boot::{self, BootSpec};
 use crate::config::{IrqchipMode, VmConfig};
 use crate::device_timers::DeviceTimers;
-use crate::irqchip::{IrqChip, IrqChipError};
+use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
 use crate::state::{lock, StopReason, VcpuShared};
-use crate::vcpu::{self, DeviceBuses, VcpuError};
-use guest::{GuestError, GuestImage};
-use kvm::KvmError;
-use report::RunStats;
-
-/// Why a VM could not be built or run.
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    /// The guest (kit, kernel, initramfs) cannot be used.
-    #[error(transparent)]
-    Guest(#[from] GuestError),
-    /// The guest could not be loaded into memory.
-    #[error(transparent)]
-    Boot(#[from] BootError),
-    /// An input or output path cannot be used (an output is an input, a kernel is a
-    /// directory).
-    #[error(transparent)]
-    Input(#[from] inputs::InputError),
-    /// KVM refused.
-    #[error(transparent)]
-    Kvm(#[from] KvmError),
-    /// A vCPU could not be set up or started.
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    /// The interrupt controller could not be built.
-    #[error(transparent)]
-    IrqChip(#[from] IrqChipError),
-    /// An output file cannot be written.
-    #[error("Cannot open serial output file {path}: {source}")]
-    SerialFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The metrics file cannot be written.
-    #[error("Cannot write the metrics file {path}: {source}")]
-    MetricsFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A device could not be placed on the port bus (a lull bug).
-    #[error("Device layout: {0}")]
-    Bus(#[from] PioBusError),
-    /// A device could not be placed on the MMIO bus (a lull bug).
-    #[error("Device layout: {0}")]
-    MmioBus(#[from] MmioBusError),
-    /// A `--disk` image cannot be used.
-    #[error(transparent)]
-    Disk(#[from] disks::DiskOpenError),
-    /// A `--net` tap cannot be used.
-    #[error(transparent)]
-    Net(#[from] crate::sys::tap::TapError),
-    /// A host resource (eventfd, signal handler, event loop) could not be created.
-    #[error("Cannot create {what}: {source}")]
-    Host {
-        /// What.
-        what: &'static str,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The event loop failed to start.
-    #[error("Cannot start the event loop: {0:?}")]
-    EventLoop(event_manager::Error),
-    /// A seccomp filter could not be built or installed.
-    #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompError),
-}
+use crate::vcpu::{self, DeviceBuses};
+pub use error::VmError;
+use guest::GuestImage;
+pub use live::LiveVm;
+pub use run_stats::RunStats;
 
 /// How a run ended.
 #[derive(Debug)]
@@ -118,24 +53,6 @@ pub struct RunOutcome {
     pub reason: StopReason,
     /// The report written to `--metrics`.
     pub report: RunReport,
-}
-
-/// A running VM as another thread sees it: what it needs to read the VM's counters
-/// ([`report::live`]) and to ask it to stop.
-#[derive(Clone)]
-pub struct LiveVm {
-    shared: Arc<VcpuShared>,
-    buses: Arc<DeviceBuses>,
-    stats: Arc<RunStats>,
-    chip: Arc<dyn IrqChip>,
-    serial: Arc<SerialCounters>,
-}
-
-impl LiveVm {
-    /// Asks the VM to stop (the first request wins); [`run`] then returns as for any stop.
-    pub fn request_stop(&self, reason: StopReason) {
-        self.shared.stop.request(reason);
-    }
 }
 
 /// KVM, the VM and its memory, with the guest loaded.

@@ -16,24 +16,51 @@ use super::machine::Machine;
 use super::oracle;
 use super::vcpu::lapic_of;
 
+/// The low ICR word of `spec`: vector, delivery (fixed or NMI), destination mode, assert,
+/// edge, shorthand.
+fn icr_low(spec: IpiSpec) -> u32 {
+    let delivery: u32 = if spec.nmi { 4 } else { 0 };
+    u32::from(spec.vector)
+        | (delivery << 8)
+        | (u32::from(spec.logical) << 11)
+        | (1 << 14)
+        | (u32::from(spec.shorthand & 3) << 18)
+}
+
+/// The IPI a LAPIC in `mode` with ID `source` sends for `spec` to `destination`.
+fn ipi_of(spec: IpiSpec, mode: ApicMode, destination: u32, source: u32) -> Ipi {
+    Ipi {
+        delivery_mode: if spec.nmi {
+            DeliveryMode::Nmi
+        } else {
+            DeliveryMode::Fixed
+        },
+        vector: spec.vector,
+        destination,
+        destination_mode: if spec.logical {
+            DestinationMode::Logical
+        } else {
+            DestinationMode::Physical
+        },
+        shorthand: match spec.shorthand & 3 {
+            0 => Shorthand::None,
+            1 => Shorthand::SelfOnly,
+            2 => Shorthand::AllIncludingSelf,
+            _ => Shorthand::AllExcludingSelf,
+        },
+        assert: true,
+        trigger_mode: TriggerMode::Edge,
+        x2apic_format: mode == ApicMode::X2Apic,
+        source_apic_id: Some(source),
+    }
+}
+
 impl Machine {
     /// A fixed (or NMI) edge IPI through the ICR of the sender's mode, with the delivery the
     /// target expects of it.
     pub(super) fn send_ipi(&mut self, i: usize, lapic: &mut Lapic<Arc<LapicNoise>>, spec: IpiSpec) {
-        let IpiSpec {
-            vector,
-            destination,
-            logical,
-            shorthand,
-            nmi,
-        } = spec;
         let mode = lapic.mode();
-        let delivery: u32 = if nmi { 4 } else { 0 };
-        let low = u32::from(vector)
-            | (delivery << 8)
-            | (u32::from(logical) << 11)
-            | (1 << 14)
-            | (u32::from(shorthand & 3) << 18);
+        let low = icr_low(spec);
         let destination = match mode {
             ApicMode::Disabled => {
                 let v = &mut self.vcpus[i];
@@ -41,32 +68,31 @@ impl Machine {
                 return;
             }
             ApicMode::XApic => read_reg(lapic, regs::ICR_HIGH).unwrap_or(0) >> 24,
-            ApicMode::X2Apic => destination,
+            ApicMode::X2Apic => spec.destination,
         };
-        let ipi = Ipi {
-            delivery_mode: if nmi {
-                DeliveryMode::Nmi
-            } else {
-                DeliveryMode::Fixed
-            },
+        let ipi = ipi_of(spec, mode, destination, lapic.apic_id());
+        self.expect_ipi(i, &ipi, spec, destination, mode);
+        self.vcpus[i].writes += 1;
+        if mode == ApicMode::X2Apic {
+            let value = (u64::from(destination) << 32) | u64::from(low);
+            self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::ICR_LOW >> 4), value);
+        } else {
+            let addr = lapic.base_address() + u64::from(regs::ICR_LOW);
+            self.run_exit(i, VcpuExit::MmioWrite(addr, &low.to_le_bytes()));
+        }
+    }
+
+    /// The targets of vCPU `i`'s `ipi` by the SDM's rules: lull's routing must name them
+    /// (`oracle::check_route`), and each must get the IPI (a fixed vector from 16 to an
+    /// enabled LAPIC, or an NMI) by its next entry, if the sender is software-enabled.
+    fn expect_ipi(&mut self, i: usize, ipi: &Ipi, spec: IpiSpec, destination: u32, mode: ApicMode) {
+        let IpiSpec {
             vector,
-            destination,
-            destination_mode: if logical {
-                DestinationMode::Logical
-            } else {
-                DestinationMode::Physical
-            },
-            shorthand: match shorthand & 3 {
-                0 => Shorthand::None,
-                1 => Shorthand::SelfOnly,
-                2 => Shorthand::AllIncludingSelf,
-                _ => Shorthand::AllExcludingSelf,
-            },
-            assert: true,
-            trigger_mode: TriggerMode::Edge,
-            x2apic_format: mode == ApicMode::X2Apic,
-            source_apic_id: Some(lapic.apic_id()),
-        };
+            logical,
+            shorthand,
+            nmi,
+            ..
+        } = spec;
         let msg = oracle::Message {
             shorthand,
             logical,
@@ -86,7 +112,7 @@ impl Machine {
             .iter()
             .map(|v| v.irq.lapic().destination_info())
             .collect();
-        oracle::check_route(&ipi, &infos, &verdicts, &addressing);
+        oracle::check_route(ipi, &infos, &verdicts, &addressing);
         let sender_enabled = addressing[i].is_some_and(|a| a.software_enabled);
         for (t, verdict) in verdicts.iter().enumerate() {
             if *verdict != oracle::Verdict::Yes || !sender_enabled {
@@ -97,14 +123,6 @@ impl Machine {
             } else if vector >= 16 && addressing[t].is_some_and(|a| a.software_enabled) {
                 self.vcpus[t].expected.push(vector);
             }
-        }
-        self.vcpus[i].writes += 1;
-        if mode == ApicMode::X2Apic {
-            let value = (u64::from(destination) << 32) | u64::from(low);
-            self.wrmsr(i, regs::X2APIC_MSR_FIRST + (regs::ICR_LOW >> 4), value);
-        } else {
-            let addr = lapic.base_address() + u64::from(regs::ICR_LOW);
-            self.run_exit(i, VcpuExit::MmioWrite(addr, &low.to_le_bytes()));
         }
     }
 }

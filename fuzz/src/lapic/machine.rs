@@ -47,91 +47,106 @@ pub(super) fn xapic_write(offset: u32, value: u32) -> GuestAction {
     }
 }
 
+/// The chip an input asks for: 2-4 vCPUs, the timer model, the TSC, where the clock starts,
+/// PV EOI and PV deadline on or off.
+fn chip_spec(u: &mut Unstructured<'_>) -> arbitrary::Result<ChipSpec> {
+    let cpus = u.int_in_range(2u32..=4)?;
+    let model = match u.int_in_range(0u8..=2)? {
+        0 => ModelKind::Pull,
+        1 => ModelKind::Push,
+        _ => ModelKind::Central,
+    };
+    let tsc_khz = u.int_in_range(1u32..=10_000_000)?;
+    let guest_tsc = u.arbitrary()?;
+    let start = match u.int_in_range(0u8..=2)? {
+        0 => 0,
+        1 => u.int_in_range(0u64..=1 << 50)?,
+        _ => MAX_NOW - u64::from(u.arbitrary::<u32>()?),
+    };
+    let pv_eoi = u.arbitrary()?;
+    let pv_deadline = u.arbitrary()?;
+    Ok(ChipSpec {
+        cpus,
+        model,
+        tsc_khz,
+        guest_tsc,
+        start,
+        pv_eoi,
+        pv_deadline,
+    })
+}
+
+/// vCPU `id` of `fake`: its irqchip half, attached to a new fake port, out of the guest.
+fn attached_vcpu(fake: &FakeChip, id: u32) -> Vcpu {
+    let irq = fake
+        .chip
+        .user_vcpu(id, &fake.shared)
+        .unwrap_or_else(|e| panic!("vCPU {id}: {e}"));
+    let mut port = crate::chip::fake_port();
+    let mut irq = irq;
+    irq.attach(&mut port);
+    Vcpu {
+        irq,
+        port,
+        place: Place::Out,
+        expected: Vec::new(),
+        expected_nmis: 0,
+        writes: 0,
+        pv_flag: None,
+        pv_slot: None,
+        offered: None,
+        model: model::Priority::default(),
+        entered: 0,
+    }
+}
+
 impl Machine {
+    /// The VM an input asks for (`None`: one the chip refuses), its vCPUs started as the
+    /// input says; with the idle manager's features if `idle`.
     pub(super) fn new(u: &mut Unstructured<'_>, idle: bool) -> arbitrary::Result<Option<Self>> {
-        let cpus = u.int_in_range(2u32..=4)?;
-        let model = match u.int_in_range(0u8..=2)? {
-            0 => ModelKind::Pull,
-            1 => ModelKind::Push,
-            _ => ModelKind::Central,
-        };
-        let tsc_khz = u.int_in_range(1u32..=10_000_000)?;
-        let guest_tsc = u.arbitrary()?;
-        let start = match u.int_in_range(0u8..=2)? {
-            0 => 0,
-            1 => u.int_in_range(0u64..=1 << 50)?,
-            _ => MAX_NOW - u64::from(u.arbitrary::<u32>()?),
-        };
-        let pv_eoi = u.arbitrary()?;
-        let pv_deadline = u.arbitrary()?;
-        let spec = ChipSpec {
-            cpus,
-            model,
-            tsc_khz,
-            guest_tsc,
-            start,
-            pv_eoi,
-            pv_deadline,
-        };
+        let spec = chip_spec(u)?;
         let idle = if idle { Some(idle::spec(u)?) } else { None };
         let Some(fake) = FakeChip::with_idle(spec, idle) else {
             return Ok(None);
         };
         let inject = idle
             .and_then(|s| s.idle_inject)
-            .map(|c| IdleInjector::new(c, usize::try_from(cpus).unwrap_or(0)));
+            .map(|c| IdleInjector::new(c, usize::try_from(spec.cpus).unwrap_or(0)));
         // The chip's quota epoch: its clock's 0 on CLOCK_MONOTONIC, which is 0 here.
         let quota = idle.and_then(|s| s.cpu_quota).map(|c| CpuQuota::new(c, 0));
-        let mut vcpus = Vec::new();
-        for id in 0..cpus {
-            let irq = fake
-                .chip
-                .user_vcpu(id, &fake.shared)
-                .unwrap_or_else(|e| panic!("vCPU {id}: {e}"));
-            let mut port = crate::chip::fake_port();
-            let mut irq = irq;
-            irq.attach(&mut port);
-            vcpus.push(Vcpu {
-                irq,
-                port,
-                place: Place::Out,
-                expected: Vec::new(),
-                expected_nmis: 0,
-                writes: 0,
-                pv_flag: None,
-                pv_slot: None,
-                offered: None,
-                model: model::Priority::default(),
-                entered: 0,
-            });
-        }
+        let vcpus = (0..spec.cpus).map(|id| attached_vcpu(&fake, id)).collect();
         let mut machine = Machine {
             fake,
             vcpus,
-            model,
-            start,
-            tsc_khz: u64::from(tsc_khz),
-            guest_tsc,
+            model: spec.model,
+            start: spec.start,
+            tsc_khz: u64::from(spec.tsc_khz),
+            guest_tsc: spec.guest_tsc,
             limits: TimerLimits::default(),
             inject,
             quota,
         };
-        // Most inputs start where a booted guest is: every LAPIC software-enabled, some with a
-        // flat logical ID (as Linux sets them up), through the same exits.
         let booted: u8 = u.arbitrary()?;
-        for i in 0..machine.vcpus.len() {
+        machine.boot(booted);
+        Ok(Some(machine))
+    }
+
+    /// Most inputs start where a booted guest is (`booted` bit 0 clear): every LAPIC
+    /// software-enabled, some with a flat logical ID (bit 1 clear, as Linux sets them up),
+    /// through the same exits.
+    fn boot(&mut self, booted: u8) {
+        for i in 0..self.vcpus.len() {
             if booted & 1 == 0 {
-                machine.enter(i, false);
-                machine.exit(i, xapic_write(regs::SVR, 0x1ff));
+                self.enter(i, false);
+                self.exit(i, xapic_write(regs::SVR, 0x1ff));
                 if booted & 2 == 0 {
-                    machine.enter(i, false);
-                    machine.exit(i, xapic_write(regs::DFR, 0xffff_ffff));
-                    machine.enter(i, false);
-                    machine.exit(i, xapic_write(regs::LDR, 1 << (24 + i)));
+                    self.enter(i, false);
+                    self.exit(i, xapic_write(regs::DFR, 0xffff_ffff));
+                    self.enter(i, false);
+                    self.exit(i, xapic_write(regs::LDR, 1 << (24 + i)));
                 }
             }
         }
-        Ok(Some(machine))
     }
 
     pub(super) fn now(&self) -> u64 {

@@ -28,7 +28,7 @@ mod run_stats;
 pub mod test_devices;
 pub mod vcpus;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
@@ -36,6 +36,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::boot::{self, BootSpec};
 use crate::config::{IrqchipMode, VmConfig};
+use crate::console::SinkFailureHook;
 use crate::device_timers::DeviceTimers;
 use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
@@ -137,27 +138,8 @@ pub fn run_observed(
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
-    let device_timers = Arc::new(
-        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len() + cfg.nets.len()).map_err(
-            |source| VmError::Host {
-                what: "a device's refill timerfd",
-                source,
-            },
-        )?,
-    );
-    let lines = chip.irq_lines();
-    let mut disks = disks::attach(open_disks, &loaded.mem, &lines, &device_timers)?;
-    let nets = nets::attach(
-        open_nets,
-        cfg.disks.len(),
-        &mut disks.bus,
-        &loaded.mem,
-        &lines,
-        &device_timers,
-    )?;
-    let mut timed = std::mem::take(&mut disks.devices);
-    timed.extend(nets.devices);
-    device_timers.set_devices(timed);
+    let (device_timers, mut disks, nets) =
+        attach_timed_devices(cfg, open_disks, open_nets, &loaded.mem, chip.as_ref())?;
     let kvm_stats = vcpus
         .ports
         .iter()
@@ -176,12 +158,7 @@ pub fn run_observed(
         disk_shrink_errors: std::mem::take(&mut disks.shrink_errors),
     });
     if let Some(hook) = sink_failure {
-        let vm = Arc::downgrade(&shared);
-        let _ = hook.set(Box::new(move |why| {
-            if let Some(vm) = vm.upgrade() {
-                vm.stop.request(StopReason::OutputFailed(why));
-            }
-        }));
+        stop_on_output_failure(&hook, &shared);
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::seccomp::prepare(cfg.seccomp)?;
@@ -203,9 +180,64 @@ pub fn run_observed(
         stop_started(&shared, chip.as_ref(), e);
         disks::sync(&disks.files);
     })?;
-    let host = report::host_facts(&live);
-    chip.kick_all();
-    disks::sync(&disks.files);
+    let report = finish(&reason, &live, &disks.files, &console);
+    Ok(RunOutcome { reason, report })
+}
+
+/// The device timers and the devices they refill (disks, then nets, on one MMIO bus), wired
+/// to `chip`'s interrupt lines.
+fn attach_timed_devices(
+    cfg: &VmConfig,
+    open_disks: disks::OpenDisks,
+    open_nets: nets::OpenNets,
+    mem: &Arc<GuestMemoryMmap>,
+    chip: &dyn IrqChip,
+) -> Result<(Arc<DeviceTimers>, disks::Disks, nets::Nets), VmError> {
+    let device_timers = Arc::new(
+        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len() + cfg.nets.len()).map_err(
+            |source| VmError::Host {
+                what: "a device's refill timerfd",
+                source,
+            },
+        )?,
+    );
+    let lines = chip.irq_lines();
+    let mut disks = disks::attach(open_disks, mem, &lines, &device_timers)?;
+    let mut nets = nets::attach(
+        open_nets,
+        cfg.disks.len(),
+        &mut disks.bus,
+        mem,
+        &lines,
+        &device_timers,
+    )?;
+    let mut timed = std::mem::take(&mut disks.devices);
+    timed.extend(std::mem::take(&mut nets.devices));
+    device_timers.set_devices(timed);
+    Ok((device_timers, disks, nets))
+}
+
+/// Stops the VM when the console's output fails (`--serial file=` on a full disk).
+fn stop_on_output_failure(hook: &OnceLock<SinkFailureHook>, shared: &Arc<VcpuShared>) {
+    let vm = Arc::downgrade(shared);
+    let _ = hook.set(Box::new(move |why| {
+        if let Some(vm) = vm.upgrade() {
+            vm.stop.request(StopReason::OutputFailed(why));
+        }
+    }));
+}
+
+/// After the event loop ended for `reason`: the host's view read while every thread still
+/// exists, the vCPUs kicked out, the disk images synced, the console flushed; the report.
+fn finish(
+    reason: &StopReason,
+    live: &LiveVm,
+    disk_files: &[Arc<std::fs::File>],
+    console: &devices::ConsoleParts,
+) -> RunReport {
+    let host = report::host_facts(live);
+    live.chip.kick_all();
+    disks::sync(disk_files);
     let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
     if shrunk > 0 {
         tracing::warn!(
@@ -214,8 +246,7 @@ pub fn run_observed(
         );
     }
     let _ = lock(&console.console).flush();
-    let report = report::build(&reason, &live, host);
-    Ok(RunOutcome { reason, report })
+    report::build(reason, live, host)
 }
 
 /// Ends the threads a failed start left running (they matter when lull lives on: the API).

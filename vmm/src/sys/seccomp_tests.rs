@@ -3,6 +3,8 @@
 //! makes one syscall; the parent reads how the child ended. A refused syscall ends the child
 //! by SIGSYS (`--seccomp on`); with `--seccomp log` the same syscall goes through.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::seccomp::*;
 
 /// What the child does after installing its filter.
@@ -41,11 +43,24 @@ enum Ended {
     Signalled(i32),
 }
 
+/// A directory of its own for one child's sockets. The tests run in parallel: with one
+/// directory for all, a test that removed it while it was empty for a moment (its own socket
+/// gone) made another's bind fail (ENOENT).
+fn socket_dir() -> std::path::PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("lull-seccomp-api-{}-{n}", std::process::id());
+    let dir = std::env::temp_dir().join(name);
+    // Left by an earlier process that had this PID.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}
+
 fn run_child(kind: ThreadKind, mode: SeccompMode, probe: Probe) -> Ended {
     let program = program(kind, mode).unwrap().unwrap();
     // The API probe's sockets: a listener with one pending connection, and that client.
-    let dir = std::env::temp_dir().join(format!("lull-seccomp-api-{}", std::process::id()));
-    let _ = std::fs::create_dir(&dir);
+    let dir = socket_dir();
     let sock = dir.join(format!("{probe:?}-{kind:?}-{mode:?}.sock"));
     let _ = std::fs::remove_file(&sock);
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();

@@ -11,6 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lull_schema::RunReport;
 use serde_json::Value;
 
 /// Longest wait for one answer.
@@ -102,8 +103,9 @@ pub fn boot(socket: &Path) -> Result<(), ApiClientError> {
 }
 
 /// `GET vm.counters`: the `--metrics` report, live while the VM runs.
-pub fn counters(socket: &Path) -> Result<Value, ApiClientError> {
-    json(socket, &expect_ok(socket, "GET", "vm.counters")?)
+pub fn counters(socket: &Path) -> Result<RunReport, ApiClientError> {
+    let body = expect_ok(socket, "GET", "vm.counters")?;
+    serde_json::from_str(&body).map_err(|e| ApiClientError::Json(socket.to_path_buf(), e))
 }
 
 /// `GET vm.info`'s `state`: `Created`, `Running` or `Shutdown`.
@@ -123,9 +125,9 @@ pub(crate) struct ApiVm {
     booted: bool,
     shut_down: bool,
     /// Its live counters as the window opened.
-    pub(crate) at_start: Option<Value>,
+    pub(crate) at_start: Option<RunReport>,
     /// ... and as it closed.
-    pub(crate) at_end: Option<Value>,
+    pub(crate) at_end: Option<RunReport>,
     /// The first thing that went wrong with its API.
     pub(crate) error: Option<String>,
 }
@@ -170,7 +172,7 @@ impl ApiVm {
     }
 
     /// Live counters now, or the error noted.
-    pub(crate) fn counters(&mut self) -> Option<Value> {
+    pub(crate) fn counters(&mut self) -> Option<RunReport> {
         match counters(&self.socket) {
             Ok(v) => Some(v),
             Err(e) => {
@@ -226,7 +228,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{\"kvm\":{\"exits\":7}}",
         );
         let c = counters(&path).unwrap();
-        assert_eq!(c["kvm"]["exits"], 7);
+        assert_eq!(c.kvm.as_ref().and_then(|k| k.get("exits")), Some(&7));
         let req = server.join().unwrap();
         assert!(
             req.starts_with("GET /api/v1/vm.counters HTTP/1.1\r\n")

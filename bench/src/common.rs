@@ -43,7 +43,7 @@ pub(crate) fn work_dir(flag: Option<&PathBuf>) -> Result<PathBuf, BenchError> {
 }
 
 /// lull's `--metrics` JSON of a run, if it wrote one that parses.
-pub(crate) fn read_metrics(path: &std::path::Path) -> Option<serde_json::Value> {
+pub(crate) fn read_metrics(path: &std::path::Path) -> Option<lull_schema::RunReport> {
     let text = std::fs::read_to_string(path).ok()?;
     serde_json::from_str(&text).ok()
 }

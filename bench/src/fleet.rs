@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use lull_schema::RunReport;
 
 use super::api_client::ApiVm;
 use super::error::BenchError;
@@ -60,7 +60,7 @@ pub struct VmOutcome {
     /// The VMM's stdout and stderr.
     pub stderr: String,
     /// lull's live counters (`vm.counters`) as the window opened and as it closed (API VMs).
-    pub counters: Option<(Value, Value)>,
+    pub counters: Option<(RunReport, RunReport)>,
     /// What went wrong with its API, if anything.
     pub api_error: Option<String>,
 }

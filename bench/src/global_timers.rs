@@ -24,8 +24,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Args;
+use lull_schema::RunReport;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
 use super::error::BenchError;
@@ -172,19 +172,9 @@ pub struct GlobalTimersReport {
     pub results: Vec<GlobalTimersRow>,
 }
 
-/// What a row reads from lull's `--metrics` JSON beyond [`MetricsSum`].
-fn u64_at(v: &Value, path: &[&str]) -> u64 {
-    path.iter().fold(v, |v, k| &v[k]).as_u64().unwrap_or(0)
-}
-
 /// Voluntary context switches of every thread lull reports.
-fn thread_wakeups(m: &Value) -> u64 {
-    m["threads"].as_array().map_or(0, |threads| {
-        threads
-            .iter()
-            .map(|t| t["voluntary_ctxt_switches"].as_u64().unwrap_or(0))
-            .sum()
-    })
+fn thread_wakeups(m: &RunReport) -> u64 {
+    m.threads.iter().map(|t| t.voluntary_ctxt_switches).sum()
 }
 
 /// `n / fires` (0 without fires).
@@ -197,7 +187,7 @@ fn per(n: u64, fires: u64) -> f64 {
 }
 
 /// A row from one run's metrics (`None`: lull wrote none).
-fn row(case: Case, model: Model, duration: Duration, m: Option<&Value>) -> GlobalTimersRow {
+fn row(case: Case, model: Model, duration: Duration, m: Option<&RunReport>) -> GlobalTimersRow {
     let sum = m.map(MetricsSum::of).unwrap_or_default();
     let fires = sum.global_timer_fires.unwrap_or(0);
     let global = sum.global_timer_wakeups.unwrap_or(0);
@@ -212,8 +202,9 @@ fn row(case: Case, model: Model, duration: Duration, m: Option<&Value>) -> Globa
         global_timer_wakeups: global,
         global_timer_wakeups_per_expiry: per(global, fires),
         empty_wakeups: sum.wakeup_causes.get("other").copied().unwrap_or(0),
-        model_empty_wakeups: m.map_or(0, |m| u64_at(m, &["timers", "empty_wakeups"])),
-        wake_retargets: m.map_or(0, |m| u64_at(m, &["timers", "wake_retargets"])),
+        // What a row reads from lull's `--metrics` JSON beyond [`MetricsSum`].
+        model_empty_wakeups: m.and_then(|m| m.timers).map_or(0, |t| t.empty_wakeups),
+        wake_retargets: m.and_then(|m| m.timers).map_or(0, |t| t.wake_retargets),
         host_wakeups,
         host_wakeups_per_expiry: per(host_wakeups, fires),
         failure: None,
@@ -388,8 +379,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn metrics() -> Value {
-        json!({
+    fn metrics() -> RunReport {
+        crate::lull_metrics::report(json!({
             "vcpus": [
                 { "wakeups": { "timer": 5, "global_timer": 7, "other": 2 }, "global_timer_fires": 30 },
                 { "wakeups": { "timer": 4, "global_timer": 1 }, "global_timer_fires": 10 }
@@ -401,7 +392,7 @@ mod tests {
                 { "name": "vcpu1", "voluntary_ctxt_switches": 6 },
                 { "name": "timer", "voluntary_ctxt_switches": 14 }
             ]
-        })
+        }))
     }
 
     #[test]

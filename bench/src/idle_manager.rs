@@ -17,8 +17,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Args;
+use lull_schema::RunReport;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
 use super::error::BenchError;
@@ -137,11 +137,14 @@ pub fn overlap_all(sets: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
 }
 
 /// The quota row of a round from each VM's iterations and `cpu_quota` metrics.
-pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, Value)]) -> QuotaRow {
+pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, RunReport)]) -> QuotaRow {
     let sets: Vec<Vec<(u64, u64)>> = runs
         .iter()
         .map(|(_, m)| {
-            serde_json::from_value(m["cpu_quota"]["intervals"].clone()).unwrap_or_default()
+            m.cpu_quota
+                .as_ref()
+                .map(|q| q.intervals.clone())
+                .unwrap_or_default()
         })
         .collect();
     let together = overlap_all(&sets);
@@ -158,7 +161,7 @@ pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, Value)]) -> Quota
         throughput_per_ms: runs.iter().map(|(it, _)| *it as f64 / ms).collect(),
         throttled_periods: runs
             .iter()
-            .map(|(_, m)| m["cpu_quota"]["throttled_periods"].as_u64().unwrap_or(0))
+            .map(|(_, m)| m.cpu_quota.as_ref().map_or(0, |q| q.throttled_periods))
             .collect(),
         periods_all_throttled_fraction: hit as f64 / periods as f64,
         time_all_throttled_ms: together.iter().map(|(a, b)| (b - a) as f64).sum::<f64>() / 1e6,
@@ -166,24 +169,18 @@ pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, Value)]) -> Quota
 }
 
 /// The injection row of `percent` from its run's iterations and metrics.
-pub fn injection_row(percent: u32, iterations: u64, base: u64, m: &Value) -> InjectionRow {
-    let injected: Vec<f64> = m["vcpus"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice)
-        .iter()
-        .filter_map(|v| v["injected_idle_ns"].as_u64())
-        .map(|ns| ns as f64)
-        .collect();
+pub fn injection_row(percent: u32, iterations: u64, base: u64, m: &RunReport) -> InjectionRow {
+    let injected: Vec<f64> = m.vcpus.iter().map(|v| v.injected_idle_ns as f64).collect();
     let per_vcpu = injected.iter().sum::<f64>() / injected.len().max(1) as f64;
-    let run_ns = m["run_time_ms"].as_f64().unwrap_or(0.0) * 1e6;
+    let run_ns = m.run_time_ms as f64 * 1e6;
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b * 100.0 } else { 0.0 };
     InjectionRow {
         percent,
         achieved_percent: ratio(per_vcpu, run_ns),
         together_percent: ratio(
-            m["idle_inject"]["all_idle_together_ns"]
-                .as_f64()
-                .unwrap_or(0.0),
+            m.idle_inject
+                .as_ref()
+                .map_or(0.0, |i| i.all_idle_together_ns as f64),
             per_vcpu,
         ),
         throughput_percent: ratio(iterations as f64, base as f64),
@@ -191,7 +188,7 @@ pub fn injection_row(percent: u32, iterations: u64, base: u64, m: &Value) -> Inj
 }
 
 /// A spin VM's iterations and metrics, or why it failed.
-type SpinResult = Result<(u64, Value), String>;
+type SpinResult = Result<(u64, RunReport), String>;
 
 struct Plan {
     lull: PathBuf,
@@ -253,7 +250,7 @@ impl Plan {
     }
 }
 
-fn outcome(label: &str, vm: &VmOutcome, m: Option<Value>) -> SpinResult {
+fn outcome(label: &str, vm: &VmOutcome, m: Option<RunReport>) -> SpinResult {
     match (vm.code, spin_iterations(&vm.console), m) {
         (Some(1), Some(it), Some(m)) => Ok((it, m)),
         (code, _, _) => Err(format!(
@@ -403,7 +400,7 @@ fn quota_runs(
                 .into_iter()
                 .partition(Result::is_ok);
             if failed.is_empty() {
-                let runs: Vec<(u64, Value)> = ok.into_iter().flatten().collect();
+                let runs: Vec<(u64, RunReport)> = ok.into_iter().flatten().collect();
                 let row = quota_row(n, phase, ms, &runs);
                 println!("{}", quota_line(&row));
                 report.quota.push(row);
@@ -441,7 +438,11 @@ mod tests {
 
     #[test]
     fn quota_rounds_count_periods_throttled_together() {
-        let m = |iv: &[(u64, u64)]| serde_json::json!({"cpu_quota": {"intervals": iv, "throttled_periods": iv.len()}});
+        let m = |iv: &[(u64, u64)]| {
+            crate::lull_metrics::report(
+                serde_json::json!({"cpu_quota": {"intervals": iv, "throttled_periods": iv.len()}}),
+            )
+        };
         // VM 0 is throttled in 3 periods; VM 1 overlaps the first two of them.
         let runs = vec![
             (1000, m(&[(0, 10), (20, 30), (40, 50)])),
@@ -456,11 +457,11 @@ mod tests {
 
     #[test]
     fn injection_shares_come_from_the_metrics() {
-        let m = serde_json::json!({
+        let m = crate::lull_metrics::report(serde_json::json!({
             "run_time_ms": 1000,
             "vcpus": [{"injected_idle_ns": 200_000_000u64}, {"injected_idle_ns": 300_000_000u64}],
             "idle_inject": {"all_idle_together_ns": 125_000_000u64},
-        });
+        }));
         let r = injection_row(25, 750, 1000, &m);
         assert_eq!(r.achieved_percent, 25.0);
         assert_eq!(r.together_percent, 50.0);

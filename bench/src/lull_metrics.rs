@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use lull_schema::RunReport;
 
 /// Sums of lull's reports over a fleet (or their growth over a window).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -47,47 +47,37 @@ fn sub_opt(later: Option<u64>, earlier: Option<u64>) -> Option<u64> {
 
 impl MetricsSum {
     /// The sums of one report.
-    pub fn of(m: &Value) -> Self {
+    pub fn of(m: &RunReport) -> Self {
         let mut s = Self::default();
         s.add(m);
         s
     }
 
     /// Adds one report.
-    pub fn add(&mut self, m: &Value) {
+    pub fn add(&mut self, m: &RunReport) {
         self.vm_reports += 1;
-        let vcpus = m["vcpus"].as_array().map_or(&[][..], Vec::as_slice);
-        for v in vcpus {
-            let w = &v["wakeups"];
-            // Every cause lull reports (timer, interrupt, control, other, global_timer, ...).
-            if let Some(causes) = w.as_object() {
-                for (cause, count) in causes {
-                    let count = count.as_u64().unwrap_or(0);
-                    self.halted_wakeups += count;
-                    *self.wakeup_causes.entry(cause.clone()).or_insert(0) += count;
-                }
+        for v in &m.vcpus {
+            // Every cause lull reports (timer, interrupt, control, other, global_timer).
+            for (cause, count) in v.wakeups.by_cause() {
+                self.halted_wakeups += count;
+                *self.wakeup_causes.entry(cause.to_string()).or_insert(0) += count;
             }
-            add_opt(&mut self.global_timer_wakeups, w["global_timer"].as_u64());
-            add_opt(
-                &mut self.global_timer_fires,
-                v["global_timer_fires"].as_u64(),
-            );
-            self.lapic_timer_fires += v["lapic_timer_fires"].as_u64().unwrap_or(0);
-            self.injected += v["injected"].as_u64().unwrap_or(0);
+            add_opt(&mut self.global_timer_wakeups, Some(v.wakeups.global_timer));
+            add_opt(&mut self.global_timer_fires, Some(v.global_timer_fires));
+            self.lapic_timer_fires += v.lapic_timer_fires;
+            self.injected += v.injected;
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
         add_opt(
             &mut self.global_timer_fires,
-            m["global_timers"]["timer_thread_fires"].as_u64(),
+            m.global_timers.as_ref().map(|g| g.timer_thread_fires),
         );
-        self.kvm_halt_wakeups += m["kvm"]["halt_wakeup"].as_u64().unwrap_or(0);
-        add_opt(&mut self.kvm_exits, m["kvm"]["exits"].as_u64());
-        add_opt(
-            &mut self.kvm_irq_injections,
-            m["kvm"]["irq_injections"].as_u64(),
-        );
-        let secs = m["run_time_ms"].as_u64().unwrap_or(0) as f64 / 1000.0;
-        self.vcpu_seconds += secs * vcpus.len() as f64;
+        let kvm = |name: &str| m.kvm.as_ref().and_then(|k| k.get(name).copied());
+        self.kvm_halt_wakeups += kvm("halt_wakeup").unwrap_or(0);
+        add_opt(&mut self.kvm_exits, kvm("exits"));
+        add_opt(&mut self.kvm_irq_injections, kvm("irq_injections"));
+        let secs = m.run_time_ms as f64 / 1000.0;
+        self.vcpu_seconds += secs * m.vcpus.len() as f64;
     }
 
     /// Adds the sums of other VMs.
@@ -136,11 +126,19 @@ impl MetricsSum {
     }
 }
 
+/// A report from the parts of it a test gives (the rest as lull's defaults).
+#[cfg(test)]
+pub(crate) fn report(parts: serde_json::Value) -> RunReport {
+    serde_json::from_value(parts).expect("the test's parts of a report parse")
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
-    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> Value {
+    fn metrics(vcpu_fires: [u64; 2], thread_fires: Option<u64>) -> RunReport {
         let vcpu = |fires: u64| {
             serde_json::json!({
                 "wakeups": { "timer": 3, "global_timer": 1 },
@@ -151,12 +149,12 @@ mod tests {
             Value::Null,
             |f| serde_json::json!({ "config": "4,period=1ms", "timer_thread_fires": f }),
         );
-        serde_json::json!({
+        report(serde_json::json!({
             "run_time_ms": 2000,
             "vcpus": [vcpu(vcpu_fires[0]), vcpu(vcpu_fires[1])],
             "global_timers": global,
             "kvm": { "exits": 100, "halt_wakeup": 0 },
-        })
+        }))
     }
 
     #[test]
@@ -176,7 +174,7 @@ mod tests {
     }
 
     /// A live report's counted parts, as `vm.counters` gives them (user irqchip, 2 vCPUs).
-    fn live(run_ms: u64, wakeups: [[u64; 2]; 2], exits: u64) -> Value {
+    fn live(run_ms: u64, wakeups: [[u64; 2]; 2], exits: u64) -> RunReport {
         let vcpu = |w: [u64; 2]| {
             serde_json::json!({
                 "wakeups": { "timer": w[0], "interrupt": w[1], "control": 0, "other": 0, "global_timer": 0 },
@@ -185,13 +183,13 @@ mod tests {
                 "injected": 3 * w[0] + w[1],
             })
         };
-        serde_json::json!({
+        report(serde_json::json!({
             "stop_reason": "running",
             "run_time_ms": run_ms,
             "vcpus": [vcpu(wakeups[0]), vcpu(wakeups[1])],
             "global_timers": null,
             "kvm": { "exits": exits, "halt_wakeup": 0, "irq_injections": exits / 10 },
-        })
+        }))
     }
 
     #[test]
@@ -218,7 +216,7 @@ mod tests {
         assert_eq!(fleet.kvm_exits, Some(12_000));
         // A counter only one report has gives no difference.
         let mut no_kvm = live(81_532, [[0, 0], [0, 0]], 0);
-        no_kvm["kvm"] = Value::Null;
+        no_kvm.kvm = None;
         assert_eq!(MetricsSum::of(&no_kvm).since(&start).kvm_exits, None);
     }
 }

@@ -26,8 +26,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use lull_schema::{RunReport, ThreadStat, VcpuSnapshot};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
 use super::density::Mode;
@@ -41,13 +41,13 @@ use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_S
 const SMALL_COUNT: u32 = 10;
 /// Exits that reach lull, by the vCPU counters of lull's `--metrics`, port I/O left out (see
 /// the top comment).
-const LULL_EXITS: &[&str] = &[
-    "mmio_read",
-    "mmio_write",
-    "hlt",
-    "msr",
-    "irq_window",
-    "other",
+const LULL_EXITS: &[fn(&VcpuSnapshot) -> u64] = &[
+    |v| v.mmio_read,
+    |v| v.mmio_write,
+    |v| v.hlt,
+    |v| v.msr,
+    |v| v.irq_window,
+    |v| v.other,
 ];
 
 /// Flags of `lull bench timer-modes`.
@@ -88,38 +88,29 @@ pub struct RunTotals {
     pub cpu_ns: u64,
 }
 
-fn thread_field(m: &Value, name: &str, field: &str) -> Option<u64> {
-    m["threads"]
-        .as_array()?
-        .iter()
-        .find(|t| t["name"] == name)?[field]
-        .as_u64()
+fn thread_field(m: &RunReport, name: &str, field: fn(&ThreadStat) -> u64) -> Option<u64> {
+    m.threads.iter().find(|t| t.name == name).map(field)
 }
 
 /// Adds up a run from the guest's console and lull's metrics; `None` if either lacks a part.
-pub fn totals(console: &str, m: &Value) -> Option<RunTotals> {
+pub fn totals(console: &str, m: &RunReport) -> Option<RunTotals> {
     let lines = parse_lapic_timer(console);
     let tsc = lines.iter().find(|l| l.mode == "tsc-deadline")?;
-    let vcpu = &m["vcpus"][0];
-    let port_io = vcpu["io_in"].as_u64()? + vcpu["io_out"].as_u64()?;
+    let vcpu = m.vcpus.first()?;
+    let port_io = vcpu.io_in + vcpu.io_out;
     Some(RunTotals {
         events: lines.iter().map(|l| l.n).sum(),
         tsc_deadline_p50_ns: tsc.p50_ns,
         tsc_deadline_p99_ns: tsc.p99_ns,
-        kvm_exits: m["kvm"]["exits"]
-            .as_u64()
+        kvm_exits: m
+            .kvm
+            .as_ref()
+            .and_then(|k| k.get("exits"))
             .map(|e| e.saturating_sub(port_io)),
-        lull_exits: LULL_EXITS
-            .iter()
-            .map(|k| vcpu[*k].as_u64())
-            .sum::<Option<u64>>()?,
-        vcpu_wakeups: thread_field(m, "vcpu0", "voluntary_ctxt_switches")?,
-        timer_thread_wakeups: thread_field(m, "timers", "voluntary_ctxt_switches").unwrap_or(0),
-        cpu_ns: m["threads"]
-            .as_array()?
-            .iter()
-            .filter_map(|t| t["cpu_ns"].as_u64())
-            .sum(),
+        lull_exits: LULL_EXITS.iter().map(|exits| exits(vcpu)).sum(),
+        vcpu_wakeups: thread_field(m, "vcpu0", |t| t.voluntary_ctxt_switches)?,
+        timer_thread_wakeups: thread_field(m, "timers", |t| t.voluntary_ctxt_switches).unwrap_or(0),
+        cpu_ns: m.threads.iter().map(|t| t.cpu_ns).sum(),
     })
 }
 
@@ -317,7 +308,7 @@ mod tests {
 
     /// `exits` HLT and `exits` MMIO-write exits, 100 console characters, 3 x `exits` in KVM's count
     /// (plus the console's).
-    fn metrics(exits: u64, vcpu_wakeups: u64, timer_thread: Option<u64>, cpu_ns: u64) -> Value {
+    fn metrics(exits: u64, vcpu_wakeups: u64, timer_thread: Option<u64>, cpu_ns: u64) -> RunReport {
         let mut threads = vec![
             serde_json::json!({"name": "lull", "voluntary_ctxt_switches": 3, "cpu_ns": 1000}),
             serde_json::json!({"name": "vcpu0", "voluntary_ctxt_switches": vcpu_wakeups,
@@ -329,12 +320,12 @@ mod tests {
                                             "cpu_ns": 0}),
             );
         }
-        serde_json::json!({
+        crate::lull_metrics::report(serde_json::json!({
             "vcpus": [{"io_in": 0, "io_out": 100, "mmio_read": 0, "mmio_write": exits,
                        "hlt": exits, "msr": 0, "irq_window": 0, "other": 0}],
             "threads": threads,
             "kvm": {"exits": 3 * exits + 100},
-        })
+        }))
     }
 
     fn console(n: u64) -> String {
@@ -368,8 +359,9 @@ mod tests {
         // The small run printed one more console line (80 more port I/O exits, in KVM's count
         // too): the per-event exits are those of the runs without it.
         let mut chatty = metrics(1_000, 30, Some(5), 2_000_000);
-        chatty["vcpus"][0]["io_out"] = 180.into();
-        chatty["kvm"]["exits"] = (3 * 1_000 + 180).into();
+        chatty.vcpus[0].io_out = 180;
+        let kvm = chatty.kvm.as_mut().expect("the report has KVM's counters");
+        kvm.insert("exits".to_string(), 3 * 1_000 + 180);
         let small = totals(&console(10), &chatty).unwrap();
         let big = totals(&console(210), &metrics(1_800, 430, Some(5), 42_000_000)).unwrap();
         let p = per_event(&big, &small).unwrap();
@@ -382,7 +374,13 @@ mod tests {
             totals("lapic-timer: PASS", &metrics(1, 1, None, 2000)),
             None
         );
-        assert_eq!(totals(&console(10), &serde_json::json!({})), None);
+        assert_eq!(
+            totals(
+                &console(10),
+                &crate::lull_metrics::report(serde_json::json!({}))
+            ),
+            None
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::Value;
+use lull_schema::{RunReport, ThreadStat};
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
 use super::error::BenchError;
@@ -82,13 +82,17 @@ pub struct WakeupArgs {
     pub common: CommonArgs,
 }
 
-fn thread_per_sample(metrics: &Value, thread: &str, field: &str, count: u32) -> Option<f64> {
-    metrics["threads"]
-        .as_array()?
+fn thread_per_sample(
+    metrics: &RunReport,
+    thread: &str,
+    field: fn(&ThreadStat) -> u64,
+    count: u32,
+) -> Option<f64> {
+    metrics
+        .threads
         .iter()
-        .find(|t| t["name"] == thread)?[field]
-        .as_u64()
-        .map(|v| v as f64 / f64::from(count.max(1)))
+        .find(|t| t.name == thread)
+        .map(|t| field(t) as f64 / f64::from(count.max(1)))
 }
 
 /// Runs the wake-up experiment; `Ok(false)` if some run failed.
@@ -192,11 +196,11 @@ impl Setup<'_> {
             latency: parse_wake_ipi(&vm.console),
             target_cpu_us_per_sample: m
                 .as_ref()
-                .and_then(|m| thread_per_sample(m, "vcpu1", "cpu_ns", args.count))
+                .and_then(|m| thread_per_sample(m, "vcpu1", |t| t.cpu_ns, args.count))
                 .map(|ns| ns / 1000.0),
-            target_wakeups_per_sample: m
-                .as_ref()
-                .and_then(|m| thread_per_sample(m, "vcpu1", "voluntary_ctxt_switches", args.count)),
+            target_wakeups_per_sample: m.as_ref().and_then(|m| {
+                thread_per_sample(m, "vcpu1", |t| t.voluntary_ctxt_switches, args.count)
+            }),
             failure: (!passed).then(|| {
                 format!(
                     "status {:?}: {}",

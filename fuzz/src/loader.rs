@@ -1,4 +1,4 @@
-//! The `loader` target: `vmm::boot::load` (format detection, linux-loader's ELF and bzImage
+//! The `loader` target: `vmm::setup::boot::load` (format detection, linux-loader's ELF and bzImage
 //! loaders, command line, initramfs placement, MP table, PVH start info, zero page, page
 //! tables) on arbitrary kernel and initramfs bytes, an arbitrary command line and CPU count,
 //! into 32 MiB of plain guest memory; plus the zero-page builder on arbitrary setup headers.
@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use arbitrary::{Arbitrary, Unstructured};
 use vm_memory::{ByteValued, GuestMemoryMmap};
-use vmm::boot::{self, BootError, BootSpec, KernelFormat};
-use vmm::layout::{CMDLINE_ADDR, CMDLINE_MAX};
+use vmm::setup::boot::{self, BootError, BootSpec, KernelFormat};
+use vmm::setup::layout::{CMDLINE_ADDR, CMDLINE_MAX};
 
 /// Guest RAM of every run (lull's minimum).
 const MEMORY: u64 = 32 << 20;
@@ -90,7 +90,7 @@ pub fn run(data: &[u8]) {
     let kernel = dress(input.shape, input.kernel);
 
     // The zero-page builder alone, on the same header bytes.
-    let e820 = vmm::layout::e820_map(MEMORY);
+    let e820 = vmm::setup::layout::e820_map(MEMORY);
     if let Ok(zp) = boot::zeropage::build(&kernel, CMDLINE_ADDR, None, &e820) {
         // Up to 0x202 the setup header is the kernel's, untouched by lull's fields.
         let head = &zp.as_slice()[0x1f1..0x202];

@@ -34,10 +34,10 @@ use devices::testdev::{IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT, SCRATCH_PORT
 use kvm_ioctls::VcpuExit;
 use timer::ModelKind;
 use vmm::config::VmConfig;
-use vmm::console::ConsoleSink;
+use vmm::host::console::ConsoleSink;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
 use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
-use vmm::layout::IOAPIC_ADDR;
+use vmm::setup::layout::IOAPIC_ADDR;
 use vmm::metrics::LapicNoise;
 use vmm::size::ByteSize;
 use vmm::state::{lock, StopReason, VcpuShared};

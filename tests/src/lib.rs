@@ -11,6 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lull_schema::RunReport;
+
 pub use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 /// The workspace root.
@@ -77,11 +79,33 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value, Failed> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
 }
 
-/// Reads lull's `--metrics` JSON and removes the file.
-pub fn take_metrics(path: &Path) -> Result<serde_json::Value, Failed> {
-    let metrics = read_json(path);
+/// Reads lull's `--metrics` JSON (checked by [`report_from`]).
+pub fn read_report(path: &Path) -> Result<RunReport, Failed> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    report_from(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+/// Reads lull's `--metrics` JSON (checked by [`report_from`]) and removes the file.
+pub fn take_metrics(path: &Path) -> Result<RunReport, Failed> {
+    let metrics = read_report(path);
     let _ = std::fs::remove_file(path);
     metrics
+}
+
+/// Parses a report lull wrote (`--metrics` pretty, `vm.counters` compact), checking that it is
+/// exactly lull-schema's: written back the same way, it gives the same bytes (no key missing,
+/// added or moved).
+pub fn report_from(text: &str) -> Result<RunReport, String> {
+    let report: RunReport = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let pretty = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    let compact = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+    if text.trim_end() != pretty && text.trim_end() != compact {
+        return Err(format!(
+            "lull's report is not lull-schema's RunReport: lull wrote\n{text}\nthe schema \
+             writes it back as\n{pretty}"
+        ));
+    }
+    Ok(report)
 }
 
 /// Why tests that boot guests cannot run here, if they cannot.

@@ -12,8 +12,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lull_schema::{RunReport, VcpuSnapshot};
 use lull_tests::{
-    kit_file, kvm_trial, lull_bin, start_api_server, temp_path, Arguments, Failed, Trial,
+    kit_file, kvm_trial, lull_bin, report_from, start_api_server, temp_path, Arguments, Failed,
+    Trial,
 };
 use serde_json::Value;
 
@@ -64,6 +66,15 @@ impl Lull {
             );
         }
         serde_json::from_str(&body).map_err(|e| format!("{endpoint}: {e}: {body}").into())
+    }
+
+    /// `GET vm.counters`: the run report, checked against lull-schema's.
+    fn counters(&self) -> Result<RunReport, Failed> {
+        let (status, body) = self.call("GET", "vm.counters", "")?;
+        if status != 200 {
+            return Err(format!("GET vm.counters: status {status}, want 200: {body}").into());
+        }
+        report_from(&body).map_err(|e| format!("vm.counters: {e}").into())
     }
 
     /// Sends `bytes` as they are and reads the answer until lull closes the connection.
@@ -178,11 +189,8 @@ fn idle_config(metrics: &Path) -> Result<String, Failed> {
 }
 
 /// Sum of one per-vCPU counter in a report.
-fn vcpu_sum(report: &Value, counter: &str) -> u64 {
-    report["vcpus"]
-        .as_array()
-        .map(|v| v.iter().filter_map(|c| c[counter].as_u64()).sum())
-        .unwrap_or(0)
+fn vcpu_sum(report: &RunReport, counter: fn(&VcpuSnapshot) -> u64) -> u64 {
+    report.vcpus.iter().map(counter).sum()
 }
 
 fn create_boot_query_stop() -> Result<(), Failed> {
@@ -223,16 +231,15 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     // Live counters: they grow while the guest's timers fire.
     let deadline = Instant::now() + Duration::from_secs(30);
     let live = loop {
-        let report = lull.json("GET", "vm.counters", 200)?;
-        if report["stop_reason"] != "running" || report["vcpus"].as_array().map(Vec::len) != Some(2)
-        {
-            return Err(format!("live vm.counters: {report}").into());
+        let report = lull.counters()?;
+        if report.stop_reason != "running" || report.vcpus.len() != 2 {
+            return Err(format!("live vm.counters: {report:?}").into());
         }
-        if vcpu_sum(&report, "lapic_timer_fires") >= 10 {
+        if vcpu_sum(&report, |c| c.lapic_timer_fires) >= 10 {
             break report;
         }
         if Instant::now() > deadline {
-            return Err(format!("no LAPIC timer fired in 30 s: {report}").into());
+            return Err(format!("no LAPIC timer fired in 30 s: {report:?}").into());
         }
         // Polls the counters as an orchestrator would; the pause only spaces the queries.
         std::thread::sleep(Duration::from_millis(100));
@@ -270,16 +277,16 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     {
         return Err(format!("vm.info after vm.shutdown: {info}").into());
     }
-    let last = lull.json("GET", "vm.counters", 200)?;
-    if last["exit_status"] != API_STOP
-        || vcpu_sum(&last, "lapic_timer_fires") < vcpu_sum(&live, "lapic_timer_fires")
-        || last["run_time_ms"].as_u64() < live["run_time_ms"].as_u64()
+    let last = lull.counters()?;
+    if last.exit_status != API_STOP
+        || vcpu_sum(&last, |c| c.lapic_timer_fires) < vcpu_sum(&live, |c| c.lapic_timer_fires)
+        || last.run_time_ms < live.run_time_ms
     {
-        return Err(format!("final vm.counters: {last}\nlive: {live}").into());
+        return Err(format!("final vm.counters: {last:?}\nlive: {live:?}").into());
     }
     let written = lull_tests::take_metrics(&metrics)?;
-    if written["stop_reason"] != last["stop_reason"] || written["exit_status"] != API_STOP {
-        return Err(format!("--metrics file: {written}").into());
+    if written.stop_reason != last.stop_reason || written.exit_status != API_STOP {
+        return Err(format!("--metrics file: {written:?}").into());
     }
     lull.expect("PUT", "vm.shutdown", "", 405)?;
     lull.expect("PUT", "vm.boot", "", 500)?;
@@ -322,8 +329,8 @@ fn sigterm_stops_the_vm_and_lull() -> Result<(), Failed> {
     }
     let code = lull.wait()?;
     let written = lull_tests::take_metrics(&metrics)?;
-    if code != USER_STOP || written["stop_reason"] != "stopped by SIGTERM" {
-        return Err(format!("exit {code} (want {USER_STOP}), metrics: {written}").into());
+    if code != USER_STOP || written.stop_reason != "stopped by SIGTERM" {
+        return Err(format!("exit {code} (want {USER_STOP}), metrics: {written:?}").into());
     }
     Ok(())
 }
@@ -353,9 +360,9 @@ fn a_guest_that_stops_leaves_lull_serving() -> Result<(), Failed> {
     if info["stop_reason"] != "guest test exit (status 1)" {
         return Err(format!("vm.info: {info}").into());
     }
-    let last = lull.json("GET", "vm.counters", 200)?;
-    if last["exit_status"] != 1 || last["serial_bytes_out"].as_u64() == Some(0) {
-        return Err(format!("final vm.counters: {last}").into());
+    let last = lull.counters()?;
+    if last.exit_status != 1 || last.serial_bytes_out == 0 {
+        return Err(format!("final vm.counters: {last:?}").into());
     }
     lull.json("GET", "vmm.ping", 200)?;
     let killed = Command::new("kill")

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lull_tests::{
-    kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed, RunResult, Trial,
+    kit_dir, kit_file, kvm_trial, read_json, read_report, run_lull, Arguments, Failed, RunResult,
+    Trial,
 };
 use serde_json::Value;
 
@@ -328,9 +329,10 @@ fn density_linux_measures_inside_the_workload() -> Result<(), Failed> {
     {
         return Err(format!("no guest or halted-vCPU counts: {row}").into());
     }
-    let whole = read_json(&dir.join("pull-idle-n1-vm0.json"))?;
-    let vcpu_s = whole["run_time_ms"].as_f64().unwrap_or(0.0) / 1000.0 * 2.0;
-    let whole_rate = whole["kvm"]["exits"].as_f64().unwrap_or(0.0) / vcpu_s;
+    let whole = read_report(&dir.join("pull-idle-n1-vm0.json"))?;
+    let vcpu_s = whole.run_time_ms as f64 / 1000.0 * 2.0;
+    let exits = whole.kvm.as_ref().and_then(|k| k.get("exits").copied());
+    let whole_rate = exits.unwrap_or(0) as f64 / vcpu_s;
     let window_rate = row["vm_exits_per_vcpu_s"].as_f64().unwrap_or(f64::MAX);
     // The boot emulates the whole kernel's start-up at far more exits per second than the
     // idle workload makes (a loaded host slows both), so a window inside the workload has a

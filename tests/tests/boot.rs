@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use lull_tests::{
-    kit_file, kvm_trial, linux_cmdline, read_json, run_lull, take_metrics, temp_path, Arguments,
-    Failed, RunResult, Trial,
+    kit_file, kvm_trial, linux_cmdline, run_lull, take_metrics, temp_path, Arguments, Failed,
+    RunResult, Trial,
 };
 
 const GUEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -59,16 +59,15 @@ fn serial_file_and_metrics_capture_the_run() -> Result<(), Failed> {
     if !text.contains("hello: PASS") {
         return Err(format!("console file lacks the guest's output: {text:?}").into());
     }
-    let v = read_json(&metrics)?;
-    let bytes = v["serial_bytes_out"].as_u64().unwrap_or(0);
-    if v["exit_status"] != 1
+    let v = take_metrics(&metrics)?;
+    let bytes = v.serial_bytes_out;
+    if v.exit_status != 1
         || bytes < text.len() as u64
-        || v["vcpus"][0]["io_out"].as_u64() < Some(bytes)
+        || v.vcpus.first().map(|c| c.io_out) < Some(bytes)
     {
-        return Err(format!("metrics do not match the run: {v}").into());
+        return Err(format!("metrics do not match the run: {v:?}").into());
     }
     let _ = std::fs::remove_file(&console);
-    let _ = std::fs::remove_file(&metrics);
     Ok(())
 }
 
@@ -94,9 +93,8 @@ fn lull_code_moves_to_huge_pages_when_asked() -> Result<(), Failed> {
         let r = run_lull(&args, GUEST_DEADLINE)?;
         r.expect_stdout("hello: PASS")?;
         r.expect_code(1)?;
-        let v = read_json(&metrics)?;
-        let _ = std::fs::remove_file(&metrics);
-        let huge = v["text_on_huge_pages_bytes"].as_u64().unwrap_or(0);
+        let v = take_metrics(&metrics)?;
+        let huge = v.text_on_huge_pages_bytes;
         if (huge > 0) != expect_huge {
             return Err(format!(
                 "--huge-text {switch:?} on a host with THP {thp:?}: {huge} bytes of lull's \
@@ -350,19 +348,13 @@ fn guest_matrix() -> Vec<Trial> {
                         // Every guest timer event goes through lull's timers, and every block of
                         // the halted vCPU ends with exactly one counted wake-up. (A slow guest may
                         // not reach HLT before its timer fires, so blocks can be fewer.)
-                        let vcpu = &v["vcpus"][0];
-                        let n = |x: &serde_json::Value| x.as_u64().unwrap_or(0);
-                        let fires = n(&vcpu["lapic_timer_fires"]);
-                        let blocks = n(&vcpu["blocks"]);
-                        let w = &vcpu["wakeups"];
-                        let wakeups =
-                            n(&w["timer"]) + n(&w["interrupt"]) + n(&w["control"]) + n(&w["other"]);
-                        if fires < 12
-                            || blocks == 0
-                            || wakeups != blocks
-                            || blocks > n(&vcpu["hlt"])
-                        {
-                            return Err(format!("timer/halt metrics inconsistent: {v}").into());
+                        let vcpu = v.vcpus.first().cloned().unwrap_or_default();
+                        let fires = vcpu.lapic_timer_fires;
+                        let blocks = vcpu.blocks;
+                        let w = &vcpu.wakeups;
+                        let wakeups = w.timer + w.interrupt + w.control + w.other;
+                        if fires < 12 || blocks == 0 || wakeups != blocks || blocks > vcpu.hlt {
+                            return Err(format!("timer/halt metrics inconsistent: {v:?}").into());
                         }
                     }
                     Ok(())

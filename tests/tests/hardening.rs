@@ -11,8 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lull_schema::RunReport;
 use lull_tests::{
-    kit_file, kvm_trial, lull_bin, run_lull, take_metrics, temp_path, Arguments, Failed,
+    kit_file, kvm_trial, lull_bin, report_from, run_lull, take_metrics, temp_path, Arguments,
+    Failed,
 };
 
 const GUEST_DEADLINE: Duration = Duration::from_secs(60);
@@ -25,15 +27,9 @@ const MISDEEDS_BEFORE_SIGTERM: u64 = 256;
 /// (a bound for a hang, not a timing: the time it took is printed).
 const SIGTERM_DEADLINE: Duration = Duration::from_secs(20);
 
-fn json_u64(v: &serde_json::Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
 /// Total CPU time of lull's threads in the metrics (ns).
-fn threads_cpu_ns(metrics: &serde_json::Value) -> u64 {
-    metrics["threads"]
-        .as_array()
-        .map_or(0, |t| t.iter().map(|t| json_u64(&t["cpu_ns"])).sum())
+fn threads_cpu_ns(metrics: &RunReport) -> u64 {
+    metrics.threads.iter().map(|t| t.cpu_ns).sum()
 }
 
 /// A timer-only storm: every vCPU arms a periodic LAPIC timer with initial count 1 (1 ns) and
@@ -64,19 +60,19 @@ fn timer_storm_is_clamped() -> Result<(), Failed> {
     r.expect_stdout("storm: PASS")?;
     r.expect_code(1)?;
     let m = take_metrics(&metrics)?;
-    let run_ns = json_u64(&m["run_time_ms"]) * 1_000_000;
-    let vcpus = m["vcpus"].as_array().cloned().unwrap_or_default();
+    let run_ns = m.run_time_ms * 1_000_000;
+    let vcpus = m.vcpus.clone();
     let mut fires = 0;
     for v in &vcpus {
-        let f = json_u64(&v["lapic_timer_fires"]);
+        let f = v.lapic_timer_fires;
         // One fire per clamped period, plus the arming write's own first expiry.
         if f > run_ns / MIN_PERIOD_NS + 2 {
-            return Err(format!("{f} timer fires in {run_ns} ns beat the clamp: {m}").into());
+            return Err(format!("{f} timer fires in {run_ns} ns beat the clamp: {m:?}").into());
         }
         fires += f;
     }
-    if json_u64(&m["lapic_timer_clamps"]) == 0 || fires == 0 {
-        return Err(format!("the storm was not clamped or never fired: {m}").into());
+    if m.lapic_timer_clamps == 0 || fires == 0 {
+        return Err(format!("the storm was not clamped or never fired: {m:?}").into());
     }
     let cpu = threads_cpu_ns(&m);
     eprintln!(
@@ -280,9 +276,8 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
     if !threads.iter().any(|(n, _)| n.starts_with("vcpu")) {
         return Err(format!("no vCPU thread seen{context}").into());
     }
-    let m: serde_json::Value =
-        serde_json::from_str(&json).map_err(|e| format!("metrics JSON: {e}{context}"))?;
-    let misdeeds = json_u64(&m["unknown_port_accesses"]) + json_u64(&m["lapic_invalid_accesses"]);
+    let m = report_from(&json).map_err(|e| format!("metrics JSON: {e}{context}"))?;
+    let misdeeds = m.unknown_port_accesses + m.lapic_invalid_accesses;
     let log_lines = log.lines().count();
     // Each kind of misdeed logs its 1st, 2nd, 4th, ... occurrence: log2(n) lines per kind.
     let bound = 4 * (64 - misdeeds.leading_zeros() as usize) + 16;
@@ -292,10 +287,8 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
         )
         .into());
     }
-    let run_ns = json_u64(&m["run_time_ms"]) * 1_000_000;
-    let fires: u64 = m["vcpus"].as_array().map_or(0, |v| {
-        v.iter().map(|v| json_u64(&v["lapic_timer_fires"])).sum()
-    });
+    let run_ns = m.run_time_ms * 1_000_000;
+    let fires: u64 = m.vcpus.iter().map(|v| v.lapic_timer_fires).sum();
     if fires > 2 * (run_ns / MIN_PERIOD_NS + 2) {
         return Err(format!("{fires} timer fires beat the clamp{context}").into());
     }
@@ -307,7 +300,7 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
          {} ms",
         window.as_millis(),
         u128::from(cpu_ms) * 100 / window.as_millis().max(1),
-        json_u64(&m["ipis"]),
+        m.ipis,
         answered.as_millis()
     );
     Ok(())

@@ -5,17 +5,21 @@
 
 use std::time::Duration;
 
+use lull_schema::{RunReport, VcpuSnapshot};
 use lull_tests::{kit_file, kvm_trial, run_lull, take_metrics, temp_path, Arguments, Failed};
-use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<Value, Failed> {
+fn run_with_metrics(guest: &str, args: &[&str], expect: &str) -> Result<RunReport, Failed> {
     run_with_output(guest, args, expect).map(|(_, metrics)| metrics)
 }
 
 /// As [`run_with_metrics`], with the guest's console output too.
-fn run_with_output(guest: &str, args: &[&str], expect: &str) -> Result<(String, Value), Failed> {
+fn run_with_output(
+    guest: &str,
+    args: &[&str],
+    expect: &str,
+) -> Result<(String, RunReport), Failed> {
     let kernel = kit_file(&format!("guests/{guest}.elf"))?
         .display()
         .to_string();
@@ -56,14 +60,9 @@ fn idle_sim_events(stdout: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The sum over the vCPUs of a counter, by its path in a vCPU's entry (`polls`,
-/// `wakeups/timer`).
-fn sum(v: &Value, field: &str) -> u64 {
-    v["vcpus"].as_array().map_or(0, |a| {
-        a.iter()
-            .filter_map(|c| c.pointer(&format!("/{field}"))?.as_u64())
-            .sum()
-    })
+/// The sum over the vCPUs of a counter of a vCPU's entry (`polls`, `wakeups.timer`).
+fn sum(m: &RunReport, field: fn(&VcpuSnapshot) -> u64) -> u64 {
+    m.vcpus.iter().map(field).sum()
 }
 
 fn idle_injection_holds_every_vcpu() -> Result<(), Failed> {
@@ -79,19 +78,17 @@ fn idle_injection_holds_every_vcpu() -> Result<(), Failed> {
         ],
         "spin: PASS",
     )?;
-    let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
-    for v in m["vcpus"].as_array().into_iter().flatten() {
-        let injected = v["injected_idle_ns"].as_u64().unwrap_or(0);
+    let run_ns = m.run_time_ms * 1_000_000;
+    for v in &m.vcpus {
+        let injected = v.injected_idle_ns;
         // Held at least once, never longer than the run.
         if injected == 0 || injected > run_ns {
-            return Err(format!("vCPU held {injected} ns of a {run_ns} ns run: {m}").into());
+            return Err(format!("vCPU held {injected} ns of a {run_ns} ns run: {m:?}").into());
         }
     }
-    let together = m["idle_inject"]["all_idle_together_ns"]
-        .as_u64()
-        .unwrap_or(0);
+    let together = m.idle_inject.as_ref().map_or(0, |i| i.all_idle_together_ns);
     if together == 0 || together > run_ns {
-        return Err(format!("all-idle-together {together} ns out of range: {m}").into());
+        return Err(format!("all-idle-together {together} ns out of range: {m:?}").into());
     }
     Ok(())
 }
@@ -108,15 +105,13 @@ fn cpu_quota_throttles_a_busy_vm() -> Result<(), Failed> {
         ],
         "spin: PASS",
     )?;
-    let q = &m["cpu_quota"];
-    let intervals: Vec<(u64, u64)> = q["intervals"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|i| Some((i[0].as_u64()?, i[1].as_u64()?)))
-        .collect();
+    let intervals: Vec<(u64, u64)> = m
+        .cpu_quota
+        .as_ref()
+        .map(|q| q.intervals.clone())
+        .unwrap_or_default();
     let Some(&(_, first_end)) = intervals.first() else {
-        return Err(format!("a busy VM with a quarter of a CPU was never throttled: {m}").into());
+        return Err(format!("a busy VM with a quarter of a CPU was never throttled: {m:?}").into());
     };
     // Each throttled interval lies in one period and ends at a period boundary (the VM is
     // released when the next period starts); intervals are in time order, one per period.
@@ -125,39 +120,37 @@ fn cpu_quota_throttles_a_busy_vm() -> Result<(), Failed> {
         let on_the_grid = (end - first_end) % PERIOD_NS == 0;
         let after_previous = i == 0 || intervals[i - 1].1 <= start;
         if !(in_one_period && on_the_grid && after_previous) {
-            return Err(format!("throttled interval {i} [{start}, {end}) is off: {m}").into());
+            return Err(format!("throttled interval {i} [{start}, {end}) is off: {m:?}").into());
         }
     }
     // The vCPU itself was parked for (at least) every throttled interval: its own clock of
     // parked time, counted where it blocks, covers what the quota recorded, less the last
     // period (the guest may end while parked).
     let recorded: u64 = intervals.iter().map(|&(s, e)| e - s).sum();
-    let parked = sum(&m, "throttled_ns");
+    let parked = sum(&m, |v| v.throttled_ns);
     if parked + PERIOD_NS < recorded {
-        return Err(format!("vCPU parked {parked} ns of {recorded} ns throttled: {m}").into());
+        return Err(format!("vCPU parked {parked} ns of {recorded} ns throttled: {m:?}").into());
     }
     // The kernel's view of the vCPU thread (/proc, not lull's counters): it slept at least
     // once per throttled period (a vCPU kept out of the guest by spinning in lull would not),
     // and it used well under the run time in CPU, where unthrottled it would spin through
     // all of it. A quarter is allowed; half is the bound, for the overshoot before each check.
-    let vcpu_thread = |field: &str| -> u64 {
-        m["threads"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("vcpu")))
-            .filter_map(|t| t[field].as_u64())
+    let vcpu_thread = |field: fn(&lull_schema::ThreadStat) -> u64| -> u64 {
+        m.threads
+            .iter()
+            .filter(|t| t.name.starts_with("vcpu"))
+            .map(field)
             .sum()
     };
     let (slept, cpu_ns) = (
-        vcpu_thread("voluntary_ctxt_switches"),
-        vcpu_thread("cpu_ns"),
+        vcpu_thread(|t| t.voluntary_ctxt_switches),
+        vcpu_thread(|t| t.cpu_ns),
     );
-    let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
+    let run_ns = m.run_time_ms * 1_000_000;
     if slept < intervals.len() as u64 || cpu_ns == 0 || cpu_ns > run_ns / 2 {
         return Err(format!(
             "vCPU thread slept {slept} times for {} throttled periods and used {cpu_ns} ns of \
-             CPU in a {run_ns} ns run under a 25% quota: {m}",
+             CPU in a {run_ns} ns run under a 25% quota: {m:?}",
             intervals.len()
         )
         .into());
@@ -166,12 +159,12 @@ fn cpu_quota_throttles_a_busy_vm() -> Result<(), Failed> {
 }
 
 /// Sums of the halt-polling counters over the vCPUs: (polls, won, blocks, poll_ns).
-fn poll_counts(m: &Value) -> (u64, u64, u64, u64) {
+fn poll_counts(m: &RunReport) -> (u64, u64, u64, u64) {
     (
-        sum(m, "polls"),
-        sum(m, "polls_won"),
-        sum(m, "blocks"),
-        sum(m, "poll_ns"),
+        sum(m, |v| v.polls),
+        sum(m, |v| v.polls_won),
+        sum(m, |v| v.blocks),
+        sum(m, |v| v.poll_ns),
     )
 }
 
@@ -184,8 +177,8 @@ fn fixed_halt_polling_catches_wakeups_inside_its_window() -> Result<(), Failed> 
         "lapic-timer: PASS",
     )?;
     let (polls, won, blocks, _) = poll_counts(&m);
-    if polls == 0 || won != polls || blocks != 0 || m["halt_poll"] != "5ms" {
-        return Err(format!("a 5 ms window must end every halt by polling: {m}").into());
+    if polls == 0 || won != polls || blocks != 0 || m.halt_poll.as_deref() != Some("5ms") {
+        return Err(format!("a 5 ms window must end every halt by polling: {m:?}").into());
     }
     Ok(())
 }
@@ -211,14 +204,14 @@ fn fixed_halt_polling_sleeps_after_its_window() -> Result<(), Failed> {
     )?;
     let (polls, won, blocks, poll_ns) = poll_counts(&m);
     let lost = polls.saturating_sub(won);
-    let timer_wakeups = sum(&m, "wakeups/timer");
+    let timer_wakeups = sum(&m, |v| v.wakeups.timer);
     if lost == 0
         || blocks < lost
         || poll_ns < lost * WINDOW_NS
         || timer_wakeups == 0
-        || m["halt_poll"] != "200us"
+        || m.halt_poll.as_deref() != Some("200us")
     {
-        return Err(format!("lost polls must spin their window, then sleep: {m}").into());
+        return Err(format!("lost polls must spin their window, then sleep: {m:?}").into());
     }
     Ok(())
 }
@@ -229,8 +222,8 @@ fn halt_polling_off_never_polls() -> Result<(), Failed> {
         &["--cmdline", "count=3", "--halt-poll", "off"],
         "lapic-timer: PASS",
     )?;
-    if sum(&m, "polls") != 0 || sum(&m, "blocks") == 0 {
-        return Err(format!("--halt-poll off must block without polling: {m}").into());
+    if sum(&m, |v| v.polls) != 0 || sum(&m, |v| v.blocks) == 0 {
+        return Err(format!("--halt-poll off must block without polling: {m:?}").into());
     }
     Ok(())
 }
@@ -251,12 +244,12 @@ fn exit_clocks_split_the_run_into_handling_and_sleep() -> Result<(), Failed> {
         ],
         "idle-sim: PASS",
     )?;
-    let (asleep, handling) = (sum(&m, "blocked_ns"), sum(&m, "exit_handling_ns"));
-    let run_ns = m["run_time_ms"].as_u64().unwrap_or(0) * 1_000_000;
-    if sum(&m, "blocks") == 0 || asleep == 0 || handling == 0 || asleep + handling > run_ns {
+    let (asleep, handling) = (sum(&m, |v| v.blocked_ns), sum(&m, |v| v.exit_handling_ns));
+    let run_ns = m.run_time_ms * 1_000_000;
+    if sum(&m, |v| v.blocks) == 0 || asleep == 0 || handling == 0 || asleep + handling > run_ns {
         return Err(format!(
             "an idling vCPU should both sleep and handle exits, never both at once, within its \
-             {run_ns} ns run: asleep {asleep} ns, handling {handling} ns: {m}"
+             {run_ns} ns run: asleep {asleep} ns, handling {handling} ns: {m:?}"
         )
         .into());
     }
@@ -279,12 +272,12 @@ fn global_timer_load_fires_and_rearms() -> Result<(), Failed> {
             ],
             "smp-timer: PASS",
         )?;
-        let fires = sum(&m, "global_timer_fires")
-            + m["global_timers"]["timer_thread_fires"]
-                .as_u64()
-                .unwrap_or(0);
+        let fires = sum(&m, |v| v.global_timer_fires)
+            + m.global_timers.as_ref().map_or(0, |g| g.timer_thread_fires);
         if fires < 8 {
-            return Err(format!("{model}: expected global timers to fire and re-arm: {m}").into());
+            return Err(
+                format!("{model}: expected global timers to fire and re-arm: {m:?}").into(),
+            );
         }
     }
     Ok(())
@@ -306,20 +299,19 @@ fn pv_deadline_arms_every_timer_without_a_wrmsr() -> Result<(), Failed> {
     };
     let (stdout, m) = run_with_output("idle-sim", &args("on"), "idle-sim: PASS")?;
     let events = idle_sim_events(&stdout);
-    let vcpus = m["vcpus"].as_array().map_or(&[][..], Vec::as_slice);
+    let vcpus = &m.vcpus;
     if events.len() != 2 || vcpus.len() != 2 {
-        return Err(format!("want 2 CPUs' events and 2 vCPUs: {events:?}\n{stdout}\n{m}").into());
+        return Err(format!("want 2 CPUs' events and 2 vCPUs: {events:?}\n{stdout}\n{m:?}").into());
     }
     // Every event the guest handled came from a timer fire (the last armed one may fire after
     // its count stops), every fire was armed through the PV slot, and no WRMSR exit remains.
     for (v, &handled) in vcpus.iter().zip(&events) {
-        let n = |k: &str| v[k].as_u64().unwrap_or(0);
-        let (fires, taken, msr) = (n("lapic_timer_fires"), n("pv_deadlines"), n("msr"));
+        let (fires, taken, msr) = (v.lapic_timer_fires, v.pv_deadlines, v.msr);
         if handled == 0 || fires < handled || taken < fires || msr > 4 {
             return Err(format!(
                 "vCPU {}: the guest handled {handled} timer events, lull fired {fires}, \
-                 {taken} PV deadlines, {msr} MSR exits: {v}",
-                v["vcpu"]
+                 {taken} PV deadlines, {msr} MSR exits: {v:?}",
+                v.vcpu
             )
             .into());
         }
@@ -329,8 +321,8 @@ fn pv_deadline_arms_every_timer_without_a_wrmsr() -> Result<(), Failed> {
         &args("off"),
         "idle-sim: PV deadline not offered",
     )?;
-    if sum(&m, "pv_deadlines") != 0 || sum(&m, "msr") < sum(&m, "lapic_timer_fires") {
-        return Err(format!("--pv-deadline off: the guest must write the MSR: {m}").into());
+    if sum(&m, |v| v.pv_deadlines) != 0 || sum(&m, |v| v.msr) < sum(&m, |v| v.lapic_timer_fires) {
+        return Err(format!("--pv-deadline off: the guest must write the MSR: {m:?}").into());
     }
     Ok(())
 }
@@ -351,18 +343,22 @@ fn wake_placement_binds_short_sleepers() -> Result<(), Failed> {
     };
     let host_cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let m = run_with_metrics("idle-sim", &args("cache-hot"), "idle-sim: PASS")?;
-    let (binds, blocks) = (sum(&m, "placement/binds"), sum(&m, "blocks"));
-    let moved = sum(&m, "placement/bound_migrations");
+    let (binds, blocks) = (sum(&m, |v| v.placement.binds), sum(&m, |v| v.blocks));
+    let moved = sum(&m, |v| v.placement.bound_migrations);
     let engaged = if host_cpus > 1 { binds > 0 } else { binds == 0 };
-    if m["wake_placement"] != "cache-hot" || !engaged || binds > blocks || moved != 0 {
+    if m.wake_placement.as_deref() != Some("cache-hot") || !engaged || binds > blocks || moved != 0
+    {
         return Err(format!(
-            "cache-hot on {host_cpus} host CPUs: {binds} binds of {blocks} blocks, {moved} bound wake-ups moved: {m}"
+            "cache-hot on {host_cpus} host CPUs: {binds} binds of {blocks} blocks, {moved} bound wake-ups moved: {m:?}"
         )
         .into());
     }
     let m = run_with_metrics("idle-sim", &args("off"), "idle-sim: PASS")?;
-    if sum(&m, "placement/binds") != 0 || m["wake_placement"] != "off" || sum(&m, "blocks") == 0 {
-        return Err(format!("--wake-placement off must never bind: {m}").into());
+    if sum(&m, |v| v.placement.binds) != 0
+        || m.wake_placement.as_deref() != Some("off")
+        || sum(&m, |v| v.blocks) == 0
+    {
+        return Err(format!("--wake-placement off must never bind: {m:?}").into());
     }
     Ok(())
 }

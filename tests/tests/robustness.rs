@@ -233,8 +233,8 @@ fn a_truncated_disk_fails_the_guests_next_write() -> Result<(), Failed> {
     let _ = std::fs::remove_file(&image);
     let seen = failed.map_err(|seen| format!("the guest's writes did not fail: {seen:?}"))?;
     let report = take_metrics(&metrics)?;
-    if report["disk_shrunk_image_errors"].as_u64() < Some(1) {
-        return Err(format!("no shrink error counted: {report}").into());
+    if report.disk_shrunk_image_errors < 1 {
+        return Err(format!("no shrink error counted: {report:?}").into());
     }
     if size != Some(4096) {
         return Err(format!("the image was re-grown to {size:?} bytes").into());
@@ -510,8 +510,8 @@ fn an_early_sigterm_ends_the_run_with_12_and_metrics() -> Result<(), Failed> {
         return Err(format!("lull exited {status} after an early SIGTERM:\n{stderr}").into());
     }
     let report = take_metrics(&metrics)?;
-    if report["stop_reason"] != "stopped by SIGTERM" || report["exit_status"] != USER_STOP {
-        return Err(format!("metrics after an early SIGTERM: {report}").into());
+    if report.stop_reason != "stopped by SIGTERM" || report.exit_status != USER_STOP {
+        return Err(format!("metrics after an early SIGTERM: {report:?}").into());
     }
     Ok(())
 }

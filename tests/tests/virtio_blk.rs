@@ -339,20 +339,20 @@ fn rate_limit_holds(irqchip: &'static str) -> Result<(), Failed> {
     if bytes < 4 * 4096 {
         return Err(r.failure(&format!("only {bytes} bytes in {ns} ns: starved")));
     }
-    let device = &report["device_timers"]["devices"][0];
-    let (requested, fired) = (device["requested"].as_u64(), device["fired"].as_u64());
+    let timers = report.device_timers.as_ref();
+    let device = timers.and_then(|t| t.devices.first());
+    let (requested, fired) = (device.map(|d| d.requested), device.map(|d| d.fired));
     let want_mode = if irqchip == "user" {
         "hierarchy"
     } else {
         "timerfd"
     };
-    if report["device_timers"]["mode"] != want_mode
+    if timers.map(|t| t.mode.as_str()) != Some(want_mode)
         || requested.is_none_or(|n| n == 0)
         || requested != fired
     {
         return Err(r.failure(&format!(
-            "device timers: {} (want mode {want_mode}, refills asked for and all fired)",
-            report["device_timers"]
+            "device timers: {timers:?} (want mode {want_mode}, refills asked for and all fired)"
         )));
     }
     if irqchip == "user" {
@@ -361,8 +361,11 @@ fn rate_limit_holds(irqchip: &'static str) -> Result<(), Failed> {
         // before the first request, stopped after the last completion). An active vCPU is the
         // hierarchy's migrator however late the host runs it, so no refill can fall to a
         // halted vCPU (that all refills fired was checked above).
-        let woken: u64 = (0..2)
-            .filter_map(|i| report["vcpus"][i]["wakeups"]["global_timer"].as_u64())
+        let woken: u64 = report
+            .vcpus
+            .iter()
+            .take(2)
+            .map(|v| v.wakeups.global_timer)
             .sum();
         if woken != 0 {
             return Err(r.failure(&format!(

@@ -152,13 +152,13 @@ fn guest_gets_an_arp_reply(irqchip: &'static str) -> Result<(), Failed> {
     // The guest prints the MAC lull gave it: the one derived from the tap's name.
     r.expect_stdout("mac 52:54:00:bc:84:f1")?;
     let report = report?;
-    let net = &report["nets"][0];
-    let count = |k: &str| net[k].as_u64().unwrap_or(0);
-    if net["tap"] != TAP || count("tx_frames") < 1 || count("rx_frames") < 1 {
-        return Err(r.failure(&format!("nets in the report: {}", report["nets"])));
+    let net = report.nets.first().cloned().unwrap_or_default();
+    let count = net.stats;
+    if net.tap != TAP || count.tx_frames < 1 || count.rx_frames < 1 {
+        return Err(r.failure(&format!("nets in the report: {:?}", report.nets)));
     }
-    if count("tx_dropped") + count("tx_errors") + count("rx_dropped") + count("rx_errors") != 0 {
-        return Err(r.failure(&format!("drops or errors: {net}")));
+    if count.tx_dropped + count.tx_errors + count.rx_dropped + count.rx_errors != 0 {
+        return Err(r.failure(&format!("drops or errors: {net:?}")));
     }
     Ok(())
 }

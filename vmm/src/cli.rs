@@ -172,7 +172,7 @@ pub struct RunArgs {
     /// `log`: it is allowed and logged by the kernel (find what a new path needs); `off`: no
     /// filter. Default: on.
     #[arg(long, value_enum, value_name = "MODE")]
-    pub seccomp: Option<crate::seccomp::SeccompMode>,
+    pub seccomp: Option<crate::host::seccomp::SeccompMode>,
 
     /// KVM's paravirtual EOI with `--irqchip user`: lull advertises it in CPUID and the guest
     /// ends an interrupt by clearing a flag in its memory instead of writing the EOI register

@@ -171,10 +171,10 @@ impl Switch {
 }
 
 /// Most disks one VM takes (one MMIO window and one IOAPIC line each, see `layout`).
-pub const MAX_DISKS: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
+pub const MAX_DISKS: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 /// Most virtio devices (disks and network devices together) one VM takes: they share the
 /// windows and lines.
-pub const MAX_VIRTIO_DEVICES: usize = crate::layout::VIRTIO_MMIO_IRQS.len();
+pub const MAX_VIRTIO_DEVICES: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 
 /// One `--disk`: a raw image file behind a virtio-blk device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,7 +293,7 @@ pub struct VmConfig {
     /// Write run metrics as JSON to this file at exit.
     pub metrics: Option<PathBuf>,
     /// Seccomp filters on lull's threads (`on`: a syscall outside the allow-list kills lull).
-    pub seccomp: crate::seccomp::SeccompMode,
+    pub seccomp: crate::host::seccomp::SeccompMode,
     /// Offer KVM's paravirtual EOI to the guest (user irqchip).
     pub pv_eoi: Switch,
     /// Offer lull's paravirtual TSC deadline to the guest (user irqchip).
@@ -326,7 +326,7 @@ impl Default for VmConfig {
             global_timers: None,
             serial: SerialMode::Stdio,
             metrics: None,
-            seccomp: crate::seccomp::SeccompMode::On,
+            seccomp: crate::host::seccomp::SeccompMode::On,
             pv_eoi: Switch::On,
             pv_deadline: Switch::On,
             x2apic: Switch::On,

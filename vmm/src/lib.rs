@@ -1,43 +1,39 @@
-//! The lull VMM library: CLI and configuration, KVM set-up, guest loading, the irqchip in both
-//! modes, the idle core, vCPU threads and the VMM thread. Every `unsafe` of the project lives
-//! in [`sys`], and the compiler holds it there: `#![deny(unsafe_code)]` here, allowed on `sys`
-//! only.
+//! The lull VMM library: configuration, the management API, guest set-up, the irqchip in both
+//! modes, the idle manager, vCPU threads and the VMM thread. Every `unsafe` of the project
+//! lives in [`host::sys`], and the compiler holds it there: `#![deny(unsafe_code)]` here,
+//! allowed on `host::sys` only.
 //!
-//! Layers, each importing only the ones below it:
+//! Layers, each importing only the ones below it (docs/ARCHITECTURE.md draws the same picture):
 //!
 //! ```text
-//!  main ─► api (--api-socket: the management API) ─► vm (build, run, report) ─► vcpu (state machine, KVM adapter, generic exits)
-//!     ─► irqchip (IrqChip/VcpuIrq: kernel | user) ─► idle (halt: the vCPU's holds and halts;
-//!     pure decisions: core, halt_poll, inject, quota, global_load) ─► state (stop, shared counters) ─► sys (every unsafe)
+//!  api      --api-socket: the management API; vm.boot runs vm on a thread
+//!  vm       build, run and report one VM (disks, nets, devices, the VMM thread's loop)
+//!  vcpu     one vCPU's state machine, the KVM adapter, generic exits, the device buses
+//!  irqchip  IrqChip/VcpuIrq: kernel (KVM's LAPIC) | user (lull's LAPICs, IOAPIC, timers)
+//!  idle     the halt of a vCPU (halt.rs) and the pure decisions it carries out
+//!  state    what vCPU threads share: stop, counters, device timers, the nets' port
+//!  setup    before the first entry: memory layout, CPUID, boot (PVH, bzImage, multiboot)
+//!  host     sys (every unsafe), seccomp, host statistics, the console
 //! ```
-//! Leaf modules used across layers: `boot`, `cpuid`, `layout` (guest set-up), `config`,
-//! `counters`, `metrics`, `net_port`, `ratelimit`, `host_stats`, `console`, `seccomp`, `size`, `sync`; the `kit` crate
-//! locates the guest kit; `lull bench` is the `bench` crate.
+//! Leaves used across layers: `config` (and `size`), `metrics`, `ratelimit` (log limits for
+//! guest-triggered lines), `exit_code`, `sync` (std or loom); the `kit` crate locates the
+//! guest kit.
 
 #![deny(unsafe_code)]
 
 pub mod api;
-pub mod boot;
 pub mod cli;
 pub mod config;
-pub mod console;
-pub mod counters;
-pub mod cpuid;
-pub mod device_timers;
 pub mod exit_code;
-pub mod host_stats;
+pub mod host;
 pub mod idle;
 pub mod irqchip;
 pub use kit;
-pub mod layout;
 pub mod metrics;
-pub mod net_port;
 pub mod ratelimit;
-pub mod seccomp;
+pub mod setup;
 pub mod size;
 pub mod state;
 pub mod sync;
-#[allow(unsafe_code)]
-pub mod sys;
 pub mod vcpu;
 pub mod vm;

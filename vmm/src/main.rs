@@ -102,13 +102,13 @@ fn main() -> ExitCode {
         Command::Bench(args) => return bench::main(&args),
     };
     // First, so that a SIGINT or SIGTERM from now on ends the run as a stop (status 12).
-    if let Err(e) = vmm::sys::stop_signals::install_early() {
+    if let Err(e) = vmm::host::sys::stop_signals::install_early() {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
         return status(exit_code::VMM_FAILURE);
     }
     // Before anything starts a thread (see `move_own_text_to_huge_pages`).
-    let huge_text =
-        (args.huge_text == Some(Switch::On)).then(vmm::sys::huge_text::move_own_text_to_huge_pages);
+    let huge_text = (args.huge_text == Some(Switch::On))
+        .then(vmm::host::sys::huge_text::move_own_text_to_huge_pages);
     init_logging(args.verbose);
     match huge_text {
         Some(Ok(bytes)) => tracing::debug!("lull's text: {} KiB on 2 MiB pages", bytes >> 10),

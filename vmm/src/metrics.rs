@@ -1,113 +1,16 @@
-//! Counters lull keeps while a VM runs and the JSON it writes at exit (`--metrics`).
+//! Counters lull keeps while a VM runs; the JSON it writes at exit (`--metrics`) is
+//! `lull_schema`'s [`RunReport`], re-exported here.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
+pub use lull_schema::{
+    GlobalTimersReport, IdleInjectReport, PlacementSnapshot, RunReport, VcpuSnapshot,
+    WakeupSnapshot,
+};
 
 use crate::ratelimit::LogLimiter;
 
-pub use crate::counters::{VcpuCounters, LATENESS_BUCKETS};
-
-/// Snapshot of [`VcpuCounters`].
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct VcpuSnapshot {
-    /// vCPU index.
-    pub vcpu: u32,
-    /// Port reads.
-    pub io_in: u64,
-    /// Port writes.
-    pub io_out: u64,
-    /// MMIO reads.
-    pub mmio_read: u64,
-    /// MMIO writes.
-    pub mmio_write: u64,
-    /// HLT exits.
-    pub hlt: u64,
-    /// Interrupted runs.
-    pub interrupted: u64,
-    /// Other exits.
-    pub other: u64,
-    /// MSR exits.
-    pub msr: u64,
-    /// Interrupt-window exits.
-    pub irq_window: u64,
-    /// Interrupts injected by lull.
-    pub injected: u64,
-    /// EOIs signalled through the PV EOI flag (no exit).
-    pub pv_eois: u64,
-    /// TSC deadlines armed through the PV deadline slot (no WRMSR exit).
-    pub pv_deadlines: u64,
-    /// Blocks in HLT.
-    pub blocks: u64,
-    /// Wake-ups by cause.
-    pub wakeups: WakeupSnapshot,
-    /// LAPIC timer expiries handled.
-    pub lapic_timer_fires: u64,
-    /// The learned timer advance at the end, ns.
-    pub timer_advance_ns: u64,
-    /// Time spent waiting for LAPIC deadlines after an advanced host timer, ns.
-    pub advance_wait_ns: u64,
-    /// Time from each KVM_RUN's return to the next, less `blocked_ns`: lull's own handling of
-    /// the exits, ns.
-    pub exit_handling_ns: u64,
-    /// Time asleep in the wait for a wake-up (user irqchip), ns.
-    pub blocked_ns: u64,
-    /// Global timers this vCPU's thread expired (its own and, as a migrator, others').
-    pub global_timer_fires: u64,
-    /// Wake-ups on another host CPU than their block began on (user irqchip).
-    pub wake_migrations: u64,
-    /// Wake placement: blocks bound to their host CPU, bound wake-ups that moved anyway, and
-    /// back-offs after a late bound wake-up.
-    pub placement: PlacementSnapshot,
-    /// Halt polls started.
-    pub polls: u64,
-    /// Halt polls that saw the wake-up.
-    pub polls_won: u64,
-    /// Halt polls that did not.
-    pub polls_lost: u64,
-    /// Time spent polling, ns.
-    pub poll_ns: u64,
-    /// Time held idle by idle injection, ns.
-    pub injected_idle_ns: u64,
-    /// Time held by the CPU quota, ns.
-    pub throttled_ns: u64,
-    /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
-    pub lateness_us_log2: Vec<u64>,
-}
-
-/// Wake placement's counters of one vCPU.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct PlacementSnapshot {
-    /// Blocks for which the thread was bound to its host CPU.
-    pub binds: u64,
-    /// Bound wake-ups that came on another CPU anyway.
-    pub bound_migrations: u64,
-    /// Back-offs after a late bound wake-up.
-    pub backoffs: u64,
-    /// Own-timer wake-ups while bound.
-    pub bound_wakes: u64,
-    /// Their summed lateness behind the expected wake-up, ns.
-    pub bound_late_ns: u64,
-    /// Own-timer wake-ups while not bound (either mode).
-    pub free_wakes: u64,
-    /// Their summed lateness, ns.
-    pub free_late_ns: u64,
-}
-
-/// Wake-ups of a blocked vCPU by cause.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct WakeupSnapshot {
-    /// Its own timer.
-    pub timer: u64,
-    /// An interrupt (IPI or device).
-    pub interrupt: u64,
-    /// VM control.
-    pub control: u64,
-    /// Nothing to do.
-    pub other: u64,
-    /// A global timer of its own base (never in `pull` while another vCPU runs).
-    pub global_timer: u64,
-}
+pub use crate::state::counters::{VcpuCounters, LATENESS_BUCKETS};
 
 impl VcpuCounters {
     /// A snapshot for vCPU `vcpu`.
@@ -207,88 +110,6 @@ impl devices::lapic::LapicEvents for LapicNoise {
             tracing::warn!("guest IPI delivery mode {mode} not delivered ({n} so far)");
         }
     }
-}
-
-/// The JSON written to `--metrics` at exit. Field names are stable.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RunReport {
-    /// lull's exit status.
-    pub exit_status: i32,
-    /// Why the run ended, in words.
-    pub stop_reason: String,
-    /// Milliseconds from lull's start to the end of the run.
-    pub run_time_ms: u64,
-    /// Milliseconds from lull's start to the guest's boot-complete marker, if it wrote one.
-    pub boot_time_ms: Option<u64>,
-    /// Bytes the guest wrote to its serial console.
-    pub serial_bytes_out: u64,
-    /// Accesses to unowned ports.
-    pub unknown_port_accesses: u64,
-    /// Accesses to unowned MMIO.
-    pub unknown_mmio_accesses: u64,
-    /// Accesses to unimplemented MSRs (#GP injected; user irqchip).
-    pub unknown_msr_accesses: u64,
-    /// LAPIC accesses that were ignored or faulted (user irqchip).
-    pub lapic_invalid_accesses: u64,
-    /// LAPIC timer deadlines clamped to the minimum (user irqchip).
-    pub lapic_timer_clamps: u64,
-    /// IPIs sent between vCPUs (user irqchip).
-    pub ipis: u64,
-    /// Device interrupts delivered through the IOAPIC (user irqchip).
-    pub device_interrupts: u64,
-    /// Interrupt controller model.
-    pub irqchip: String,
-    /// Timer model (user irqchip only).
-    pub timer_model: Option<String>,
-    /// Timer-model counters (user irqchip only).
-    pub timers: Option<timer::MetricsSnapshot>,
-    /// Halt-polling mode (user irqchip).
-    pub halt_poll: Option<String>,
-    /// Timer advance mode (user irqchip).
-    pub timer_advance: Option<String>,
-    /// Wake placement mode (user irqchip).
-    pub wake_placement: Option<String>,
-    /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.
-    pub idle_inject: Option<IdleInjectReport>,
-    /// CPU quota (user irqchip).
-    pub cpu_quota: Option<crate::idle::quota::QuotaReport>,
-    /// Global-timer load (user irqchip): setting and fires on the `central` timer thread.
-    pub global_timers: Option<GlobalTimersReport>,
-    /// Refill timers of rate-limited disks and nets: what expired them and what each did.
-    pub device_timers: Option<crate::device_timers::DeviceTimersReport>,
-    /// virtio-blk requests that failed (IOERR to the guest) because a disk's image file had
-    /// shrunk under the VM below them.
-    pub disk_shrunk_image_errors: u64,
-    /// virtio-net devices, in `--net` order: frames and bytes each way, drops.
-    pub nets: Vec<crate::net_port::NetReport>,
-    /// Per-vCPU exits.
-    pub vcpus: Vec<VcpuSnapshot>,
-    /// lull's threads: context switches (host wake-ups) and CPU time.
-    pub threads: Vec<crate::host_stats::ThreadStat>,
-    /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is
-    /// mounted.
-    pub kvm: Option<std::collections::BTreeMap<String, u64>>,
-    /// Bytes of lull's own machine code backed by 2 MiB pages (`--huge-text`), as
-    /// `/proc/self/smaps` shows them at the end of the run.
-    pub text_on_huge_pages_bytes: u64,
-}
-
-/// Idle injection in the report.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct IdleInjectReport {
-    /// The setting.
-    pub config: String,
-    /// Time during which every vCPU was idle (held or halted) with at least one held, ns.
-    pub all_idle_together_ns: u64,
-}
-
-/// The global-timer load in the report.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct GlobalTimersReport {
-    /// The setting.
-    pub config: String,
-    /// Global timers expired by the `central` model's timer thread.
-    pub timer_thread_fires: u64,
 }
 
 #[cfg(test)]

@@ -103,36 +103,8 @@ impl NetBackend for MemBackend {
     }
 }
 
-/// What the device has done, for metrics and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NetStats {
-    /// Frames delivered to the guest.
-    pub rx_frames: u64,
-    /// Bytes of those frames (headers not counted).
-    pub rx_bytes: u64,
-    /// Received frames dropped: larger than the chain posted for them, or runts.
-    pub rx_dropped: u64,
-    /// Receive chains returned unused (a writable buffer outside guest memory, or room for
-    /// less than a header and an Ethernet header).
-    pub rx_bad_chains: u64,
-    /// Backend read errors other than "nothing waiting" (each ends a receive pass).
-    pub rx_errors: u64,
-    /// Frames the guest sent that went to the backend.
-    pub tx_frames: u64,
-    /// Bytes of those frames.
-    pub tx_bytes: u64,
-    /// Transmit chains returned unsent: no header, a runt or oversized frame, a buffer
-    /// outside guest memory.
-    pub tx_dropped: u64,
-    /// Frames the backend refused.
-    pub tx_errors: u64,
-    /// Available-ring entries naming no descriptor (index past the queue's size): skipped.
-    pub bad_heads: u64,
-    /// Frames the transmit rate limiter held back (each left in the queue until a refill).
-    pub throttled: u64,
-    /// Refill timers that fired.
-    pub refills: u64,
-}
+/// What the device has done, for metrics and tests (one type with the run report's nets).
+pub use lull_schema::NetStats;
 
 /// A virtio-net device on backend `B`.
 pub struct Net<B> {

@@ -9,8 +9,8 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm::irqchip::user::pv_deadline::MSR_LULL_PV_DEADLINE;
 use vmm::irqchip::user::pv_eoi::MSR_KVM_PV_EOI_EN;
 use vmm::irqchip::VcpuIrq;
-use vmm::layout::IOAPIC_ADDR;
 use vmm::metrics::LapicNoise;
+use vmm::setup::layout::IOAPIC_ADDR;
 
 use super::check::{self, highest, read_bitmap};
 use super::input::{GuestAction, IpiSpec};

@@ -31,7 +31,7 @@ pub enum ApiError {
     },
     /// The API server's seccomp filter could not be built or installed.
     #[error("Cannot filter the API server's system calls: {0}")]
-    Seccomp(#[source] crate::seccomp::SeccompError),
+    Seccomp(#[source] crate::host::seccomp::SeccompError),
     /// The connection failed while the request was read or the response written.
     #[error("API connection: {0}")]
     Connection(#[source] std::io::Error),

@@ -43,8 +43,8 @@ use super::error::ApiError;
 use super::http::{self, Response};
 use super::routes;
 use crate::config::VmConfig;
-use crate::seccomp::{self, SeccompMode, ThreadKind};
-use crate::sys::stop_signals;
+use crate::host::seccomp::{self, SeccompMode, ThreadKind};
+use crate::host::sys::stop_signals;
 
 /// The listening socket; its file is removed when it is dropped.
 pub struct ApiSocket {

@@ -32,7 +32,7 @@ use super::halt_poll::WakeKind;
 use super::shared::IdleShared;
 use super::vcpu_placement::VcpuPlacement;
 use super::vcpu_timer::{FiredSummary, VcpuTimer};
-use crate::counters::VcpuCounters;
+use crate::state::counters::VcpuCounters;
 
 /// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report and
 /// absolute host deadlines).

@@ -8,8 +8,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use serde::Serialize;
-
 use super::{format_duration_ns, parse_ms_or_duration, parse_pairs, KnobError};
 
 /// Where periods start.
@@ -96,20 +94,7 @@ struct QuotaState {
     intervals: Vec<(u64, u64)>,
 }
 
-/// Throttling, as the metrics report it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct QuotaReport {
-    /// The setting.
-    pub config: String,
-    /// Offset of period starts from the VM clock's zero, in ns.
-    pub phase_ns: u64,
-    /// Periods in which the VM was throttled.
-    pub throttled_periods: u64,
-    /// Time the VM spent throttled.
-    pub throttled_ns: u64,
-    /// Throttled intervals as CLOCK_MONOTONIC nanoseconds [start, end) (first 100000).
-    pub intervals: Vec<(u64, u64)>,
-}
+pub use lull_schema::QuotaReport;
 
 /// Most intervals kept for the report.
 const MAX_INTERVALS: usize = 100_000;

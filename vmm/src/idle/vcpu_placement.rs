@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 
 use timer::Nanos;
 
-use crate::counters::VcpuCounters;
+use crate::host::sys::affinity::{self, CpuSet};
 use crate::idle::placement::{Placement, WakeOutcome, WakePlacement, WakePlacementMode};
 use crate::ratelimit::LogLimiter;
-use crate::sys::affinity::{self, CpuSet};
+use crate::state::counters::VcpuCounters;
 
 /// Failed affinity changes of vCPU threads (VM-wide log limiter).
 static AFFINITY_FAILED: LogLimiter = LogLimiter::new();

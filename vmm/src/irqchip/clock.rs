@@ -3,8 +3,8 @@
 
 use timer::{Clock, Nanos};
 
+use crate::host::sys::clock::monotonic_ns;
 use crate::idle::halt::VmTime;
-use crate::sys::clock::monotonic_ns;
 
 /// Nanoseconds since the VM's epoch, read from CLOCK_MONOTONIC.
 #[derive(Debug, Clone, Copy)]

@@ -26,7 +26,7 @@ pub struct KernelIrqChip {
 impl KernelIrqChip {
     /// The chip of `vm`, whose in-kernel irqchip exists already.
     pub fn new(vm: Arc<VmFd>) -> Result<Self, IrqChipError> {
-        crate::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
+        crate::host::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
             what: "the kick signal handler",
             source: std::io::Error::from_raw_os_error(e.errno()),
         })?;
@@ -77,7 +77,7 @@ impl IrqChip for KernelIrqChip {
     fn kick_all(&self) {
         // Out of KVM_RUN (the kick's handler sets immediate_exit): each sees the stop.
         for &tid in lock(&self.vcpu_threads).iter() {
-            crate::sys::kick::kick_thread(tid);
+            crate::host::sys::kick::kick_thread(tid);
         }
     }
 
@@ -92,7 +92,7 @@ pub struct KernelVcpuIrq {
 impl VcpuIrq for KernelVcpuIrq {
     fn attach(&mut self, cpu: &mut dyn CpuPort) {
         cpu.register_kick();
-        lock(&self.threads).push(crate::sys::kick::current_tid());
+        lock(&self.threads).push(crate::host::sys::kick::current_tid());
     }
 
     fn before_entry(&mut self, _cpu: &mut dyn CpuPort) -> Entry {
@@ -119,7 +119,7 @@ impl VcpuIrq for KernelVcpuIrq {
     }
 
     fn detach(&mut self, cpu: &mut dyn CpuPort) {
-        let tid = crate::sys::kick::current_tid();
+        let tid = crate::host::sys::kick::current_tid();
         lock(&self.threads).retain(|&t| t != tid);
         cpu.unregister_kick();
     }

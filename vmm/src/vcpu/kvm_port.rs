@@ -29,9 +29,9 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{Cap, Kvm, SyncReg, VcpuFd};
 
+use crate::host::sys;
 use crate::irqchip::{CpuPort, KvmNmi};
 use crate::ratelimit::LogLimiter;
-use crate::sys;
 
 /// IA32_APIC_BASE.
 const MSR_IA32_APIC_BASE: u32 = 0x1b;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use kvm_bindings::{kvm_fpu, kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuFd;
 
-use crate::boot::cpu_state::{self, EntryMode};
-use crate::cpuid;
 use crate::irqchip::VcpuIrq;
+use crate::setup::boot::cpu_state::{self, EntryMode};
+use crate::setup::cpuid;
 use crate::state::VcpuShared;
 pub use exit::DeviceBuses;
 pub use kvm_port::{InjectPath, KvmPort};
@@ -139,10 +139,10 @@ pub fn spawn(
         .name(format!("vcpu{id}"))
         .spawn(move || {
             // Wake-ups at guest timer deadlines must not be batched (50 us by default).
-            if let Err(e) = crate::sys::thread::set_timer_slack(1) {
+            if let Err(e) = crate::host::sys::thread::set_timer_slack(1) {
                 tracing::warn!(vcpu = id, "cannot set the vCPU thread's timer slack: {e}");
             }
-            if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Vcpu) {
+            if let Err(e) = crate::host::seccomp::apply(crate::host::seccomp::ThreadKind::Vcpu) {
                 shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
                 return;
             }

@@ -21,9 +21,9 @@ use kvm_ioctls::VcpuExit;
 
 use super::exit::{handle_exit, DeviceBuses, VcpuAction};
 use super::kvm_port::KvmPort;
+use crate::host::sys;
 use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
 use crate::state::{StopReason, VcpuShared};
-use crate::sys;
 
 /// Where a vCPU is.
 #[derive(Debug, Clone, PartialEq, Eq)]

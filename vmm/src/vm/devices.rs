@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::error::VmError;
 use super::test_devices;
 use crate::config::{SerialMode, VmConfig};
-use crate::console::ConsoleSink;
+use crate::host::console::ConsoleSink;
 use crate::irqchip::{EdgeIrq, IrqChip};
 use crate::state::lock;
 

@@ -41,8 +41,8 @@ use devices::virtio::throttle::DeviceClock;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::DiskConfig;
-use crate::device_timers::DeviceTimers;
-use crate::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_IRQS};
+use crate::setup::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_IRQS};
+use crate::state::device_timers::DeviceTimers;
 
 /// The opened images, in `--disk` order.
 pub struct OpenDisks(Vec<(FileDisk, DiskConfig)>);
@@ -191,7 +191,7 @@ pub fn attach(
     let mut devices: Vec<SharedMmioDevice> = Vec::new();
     let mut shrink_errors = Vec::new();
     // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
-    let clock: DeviceClock = Arc::new(crate::sys::clock::monotonic_ns);
+    let clock: DeviceClock = Arc::new(crate::host::sys::clock::monotonic_ns);
     for (index, (disk, cfg)) in open.0.into_iter().enumerate() {
         let Some((base, irq)) = placement(index) else {
             break; // VmConfig::validate caps the count at the lines there are
@@ -289,6 +289,6 @@ mod tests {
         );
         assert_eq!(cmdline_params(0), "");
         let last = placement(VIRTIO_MMIO_IRQS.len() - 1).unwrap().0 + WINDOW_SIZE;
-        assert!(last <= crate::layout::IOAPIC_ADDR);
+        assert!(last <= crate::setup::layout::IOAPIC_ADDR);
     }
 }

@@ -9,8 +9,8 @@ use super::disks::DiskOpenError;
 use super::guest::GuestError;
 use super::input_error::InputError;
 use super::kvm::KvmError;
-use crate::boot::BootError;
 use crate::irqchip::IrqChipError;
+use crate::setup::boot::BootError;
 use crate::vcpu::VcpuError;
 
 /// Why a VM could not be built or run.
@@ -62,7 +62,7 @@ pub enum VmError {
     Disk(#[from] DiskOpenError),
     /// A `--net` tap cannot be used.
     #[error(transparent)]
-    Net(#[from] crate::sys::tap::TapError),
+    Net(#[from] crate::host::sys::tap::TapError),
     /// A host resource (eventfd, signal handler, event loop) could not be created.
     #[error("Cannot create {what}: {source}")]
     Host {
@@ -76,5 +76,5 @@ pub enum VmError {
     EventLoop(event_manager::Error),
     /// A seccomp filter could not be built or installed.
     #[error(transparent)]
-    Seccomp(#[from] crate::seccomp::SeccompError),
+    Seccomp(#[from] crate::host::seccomp::SeccompError),
 }

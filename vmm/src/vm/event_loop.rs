@@ -13,11 +13,11 @@ use vmm_sys_util::eventfd::EventFd;
 use super::devices::{Console, ConsoleParts};
 use super::error::VmError;
 use crate::config::{SerialMode, VmConfig};
-use crate::console::{self, EscapeFilter};
-use crate::net_port::NetPort;
+use crate::host::console::{self, EscapeFilter};
+use crate::host::sys::stop_signals;
+use crate::host::sys::terminal::RawTerminal;
+use crate::state::net_port::NetPort;
 use crate::state::{lock, StopReason, VcpuShared};
-use crate::sys::stop_signals;
-use crate::sys::terminal::RawTerminal;
 
 /// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
 pub struct EventLoop {
@@ -59,7 +59,7 @@ impl EventLoop {
 
     /// Runs until the VM stops; the terminal is restored when this returns.
     pub fn run(mut self) -> Result<StopReason, VmError> {
-        crate::seccomp::apply(crate::seccomp::ThreadKind::Vmm)?;
+        crate::host::seccomp::apply(crate::host::seccomp::ThreadKind::Vmm)?;
         loop {
             if let Some(reason) = self.shared.stop.reason() {
                 return Ok(reason);

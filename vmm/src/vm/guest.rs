@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::boot::{self, BootError};
 use crate::config::VmConfig;
 use crate::kit::{self, KitError};
+use crate::setup::boot::{self, BootError};
 
 /// What to boot.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use kvm_ioctls::{
 };
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use crate::layout::{self, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
+use crate::setup::layout::{self, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
 
 /// Why KVM could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,7 @@ pub fn create_vm(
     in_kernel_irqchip: bool,
 ) -> Result<VmFd, KvmError> {
     let vm = kvm.create_vm().map_err(ioctl_err("KVM_CREATE_VM"))?;
-    crate::sys::kvm::register_guest_memory(&vm, mem)
+    crate::host::sys::kvm::register_guest_memory(&vm, mem)
         .map_err(ioctl_err("KVM_SET_USER_MEMORY_REGION"))?;
     let tss = usize::try_from(KVM_TSS_ADDR).unwrap_or(usize::MAX);
     vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDR)

@@ -34,12 +34,12 @@ use std::time::Instant;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::boot::{self, BootSpec};
 use crate::config::{IrqchipMode, VmConfig};
-use crate::console::SinkFailureHook;
-use crate::device_timers::DeviceTimers;
+use crate::host::console::SinkFailureHook;
 use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
+use crate::setup::boot::{self, BootSpec};
+use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses};
 pub use error::VmError;
@@ -143,7 +143,7 @@ pub fn run_observed(
     let kvm_stats = vcpus
         .ports
         .iter()
-        .filter_map(|p| crate::sys::kvm::stats_fd(&p.fd))
+        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
         .collect();
     let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
         what: "the stop eventfd",
@@ -161,7 +161,7 @@ pub fn run_observed(
         stop_on_output_failure(&hook, &shared);
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
-    crate::seccomp::prepare(cfg.seccomp)?;
+    crate::host::seccomp::prepare(cfg.seccomp)?;
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {

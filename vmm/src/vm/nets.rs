@@ -40,10 +40,10 @@ use vm_memory::GuestMemoryMmap;
 
 use super::disks::placement;
 use crate::config::{MacAddr, NetConfig};
-use crate::device_timers::DeviceTimers;
-use crate::net_port::{NetPort, NetReport};
+use crate::host::sys::tap::{Tap, TapError};
+use crate::state::device_timers::DeviceTimers;
 use crate::state::lock;
-use crate::sys::tap::{Tap, TapError};
+use crate::state::net_port::{NetPort, NetReport};
 
 /// A virtio-net device on a tap, behind its transport and bus adapter.
 pub type NetDevice = VirtioMmioDevice<Net<Tap>, GuestMemoryMmap>;
@@ -81,18 +81,7 @@ impl NetPort for TapPort {
         NetReport {
             tap: self.tap.clone(),
             mac: self.mac.to_string(),
-            rx_frames: s.rx_frames,
-            rx_bytes: s.rx_bytes,
-            rx_dropped: s.rx_dropped,
-            rx_bad_chains: s.rx_bad_chains,
-            rx_errors: s.rx_errors,
-            tx_frames: s.tx_frames,
-            tx_bytes: s.tx_bytes,
-            tx_dropped: s.tx_dropped,
-            tx_errors: s.tx_errors,
-            bad_heads: s.bad_heads,
-            throttled: s.throttled,
-            refills: s.refills,
+            stats: s,
         }
     }
 }
@@ -121,7 +110,7 @@ pub fn attach(
         devices: Vec::new(),
     };
     // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
-    let clock: DeviceClock = Arc::new(crate::sys::clock::monotonic_ns);
+    let clock: DeviceClock = Arc::new(crate::host::sys::clock::monotonic_ns);
     for (n, (tap, cfg)) in open.0.into_iter().enumerate() {
         let index = first + n;
         let Some((base, irq)) = placement(index) else {

@@ -17,7 +17,7 @@ pub const RUNNING: &str = "running";
 /// Host-side facts read while every thread still existed.
 pub struct HostFacts {
     /// Each lull thread's wake-ups and CPU time.
-    pub threads: Vec<crate::host_stats::ThreadStat>,
+    pub threads: Vec<crate::host::stats::ThreadStat>,
     /// KVM's own counters.
     pub kvm: Option<BTreeMap<String, u64>>,
     /// Bytes of lull's own code on 2 MiB pages.
@@ -27,9 +27,9 @@ pub struct HostFacts {
 /// Reads the host's view of the run of `vm` (call before the vCPU threads are stopped).
 pub fn host_facts(vm: &LiveVm) -> HostFacts {
     HostFacts {
-        threads: crate::host_stats::thread_stats(&lock(&vm.shared.ended_threads)),
+        threads: crate::host::stats::thread_stats(&lock(&vm.shared.ended_threads)),
         kvm: vm.stats.kvm_counters(),
-        text_on_huge_pages: crate::sys::huge_text::own_text_on_huge_pages(),
+        text_on_huge_pages: crate::host::sys::huge_text::own_text_on_huge_pages(),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::net_port::NetPort;
+use crate::state::net_port::NetPort;
 
 /// What only the `vm` layer reads of a run, besides what the vCPUs share with it
 /// ([`crate::state::VcpuShared`]): KVM's statistics, the virtio-net devices and the disks'
@@ -28,7 +28,7 @@ impl RunStats {
         }
         let mut out = BTreeMap::new();
         for fd in &self.kvm_stats {
-            crate::host_stats::read_kvm_stats(fd, &mut out).ok()?;
+            crate::host::stats::read_kvm_stats(fd, &mut out).ok()?;
         }
         Some(out)
     }

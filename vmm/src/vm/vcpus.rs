@@ -9,13 +9,13 @@ use vm_memory::GuestMemoryMmap;
 
 use super::error::VmError;
 use super::kvm::{ioctl_err, KvmError};
-use crate::boot::cpu_state::EntryMode;
 use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
+use crate::host::sys;
 use crate::idle::halt_poll::HaltPollMode;
 use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
-use crate::sys;
+use crate::setup::boot::cpu_state::EntryMode;
 use crate::vcpu::{self, InjectPath, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;

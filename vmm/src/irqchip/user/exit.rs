@@ -13,9 +13,9 @@ use devices::lapic::{is_lapic_msr, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::{MsrExitReason, VcpuExit};
 
 use super::router::InterruptRouter;
-use crate::layout::IOAPIC_ADDR;
 use crate::metrics::VcpuCounters;
 use crate::ratelimit::LogLimiter;
+use crate::setup::layout::IOAPIC_ADDR;
 
 /// Size of the IOAPIC's MMIO window.
 pub const IOAPIC_WINDOW: u64 = 0x1000;

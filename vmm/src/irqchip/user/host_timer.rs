@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use timer::{HostTimer, HostTimerError, Nanos};
 
+use crate::host::sys::posix_timer::PosixTimer;
+use crate::host::sys::timerfd::TimerFd;
 use crate::irqchip::clock::VmClock;
-use crate::sys::posix_timer::PosixTimer;
-use crate::sys::timerfd::TimerFd;
 
 fn host_err(e: std::io::Error) -> HostTimerError {
     HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(

@@ -20,8 +20,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::Mutex;
 
+use crate::host::sys::kick;
 use crate::idle::core::WakeCause;
-use crate::sys::kick;
 
 /// Bit of the state word: a sender kicked since the owner last ran (orders the handshake).
 const KICKED: u8 = 2;
@@ -277,7 +277,7 @@ mod tests {
                 m.bind_current_thread();
                 m.set_blocked();
                 while !m.has_work() {
-                    let woken = crate::sys::poll::wait(m.kick_fd(), None, None).unwrap();
+                    let woken = crate::host::sys::poll::wait(m.kick_fd(), None, None).unwrap();
                     if woken.kick {
                         m.drain_kicks();
                     }
@@ -304,7 +304,7 @@ mod tests {
         const POSTS: usize = 20_000;
         // A running owner is kicked with the signal: without its handler it would kill the
         // test process (whichever test happens to install it first).
-        crate::sys::kick::install_handler().unwrap();
+        crate::host::sys::kick::install_handler().unwrap();
         let m = std::sync::Arc::new(Mailbox::new().unwrap());
         let owner = {
             let m = m.clone();
@@ -340,7 +340,7 @@ mod tests {
                     m.set_blocked();
                     if !m.has_work() {
                         let limit = Some(std::time::Duration::from_secs(5));
-                        let w = crate::sys::poll::wait(m.kick_fd(), None, limit).unwrap();
+                        let w = crate::host::sys::poll::wait(m.kick_fd(), None, limit).unwrap();
                         if w.kick {
                             m.drain_kicks();
                         } else if !w.interrupted {

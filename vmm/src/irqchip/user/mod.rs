@@ -46,8 +46,6 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
-use crate::cpuid::APIC_BUS_KHZ;
-use crate::device_timers::DeviceTimers;
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt::VmTime;
@@ -59,6 +57,8 @@ use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
 use crate::ratelimit::LogLimiter;
+use crate::setup::cpuid::APIC_BUS_KHZ;
+use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
 use guest_tsc::{sample_guest_tsc, tsc_map};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
@@ -135,7 +135,7 @@ impl UserIrqChip<VmClock> {
         mem: Arc<GuestMemoryMmap>,
         read_guest_tsc: impl FnMut() -> Result<u64, IrqChipError>,
     ) -> Result<Self, IrqChipError> {
-        crate::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
+        crate::host::sys::kick::install_handler().map_err(|e| IrqChipError::Host {
             what: "the kick signal handler",
             source: std::io::Error::from_raw_os_error(e.errno()),
         })?;
@@ -310,7 +310,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         let clock = self.clock.clone();
         let idle = self.idle.clone();
         move || {
-            if let Err(e) = crate::seccomp::apply(crate::seccomp::ThreadKind::Timers) {
+            if let Err(e) = crate::host::seccomp::apply(crate::host::seccomp::ThreadKind::Timers) {
                 shared.stop.request(StopReason::VmmError(e.to_string()));
                 return;
             }

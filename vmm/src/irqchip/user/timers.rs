@@ -4,7 +4,7 @@
 //! Pinned timers flag their owner's mailbox (and the model kicks the owner if they fired on
 //! another thread); global ones wake nobody: the synthetic load's are queued for re-arming, a
 //! device's is collected into `devices_due` for the caller to run the device's callback
-//! (`crate::device_timers`) on the same thread once the timer model has returned: the
+//! (`crate::state::device_timers`) on the same thread once the timer model has returned: the
 //! callback may raise an interrupt that wakes a vCPU, which must not then find its timer
 //! queues still locked by the expiry.
 

@@ -65,7 +65,7 @@ impl VcpuWait {
                 }
                 let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
                 let wake_fd = wake_timer.map(|t| t.fd() as &dyn AsRawFd);
-                let woken_by = crate::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait);
+                let woken_by = crate::host::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait);
                 asleep += clock.now().saturating_sub(now);
                 match woken_by {
                     // The expiry is left unread: the next `idle` re-programs a wake-up

@@ -14,8 +14,12 @@
 //! ```
 //! Everything here is a pure function over bytes; `boot::load` writes the results.
 
-use crate::layout::{E820Entry, HIMEM_START, LOW_RAM_END, MMIO_HOLE_START, MULTIBOOT_BOOT_DATA};
-pub use crate::layout::{MULTIBOOT_INFO_ADDR as INFO_ADDR, MULTIBOOT_INFO_PAGE as INFO_PAGE};
+use crate::setup::layout::{
+    E820Entry, HIMEM_START, LOW_RAM_END, MMIO_HOLE_START, MULTIBOOT_BOOT_DATA,
+};
+pub use crate::setup::layout::{
+    MULTIBOOT_INFO_ADDR as INFO_ADDR, MULTIBOOT_INFO_PAGE as INFO_PAGE,
+};
 
 /// The header magic an image carries (`0x1BADB002`).
 pub const HEADER_MAGIC: u32 = 0x1BAD_B002;
@@ -351,7 +355,7 @@ pub fn info_page(info: &BootInfo<'_>) -> Result<Vec<u8>, MultibootError> {
     let lower = info
         .memmap
         .iter()
-        .find(|e| e.addr == 0 && e.kind == crate::layout::E820Kind::Ram)
+        .find(|e| e.addr == 0 && e.kind == crate::setup::layout::E820Kind::Ram)
         .map_or(0, |e| e.size / 1024);
     let upper = ram_top(info.memory).saturating_sub(HIMEM_START) / 1024;
     put32(&mut page, 4, addr32(lower, "mem_lower")?);
@@ -397,7 +401,7 @@ pub fn info_page(info: &BootInfo<'_>) -> Result<Vec<u8>, MultibootError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::e820_map;
+    use crate::setup::layout::e820_map;
 
     /// A minimal multiboot ELF32: header, one PT_LOAD at `paddr` of `filesz` bytes.
     fn image(paddr: u32, filesz: u32, memsz: u32, entry: u32, flags: u32) -> Vec<u8> {

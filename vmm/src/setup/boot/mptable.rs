@@ -2,9 +2,9 @@
 //! its IOAPIC and how ISA IRQs are wired.
 //!
 //! Layout: the floating pointer structure, then the configuration table header and its
-//! entries, all inside the EBDA at [`EBDA_START`](crate::layout::EBDA_START).
+//! entries, all inside the EBDA at [`EBDA_START`](crate::setup::layout::EBDA_START).
 
-use crate::layout::{EBDA_START, HIMEM_START, IOAPIC_ADDR, LAPIC_ADDR};
+use crate::setup::layout::{EBDA_START, HIMEM_START, IOAPIC_ADDR, LAPIC_ADDR};
 
 /// The table does not fit where it must go.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

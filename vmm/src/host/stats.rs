@@ -5,20 +5,8 @@ use std::collections::BTreeMap;
 
 use procfs_core::process::{Schedstat, Status};
 use procfs_core::FromRead;
-use serde::Serialize;
 
-/// One lull thread as the scheduler saw it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ThreadStat {
-    /// Thread name (`vcpu0`, `timers`, `lull`, ...).
-    pub name: String,
-    /// Times it blocked (each is one host wake-up later).
-    pub voluntary_ctxt_switches: u64,
-    /// Times it was preempted.
-    pub nonvoluntary_ctxt_switches: u64,
-    /// CPU time it consumed, in nanoseconds.
-    pub cpu_ns: u64,
-}
+pub use lull_schema::ThreadStat;
 
 fn task_stat(path: &std::path::Path) -> ThreadStat {
     // procfs-core parses; the files are opened here with plain read-only opens, the only kind

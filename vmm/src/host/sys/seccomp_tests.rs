@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use seccompiler::BpfProgram;
 
-use crate::seccomp::*;
+use crate::host::seccomp::*;
 
 /// What the child does after installing its filter.
 #[derive(Debug, Clone, Copy)]

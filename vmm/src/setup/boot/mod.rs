@@ -20,7 +20,7 @@ use linux_loader::configurator::{self, BootConfigurator, BootParams};
 use linux_loader::loader::{self, KernelLoader, PvhBootCapability};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::layout::{
+use crate::setup::layout::{
     self, CMDLINE_ADDR, CMDLINE_MAX, EBDA_START, GDT_ADDR, HIMEM_START, IDT_ADDR, MMIO_HOLE_START,
     PVH_INFO_ADDR, PVH_MEMMAP_ADDR, PVH_MODLIST_ADDR, ZERO_PAGE_ADDR,
 };

@@ -30,10 +30,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use devices::mmio::SharedMmioDevice;
 use devices::virtio::DeviceTimer;
-use serde::Serialize;
 
 use crate::config::DeviceTimerMode;
-use crate::sys::timerfd::TimerFd;
+use crate::host::sys::timerfd::TimerFd;
 
 /// Counters of one device's timer.
 #[derive(Debug, Default)]
@@ -44,25 +43,7 @@ struct Counters {
     fired: AtomicU64,
 }
 
-/// What one device's timer did, for the run report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct DeviceTimerReport {
-    /// Refill timers asked for (requests held back by the rate limiter).
-    pub requested: u64,
-    /// Refill timers that fired.
-    pub fired: u64,
-    /// Fires that ran on the VMM thread (timerfd mode).
-    pub vmm_thread_fires: u64,
-}
-
-/// The device timers in the run report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DeviceTimersReport {
-    /// `hierarchy` or `timerfd`.
-    pub mode: String,
-    /// Per device: the disks in `--disk` order, then the nets in `--net` order.
-    pub devices: Vec<DeviceTimerReport>,
-}
+pub use lull_schema::{DeviceTimerReport, DeviceTimersReport};
 
 /// Every device timer of the VM.
 pub struct DeviceTimers {

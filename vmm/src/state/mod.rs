@@ -38,14 +38,18 @@
 //! `ended_threads` are the run's statistics, but vCPU threads write them, and the `vcpu` layer
 //! cannot name a `vm` type: they live here.
 
+pub mod counters;
+pub mod device_timers;
+pub mod net_port;
+
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::device_timers::DeviceTimers;
-use crate::host_stats::{self, ThreadStat};
-use crate::metrics::VcpuCounters;
+use crate::host::stats::{self, ThreadStat};
+use crate::state::counters::VcpuCounters;
+use crate::state::device_timers::DeviceTimers;
 pub use crate::sync::lock;
 
 /// Why a VM stops.
@@ -177,7 +181,7 @@ impl VcpuShared {
 
     /// Records the calling thread's statistics on its way out.
     pub fn thread_ended(&self) {
-        lock(&self.ended_threads).push(host_stats::current_thread_stat());
+        lock(&self.ended_threads).push(stats::current_thread_stat());
     }
 
     /// Records the guest's boot-complete marker.

@@ -7,7 +7,7 @@ use linux_loader::loader::elf::start_info::{
 };
 use vm_memory::GuestAddress;
 
-use crate::layout::E820Entry;
+use crate::setup::layout::E820Entry;
 
 /// Magic of `hvm_start_info` ("xEn3" with the high bit of each byte cleared).
 pub const START_INFO_MAGIC: u32 = XEN_HVM_START_MAGIC_VALUE;
@@ -84,7 +84,7 @@ impl StartInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::e820_map;
+    use crate::setup::layout::e820_map;
 
     #[test]
     fn layout_matches_the_abi() {

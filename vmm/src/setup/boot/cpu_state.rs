@@ -3,7 +3,7 @@
 
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 
-use crate::layout::{
+use crate::setup::layout::{
     BOOT_STACK_TOP, GDT_ADDR, IDT_ADDR, PDE_ADDR, PDPTE_ADDR, PML4_ADDR, ZERO_PAGE_ADDR,
 };
 

@@ -4,7 +4,7 @@
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use vm_memory::ByteValued;
 
-use crate::layout::E820Entry;
+use crate::setup::layout::E820Entry;
 
 /// Size of `boot_params`.
 pub const ZERO_PAGE_SIZE: usize = std::mem::size_of::<boot_params>();
@@ -70,7 +70,7 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::e820_map;
+    use crate::setup::layout::e820_map;
 
     #[test]
     fn fields_land_where_linux_reads_them() {

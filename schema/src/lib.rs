@@ -1,0 +1,36 @@
+//! The run report lull writes as JSON (`lull run --metrics`, the management API's
+//! `vm.counters`), as one set of serde types: lull serializes them, `lull bench` and the
+//! integration tests deserialize them. Pure data (serde only, no KVM), so that every crate
+//! that reads or writes the report can share it.
+//!
+//! The field names and order are the report's JSON keys, stable: renaming a field renames a
+//! key every reader of a stored report depends on.
+//!
+//! Reading is lenient: a key a report lacks reads as its default (0, empty, null), as the
+//! bench's readers always took it, so that `lull bench --lull OLD` still reads the reports of
+//! an older lull. The integration tests check the other way, that what lull writes reads back
+//! to the same bytes.
+//!
+//! ```text
+//!  RunReport ── timers: TimerMetrics          (timer model's counters)
+//!            ├─ idle_inject, cpu_quota, global_timers (idle manager's settings and work)
+//!            ├─ device_timers: DeviceTimersReport ── devices: [DeviceTimerReport]
+//!            ├─ nets: [NetReport] ── NetStats   (a virtio-net device's counters)
+//!            ├─ vcpus: [VcpuSnapshot] ── wakeups, placement
+//!            └─ threads: [ThreadStat]
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod net;
+mod run;
+mod timer;
+mod vcpu;
+
+pub use net::{NetReport, NetStats};
+pub use run::{
+    DeviceTimerReport, DeviceTimersReport, GlobalTimersReport, IdleInjectReport, QuotaReport,
+    RunReport, ThreadStat,
+};
+pub use timer::TimerMetrics;
+pub use vcpu::{PlacementSnapshot, VcpuSnapshot, WakeupSnapshot};

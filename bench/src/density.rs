@@ -16,7 +16,7 @@ use super::power::{PowerWindow, Reading};
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
-use super::{host, max_vms, plot, qemu};
+use super::{host, plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -446,16 +446,13 @@ fn replot(json: &Path, svg: Option<&PathBuf>) -> Result<bool, BenchError> {
 }
 
 /// Runs the density experiment (or, with `--from-json`, shows an earlier run of either
-/// guest; with `--max-vms`, searches the most VMs per mode in max_vms.rs); `Ok(false)` if
-/// some VM failed. `lull bench` runs `--guest linux` in linux_density.rs.
+/// guest); `Ok(false)` if some VM failed. `lull bench` runs `--guest linux` in
+/// linux_density.rs and `--max-vms` in max_vms.rs.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     if let Some(json) = &args.from_json {
         return replot(json, args.plot.as_ref());
     }
     let (plan, modes, skipped) = Plan::new(args)?;
-    if let Some(cap) = args.max_vms {
-        return max_vms::run(&plan, &modes, skipped, cap);
-    }
     let mut report = plan.empty_report(&modes, skipped);
     eprintln!("bench: density, logs in {}", plan.work.display());
     println!(

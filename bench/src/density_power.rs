@@ -14,17 +14,14 @@
 //! A figure that cannot be had is a [`Reading`] without a value and with the reason (no RAPL
 //! on a virtual machine, `energy_uj` readable by root only, no meter given), never a 0.
 
+use super::density_power_row::{opt, DensityPower};
+use super::power::meter::{Meter, MeterConfig, MeterError, MeterRecord};
+use super::power::{PowerError, PowerSample, PowerWindow, Reading};
+use super::report::{DensityReport, DensityRow};
 use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Serialize};
-
-use super::power::cpuidle::StateSummary;
-use super::power::meter::{Meter, MeterConfig, MeterError, MeterRecord};
-use super::power::{PowerError, PowerSample, PowerWindow, Reading};
-use super::report::{DensityReport, DensityRow};
 
 /// Why a power figure of a row is missing (the reasons of the readers pass through as text).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -47,37 +44,6 @@ pub enum DensityPowerError {
     /// The guests counted no timer event.
     #[error("the guests counted no timer events")]
     NoTimerEvents,
-}
-
-/// The power figures of one density row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DensityPower {
-    /// Everything measured over the part of the row's window between the first and the last
-    /// power sample inside it.
-    pub window: Reading<PowerWindow>,
-    /// RAPL package power above the baseline per VM, W.
-    pub watts_per_vm: Reading<f64>,
-    /// RAPL package power above the baseline per vCPU, W.
-    pub watts_per_vcpu: Reading<f64>,
-    /// RAPL package energy above the baseline per VM over the window, J.
-    pub joules_per_vm: Reading<f64>,
-    /// RAPL package energy above the baseline per vCPU over the window, J.
-    pub joules_per_vcpu: Reading<f64>,
-    /// The external meter's power above its baseline per VM, W.
-    pub meter_watts_per_vm: Reading<f64>,
-    /// Host CPU idle exits per second above the baseline, per vCPU.
-    pub idle_exits_per_vcpu_s: Reading<f64>,
-    /// Per host idle state: entries per second and residency share, all host CPUs.
-    pub residency: Reading<Vec<StateSummary>>,
-    /// Host CPU idle exits in the window per guest timer event (the guests' events per
-    /// second of their run, all vCPUs).
-    pub host_wakeups_per_timer_event: Reading<f64>,
-    /// Local timer interrupts (`LOC`) per second, all host CPUs.
-    pub local_timer_irqs_per_s: Reading<f64>,
-    /// Rescheduling interrupts (`RES`) per second, all host CPUs.
-    pub resched_irqs_per_s: Reading<f64>,
-    /// Context switches (voluntary + involuntary) of every VMM thread per second.
-    pub vmm_context_switches_per_s: Reading<f64>,
 }
 
 /// The sampling period for runs of `duration`: one twentieth of it, 250 ms to 1 s (each
@@ -304,27 +270,6 @@ pub fn row_power(
     }
 }
 
-fn opt(r: Option<&Reading<f64>>, prec: usize) -> String {
-    r.and_then(|r| r.value)
-        .map_or_else(|| "-".into(), |v| format!("{v:.prec$}"))
-}
-
-/// The power columns of the density table's header.
-pub fn header_columns() -> String {
-    format!("{:>10}{:>8}{:>8}", "idlx/v/s", "W/VM", "hwk/tev")
-}
-
-/// The power columns of a row (`-` where a figure is missing; [`notes`] says why).
-pub fn columns(r: &DensityRow) -> String {
-    let p = r.power.as_ref();
-    format!(
-        "{:>10}{:>8}{:>8}",
-        opt(p.map(|p| &p.idle_exits_per_vcpu_s), 1),
-        opt(p.map(|p| &p.watts_per_vm), 2),
-        opt(p.map(|p| &p.host_wakeups_per_timer_event), 2)
-    )
-}
-
 /// The lines under the table: the baseline, and why a power column is empty (each reason
 /// once).
 pub fn notes(report: &DensityReport) -> Vec<String> {
@@ -367,6 +312,7 @@ pub fn notes(report: &DensityReport) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::density_power_row::columns;
     use crate::power::rapl::ZoneEnergy;
     use crate::report::tests::{density_report, density_row};
 
@@ -485,7 +431,7 @@ mod tests {
         let mut report = density_report(rows);
         report.power_baseline = Some(base);
         assert_eq!(
-            columns(&report.results[0]),
+            columns(report.results[0].power.as_ref()),
             format!("{:>10}{:>8}{:>8}", "100.0", "-", "1.25")
         );
         let lines = notes(&report);

@@ -27,6 +27,7 @@ mod children;
 mod common;
 mod density;
 mod density_power;
+mod density_power_row;
 mod error;
 mod fleet;
 mod global_timers;
@@ -37,6 +38,7 @@ mod linux_density;
 mod lull_metrics;
 mod max_vms;
 mod max_vms_plot;
+mod max_vms_report;
 mod plot;
 pub mod power;
 mod proc_sample;
@@ -149,7 +151,10 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     let result = match &args.experiment {
         // The kit's Linux has a density experiment of its own; `--from-json` replots either.
         Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => linux_density::run(a),
-        Experiment::Density(a) => density::run(a),
+        Experiment::Density(a) => match (a.max_vms, &a.from_json) {
+            (Some(cap), None) => max_vms::run(a, cap),
+            _ => density::run(a),
+        },
         Experiment::Wakeup(a) => wakeup::run(a),
         Experiment::TimerModes(a) => timer_modes::run(a),
         Experiment::IdleManager(a) => idle_manager::run(a),

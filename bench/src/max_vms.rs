@@ -12,19 +12,17 @@
 //! Bisection assumes that a count above a failing one fails too: if the outcomes are not
 //! monotone the result is a count that met the SLO whose next count failed.
 
-use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
-use super::density::{Mode, Plan};
+use super::density::{DensityArgs, Mode, Plan};
 use super::density_power;
 use super::error::BenchError;
-use super::host::{self, HostInfo};
+use super::host;
 use super::max_vms_plot;
+use super::max_vms_report::{MaxVmsMode, MaxVmsReport, MaxVmsStep, Stop, MAX_VMS_SCHEMA};
 use super::power::{PowerWindow, Reading};
-use super::report::{self, DensityParams, DensityRow, SkippedMode};
+use super::report;
 use super::slo::{self, Slo, Verdict};
-
-/// Schema name of the `--max-vms` JSON.
-pub const MAX_VMS_SCHEMA: &str = "lull-bench-max-vms/1";
 
 /// Share of `MemAvailable` the VMs may take (the rest for the host and lull's peaks).
 const MEMORY_SHARE: f64 = 0.9;
@@ -74,33 +72,6 @@ impl Limits {
         }
         lo
     }
-}
-
-/// Why the search stopped where it did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "bound", rename_all = "snake_case")]
-pub enum Stop {
-    /// Every count up to the cap met the SLO.
-    Cap {
-        /// The cap.
-        cap: u32,
-    },
-    /// One more VM would not fit in the host's memory.
-    Memory {
-        /// The most VMs that fit.
-        fits: u32,
-        /// The estimate per VM (guest RAM + VMM RSS), bytes.
-        per_vm_bytes: f64,
-        /// `MemAvailable` with no VM, bytes.
-        available_bytes: u64,
-    },
-    /// The smallest count that failed, and its failed bounds.
-    Slo {
-        /// That count.
-        vms: u32,
-        /// The bounds it failed.
-        failed: Vec<String>,
-    },
 }
 
 /// The result of a search.
@@ -181,60 +152,6 @@ pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found
     }
 }
 
-/// One measured count of a mode's search.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsStep {
-    /// VMs run.
-    pub vms: u32,
-    /// Every bound met.
-    pub met: bool,
-    /// Each bound's verdict.
-    pub verdicts: Vec<Verdict>,
-    /// The density row of the step's window.
-    pub row: DensityRow,
-}
-
-/// One mode's search.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsMode {
-    /// The mode.
-    pub mode: String,
-    /// The steps in the order run.
-    pub steps: Vec<MaxVmsStep>,
-    /// The most VMs within the SLO (0: not even one).
-    pub max_vms: u32,
-    /// `max_vms` x vCPUs per VM.
-    pub max_vcpus: u32,
-    /// What stopped the search.
-    pub stopped_by: Stop,
-    /// `max_vms / kernel's max_vms` (`null` for kernel, without a kernel row, or if kernel
-    /// held none).
-    pub ratio_to_kernel: Option<f64>,
-}
-
-/// The `--max-vms` JSON document.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MaxVmsReport {
-    /// Always [`MAX_VMS_SCHEMA`].
-    pub schema: String,
-    /// The host.
-    pub host: HostInfo,
-    /// The request (`vms` unused).
-    pub params: DensityParams,
-    /// The search's cap.
-    pub cap: u32,
-    /// The bounds.
-    pub slo: Slo,
-    /// `MemAvailable` before the first run, bytes (`null` if unreadable).
-    pub mem_available_bytes: Option<u64>,
-    /// The host with no VM (see the density report).
-    pub power_baseline: Reading<PowerWindow>,
-    /// One search per mode, in run order.
-    pub modes: Vec<MaxVmsMode>,
-    /// Modes left out, with why.
-    pub skipped: Vec<SkippedMode>,
-}
-
 /// `MemAvailable` of this host, bytes.
 fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -246,21 +163,16 @@ fn mem_available() -> Option<u64> {
 /// The VMM's own memory per VM before one is measured: 32 MiB.
 const VMM_GUESS: u64 = 32 << 20;
 
-/// Runs the search for every mode, prints the steps and the result table, writes the JSON
-/// and the plot; `Ok(false)` if a mode held not even one VM.
-pub fn run(
-    plan: &Plan,
-    modes: &[Mode],
-    skipped: Vec<SkippedMode>,
-    cap: u32,
-) -> Result<bool, BenchError> {
-    let args = plan.args;
+/// Runs the search up to `cap` VMs for every mode of `args`, prints the steps and the result
+/// table, writes the JSON and the plot; `Ok(false)` if a mode held not even one VM.
+pub fn run(args: &DensityArgs, cap: u32) -> Result<bool, BenchError> {
+    let (plan, modes, skipped) = Plan::new(args)?;
     let slo = args.slo.clone();
     let cpus = host::host_info().cpus;
     let mut report = MaxVmsReport {
         schema: MAX_VMS_SCHEMA.into(),
         host: host::host_info(),
-        params: plan.empty_report(modes, Vec::new()).params,
+        params: plan.empty_report(&modes, Vec::new()).params,
         cap,
         slo: slo.clone(),
         mem_available_bytes: mem_available(),
@@ -282,81 +194,113 @@ pub fn run(
         guest_bytes: args.memory_bytes(),
         vmm_guess: VMM_GUESS,
     };
-    for &mode in modes {
-        let mut steps: Vec<MaxVmsStep> = Vec::new();
-        let mut error = None;
-        let found = search(&limits, |n| {
-            if error.is_some() {
-                return Outcome {
-                    met: false,
-                    failed: vec!["error".into()],
-                    vmm_bytes_per_vm: None,
-                };
-            }
-            eprintln!(
-                "bench: max-vms {}: step {} with {n} VM(s)",
-                mode.name(),
-                steps.len() + 1
-            );
-            let row = match plan.measure(mode, n, &report.power_baseline) {
-                Ok(r) => r,
-                Err(e) => {
-                    error.get_or_insert(e);
-                    return Outcome {
-                        met: false,
-                        failed: vec!["error".into()],
-                        vmm_bytes_per_vm: None,
-                    };
-                }
-            };
-            let verdicts = slo::judge(&slo, &row, cpus);
-            let step = MaxVmsStep {
-                vms: n,
-                met: verdicts.iter().all(|v| v.met),
-                verdicts,
-                row,
-            };
-            println!(
-                "{}  {}",
-                report::density_line(&step.row),
-                verdict_text(&step)
-            );
-            let outcome = Outcome {
-                met: step.met,
-                failed: failed_bounds(&step.verdicts),
-                vmm_bytes_per_vm: step.row.vmm_rss_kib_per_vm.map(|k| k * 1024.0),
-            };
-            steps.push(step);
-            outcome
-        });
-        if let Some(e) = error {
-            return Err(e);
-        }
-        report.modes.push(MaxVmsMode {
-            mode: mode.name().into(),
-            steps,
-            max_vms: found.max_vms,
-            max_vcpus: found.max_vms * args.cpus,
-            stopped_by: found.stop,
-            ratio_to_kernel: None,
-        });
+    for &mode in &modes {
+        let searched = search_mode(&plan, mode, &limits, &report.power_baseline, cpus)?;
+        report.modes.push(searched);
         set_ratios(&mut report.modes);
         if let Some(path) = &args.common.json {
             report::write_json(path, &report)?;
         }
     }
-    for line in result_table(&report) {
+    finish(&report, args.plot.as_ref())?;
+    Ok(report.modes.iter().all(|m| m.max_vms > 0))
+}
+
+/// Searches the most VMs of `mode` within the SLO, each count a run of `plan` measured
+/// against `baseline` on a host of `cpus` CPUs; the first error ends the search.
+fn search_mode(
+    plan: &Plan,
+    mode: Mode,
+    limits: &Limits,
+    baseline: &Reading<PowerWindow>,
+    cpus: usize,
+) -> Result<MaxVmsMode, BenchError> {
+    let mut steps: Vec<MaxVmsStep> = Vec::new();
+    let mut error = None;
+    let found = search(limits, |n| {
+        if error.is_some() {
+            return error_outcome();
+        }
+        eprintln!(
+            "bench: max-vms {}: step {} with {n} VM(s)",
+            mode.name(),
+            steps.len() + 1
+        );
+        let step = match measure_step(plan, mode, n, baseline, cpus) {
+            Ok(step) => step,
+            Err(e) => {
+                error.get_or_insert(e);
+                return error_outcome();
+            }
+        };
+        let outcome = Outcome {
+            met: step.met,
+            failed: failed_bounds(&step.verdicts),
+            vmm_bytes_per_vm: step.row.vmm_rss_kib_per_vm.map(|k| k * 1024.0),
+        };
+        steps.push(step);
+        outcome
+    });
+    if let Some(e) = error {
+        return Err(e);
+    }
+    Ok(MaxVmsMode {
+        mode: mode.name().into(),
+        steps,
+        max_vms: found.max_vms,
+        max_vcpus: found.max_vms * plan.args.cpus,
+        stopped_by: found.stop,
+        ratio_to_kernel: None,
+    })
+}
+
+/// The outcome of a step that could not be measured.
+fn error_outcome() -> Outcome {
+    Outcome {
+        met: false,
+        failed: vec!["error".into()],
+        vmm_bytes_per_vm: None,
+    }
+}
+
+/// Runs `n` VMs in `mode`, judges the row by the SLO and prints it with its verdict.
+fn measure_step(
+    plan: &Plan,
+    mode: Mode,
+    n: u32,
+    baseline: &Reading<PowerWindow>,
+    cpus: usize,
+) -> Result<MaxVmsStep, BenchError> {
+    let row = plan.measure(mode, n, baseline)?;
+    let verdicts = slo::judge(&plan.args.slo, &row, cpus);
+    let step = MaxVmsStep {
+        vms: n,
+        met: verdicts.iter().all(|v| v.met),
+        verdicts,
+        row,
+    };
+    println!(
+        "{}  {}",
+        report::density_line(&step.row),
+        verdict_text(&step)
+    );
+    Ok(step)
+}
+
+/// After the last mode: the result table, the modes left out, the plot.
+fn finish(report: &MaxVmsReport, plot: Option<&PathBuf>) -> Result<(), BenchError> {
+    for line in result_table(report) {
         println!("{line}");
     }
     for s in &report.skipped {
         println!("{} skipped: {}", s.mode, s.reason);
     }
-    if let Some(path) = &args.plot {
-        let svg = max_vms_plot::svg(&report)?;
+    if let Some(path) = plot {
+        let svg = max_vms_plot::svg(report)?;
         std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
         eprintln!("bench: plot written to {}", path.display());
     }
-    Ok(report.modes.iter().all(|m| m.max_vms > 0))
+    Ok(())
 }
 
 fn failed_bounds(verdicts: &[Verdict]) -> Vec<String> {

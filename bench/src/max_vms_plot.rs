@@ -11,7 +11,7 @@
 use plotters::prelude::*;
 
 use super::error::PlotError;
-use super::max_vms::MaxVmsReport;
+use super::max_vms_report::MaxVmsReport;
 use super::plot::{draw_legend, nice_ceiling, COLORS};
 use super::slo::Verdict;
 

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::density_power::{self, DensityPower};
+use super::density_power_row::{self, DensityPower};
 use super::guest_output::{LatencySummary, WakeIpiReport};
 use super::host::HostInfo;
 use super::power::{PowerWindow, Reading};
@@ -334,7 +334,7 @@ pub fn density_header() -> String {
         "p99_us",
         "max_us",
         "rss_KiB"
-    ) + &density_power::header_columns()
+    ) + &density_power_row::header_columns()
 }
 
 /// One density row as a table line.
@@ -358,7 +358,7 @@ pub fn density_line(r: &DensityRow) -> String {
         us(r.lateness.p99_ns),
         us(r.lateness.max_ns),
         r.rss_kib_per_vm
-    ) + &density_power::columns(r)
+    ) + &density_power_row::columns(r.power.as_ref())
 }
 
 /// Header of the `--guest linux` density table.
@@ -381,7 +381,7 @@ pub fn linux_header() -> String {
         "p50_us",
         "p99_us",
         "boot_s"
-    ) + &density_power::header_columns()
+    ) + &density_power_row::header_columns()
 }
 
 /// One `--guest linux` row as a table line.
@@ -408,7 +408,7 @@ pub fn linux_line(r: &DensityRow) -> String {
         opt(late(r.lateness.p50_ns), 0),
         opt(late(r.lateness.p99_ns), 0),
         l.boot_s.1
-    ) + &density_power::columns(r)
+    ) + &density_power_row::columns(r.power.as_ref())
 }
 
 /// The header and lines of a density report's table (the Linux one if it has Linux rows).

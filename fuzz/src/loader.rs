@@ -94,7 +94,11 @@ pub fn run(data: &[u8]) {
     if let Ok(zp) = boot::zeropage::build(&kernel, CMDLINE_ADDR, None, &e820) {
         // Up to 0x202 the setup header is the kernel's, untouched by lull's fields.
         let head = &zp.as_slice()[0x1f1..0x202];
-        assert_eq!(head, &kernel[0x1f1..0x202], "the setup header is the kernel's");
+        assert_eq!(
+            head,
+            &kernel[0x1f1..0x202],
+            "the setup header is the kernel's"
+        );
     }
 
     let kernel_path = scratch("kernel");

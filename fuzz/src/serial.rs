@@ -37,8 +37,8 @@ use vmm::config::VmConfig;
 use vmm::host::console::ConsoleSink;
 use vmm::irqchip::user::vcpu::UserVcpuIrq;
 use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
-use vmm::setup::layout::IOAPIC_ADDR;
 use vmm::metrics::LapicNoise;
+use vmm::setup::layout::IOAPIC_ADDR;
 use vmm::size::ByteSize;
 use vmm::state::{lock, StopReason, VcpuShared};
 use vmm::vcpu::exit::{DeviceBuses, VcpuAction};
@@ -204,51 +204,8 @@ impl<'a> Fuzz<'a> {
 
     fn step(&mut self, op: Op) {
         match op {
-            Op::Read { port, len } => {
-                let port = port.get();
-                let mut data = [0u8; 8];
-                let data = &mut data[..usize::from(len % 9)];
-                let before = self.unknown_ports();
-                let action = self.exit(VcpuExit::IoIn(port, data));
-                assert_eq!(action, VcpuAction::Continue, "IN {port:#x} did {action:?}");
-                let unclaimed = self.unknown_ports() > before;
-                assert_eq!(
-                    unclaimed,
-                    !is_claimed(port),
-                    "port {port:#x} claimed wrongly"
-                );
-                if unclaimed {
-                    assert!(data.iter().all(|b| *b == 0xff), "unclaimed port {port:#x}");
-                }
-            }
-            Op::Write { port, len, value } => {
-                let port = port.get();
-                let mut data = [0u8; 8];
-                data[..4].copy_from_slice(&value.to_le_bytes());
-                let before = self.unknown_ports();
-                let action = self.exit(VcpuExit::IoOut(port, &data[..usize::from(len % 9)]));
-                let unclaimed = self.unknown_ports() > before;
-                assert_eq!(
-                    unclaimed,
-                    !is_claimed(port),
-                    "port {port:#x} claimed wrongly"
-                );
-                match action {
-                    VcpuAction::Stop(StopReason::TestExit(status)) => {
-                        assert_eq!(port, TEST_EXIT_PORT, "test exit from {port:#x}");
-                        assert_eq!(status & 1, 1, "test-exit status must be odd");
-                    }
-                    VcpuAction::Stop(StopReason::Reset) => {
-                        assert!(
-                            port == 0x64 || port == port92::PORT,
-                            "only the i8042 command port and port 0x92 reset, not {port:#x}"
-                        );
-                    }
-                    VcpuAction::BootComplete => assert_eq!(port, BOOT_MARKER_PORT),
-                    VcpuAction::Continue => {}
-                    other => panic!("OUT {port:#x} did {other:?}"),
-                }
-            }
+            Op::Read { port, len } => self.port_in(port.get(), len),
+            Op::Write { port, len, value } => self.port_out(port.get(), len, value),
             Op::Input(bytes) => {
                 let mut console = lock(&self.console);
                 let room = console.input_room();
@@ -269,23 +226,75 @@ impl<'a> Fuzz<'a> {
                 let action = self.exit(VcpuExit::MmioWrite(addr, &value.to_le_bytes()));
                 assert_eq!(action, VcpuAction::Continue);
             }
-            Op::Enter { open } => {
-                self.port.open = open;
-                self.port.injected.clear();
-                // An IOAPIC entry with INIT delivery can put vCPU 0 in INIT: it takes nothing.
-                let entry = self.irq.before_entry(&mut self.port);
-                assert_ne!(
-                    entry,
-                    Entry::Stop,
-                    "before_entry stopped a VM nobody stopped"
-                );
-                assert!(self.port.injected.len() <= 1, "two injections in one entry");
-                if let Some(&v) = self.port.injected.first() {
-                    assert!(v >= 16, "vector {v:#x} injected");
-                }
-                self.irq.after_run(Some(self.port.cr8));
-            }
+            Op::Enter { open } => self.enter(open),
         }
+    }
+
+    /// An IN of `len % 9` bytes from `port`: claimed exactly by the devices lull has there,
+    /// all ones from a port nobody claims.
+    fn port_in(&mut self, port: u16, len: u8) {
+        let mut data = [0u8; 8];
+        let data = &mut data[..usize::from(len % 9)];
+        let before = self.unknown_ports();
+        let action = self.exit(VcpuExit::IoIn(port, data));
+        assert_eq!(action, VcpuAction::Continue, "IN {port:#x} did {action:?}");
+        let unclaimed = self.unknown_ports() > before;
+        assert_eq!(
+            unclaimed,
+            !is_claimed(port),
+            "port {port:#x} claimed wrongly"
+        );
+        if unclaimed {
+            assert!(data.iter().all(|b| *b == 0xff), "unclaimed port {port:#x}");
+        }
+    }
+
+    /// An OUT of `len % 9` bytes of `value` to `port`: claimed exactly by the devices lull
+    /// has there; only the test-exit, reset and boot-marker ports end or mark the run.
+    fn port_out(&mut self, port: u16, len: u8, value: u32) {
+        let mut data = [0u8; 8];
+        data[..4].copy_from_slice(&value.to_le_bytes());
+        let before = self.unknown_ports();
+        let action = self.exit(VcpuExit::IoOut(port, &data[..usize::from(len % 9)]));
+        let unclaimed = self.unknown_ports() > before;
+        assert_eq!(
+            unclaimed,
+            !is_claimed(port),
+            "port {port:#x} claimed wrongly"
+        );
+        match action {
+            VcpuAction::Stop(StopReason::TestExit(status)) => {
+                assert_eq!(port, TEST_EXIT_PORT, "test exit from {port:#x}");
+                assert_eq!(status & 1, 1, "test-exit status must be odd");
+            }
+            VcpuAction::Stop(StopReason::Reset) => {
+                assert!(
+                    port == 0x64 || port == port92::PORT,
+                    "only the i8042 command port and port 0x92 reset, not {port:#x}"
+                );
+            }
+            VcpuAction::BootComplete => assert_eq!(port, BOOT_MARKER_PORT),
+            VcpuAction::Continue => {}
+            other => panic!("OUT {port:#x} did {other:?}"),
+        }
+    }
+
+    /// An entry with the interrupt window `open`: at most one injection, of a vector from 16.
+    fn enter(&mut self, open: bool) {
+        self.port.open = open;
+        self.port.injected.clear();
+        // An IOAPIC entry with INIT delivery can put vCPU 0 in INIT: it takes nothing.
+        let entry = self.irq.before_entry(&mut self.port);
+        assert_ne!(
+            entry,
+            Entry::Stop,
+            "before_entry stopped a VM nobody stopped"
+        );
+        assert!(self.port.injected.len() <= 1, "two injections in one entry");
+        if let Some(&v) = self.port.injected.first() {
+            assert!(v >= 16, "vector {v:#x} injected");
+        }
+        self.irq.after_run(Some(self.port.cr8));
     }
 
     fn check(&self) {

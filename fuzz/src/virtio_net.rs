@@ -123,6 +123,33 @@ struct Fuzz {
     frames_in: u64,
 }
 
+/// A descriptor's length from the input: the sizes the device cares about (a header, a byte,
+/// a frame's head, a page's worth, an Ethernet header, 8, 0), or any.
+fn desc_len(len: u8, wild_len: u32) -> u32 {
+    match len % 8 {
+        0 => 12,
+        1 => 1,
+        2 => 64,
+        3 => 1024,
+        4 => 14,
+        5 => 8,
+        6 => 0,
+        _ => wild_len,
+    }
+}
+
+/// A frame from the tap: mostly Ethernet-sized; an oversized one now and then.
+fn frame(len: u16, seed: u8) -> Vec<u8> {
+    let len = if len & 0x8000 != 0 {
+        usize::from(len)
+    } else {
+        usize::from(len) % 2048
+    };
+    (0..len)
+        .map(|i| seed.wrapping_add(i.to_le_bytes()[0]))
+        .collect()
+}
+
 /// A buffer address: mostly one of 32 slots of 1 KiB in the data area (`shape` / 8), else one
 /// that straddles the end of guest memory, or one far outside it.
 fn buffer(shape: u8) -> u64 {
@@ -199,16 +226,7 @@ impl Fuzz {
                 flags,
                 next,
             } => {
-                let len = match len % 8 {
-                    0 => 12,
-                    1 => 1,
-                    2 => 64,
-                    3 => 1024,
-                    4 => 14,
-                    5 => 8,
-                    6 => 0,
-                    _ => wild_len,
-                };
+                let len = desc_len(len, wild_len);
                 let q = usize::from(queue);
                 self.desc(q, index, buffer(addr), len, u16::from(flags & 7), next);
             }
@@ -220,16 +238,7 @@ impl Fuzz {
                 notify,
             } => self.chain(0, head, len, split, 2, notify),
             Op::Frame { len, seed } => {
-                // Mostly Ethernet-sized frames; an oversized one now and then.
-                let len = if len & 0x8000 != 0 {
-                    usize::from(len)
-                } else {
-                    usize::from(len) % 2048
-                };
-                let frame: Vec<u8> = (0..len)
-                    .map(|i| seed.wrapping_add(i.to_le_bytes()[0]))
-                    .collect();
-                self.backend().incoming.push_back(frame);
+                self.backend().incoming.push_back(frame(len, seed));
                 self.frames_in += 1;
             }
             Op::Poll => self.bounded(|f| f.dev.poll_queue(0)),
@@ -237,13 +246,7 @@ impl Fuzz {
                 let _ = self.mem.write_slice(&bytes, GuestAddress(u64::from(at)));
             }
             Op::Offer { queue, head } => self.offer(usize::from(queue), head),
-            Op::AvailIdx { queue, idx } => {
-                let q = usize::from(queue);
-                self.avail_idx[q] = idx;
-                let _ = self
-                    .mem
-                    .write_obj(idx, GuestAddress(u64::from(RINGS[q].1) + 2));
-            }
+            Op::AvailIdx { queue, idx } => self.set_avail_idx(usize::from(queue), idx),
             Op::Notify(queue) => self.bounded(|f| f.write32(0x050, u32::from(queue % 3))),
             Op::Ack(value) => self.write32(0x064, value),
             Op::RefuseWrites(refuse) => self.backend().refuse_writes = refuse,
@@ -254,6 +257,14 @@ impl Fuzz {
             }
             Op::TimerFired => self.bounded(|f| f.dev.timer_fired()),
         }
+    }
+
+    /// The guest sets queue `q`'s available index to `idx` (without offering a chain).
+    fn set_avail_idx(&mut self, q: usize, idx: u16) {
+        self.avail_idx[q] = idx;
+        let _ = self
+            .mem
+            .write_obj(idx, GuestAddress(u64::from(RINGS[q].1) + 2));
     }
 
     fn desc(&self, q: usize, index: u8, addr: u64, len: u32, flags: u16, next: u8) {

@@ -196,6 +196,18 @@ fn vcpu_sum(report: &RunReport, counter: fn(&VcpuSnapshot) -> u64) -> u64 {
 fn create_boot_query_stop() -> Result<(), Failed> {
     let metrics = temp_path("api-metrics.json");
     let lull = Lull::start("api-life", &[])?;
+    socket_is_private_and_answers(&lull)?;
+    create_checks_its_input(&lull, &metrics)?;
+    let live = boot_and_watch_counters(&lull)?;
+    bad_requests_leave_it_running(&lull)?;
+    shutdown_keeps_the_counters(&lull, &live, &metrics)?;
+    lull.expect("PUT", "vm.shutdown", "", 405)?;
+    lull.expect("PUT", "vm.boot", "", 500)?;
+    lull.vmm_shutdown(API_STOP)
+}
+
+/// The API socket is the user's alone, and `vmm.ping` names this lull.
+fn socket_is_private_and_answers(lull: &Lull) -> Result<(), Failed> {
     let mode = std::fs::metadata(&lull.socket)
         .map_err(|e| e.to_string())?
         .permissions()
@@ -207,12 +219,18 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     if !ping["version"].is_string() || ping["pid"].as_u64() != Some(u64::from(lull.pid)) {
         return Err(format!("vmm.ping: {ping}").into());
     }
+    Ok(())
+}
+
+/// Before a VM exists: boot and info find none; `vm.create` refuses bad configurations,
+/// creates once, and refuses a second one; counters and shutdown need a running VM.
+fn create_checks_its_input(lull: &Lull, metrics: &Path) -> Result<(), Failed> {
     lull.expect("PUT", "vm.boot", "", 404)?;
     lull.expect("GET", "vm.info", "", 404)?;
     lull.expect("PUT", "vm.create", "", 400)?;
     lull.expect("PUT", "vm.create", r#"{"cpus": 0}"#, 400)?;
     lull.expect("PUT", "vm.create", r#"{"cpu": 2}"#, 400)?;
-    let config = idle_config(&metrics)?;
+    let config = idle_config(metrics)?;
     lull.expect("PUT", "vm.create", &config, 204)?;
     lull.expect("PUT", "vm.create", &config, 500)?;
     let info = lull.json("GET", "vm.info", 200)?;
@@ -222,6 +240,11 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     lull.expect("GET", "vm.counters", "", 405)?;
     lull.expect("PUT", "vm.shutdown", "", 405)?;
 
+    Ok(())
+}
+
+/// `vm.boot` runs the VM (once); its live counters grow while the guest's timers fire.
+fn boot_and_watch_counters(lull: &Lull) -> Result<RunReport, Failed> {
     lull.expect("PUT", "vm.boot", "", 204)?;
     lull.expect("PUT", "vm.boot", "", 500)?;
     let info = lull.json("GET", "vm.info", 200)?;
@@ -244,8 +267,11 @@ fn create_boot_query_stop() -> Result<(), Failed> {
         // Polls the counters as an orchestrator would; the pause only spaces the queries.
         std::thread::sleep(Duration::from_millis(100));
     };
+    Ok(live)
+}
 
-    // Bad requests get errors and leave the VM running.
+/// Bad requests get errors and leave the VM running.
+fn bad_requests_leave_it_running(lull: &Lull) -> Result<(), Failed> {
     let (status, body) = lull.raw(b"NONSENSE\x00\x01\r\n\r\n")?;
     check_status("garbage", status, &body, 400)?;
     let big = format!(
@@ -267,7 +293,16 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     if info["state"] != "Running" {
         return Err(format!("the VM stopped after bad requests: {info}").into());
     }
+    Ok(())
+}
 
+/// `vm.shutdown` stops the VM; its last counters are at least the `live` ones, and the
+/// `--metrics` file agrees with them.
+fn shutdown_keeps_the_counters(
+    lull: &Lull,
+    live: &RunReport,
+    metrics: &Path,
+) -> Result<(), Failed> {
     lull.expect("PUT", "vm.shutdown", "", 204)?;
     let info = lull.json("GET", "vm.info", 200)?;
     if info["state"] != "Shutdown"
@@ -279,18 +314,16 @@ fn create_boot_query_stop() -> Result<(), Failed> {
     }
     let last = lull.counters()?;
     if last.exit_status != API_STOP
-        || vcpu_sum(&last, |c| c.lapic_timer_fires) < vcpu_sum(&live, |c| c.lapic_timer_fires)
+        || vcpu_sum(&last, |c| c.lapic_timer_fires) < vcpu_sum(live, |c| c.lapic_timer_fires)
         || last.run_time_ms < live.run_time_ms
     {
         return Err(format!("final vm.counters: {last:?}\nlive: {live:?}").into());
     }
-    let written = lull_tests::take_metrics(&metrics)?;
+    let written = lull_tests::take_metrics(metrics)?;
     if written.stop_reason != last.stop_reason || written.exit_status != API_STOP {
         return Err(format!("--metrics file: {written:?}").into());
     }
-    lull.expect("PUT", "vm.shutdown", "", 405)?;
-    lull.expect("PUT", "vm.boot", "", 500)?;
-    lull.vmm_shutdown(API_STOP)
+    Ok(())
 }
 
 /// Flags on the command line create the VM; vmm.shutdown stops it while it runs.

@@ -2,7 +2,7 @@
 //! `spin`, `hello`, the kit's Linux): they run, every VM passes, and the JSON carries the
 //! documented fields. No test asserts a timing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lull_tests::{
@@ -89,6 +89,19 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
     if v["schema"] != "lull-bench-density/2" || v["params"]["cpus_per_vm"] != 2 {
         return Err(format!("unexpected header: {v}").into());
     }
+    check_density_rows(&v)?;
+    let plot = std::fs::read_to_string(&svg).map_err(|e| e.to_string())?;
+    if !plot.starts_with("<svg") || !plot.contains("pull") {
+        return Err("the plot is not an SVG with the modes".into());
+    }
+    replot_matches(&dir, &json, &r, plot)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The density JSON's rows: 2 modes x 2 counts, each with every documented field, every VM
+/// passed with timer events, RSS sampled.
+fn check_density_rows(v: &Value) -> Result<(), Failed> {
     let rows = v["results"].as_array().cloned().unwrap_or_default();
     if rows.len() != 4 {
         return Err(format!("expected 4 rows (2 modes x 2 counts), got {}", rows.len()).into());
@@ -129,18 +142,19 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
             return Err(format!("no RSS sampled: {row}").into());
         }
     }
-    let plot = std::fs::read_to_string(&svg).map_err(|e| e.to_string())?;
-    if !plot.starts_with("<svg") || !plot.contains("pull") {
-        return Err("the plot is not an SVG with the modes".into());
-    }
-    // The JSON reads back: the same table and plot without running anything.
+    Ok(())
+}
+
+/// The JSON reads back: `--from-json` prints the same table as run `r` and draws the same
+/// `plot`, without running anything.
+fn replot_matches(dir: &Path, json: &Path, r: &RunResult, plot: String) -> Result<(), Failed> {
     let again = dir.join("again.svg");
     let r2 = run_lull(
         &[
             "bench",
             "density",
             "--from-json",
-            &arg(&json),
+            &arg(json),
             "--plot",
             &arg(&again),
         ],
@@ -156,7 +170,6 @@ fn density_writes_the_documented_json_and_plot() -> Result<(), Failed> {
     if table(&r2.stdout) != table(&r.stdout) || std::fs::read_to_string(&again).ok() != Some(plot) {
         return Err(r2.failure("--from-json did not reproduce the table and the plot"));
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -6,7 +6,8 @@
 //! Measurements are printed (`--nocapture` is not needed: libtest-mimic shows stderr of
 //! failed tests only, so they also go to the failure message when a check fails).
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -177,18 +178,14 @@ fn wait_with_deadline(mut child: Child, deadline: Duration) -> Option<std::proce
     }
 }
 
-/// The full storm on 2 vCPUs (timers at the clamp, IPI flood, unclaimed ports, reserved
-/// registers) with `--seccomp on`: every lull thread runs under its filter, lull answers
-/// SIGTERM (sent once the log proves 256 misdeeds) with status 12 rather than hanging, and its
-/// log stays logarithmic in the number of guest misdeeds.
-fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
-    let kernel = kit_file("guests/storm.elf")?.display().to_string();
-    let metrics = temp_path("flood.json");
-    let mut child = Command::new(lull_bin())
+/// `lull run` of the storm guest on 2 vCPUs (timers at the clamp, IPI flood, unclaimed
+/// ports, reserved registers) with `--seccomp on`, its output piped.
+fn start_storm(kernel: &str, metrics: &Path) -> Result<Child, Failed> {
+    let child = Command::new(lull_bin())
         .args([
             "run",
             "--kernel",
-            &kernel,
+            kernel,
             "--cpus",
             "2",
             "--irqchip",
@@ -204,29 +201,55 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start lull: {e}"))?;
-    let pid = child.id();
+    Ok(child)
+}
+
+/// Every line `output` writes, as it comes (the receiver) and all of it at its end (the
+/// thread's result).
+fn collect_lines(
+    output: impl Read + Send + 'static,
+) -> (mpsc::Receiver<String>, std::thread::JoinHandle<String>) {
     let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let console = std::thread::spawn(move || {
+    let all = std::thread::spawn(move || {
         let mut all = String::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
             let _ = tx.send(line.clone());
             all.push_str(&line);
             all.push('\n');
         }
         all
     });
-    let (log_tx, log_rx) = mpsc::channel();
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let log = std::thread::spawn(move || {
-        let mut all = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = log_tx.send(line.clone());
-            all.push_str(&line);
-            all.push('\n');
+    (rx, all)
+}
+
+/// Every lull thread (`lull`, `vcpu*`, `timers`) runs under a seccomp filter (mode 2), and
+/// there is a vCPU thread.
+fn every_thread_filtered(threads: &[(String, String)], context: &str) -> Result<(), Failed> {
+    for (name, mode) in threads {
+        let ours = name == "lull" || name.starts_with("vcpu") || name == "timers";
+        if ours && mode != "2" {
+            return Err(format!("thread {name} runs without a seccomp filter{context}").into());
         }
-        all
-    });
+    }
+    if !threads.iter().any(|(n, _)| n.starts_with("vcpu")) {
+        return Err(format!("no vCPU thread seen{context}").into());
+    }
+    Ok(())
+}
+
+/// The full storm on 2 vCPUs (timers at the clamp, IPI flood, unclaimed ports, reserved
+/// registers) with `--seccomp on`: every lull thread runs under its filter, lull answers
+/// SIGTERM (sent once the log proves 256 misdeeds) with status 12 rather than hanging, and its
+/// log stays logarithmic in the number of guest misdeeds.
+fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
+    let kernel = kit_file("guests/storm.elf")?.display().to_string();
+    let metrics = temp_path("flood.json");
+    let mut child = start_storm(&kernel, &metrics)?;
+    let pid = child.id();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (rx, console) = collect_lines(stdout);
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let (log_rx, log) = collect_lines(stderr);
     let started = Instant::now();
     // The window ends with the log line of the guest's MISDEEDS_BEFORE_SIGTERM-th unknown port
     // access, however long a loaded host takes to get there.
@@ -267,15 +290,7 @@ fn flood_stays_responsive_under_seccomp() -> Result<(), Failed> {
     if status.code() != Some(12) {
         return Err(format!("expected status 12 after SIGTERM, got {status:?}{context}").into());
     }
-    for (name, mode) in &threads {
-        let ours = name == "lull" || name.starts_with("vcpu") || name == "timers";
-        if ours && mode != "2" {
-            return Err(format!("thread {name} runs without a seccomp filter{context}").into());
-        }
-    }
-    if !threads.iter().any(|(n, _)| n.starts_with("vcpu")) {
-        return Err(format!("no vCPU thread seen{context}").into());
-    }
+    every_thread_filtered(&threads, &context)?;
     let m = report_from(&json).map_err(|e| format!("metrics JSON: {e}{context}"))?;
     let misdeeds = m.unknown_port_accesses + m.lapic_invalid_accesses;
     let log_lines = log.lines().count();

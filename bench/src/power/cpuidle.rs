@@ -16,7 +16,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ReadFile, Reading};
+use super::read_file::ReadFile;
+use super::reading::Reading;
 
 /// The counters of one idle state of one CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,8 +301,8 @@ fn cpu_window(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::TempTree;
-    use super::super::RealFs;
+    use super::super::read_file::RealFs;
+    use super::super::test_tree::TempTree;
     use super::*;
 
     fn fixture() -> std::path::PathBuf {

@@ -15,7 +15,7 @@
 
 use std::path::Path;
 
-use super::ReadFile;
+use super::read_file::ReadFile;
 
 /// One row: a label, its counts (per CPU, or one), and its description.
 #[derive(Debug, Clone, PartialEq, Eq)]

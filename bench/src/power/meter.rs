@@ -355,7 +355,7 @@ impl Meter {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::TempTree;
+    use super::super::test_tree::TempTree;
     use super::*;
 
     const DCMI: &str = "

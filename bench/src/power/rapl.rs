@@ -22,7 +22,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ReadFile, Reading};
+use super::read_file::ReadFile;
+use super::reading::Reading;
 
 /// The counters of one zone at one instant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,8 +189,8 @@ fn zone_joules(before: &EnergySample, z: &ZoneCounter) -> Result<f64, EnergyErro
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{DenyFile, TempTree};
-    use super::super::RealFs;
+    use super::super::read_file::RealFs;
+    use super::super::test_tree::{DenyFile, TempTree};
     use super::*;
 
     /// A powercap tree of an Intel package with core, uncore and dram, and psys.

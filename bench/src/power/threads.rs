@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::ReadFile;
+use super::read_file::ReadFile;
 
 /// One thread's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,8 +132,8 @@ pub fn window(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::TempTree;
-    use super::super::RealFs;
+    use super::super::read_file::RealFs;
+    use super::super::test_tree::TempTree;
     use super::*;
 
     fn task(tree: &TempTree, pid: u32, tid: u32, voluntary: u64, involuntary: u64) {

@@ -8,7 +8,7 @@ use devices::lapic::{regs, ApicMode, Lapic};
 use vmm::metrics::LapicNoise;
 
 use super::model::Priority;
-use super::Vcpu;
+use super::vcpu::Vcpu;
 
 /// A copy of one vCPU's LAPIC.
 type LapicCopy = Lapic<Arc<LapicNoise>>;

@@ -1,5 +1,6 @@
-//! The `lapic_idle` target's side of the idle manager: the features it turns on, and how it
-//! keeps the chip from blocking in a hold on a clock only the target moves.
+//! The `lapic_idle` target's side of the idle manager: the features it turns on. How it keeps
+//! the chip from blocking in a hold on a clock only the target moves: `Machine::skip_holds`
+//! (machine.rs).
 
 use arbitrary::Unstructured;
 use vmm::idle::advance::TimerAdvanceMode;
@@ -9,8 +10,6 @@ use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};
 
 use crate::chip::IdleSpec;
-
-use super::Machine;
 
 /// The idle manager's features, all on, with parameters from the input: halt polling (the
 /// target never halts: it must stay out of the way), timer advance, idle injection, the CPU
@@ -49,25 +48,4 @@ pub fn spec(u: &mut Unstructured<'_>) -> arbitrary::Result<IdleSpec> {
         cpu_quota: Some(cpu_quota),
         global_timers: Some(global_timers),
     })
-}
-
-impl Machine {
-    /// Moves the clock past an idle-injection window or a throttled quota period that
-    /// `before_entry` would hold the vCPU in now: the chip would block in it, on a clock that
-    /// does not move while the target waits. The vCPU's thread would wake at the hold's end;
-    /// time passes for everyone as if the target's `Advance` went there.
-    pub(super) fn skip_holds(&mut self) {
-        loop {
-            let now = self.now();
-            let window = self.inject.as_ref().and_then(|inj| inj.window_end(now));
-            let throttled = || self.quota.as_ref()?.throttled_until(now, |t| t);
-            let Some(end) = window.or_else(throttled) else {
-                return;
-            };
-            // A hold ends at most a period (20 ms) away: past `MAX_NOW` if need be, still far
-            // from the saturated deadlines that limit is for.
-            self.fake.clock.set(end);
-            self.timer_thread(false);
-        }
-    }
 }

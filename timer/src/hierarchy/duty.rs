@@ -48,7 +48,7 @@
 //! under it).
 
 use super::state::{self, GroupState};
-use super::{Group, Hierarchy};
+use super::tree::{Group, Hierarchy};
 use crate::base::CpuId;
 use crate::clock::{Nanos, NEVER};
 use crate::sync::{lock, Ordering};

@@ -37,7 +37,7 @@
 //!   group (shown by a unit test and a loom model in `state.rs`, and by the loom model in
 //!   `tests/loom.rs`, which find the losing interleaving when `seq` is turned off).
 //! * `linked`: the group has a parent. Set by compare-exchange when a group is put under a
-//!   parent, so a walker learns from its own update whether to go on up (see `topology.rs`).
+//!   parent, so a walker learns from its own update whether to go on up (see `grow.rs`).
 //!
 //! Each group also has an *event queue* with one slot per child: an idle child's first global
 //! expiry and the CPU that owns it. A child that becomes active only raises its `ignore` flag
@@ -65,7 +65,7 @@
 //!   with a later expiry.
 //! * [`Hierarchy::quick_check`]: the sleep length this CPU would get from `deactivate`.
 //! * [`Hierarchy::add_cpu`]: hot-add; may create groups and a new root above the old one
-//!   while other CPUs keep going idle and active (see `topology.rs`).
+//!   while other CPUs keep going idle and active (see `grow.rs`).
 //!
 //! # The wake-up duty (`duty.rs`)
 //!
@@ -88,7 +88,7 @@
 //!   moved to it ([`IdleUpdate::kick`]).
 //! * Remote re-propagation always walks up to the first active group.
 //! * A new root is connected with the `linked` bit in the old root's state word instead of
-//!   activating the old root under `tmigr_mutex` (see `topology.rs`).
+//!   activating the old root under `tmigr_mutex` (see `grow.rs`).
 //! * The state word is 64 bits: a 32-bit active mask, an 8-bit migrator index, a 23-bit
 //!   `seq` and the `linked` bit (Linux: 8 + 8 + 16 bits).
 //! * Reporting a global expiry only when it precedes the first pinned one (Linux's
@@ -102,6 +102,7 @@
 //! may call `handle_remote` for itself.
 
 mod duty;
+mod grow;
 mod ops;
 #[cfg(test)]
 #[cfg(not(loom))]
@@ -112,19 +113,16 @@ pub(crate) mod state;
 #[cfg(not(loom))]
 mod tests;
 mod topology;
-
-use std::sync::OnceLock;
+mod tree;
 
 use crate::base::CpuId;
-use crate::clock::{Nanos, NEVER};
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::clock::Nanos;
 
+pub use grow::{HierarchyConfig, HierarchyError};
 pub use snapshot::{CpuSnapshot, EventSnapshot, GroupSnapshot, MemberSnapshot, Snapshot};
 pub use state::{GroupState, MAX_GROUP_SIZE};
-pub use topology::{HierarchyConfig, HierarchyError, NodeId};
-
-/// "No group" / "no CPU" in index fields.
-const NONE: usize = usize::MAX;
+pub use topology::NodeId;
+pub use tree::Hierarchy;
 
 /// What a migrator needs from the timer bases to expire an idle CPU's global timers.
 pub trait RemoteExpiry {
@@ -154,164 +152,4 @@ pub struct RemoteOutcome {
     pub cpus_expired: usize,
     /// Due events popped (including stale ones that needed nothing).
     pub events: usize,
-}
-
-/// One child slot of a group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Child {
-    Cpu(CpuId),
-    Group(usize),
-}
-
-/// A queued child event.
-#[derive(Debug, Clone, Copy)]
-struct Event {
-    expiry: Nanos,
-    cpu: CpuId,
-}
-
-#[derive(Debug)]
-struct GroupQueue {
-    evts: Vec<Event>,
-    first_cpu: CpuId,
-}
-
-/// A node of the tree.
-#[derive(Debug)]
-struct Group {
-    id: usize,
-    level: usize,
-    node: NodeId,
-    state: AtomicU64,
-    next_expiry: AtomicU64,
-    parent: AtomicUsize,
-    slot_in_parent: AtomicUsize,
-    queue: Mutex<GroupQueue>,
-    ignore: Box<[AtomicBool]>,
-    members: Box<[OnceLock<Child>]>,
-}
-
-#[derive(Debug)]
-struct CpuState {
-    idle: bool,
-    remote: bool,
-    evt: Nanos,
-}
-
-#[derive(Debug)]
-struct CpuNode {
-    group: usize,
-    slot: u8,
-    node: NodeId,
-    state: Mutex<CpuState>,
-    /// The wake-up duty this CPU holds (`NEVER` unless it is the duty holder); written only
-    /// under [`Hierarchy::duty`], read lock-free by whoever (re-)arms its host wake-up.
-    wake: AtomicU64,
-}
-
-/// The tree of groups over all CPUs; shared by every vCPU thread (`Arc<Hierarchy>`).
-#[derive(Debug)]
-pub struct Hierarchy {
-    group_size: usize,
-    crossnode_level: usize,
-    groups: Box<[OnceLock<Group>]>,
-    cpus: Box<[OnceLock<CpuNode>]>,
-    topo: std::sync::Mutex<topology::Topology>,
-    /// The CPU holding the wake-up duty of an all-idle tree (see `duty.rs`).
-    duty: Mutex<Option<CpuId>>,
-    seq_step: u32,
-}
-
-impl Group {
-    fn new(id: usize, level: usize, node: NodeId, group_size: usize) -> Self {
-        Self {
-            id,
-            level,
-            node,
-            state: AtomicU64::new(state::GroupState::IDLE),
-            next_expiry: AtomicU64::new(NEVER),
-            parent: AtomicUsize::new(NONE),
-            slot_in_parent: AtomicUsize::new(NONE),
-            queue: Mutex::new(GroupQueue {
-                evts: vec![
-                    Event {
-                        expiry: NEVER,
-                        cpu: NONE
-                    };
-                    group_size
-                ],
-                first_cpu: NONE,
-            }),
-            ignore: (0..group_size).map(|_| AtomicBool::new(true)).collect(),
-            members: (0..group_size).map(|_| OnceLock::new()).collect(),
-        }
-    }
-
-    fn slot(&self) -> u8 {
-        // Slots are below MAX_GROUP_SIZE (32).
-        #[allow(clippy::cast_possible_truncation)]
-        let s = self.slot_in_parent.load(Ordering::SeqCst) as u8;
-        s
-    }
-
-    fn is_active(&self) -> bool {
-        state::load(&self.state).active != 0
-    }
-}
-
-impl Hierarchy {
-    fn group(&self, id: usize) -> &Group {
-        // Group ids are only handed out after the group is stored.
-        self.groups[id]
-            .get()
-            .unwrap_or_else(|| unreachable!("group {id} not initialised"))
-    }
-
-    fn cpu_node(&self, cpu: CpuId) -> &CpuNode {
-        match self.cpus.get(cpu).and_then(OnceLock::get) {
-            Some(c) => c,
-            None => panic!("CPU {cpu} is not in the hierarchy"),
-        }
-    }
-
-    /// `g`'s parent, if the state word `s` read from `g` says it is linked (the parent id is
-    /// stored before the linked bit is set).
-    fn parent_of(&self, g: &Group, s: state::GroupState) -> Option<&Group> {
-        if !s.linked {
-            return None;
-        }
-        match g.parent.load(Ordering::SeqCst) {
-            NONE => None,
-            p => Some(self.group(p)),
-        }
-    }
-
-    /// Turns off `seq` bumping, to let the model checker show what goes wrong without it.
-    #[cfg(loom)]
-    #[doc(hidden)]
-    pub fn without_seq(mut self) -> Self {
-        self.seq_step = 0;
-        self
-    }
-
-    /// The number of children per group.
-    pub fn group_size(&self) -> usize {
-        self.group_size
-    }
-
-    /// The first level whose groups may mix NUMA nodes.
-    pub fn crossnode_level(&self) -> usize {
-        self.crossnode_level
-    }
-
-    /// True if `cpu` is idle in the hierarchy.
-    pub fn is_idle(&self, cpu: CpuId) -> bool {
-        crate::sync::lock(&self.cpu_node(cpu).state).idle
-    }
-
-    /// The wake-up duty an idle `cpu` must honour (`NEVER` if none). Another CPU may move it
-    /// at any time (it then names `cpu` for a retarget); read it again after that.
-    pub fn wakeup(&self, cpu: CpuId) -> Nanos {
-        self.cpu_node(cpu).wake.load(Ordering::SeqCst)
-    }
 }

@@ -4,10 +4,8 @@
 use tracing::trace;
 
 use super::state::{self, Transition};
-use super::{
-    Child, CpuNode, Event, Group, GroupQueue, Hierarchy, IdleUpdate, RemoteExpiry, RemoteOutcome,
-    NONE,
-};
+use super::tree::{Child, CpuNode, Event, Group, GroupQueue, Hierarchy, NONE};
+use super::{IdleUpdate, RemoteExpiry, RemoteOutcome};
 use crate::base::CpuId;
 use crate::clock::{Nanos, NEVER};
 use crate::sync::{lock, Ordering};

@@ -4,6 +4,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::clock::NEVER;
 
 fn pair_of_groups() -> Hierarchy {
     let cfg = HierarchyConfig {

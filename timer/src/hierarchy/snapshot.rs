@@ -2,7 +2,7 @@
 //! operation is in flight. Used by the property tests, handy when debugging a VMM.
 
 use super::state::{self, GroupState};
-use super::{Child, Hierarchy, NONE};
+use super::tree::{Child, Hierarchy, NONE};
 use crate::base::CpuId;
 use crate::clock::{Nanos, NEVER};
 use crate::sync::{lock, Ordering};

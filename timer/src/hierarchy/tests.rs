@@ -7,6 +7,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
+use crate::clock::NEVER;
 
 fn one_node(n: usize) -> Hierarchy {
     Hierarchy::with_cpus(n).unwrap()

@@ -26,7 +26,7 @@
 //!                                            way out
 //!  pio, mmio, noise    vcpu::DeviceBuses     vCPU threads, only in     the report (noise)
 //!                                            the exit context
-//!  kvm_stats, nets,    vm::report::RunStats  the VM, once (disks       the report; the VMM
+//!  kvm_stats, nets,    vm::RunStats          the VM, once (disks       the report; the VMM
 //!  disk_shrink_errors                        count errors in their     thread polls the
 //!                                            own atomics)              nets' taps
 //! ```

@@ -13,8 +13,8 @@ use devices::test_exit::{
 };
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::error::VmError;
 use super::test_devices;
-use super::VmError;
 use crate::config::{SerialMode, VmConfig};
 use crate::host::console::ConsoleSink;
 use crate::irqchip::{EdgeIrq, IrqChip};

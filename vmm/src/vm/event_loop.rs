@@ -11,7 +11,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::devices::{Console, ConsoleParts};
-use super::VmError;
+use super::error::VmError;
 use crate::config::{SerialMode, VmConfig};
 use crate::host::console::{self, EscapeFilter};
 use crate::host::sys::stop_signals;

@@ -13,10 +13,11 @@
 use std::path::Path;
 
 use super::disks::{self, OpenDisks};
+use super::error::VmError;
 use super::guest::{self, GuestImage};
+pub use super::input_error::InputError;
 use super::nets::{self, OpenNets};
-use super::paths::{self, NamedPath, PathClash};
-use super::VmError;
+use super::paths::{self, NamedPath};
 use crate::config::{SerialMode, VmConfig};
 
 /// The checked inputs of a VM, open.
@@ -27,24 +28,6 @@ pub struct Inputs {
     pub disks: OpenDisks,
     /// The taps, attached.
     pub nets: OpenNets,
-}
-
-/// An input or output path that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum InputError {
-    /// An output is an input.
-    #[error(transparent)]
-    Clash(#[from] PathClash),
-    /// The kernel or initramfs is a directory, device or FIFO.
-    #[error("{role} {path} is not a regular file: give the {what} image's file")]
-    NotAFile {
-        /// The flag.
-        role: &'static str,
-        /// What the flag names.
-        what: &'static str,
-        /// The path.
-        path: std::path::PathBuf,
-    },
 }
 
 /// Paths lull uses besides the configuration's own: its `--config` file and API socket.

@@ -14,102 +14,38 @@
 
 pub mod devices;
 pub mod disks;
+mod error;
 pub mod event_loop;
 pub mod guest;
+mod input_error;
 pub mod inputs;
 pub mod kvm;
+mod live;
 pub mod nets;
 pub mod paths;
 pub mod report;
+mod run_stats;
 pub mod test_devices;
 pub mod vcpus;
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use ::devices::mmio::MmioBusError;
-use ::devices::pio::PioBusError;
-use ::devices::serial::SerialCounters;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::{IrqchipMode, VmConfig};
-use crate::irqchip::{IrqChip, IrqChipError};
+use crate::host::console::SinkFailureHook;
+use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
-use crate::setup::boot::{self, BootError, BootSpec};
+use crate::setup::boot::{self, BootSpec};
 use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
-use crate::vcpu::{self, DeviceBuses, VcpuError};
-use guest::{GuestError, GuestImage};
-use kvm::KvmError;
-use report::RunStats;
-
-/// Why a VM could not be built or run.
-#[derive(Debug, thiserror::Error)]
-pub enum VmError {
-    /// The guest (kit, kernel, initramfs) cannot be used.
-    #[error(transparent)]
-    Guest(#[from] GuestError),
-    /// The guest could not be loaded into memory.
-    #[error(transparent)]
-    Boot(#[from] BootError),
-    /// An input or output path cannot be used (an output is an input, a kernel is a
-    /// directory).
-    #[error(transparent)]
-    Input(#[from] inputs::InputError),
-    /// KVM refused.
-    #[error(transparent)]
-    Kvm(#[from] KvmError),
-    /// A vCPU could not be set up or started.
-    #[error(transparent)]
-    Vcpu(#[from] VcpuError),
-    /// The interrupt controller could not be built.
-    #[error(transparent)]
-    IrqChip(#[from] IrqChipError),
-    /// An output file cannot be written.
-    #[error("Cannot open serial output file {path}: {source}")]
-    SerialFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The metrics file cannot be written.
-    #[error("Cannot write the metrics file {path}: {source}")]
-    MetricsFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A device could not be placed on the port bus (a lull bug).
-    #[error("Device layout: {0}")]
-    Bus(#[from] PioBusError),
-    /// A device could not be placed on the MMIO bus (a lull bug).
-    #[error("Device layout: {0}")]
-    MmioBus(#[from] MmioBusError),
-    /// A `--disk` image cannot be used.
-    #[error(transparent)]
-    Disk(#[from] disks::DiskOpenError),
-    /// A `--net` tap cannot be used.
-    #[error(transparent)]
-    Net(#[from] crate::host::sys::tap::TapError),
-    /// A host resource (eventfd, signal handler, event loop) could not be created.
-    #[error("Cannot create {what}: {source}")]
-    Host {
-        /// What.
-        what: &'static str,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The event loop failed to start.
-    #[error("Cannot start the event loop: {0:?}")]
-    EventLoop(event_manager::Error),
-    /// A seccomp filter could not be built or installed.
-    #[error(transparent)]
-    Seccomp(#[from] crate::host::seccomp::SeccompError),
-}
+use crate::vcpu::{self, DeviceBuses};
+pub use error::VmError;
+use guest::GuestImage;
+pub use live::LiveVm;
+pub use run_stats::RunStats;
 
 /// How a run ended.
 #[derive(Debug)]
@@ -118,24 +54,6 @@ pub struct RunOutcome {
     pub reason: StopReason,
     /// The report written to `--metrics`.
     pub report: RunReport,
-}
-
-/// A running VM as another thread sees it: what it needs to read the VM's counters
-/// ([`report::live`]) and to ask it to stop.
-#[derive(Clone)]
-pub struct LiveVm {
-    shared: Arc<VcpuShared>,
-    buses: Arc<DeviceBuses>,
-    stats: Arc<RunStats>,
-    chip: Arc<dyn IrqChip>,
-    serial: Arc<SerialCounters>,
-}
-
-impl LiveVm {
-    /// Asks the VM to stop (the first request wins); [`run`] then returns as for any stop.
-    pub fn request_stop(&self, reason: StopReason) {
-        self.shared.stop.request(reason);
-    }
 }
 
 /// KVM, the VM and its memory, with the guest loaded.
@@ -220,27 +138,8 @@ pub fn run_observed(
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
-    let device_timers = Arc::new(
-        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len() + cfg.nets.len()).map_err(
-            |source| VmError::Host {
-                what: "a device's refill timerfd",
-                source,
-            },
-        )?,
-    );
-    let lines = chip.irq_lines();
-    let mut disks = disks::attach(open_disks, &loaded.mem, &lines, &device_timers)?;
-    let nets = nets::attach(
-        open_nets,
-        cfg.disks.len(),
-        &mut disks.bus,
-        &loaded.mem,
-        &lines,
-        &device_timers,
-    )?;
-    let mut timed = std::mem::take(&mut disks.devices);
-    timed.extend(nets.devices);
-    device_timers.set_devices(timed);
+    let (device_timers, mut disks, nets) =
+        attach_timed_devices(cfg, open_disks, open_nets, &loaded.mem, chip.as_ref())?;
     let kvm_stats = vcpus
         .ports
         .iter()
@@ -259,12 +158,7 @@ pub fn run_observed(
         disk_shrink_errors: std::mem::take(&mut disks.shrink_errors),
     });
     if let Some(hook) = sink_failure {
-        let vm = Arc::downgrade(&shared);
-        let _ = hook.set(Box::new(move |why| {
-            if let Some(vm) = vm.upgrade() {
-                vm.stop.request(StopReason::OutputFailed(why));
-            }
-        }));
+        stop_on_output_failure(&hook, &shared);
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::host::seccomp::prepare(cfg.seccomp)?;
@@ -286,9 +180,64 @@ pub fn run_observed(
         stop_started(&shared, chip.as_ref(), e);
         disks::sync(&disks.files);
     })?;
-    let host = report::host_facts(&live);
-    chip.kick_all();
-    disks::sync(&disks.files);
+    let report = finish(&reason, &live, &disks.files, &console);
+    Ok(RunOutcome { reason, report })
+}
+
+/// The device timers and the devices they refill (disks, then nets, on one MMIO bus), wired
+/// to `chip`'s interrupt lines.
+fn attach_timed_devices(
+    cfg: &VmConfig,
+    open_disks: disks::OpenDisks,
+    open_nets: nets::OpenNets,
+    mem: &Arc<GuestMemoryMmap>,
+    chip: &dyn IrqChip,
+) -> Result<(Arc<DeviceTimers>, disks::Disks, nets::Nets), VmError> {
+    let device_timers = Arc::new(
+        DeviceTimers::new(cfg.device_timer_mode(), cfg.disks.len() + cfg.nets.len()).map_err(
+            |source| VmError::Host {
+                what: "a device's refill timerfd",
+                source,
+            },
+        )?,
+    );
+    let lines = chip.irq_lines();
+    let mut disks = disks::attach(open_disks, mem, &lines, &device_timers)?;
+    let mut nets = nets::attach(
+        open_nets,
+        cfg.disks.len(),
+        &mut disks.bus,
+        mem,
+        &lines,
+        &device_timers,
+    )?;
+    let mut timed = std::mem::take(&mut disks.devices);
+    timed.extend(std::mem::take(&mut nets.devices));
+    device_timers.set_devices(timed);
+    Ok((device_timers, disks, nets))
+}
+
+/// Stops the VM when the console's output fails (`--serial file=` on a full disk).
+fn stop_on_output_failure(hook: &OnceLock<SinkFailureHook>, shared: &Arc<VcpuShared>) {
+    let vm = Arc::downgrade(shared);
+    let _ = hook.set(Box::new(move |why| {
+        if let Some(vm) = vm.upgrade() {
+            vm.stop.request(StopReason::OutputFailed(why));
+        }
+    }));
+}
+
+/// After the event loop ended for `reason`: the host's view read while every thread still
+/// exists, the vCPUs kicked out, the disk images synced, the console flushed; the report.
+fn finish(
+    reason: &StopReason,
+    live: &LiveVm,
+    disk_files: &[Arc<std::fs::File>],
+    console: &devices::ConsoleParts,
+) -> RunReport {
+    let host = report::host_facts(live);
+    live.chip.kick_all();
+    disks::sync(disk_files);
     let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
     if shrunk > 0 {
         tracing::warn!(
@@ -297,8 +246,7 @@ pub fn run_observed(
         );
     }
     let _ = lock(&console.console).flush();
-    let report = report::build(&reason, &live, host);
-    Ok(RunOutcome { reason, report })
+    report::build(reason, live, host)
 }
 
 /// Ends the threads a failed start left running (they matter when lull lives on: the API).

@@ -7,8 +7,8 @@ use kvm_bindings::{kvm_msr_entry, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
+use super::error::VmError;
 use super::kvm::{ioctl_err, KvmError};
-use super::VmError;
 use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
 use crate::host::sys;
 use crate::idle::halt_poll::HaltPollMode;

@@ -31,3 +31,5 @@ pub mod timerfd;
 
 #[cfg(test)]
 mod seccomp_tests;
+#[cfg(test)]
+mod wait_timerfd_tests;

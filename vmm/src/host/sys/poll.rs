@@ -59,27 +59,3 @@ pub fn wait(
         interrupted: false,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-    use super::*;
-    use crate::host::sys::timerfd::TimerFd;
-
-    #[test]
-    fn a_kick_a_timer_or_the_timeout_ends_the_wait() {
-        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-        let timer = TimerFd::new().unwrap();
-        let short = Some(Duration::from_millis(1));
-        assert_eq!(wait(&kick, Some(&timer), short).unwrap(), Woken::default());
-        kick.write(1).unwrap();
-        let w = wait(&kick, Some(&timer), None).unwrap();
-        assert!(w.kick && !w.wake);
-        kick.read().unwrap();
-        timer.arm_at(1).unwrap();
-        let w = wait(&kick, Some(&timer), None).unwrap();
-        assert!(w.wake && !w.kick);
-        assert!(!wait(&kick, None, short).unwrap().wake);
-    }
-}

@@ -91,30 +91,4 @@ mod tests {
             std::hint::spin_loop();
         }
     }
-
-    /// What a blocked vCPU relies on when it leaves an expiry unread (`irqchip/user/wait.rs`):
-    /// programming the timer again, armed or disarmed, drops it, so a wait after that is not
-    /// woken by it.
-    #[test]
-    fn reprogramming_drops_an_unread_expiry() {
-        let kick = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let t = TimerFd::nonblocking().unwrap();
-        let readable = |t: &TimerFd| {
-            let w = crate::host::sys::poll::wait(&kick, Some(t), Some(std::time::Duration::ZERO));
-            w.unwrap().wake
-        };
-        let fired = |t: &TimerFd| {
-            crate::host::sys::poll::wait(&kick, Some(t), None)
-                .unwrap()
-                .wake
-        };
-        t.arm_at(1).unwrap();
-        assert!(fired(&t), "an expired deadline fires");
-        t.arm_at(u64::MAX / 2).unwrap();
-        assert!(!readable(&t), "re-arming left the expiry readable");
-        t.arm_at(1).unwrap();
-        assert!(fired(&t));
-        t.disarm().unwrap();
-        assert!(!readable(&t), "disarming left the expiry readable");
-    }
 }

@@ -59,9 +59,23 @@ pub fn build(cpus: u32) -> Result<Vec<u8>, MpTableError> {
     let cpu_count = u8::try_from(cpus).map_err(|_| too_large.clone())?;
     let ioapic_id = cpu_count;
     let table_addr = u32::try_from(EBDA_START + 16).map_err(|_| too_large.clone())?;
+    let ioapic_addr = u32::try_from(IOAPIC_ADDR).map_err(|_| too_large.clone())?;
 
-    // Entries.
     let mut entries = Out(Vec::new());
+    let mut count = processor_entries(&mut entries, cpu_count);
+    count += bus_and_ioapic_entries(&mut entries, ioapic_id, ioapic_addr);
+    count += interrupt_entries(&mut entries, ioapic_id);
+    let table = config_table(&entries, count, &too_large)?;
+    let out = floating_pointer(table_addr, &table);
+
+    if EBDA_START + out.0.len() as u64 > HIMEM_START {
+        return Err(too_large);
+    }
+    Ok(out.0)
+}
+
+/// One processor entry per CPU (CPU 0 the bootstrap processor); returns how many.
+fn processor_entries(entries: &mut Out, cpu_count: u8) -> u16 {
     let mut count: u16 = 0;
     for id in 0..cpu_count {
         entries.u8(0); // processor
@@ -73,16 +87,26 @@ pub fn build(cpus: u32) -> Result<Vec<u8>, MpTableError> {
         entries.bytes(&[0; 8]);
         count += 1;
     }
+    count
+}
+
+/// The ISA bus and the IOAPIC (ID `ioapic_id`, at `ioapic_addr`) entries; returns how many.
+fn bus_and_ioapic_entries(entries: &mut Out, ioapic_id: u8, ioapic_addr: u32) -> u16 {
     entries.u8(1); // bus
     entries.u8(ISA_BUS_ID);
     entries.bytes(b"ISA   ");
-    count += 1;
     entries.u8(2); // IOAPIC
     entries.u8(ioapic_id);
     entries.u8(IOAPIC_VERSION);
     entries.u8(1); // enabled
-    entries.u32(u32::try_from(IOAPIC_ADDR).map_err(|_| too_large.clone())?);
-    count += 1;
+    entries.u32(ioapic_addr);
+    2
+}
+
+/// The I/O interrupt entries of the 16 ISA IRQs and the local interrupt entries (LINT0
+/// ExtINT, LINT1 NMI); returns how many.
+fn interrupt_entries(entries: &mut Out, ioapic_id: u8) -> u16 {
+    let mut count: u16 = 0;
     for irq in 0u8..16 {
         // ISA IRQ 0 (the PIT) is wired to IOAPIC pin 2, as on PC chipsets; the rest 1:1.
         let (kind, pin) = match irq {
@@ -109,8 +133,11 @@ pub fn build(cpus: u32) -> Result<Vec<u8>, MpTableError> {
         entries.u8(lint);
         count += 1;
     }
+    count
+}
 
-    // Configuration table header.
+/// The configuration table: its header, checksummed, then the `count` `entries`.
+fn config_table(entries: &Out, count: u16, too_large: &MpTableError) -> Result<Out, MpTableError> {
     let base_len = u16::try_from(44 + entries.0.len()).map_err(|_| too_large.clone())?;
     let mut table = Out(Vec::new());
     table.bytes(b"PCMP");
@@ -128,8 +155,12 @@ pub fn build(cpus: u32) -> Result<Vec<u8>, MpTableError> {
     table.u8(0);
     table.bytes(&entries.0);
     table.0[7] = checksum(&table.0);
+    Ok(table)
+}
 
-    // Floating pointer structure.
+/// The floating pointer structure, checksummed, pointing at `table_addr`, followed by the
+/// configuration table `table` that it points at.
+fn floating_pointer(table_addr: u32, table: &Out) -> Out {
     let mut out = Out(Vec::new());
     out.bytes(b"_MP_");
     out.u32(table_addr);
@@ -139,11 +170,7 @@ pub fn build(cpus: u32) -> Result<Vec<u8>, MpTableError> {
     out.bytes(&[0; 5]); // feature bytes: 0 = a configuration table is present
     out.0[10] = checksum(&out.0);
     out.bytes(&table.0);
-
-    if EBDA_START + out.0.len() as u64 > HIMEM_START {
-        return Err(too_large);
-    }
-    Ok(out.0)
+    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,28 @@
+//! A running VM as another thread (the report, the management API) sees it.
+
+use std::sync::Arc;
+
+use ::devices::serial::SerialCounters;
+
+use super::run_stats::RunStats;
+use crate::irqchip::IrqChip;
+use crate::state::{StopReason, VcpuShared};
+use crate::vcpu::DeviceBuses;
+
+/// A running VM as another thread sees it: what it needs to read the VM's counters
+/// ([`super::report::live`]) and to ask it to stop.
+#[derive(Clone)]
+pub struct LiveVm {
+    pub(super) shared: Arc<VcpuShared>,
+    pub(super) buses: Arc<DeviceBuses>,
+    pub(super) stats: Arc<RunStats>,
+    pub(super) chip: Arc<dyn IrqChip>,
+    pub(super) serial: Arc<SerialCounters>,
+}
+
+impl LiveVm {
+    /// Asks the VM to stop (the first request wins); [`super::run`] then returns as for any stop.
+    pub fn request_stop(&self, reason: StopReason) {
+        self.shared.stop.request(reason);
+    }
+}

@@ -153,6 +153,11 @@ pub struct DensityArgs {
     /// `ipmitool dcmi power reading`); its samples are integrated over each window.
     #[arg(long, value_name = "CMD")]
     pub power_meter: Option<String>,
+    /// The power baseline measured before the first mode: a window with no VM running, as
+    /// long as --duration unless a duration is given here. `off` skips it; every figure
+    /// "above the baseline" is then null, with that reason.
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_baseline)]
+    pub power_baseline: Option<BaselineLength>,
     /// Instead of --vms: find per mode the most VMs, up to CAP, whose window meets every
     /// bound of --slo (doubling from 1 VM, then bisection; each step is a run of --duration),
     /// stopping before the host's memory runs out.
@@ -166,10 +171,41 @@ pub struct DensityArgs {
     pub slo: Slo,
 }
 
+/// How long the power baseline lasts (`--power-baseline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaselineLength {
+    /// No baseline.
+    Off,
+    /// A window of this length.
+    For(Duration),
+}
+
+/// Reads `--power-baseline`: `off` or a duration.
+fn parse_baseline(s: &str) -> Result<BaselineLength, String> {
+    if s == "off" {
+        Ok(BaselineLength::Off)
+    } else {
+        parse_duration(s)
+            .map(BaselineLength::For)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// The `--guest` that selects the kit's Linux.
 pub const LINUX_GUEST: &str = "linux";
 
 impl DensityArgs {
+    /// The power baseline (`--power-baseline`, else as long as `--duration`).
+    pub fn power_baseline(&self) -> Reading<PowerWindow> {
+        match self
+            .power_baseline
+            .unwrap_or(BaselineLength::For(self.duration))
+        {
+            BaselineLength::Off => Reading::missing("--power-baseline off"),
+            BaselineLength::For(d) => density_power::baseline(d, self.power_meter.as_deref()),
+        }
+    }
+
     /// Whether the guest is the kit's Linux.
     pub fn is_linux(&self) -> bool {
         self.guest == LINUX_GUEST
@@ -464,7 +500,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         args.duration
     );
     println!("{}", report::density_header());
-    let baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    let baseline = args.power_baseline();
     report.power_baseline = Some(baseline.clone());
     let mut all_ok = true;
     for &n in &args.vms {
@@ -605,4 +641,20 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod baseline_tests {
+    use super::*;
+
+    #[test]
+    fn power_baseline_is_off_or_a_duration() {
+        assert_eq!(parse_baseline("off"), Ok(BaselineLength::Off));
+        assert_eq!(
+            parse_baseline("2s"),
+            Ok(BaselineLength::For(Duration::from_secs(2)))
+        );
+        assert!(parse_baseline("2").is_err(), "a bare number has no unit");
+        assert!(parse_baseline("none").is_err());
+    }
 }

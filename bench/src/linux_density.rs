@@ -398,7 +398,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
         args.duration
     );
     println!("{}", report::linux_header());
-    let baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    let baseline = args.power_baseline();
     report.power_baseline = Some(baseline.clone());
     let mut all_ok = true;
     for &n in &args.vms {

@@ -15,7 +15,6 @@
 use std::path::PathBuf;
 
 use super::density::{DensityArgs, Mode, Plan};
-use super::density_power;
 use super::error::BenchError;
 use super::host;
 use super::max_vms_plot;
@@ -186,7 +185,7 @@ pub fn run(args: &DensityArgs, cap: u32) -> Result<bool, BenchError> {
         args.duration,
         slo_text(&slo)
     );
-    report.power_baseline = density_power::baseline(args.duration, args.power_meter.as_deref());
+    report.power_baseline = args.power_baseline();
     println!("{}  verdict", report::density_header());
     let limits = Limits {
         cap,

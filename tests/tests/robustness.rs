@@ -426,6 +426,9 @@ fn a_stopped_bench_leaves_no_vm(signal: &'static str, want: Option<i32>) -> Resu
             "1",
             "--duration",
             "10m",
+            // The VMs start at once: no power baseline window before them.
+            "--power-baseline",
+            "off",
         ])
         .args([
             "--modes",

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::knobs::HaltPollMode;
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::GlobalTimersConfig;
-use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::IdleInjectConfig;
 use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
@@ -20,6 +20,7 @@ mod args;
 mod disk;
 mod file;
 pub mod knob;
+pub mod knobs;
 mod net;
 mod serial;
 mod validate;

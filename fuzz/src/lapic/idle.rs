@@ -3,9 +3,9 @@
 //! (machine.rs).
 
 use arbitrary::Unstructured;
+use vmm::config::knobs::HaltPollMode;
 use vmm::idle::advance::TimerAdvanceMode;
 use vmm::idle::global_load::GlobalTimersConfig;
-use vmm::idle::halt_poll::HaltPollMode;
 use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};
 

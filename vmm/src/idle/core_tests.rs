@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use timer::{build, CpuTimers, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::idle::halt_poll::HaltPollMode;
+use crate::config::knobs::HaltPollMode;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
 use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
 

@@ -3,10 +3,10 @@
 
 use super::advance::TimerAdvanceMode;
 use super::global_load::GlobalLoad;
-use super::halt_poll::HaltPollMode;
 use super::inject::IdleInjector;
 use super::placement::WakePlacementMode;
 use super::quota::CpuQuota;
+use crate::config::knobs::HaltPollMode;
 
 /// The idle manager's VM-wide state, shared by every vCPU thread.
 #[derive(Debug)]

@@ -46,10 +46,10 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
+use crate::config::knobs::HaltPollMode;
 use crate::idle::advance::TimerAdvanceMode;
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt::VmTime;
-use crate::idle::halt_poll::HaltPollMode;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
 use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::{CpuQuota, CpuQuotaConfig};

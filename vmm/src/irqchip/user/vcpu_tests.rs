@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
 
 use super::*;
-use crate::idle::halt_poll::HaltPollMode;
+use crate::config::knobs::HaltPollMode;
 use crate::irqchip::user::cr8::TPR_POLL_NS;
 
 use crate::irqchip::fake_port::FakePort;

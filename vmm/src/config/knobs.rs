@@ -1,0 +1,8 @@
+//! The idle manager's knobs as configuration values (`--halt-poll`, `--timer-advance`,
+//! `--wake-placement`, `--idle-inject`, `--cpu-quota`, `--global-timers`): each type with its
+//! textual form (FromStr, Display, and serde as that string) and its defaults. What the idle
+//! manager does with them is in `idle/`; the grammar they share is in `config::knob`.
+
+mod halt_poll;
+
+pub use halt_poll::HaltPollMode;

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::knobs::HaltPollMode;
-use crate::idle::advance::TimerAdvanceMode;
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode};
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::inject::IdleInjectConfig;
 use crate::idle::placement::WakePlacementMode;

@@ -3,8 +3,7 @@
 //! (machine.rs).
 
 use arbitrary::Unstructured;
-use vmm::config::knobs::HaltPollMode;
-use vmm::idle::advance::TimerAdvanceMode;
+use vmm::config::knobs::{HaltPollMode, TimerAdvanceMode};
 use vmm::idle::global_load::GlobalTimersConfig;
 use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};

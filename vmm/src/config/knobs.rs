@@ -3,6 +3,8 @@
 //! textual form (FromStr, Display, and serde as that string) and its defaults. What the idle
 //! manager does with them is in `idle/`; the grammar they share is in `config::knob`.
 
+mod advance;
 mod halt_poll;
 
+pub use advance::{TimerAdvanceMode, DEFAULT_MAX_ADVANCE_NS};
 pub use halt_poll::HaltPollMode;

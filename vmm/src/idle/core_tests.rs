@@ -14,7 +14,7 @@ use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
 fn shared(halt_poll: HaltPollMode) -> IdleShared {
     IdleShared {
         halt_poll,
-        timer_advance: crate::idle::advance::TimerAdvanceMode::Off,
+        timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
         inject: None,
         quota: None,
         global: None,

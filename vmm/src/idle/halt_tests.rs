@@ -8,8 +8,7 @@ use std::sync::Arc;
 use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::config::knobs::HaltPollMode;
-use crate::idle::advance::TimerAdvanceMode;
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode};
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};
 use crate::idle::placement::WakePlacementMode;
 

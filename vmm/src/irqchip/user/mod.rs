@@ -46,8 +46,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
-use crate::config::knobs::HaltPollMode;
-use crate::idle::advance::TimerAdvanceMode;
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode};
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt::VmTime;
 use crate::idle::inject::{IdleInjectConfig, IdleInjector};

@@ -54,7 +54,7 @@ impl Rig {
         let model = build::<VcpuTimer>(kind, &[0], &mut host, waker).unwrap();
         let idle = Arc::new(IdleShared {
             halt_poll: HaltPollMode::Off,
-            timer_advance: crate::idle::advance::TimerAdvanceMode::Off,
+            timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
             inject: None,
             quota: None,
             global: None,

@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::knobs::{HaltPollMode, TimerAdvanceMode};
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
 use crate::idle::global_load::GlobalTimersConfig;
 use crate::idle::inject::IdleInjectConfig;
-use crate::idle::placement::WakePlacementMode;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 

@@ -5,6 +5,8 @@
 
 mod advance;
 mod halt_poll;
+mod placement;
 
 pub use advance::{TimerAdvanceMode, DEFAULT_MAX_ADVANCE_NS};
 pub use halt_poll::HaltPollMode;
+pub use placement::{WakePlacementMode, DEFAULT_MAX_SLEEP_NS};

@@ -18,7 +18,7 @@ fn shared(halt_poll: HaltPollMode) -> IdleShared {
         inject: None,
         quota: None,
         global: None,
-        wake_placement: crate::idle::placement::WakePlacementMode::Off,
+        wake_placement: crate::config::knobs::WakePlacementMode::Off,
     }
 }
 

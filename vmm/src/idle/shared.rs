@@ -3,9 +3,8 @@
 
 use super::global_load::GlobalLoad;
 use super::inject::IdleInjector;
-use super::placement::WakePlacementMode;
 use super::quota::CpuQuota;
-use crate::config::knobs::{HaltPollMode, TimerAdvanceMode};
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
 
 /// The idle manager's VM-wide state, shared by every vCPU thread.
 #[derive(Debug)]

@@ -58,7 +58,7 @@ impl Rig {
             inject: None,
             quota: None,
             global: None,
-            wake_placement: crate::idle::placement::WakePlacementMode::Off,
+            wake_placement: crate::config::knobs::WakePlacementMode::Off,
         });
         let shared = Arc::new(VcpuShared::new(1, std::time::Instant::now()).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {

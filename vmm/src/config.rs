@@ -8,9 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
+use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
 use crate::idle::global_load::GlobalTimersConfig;
-use crate::idle::inject::IdleInjectConfig;
 use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 

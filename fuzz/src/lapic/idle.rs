@@ -3,9 +3,8 @@
 //! (machine.rs).
 
 use arbitrary::Unstructured;
-use vmm::config::knobs::{HaltPollMode, TimerAdvanceMode};
+use vmm::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode};
 use vmm::idle::global_load::GlobalTimersConfig;
-use vmm::idle::inject::IdleInjectConfig;
 use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};
 
 use crate::chip::IdleSpec;

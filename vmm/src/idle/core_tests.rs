@@ -7,8 +7,8 @@ use proptest::prelude::*;
 use timer::{build, CpuTimers, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::config::knobs::HaltPollMode;
-use crate::idle::inject::{IdleInjectConfig, IdleInjector};
+use crate::config::knobs::{HaltPollMode, IdleInjectConfig};
+use crate::idle::inject::IdleInjector;
 use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
 
 fn shared(halt_poll: HaltPollMode) -> IdleShared {

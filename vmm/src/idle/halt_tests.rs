@@ -8,8 +8,8 @@ use std::sync::Arc;
 use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
-use crate::idle::inject::{IdleInjectConfig, IdleInjector};
+use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::idle::inject::IdleInjector;
 
 /// How long one look at the mailbox takes while the fake vCPU polls.
 const POLL_STEP_NS: Nanos = 1_000;

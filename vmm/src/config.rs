@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::config::knobs::{
+    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode,
+};
 use crate::idle::global_load::GlobalTimersConfig;
-use crate::idle::quota::CpuQuotaConfig;
 use crate::size::ByteSize;
 
 mod args;

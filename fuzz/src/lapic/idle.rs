@@ -3,9 +3,10 @@
 //! (machine.rs).
 
 use arbitrary::Unstructured;
-use vmm::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode};
+use vmm::config::knobs::{
+    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, QuotaPhase, TimerAdvanceMode,
+};
 use vmm::idle::global_load::GlobalTimersConfig;
-use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};
 
 use crate::chip::IdleSpec;
 

@@ -7,8 +7,10 @@ mod advance;
 mod halt_poll;
 mod inject;
 mod placement;
+mod quota;
 
 pub use advance::{TimerAdvanceMode, DEFAULT_MAX_ADVANCE_NS};
 pub use halt_poll::HaltPollMode;
 pub use inject::IdleInjectConfig;
 pub use placement::{WakePlacementMode, DEFAULT_MAX_SLEEP_NS};
+pub use quota::{CpuQuotaConfig, QuotaPhase};

@@ -7,9 +7,9 @@ use proptest::prelude::*;
 use timer::{build, CpuTimers, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::config::knobs::{HaltPollMode, IdleInjectConfig};
+use crate::config::knobs::{CpuQuotaConfig, HaltPollMode, IdleInjectConfig};
 use crate::idle::inject::IdleInjector;
-use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
+use crate::idle::quota::CpuQuota;
 
 fn shared(halt_poll: HaltPollMode) -> IdleShared {
     IdleShared {

@@ -46,11 +46,13 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
-use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::config::knobs::{
+    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode,
+};
 use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
 use crate::idle::halt::VmTime;
 use crate::idle::inject::IdleInjector;
-use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
+use crate::idle::quota::CpuQuota;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};

@@ -18,8 +18,9 @@ use devices::mmio::MmioBus;
 use devices::pio::PioBus;
 use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm::config::knobs::{CpuQuotaConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode};
-use vmm::idle::global_load::GlobalTimersConfig;
+use vmm::config::knobs::{
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+};
 use vmm::idle::halt::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VcpuShared;

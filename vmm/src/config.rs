@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::knobs::{
-    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode,
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+    WakePlacementMode,
 };
-use crate::idle::global_load::GlobalTimersConfig;
 use crate::size::ByteSize;
 
 mod args;

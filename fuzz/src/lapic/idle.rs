@@ -4,9 +4,9 @@
 
 use arbitrary::Unstructured;
 use vmm::config::knobs::{
-    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, QuotaPhase, TimerAdvanceMode,
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, QuotaPhase,
+    TimerAdvanceMode,
 };
-use vmm::idle::global_load::GlobalTimersConfig;
 
 use crate::chip::IdleSpec;
 

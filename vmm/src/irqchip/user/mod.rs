@@ -47,9 +47,10 @@ use vm_memory::GuestMemoryMmap;
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
 use crate::config::knobs::{
-    CpuQuotaConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode,
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+    WakePlacementMode,
 };
-use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
+use crate::idle::global_load::GlobalLoad;
 use crate::idle::halt::VmTime;
 use crate::idle::inject::IdleInjector;
 use crate::idle::quota::CpuQuota;

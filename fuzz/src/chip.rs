@@ -18,12 +18,10 @@ use devices::mmio::MmioBus;
 use devices::pio::PioBus;
 use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm::idle::advance::TimerAdvanceMode;
-use vmm::idle::global_load::GlobalTimersConfig;
+use vmm::config::knobs::{
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+};
 use vmm::idle::halt::VmTime;
-use vmm::idle::halt_poll::HaltPollMode;
-use vmm::idle::inject::IdleInjectConfig;
-use vmm::idle::quota::CpuQuotaConfig;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VcpuShared;
 use vmm::vcpu::DeviceBuses;
@@ -204,7 +202,7 @@ impl FakeChip {
             tsc_khz: spec.tsc_khz,
             halt_poll: idle.halt_poll,
             timer_advance: idle.timer_advance,
-            wake_placement: vmm::idle::placement::WakePlacementMode::Off,
+            wake_placement: vmm::config::knobs::WakePlacementMode::Off,
             idle_inject: idle.idle_inject,
             cpu_quota: idle.cpu_quota,
             global_timers: idle.global_timers,

@@ -8,18 +8,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::idle::advance::TimerAdvanceMode;
-use crate::idle::global_load::GlobalTimersConfig;
-use crate::idle::halt_poll::HaltPollMode;
-use crate::idle::inject::IdleInjectConfig;
-use crate::idle::placement::WakePlacementMode;
-use crate::idle::quota::CpuQuotaConfig;
+use crate::config::knobs::{
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+    WakePlacementMode,
+};
 use crate::size::ByteSize;
 
 mod args;
 mod disk;
 mod file;
 pub mod knob;
+pub mod knobs;
 mod net;
 mod serial;
 mod validate;

@@ -3,11 +3,10 @@
 //! (machine.rs).
 
 use arbitrary::Unstructured;
-use vmm::idle::advance::TimerAdvanceMode;
-use vmm::idle::global_load::GlobalTimersConfig;
-use vmm::idle::halt_poll::HaltPollMode;
-use vmm::idle::inject::IdleInjectConfig;
-use vmm::idle::quota::{CpuQuotaConfig, QuotaPhase};
+use vmm::config::knobs::{
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, QuotaPhase,
+    TimerAdvanceMode,
+};
 
 use crate::chip::IdleSpec;
 

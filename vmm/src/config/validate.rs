@@ -84,7 +84,7 @@ impl VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idle::placement::WakePlacementMode;
+    use crate::config::knobs::WakePlacementMode;
     use crate::size::ByteSize;
 
     #[test]

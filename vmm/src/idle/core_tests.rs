@@ -7,18 +7,18 @@ use proptest::prelude::*;
 use timer::{build, CpuTimers, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::idle::halt_poll::HaltPollMode;
-use crate::idle::inject::{IdleInjectConfig, IdleInjector};
-use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
+use crate::config::knobs::{CpuQuotaConfig, HaltPollMode, IdleInjectConfig};
+use crate::idle::inject::IdleInjector;
+use crate::idle::quota::CpuQuota;
 
 fn shared(halt_poll: HaltPollMode) -> IdleShared {
     IdleShared {
         halt_poll,
-        timer_advance: crate::idle::advance::TimerAdvanceMode::Off,
+        timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
         inject: None,
         quota: None,
         global: None,
-        wake_placement: crate::idle::placement::WakePlacementMode::Off,
+        wake_placement: crate::config::knobs::WakePlacementMode::Off,
     }
 }
 

@@ -8,10 +8,8 @@ use std::sync::Arc;
 use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
-use crate::idle::advance::TimerAdvanceMode;
-use crate::idle::halt_poll::HaltPollMode;
-use crate::idle::inject::{IdleInjectConfig, IdleInjector};
-use crate::idle::placement::WakePlacementMode;
+use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::idle::inject::IdleInjector;
 
 /// How long one look at the mailbox takes while the fake vCPU polls.
 const POLL_STEP_NS: Nanos = 1_000;

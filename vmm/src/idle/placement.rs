@@ -23,7 +23,7 @@
 //! Which sleeps count as short: Linux counts a task as cache-hot for
 //! `sysctl_sched_migration_cost` (500 us) after it ran; a vCPU that sleeps less than a few
 //! times that, on a CPU with little else to do, finds most of its working set where it left
-//! it. The default bound, [`DEFAULT_MAX_SLEEP_NS`], is 2 ms: it covers the 1 ms tick-like
+//! it. The default bound, [`DEFAULT_MAX_SLEEP_NS`](crate::config::knobs::DEFAULT_MAX_SLEEP_NS), is 2 ms: it covers the 1 ms tick-like
 //! sleepers this is written for and leaves out the 4 ms ticks and longer sleeps, where other
 //! work has had time to take the cache. The give-up lateness, [`GIVE_UP_LATE_NS`], is five
 //! times the guest-measured wake-up lateness p50 of an unloaded host here (35-50 us).
@@ -38,73 +38,15 @@
 //! less than the shared host's noise; it saves ~0.01 us of refill per wake-up for ~0.7-2.5 us
 //! of syscalls, so the default is `off`.
 
-use std::fmt;
-use std::str::FromStr;
-
 use timer::Nanos;
 
-use crate::config::knob::{format_duration_ns, parse_duration_ns, KnobError};
+use crate::config::knobs::WakePlacementMode;
 
-/// Longest expected sleep for which `cache-hot` binds a vCPU by default.
-pub const DEFAULT_MAX_SLEEP_NS: u64 = 2_000_000;
 /// A bound own-timer wake-up later than this behind its deadline gives the CPU up: its
 /// wake-up waited for another task (the host's unloaded wake-up lateness is tens of us).
 pub const GIVE_UP_LATE_NS: u64 = 250_000;
 /// How long a vCPU that gave its CPU up does not bind again.
 pub const BACKOFF_NS: u64 = 100_000_000;
-
-/// `--wake-placement`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WakePlacementMode {
-    /// The scheduler places every wake-up.
-    #[default]
-    Off,
-    /// Bind a vCPU to its CPU for sleeps of at most `max_sleep_ns`.
-    CacheHot {
-        /// Longest expected sleep that binds.
-        max_sleep_ns: u64,
-    },
-}
-
-impl FromStr for WakePlacementMode {
-    type Err = KnobError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |s: &str| {
-            KnobError(format!(
-                "'{s}' is not a wake placement: use off, cache-hot or cache-hot=MAX (e.g. cache-hot=1ms)"
-            ))
-        };
-        match s {
-            "off" => Ok(Self::Off),
-            "cache-hot" => Ok(Self::CacheHot {
-                max_sleep_ns: DEFAULT_MAX_SLEEP_NS,
-            }),
-            other => match other.strip_prefix("cache-hot=") {
-                Some(max) => parse_duration_ns(max)
-                    .map(|max_sleep_ns| Self::CacheHot { max_sleep_ns })
-                    .map_err(|_| bad(other)),
-                None => Err(bad(other)),
-            },
-        }
-    }
-}
-
-impl fmt::Display for WakePlacementMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Off => f.write_str("off"),
-            Self::CacheHot { max_sleep_ns } if *max_sleep_ns == DEFAULT_MAX_SLEEP_NS => {
-                f.write_str("cache-hot")
-            }
-            Self::CacheHot { max_sleep_ns } => {
-                write!(f, "cache-hot={}", format_duration_ns(*max_sleep_ns))
-            }
-        }
-    }
-}
-
-crate::string_serde!(WakePlacementMode);
 
 /// What to do with the vCPU thread's CPU affinity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,31 +146,11 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::config::knobs::DEFAULT_MAX_SLEEP_NS;
 
     const HOT: WakePlacementMode = WakePlacementMode::CacheHot {
         max_sleep_ns: DEFAULT_MAX_SLEEP_NS,
     };
-
-    #[test]
-    fn modes_parse_and_print() {
-        assert_eq!("off".parse(), Ok(WakePlacementMode::Off));
-        assert_eq!("cache-hot".parse(), Ok(HOT));
-        assert_eq!(
-            "cache-hot=500us".parse(),
-            Ok(WakePlacementMode::CacheHot {
-                max_sleep_ns: 500_000
-            })
-        );
-        assert!("cache-hot=500".parse::<WakePlacementMode>().is_err());
-        assert!("pinned".parse::<WakePlacementMode>().is_err());
-        assert_eq!(HOT.to_string(), "cache-hot");
-        let m = WakePlacementMode::CacheHot {
-            max_sleep_ns: 1_000_000,
-        };
-        assert_eq!(m.to_string(), "cache-hot=1ms");
-        let j = serde_json::to_string(&m).unwrap();
-        assert_eq!(serde_json::from_str::<WakePlacementMode>(&j).unwrap(), m);
-    }
 
     #[test]
     fn a_short_sleep_binds_for_its_length_and_a_long_one_never() {

@@ -1,12 +1,10 @@
 //! The idle manager's VM-wide state: the modes and the VM-wide parts (injection, quota,
 //! global-timer load) every vCPU thread of the VM shares.
 
-use super::advance::TimerAdvanceMode;
 use super::global_load::GlobalLoad;
-use super::halt_poll::HaltPollMode;
 use super::inject::IdleInjector;
-use super::placement::WakePlacementMode;
 use super::quota::CpuQuota;
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
 
 /// The idle manager's VM-wide state, shared by every vCPU thread.
 #[derive(Debug)]

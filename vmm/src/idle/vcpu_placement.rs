@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 
 use timer::Nanos;
 
+use crate::config::knobs::WakePlacementMode;
 use crate::host::sys::affinity::{self, CpuSet};
-use crate::idle::placement::{Placement, WakeOutcome, WakePlacement, WakePlacementMode};
+use crate::idle::placement::{Placement, WakeOutcome, WakePlacement};
 use crate::ratelimit::LogLimiter;
 use crate::state::counters::VcpuCounters;
 

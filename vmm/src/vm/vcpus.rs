@@ -9,9 +9,9 @@ use vm_memory::GuestMemoryMmap;
 
 use super::error::VmError;
 use super::kvm::{ioctl_err, KvmError};
+use crate::config::knobs::HaltPollMode;
 use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
 use crate::host::sys;
-use crate::idle::halt_poll::HaltPollMode;
 use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};

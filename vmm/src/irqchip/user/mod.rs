@@ -46,13 +46,14 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
-use crate::idle::advance::TimerAdvanceMode;
-use crate::idle::global_load::{GlobalLoad, GlobalTimersConfig};
+use crate::config::knobs::{
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+    WakePlacementMode,
+};
+use crate::idle::global_load::GlobalLoad;
 use crate::idle::halt::VmTime;
-use crate::idle::halt_poll::HaltPollMode;
-use crate::idle::inject::{IdleInjectConfig, IdleInjector};
-use crate::idle::placement::WakePlacementMode;
-use crate::idle::quota::{CpuQuota, CpuQuotaConfig};
+use crate::idle::inject::IdleInjector;
+use crate::idle::quota::CpuQuota;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};

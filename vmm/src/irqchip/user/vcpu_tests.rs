@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use timer::{build, FakeClock, FakeHostTimer, HostTimer, ModelKind};
 
 use super::*;
-use crate::idle::halt_poll::HaltPollMode;
+use crate::config::knobs::HaltPollMode;
 use crate::irqchip::user::cr8::TPR_POLL_NS;
 
 use crate::irqchip::fake_port::FakePort;
@@ -54,11 +54,11 @@ impl Rig {
         let model = build::<VcpuTimer>(kind, &[0], &mut host, waker).unwrap();
         let idle = Arc::new(IdleShared {
             halt_poll: HaltPollMode::Off,
-            timer_advance: crate::idle::advance::TimerAdvanceMode::Off,
+            timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
             inject: None,
             quota: None,
             global: None,
-            wake_placement: crate::idle::placement::WakePlacementMode::Off,
+            wake_placement: crate::config::knobs::WakePlacementMode::Off,
         });
         let shared = Arc::new(VcpuShared::new(1, std::time::Instant::now()).unwrap());
         let irq = UserVcpuIrq::new(UserVcpuParts {

@@ -4,7 +4,7 @@
 //! Precedence: built-in defaults, then the config file, then flags given on the command line
 //! (see `args`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,25 +16,23 @@ use crate::size::ByteSize;
 
 mod args;
 mod disk;
+mod error;
 mod file;
 pub mod knob;
 pub mod knobs;
+mod limits;
 mod net;
 mod serial;
 mod validate;
 
 pub use args::VmArgs;
 pub use disk::{DiskConfig, DiskConfigError};
-pub use file::MAX_CONFIG_BYTES;
+pub use error::ConfigError;
+pub use limits::{
+    MAX_CONFIG_BYTES, MAX_CPUS, MAX_DISKS, MAX_MEMORY, MAX_VIRTIO_DEVICES, MIN_MEMORY,
+};
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 pub use serial::{SerialMode, SerialModeError};
-
-/// Smallest guest memory lull accepts.
-pub const MIN_MEMORY: ByteSize = ByteSize::mib(32);
-/// Largest guest memory lull accepts.
-pub const MAX_MEMORY: ByteSize = ByteSize(64 << 30);
-/// Largest vCPU count: APIC IDs 0..N-1 plus the IOAPIC's ID N must fit below the broadcast ID.
-pub const MAX_CPUS: u32 = 254;
 
 /// Which interrupt controller model the VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -119,12 +117,6 @@ impl Switch {
         self == Self::On
     }
 }
-
-/// Most disks one VM takes (one MMIO window and one IOAPIC line each, see `layout`).
-pub const MAX_DISKS: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
-/// Most virtio devices (disks and network devices together) one VM takes: they share the
-/// windows and lines.
-pub const MAX_VIRTIO_DEVICES: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 
 /// Everything lull needs to build and run one VM.
 ///
@@ -348,92 +340,7 @@ impl Default for VmConfig {
     }
 }
 
-/// A configuration that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The config file cannot be read.
-    #[error("Cannot read config file {path}: {source}")]
-    ReadFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// The config file is a device, FIFO or directory: lull reads regular files only.
-    #[error(
-        "Config file {0} is not a regular file: give a JSON file (at most 1 MiB), not a \
-         device, FIFO or directory"
-    )]
-    NotAFile(PathBuf),
-    /// The config file exceeds [`MAX_CONFIG_BYTES`].
-    #[error("Config file {0} is larger than 1 MiB: a VM configuration is a small JSON object")]
-    FileTooLarge(PathBuf),
-    /// The config file is not valid JSON for this schema.
-    #[error("Config file {path} is not valid: {source} (see `lull run --help` for the fields)")]
-    ParseFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: serde_json::Error,
-    },
-    /// `--cpus` out of range.
-    #[error("--cpus {0} is out of range: use 1 to {MAX_CPUS}")]
-    Cpus(u32),
-    /// `--memory` out of range.
-    #[error("--memory {0} is out of range: use {MIN_MEMORY} to {MAX_MEMORY}")]
-    Memory(ByteSize),
-    /// `--memory` not a whole number of 4 KiB pages.
-    #[error(
-        "--memory {0} is not a multiple of 4 KiB: guest memory is mapped in whole 4 KiB pages; \
-         give a multiple of 4K (e.g. 32M, 256M, 1G)"
-    )]
-    MemoryAlignment(ByteSize),
-    /// A `--cpu-quota` that can never park a vCPU.
-    #[error(
-        "--cpu-quota quota={quota_ms}ms per period={period_ms}ms is at least what {cpus} vCPU(s) \
-         can run in a period ({cpus} x period), so it would never apply: give a quota below \
-         {cpus} x period, or no --cpu-quota"
-    )]
-    QuotaNeverApplies {
-        /// The quota, ms.
-        quota_ms: u64,
-        /// The period, ms.
-        period_ms: u64,
-        /// vCPUs.
-        cpus: u32,
-    },
-    /// More disks than lull has MMIO windows and interrupt lines for.
-    #[error("{0} disks given; lull takes at most {MAX_DISKS}")]
-    TooManyDisks(usize),
-    /// More disks and network devices together than lull has MMIO windows and lines for.
-    #[error(
-        "{disks} disks and {nets} network devices given; lull takes at most \
-         {MAX_VIRTIO_DEVICES} of them together"
-    )]
-    TooManyDevices {
-        /// `--disk`s.
-        disks: usize,
-        /// `--net`s.
-        nets: usize,
-    },
-    /// Two `--net`s on one tap.
-    #[error("Tap {0} is given to two --net devices; give each its own tap")]
-    DuplicateTap(String),
-    /// A flag clap parsed could not be applied over the config file (clap's reason).
-    #[error("Cannot apply the command line's flags over the config file: {0}")]
-    Flags(clap::Error),
-    /// An idle-manager knob was given without the user irqchip.
-    #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
-    NeedsUserIrqchip(&'static str),
-}
-
 impl VmConfig {
-    /// Reads a JSON config file: a regular file of at most [`MAX_CONFIG_BYTES`] holding a
-    /// JSON object.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        file::read(path)
-    }
-
     /// What expires device timers: the setting, or the default of the irqchip.
     pub fn device_timer_mode(&self) -> DeviceTimerMode {
         match (self.device_timers, self.irqchip) {

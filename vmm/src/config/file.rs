@@ -15,10 +15,17 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{ConfigError, VmConfig};
+use super::error::ConfigError;
+use super::limits::MAX_CONFIG_BYTES;
+use super::VmConfig;
 
-/// Largest config file (and `vm.create` body) lull reads: 1 MiB.
-pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+impl VmConfig {
+    /// Reads a JSON config file: a regular file of at most [`MAX_CONFIG_BYTES`] holding a
+    /// JSON object.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        read(path)
+    }
+}
 
 impl Serialize for VmConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -13,10 +13,10 @@ use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
 use super::power::{PowerWindow, Reading};
-use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode, DENSITY_SCHEMA};
+use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
-use super::{host, plot, qemu};
+use super::{plot, qemu};
 
 /// How a VM of the density experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -195,6 +195,30 @@ fn parse_baseline(s: &str) -> Result<BaselineLength, String> {
 pub const LINUX_GUEST: &str = "linux";
 
 impl DensityArgs {
+    /// The parameters a report records for runs of `guest` with `cmdline` in `modes`
+    /// (`linux` is left for the Linux experiment to fill in).
+    pub(crate) fn params(
+        &self,
+        guest: &Path,
+        cmdline: String,
+        global_timers_applied: bool,
+        modes: &[Mode],
+    ) -> DensityParams {
+        DensityParams {
+            vms: self.vms.clone(),
+            cpus_per_vm: self.cpus,
+            guest: guest.display().to_string(),
+            guest_cmdline: cmdline,
+            duration_s: self.duration.as_secs_f64(),
+            memory_mib: self.memory_bytes() >> 20,
+            modes: modes.iter().map(|m| m.name().to_string()).collect(),
+            global_timers: self.global_timers.clone(),
+            global_timers_applied,
+            linux: None,
+            power_meter: self.power_meter.clone(),
+        }
+    }
+
     /// The power baseline (`--power-baseline`, else as long as `--duration`).
     pub fn power_baseline(&self) -> Reading<PowerWindow> {
         match self
@@ -553,27 +577,13 @@ impl<'a> Plan<'a> {
 
     /// The report before its first row.
     pub(crate) fn empty_report(&self, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
-        let args = self.args;
-        DensityReport {
-            schema: DENSITY_SCHEMA.into(),
-            host: host::host_info(),
-            params: DensityParams {
-                vms: args.vms.clone(),
-                cpus_per_vm: args.cpus,
-                guest: self.guest.display().to_string(),
-                guest_cmdline: self.cmdline.clone(),
-                duration_s: args.duration.as_secs_f64(),
-                memory_mib: args.memory_bytes() >> 20,
-                modes: modes.iter().map(|m| m.name().to_string()).collect(),
-                global_timers: args.global_timers.clone(),
-                global_timers_applied: self.global_timers.is_some(),
-                linux: None,
-                power_meter: args.power_meter.clone(),
-            },
-            results: Vec::new(),
-            skipped,
-            power_baseline: None,
-        }
+        let params = self.args.params(
+            &self.guest,
+            self.cmdline.clone(),
+            self.global_timers.is_some(),
+            modes,
+        );
+        DensityReport::empty(params, skipped)
     }
 
     /// Runs `n` VMs in `mode` and measures them (power against `baseline`).

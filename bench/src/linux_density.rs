@@ -32,14 +32,11 @@ use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
 use super::lull_metrics::MetricsSum;
 use super::power::{PowerWindow, Reading};
-use super::report::{
-    self, DensityParams, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode,
-    DENSITY_SCHEMA,
-};
+use super::qemu;
+use super::report::{self, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode};
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload};
 use super::workload_rates::GuestRates;
-use super::{host, qemu};
 
 /// The window opens this long after the last VM started its workload.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -438,36 +435,24 @@ fn window_rule(args: &DensityArgs, n: u32) -> WindowRule {
 /// out.
 fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
     let args = plan.args;
-    DensityReport {
-        schema: DENSITY_SCHEMA.into(),
-        host: host::host_info(),
-        params: DensityParams {
-            vms: args.vms.clone(),
-            cpus_per_vm: args.cpus,
-            guest: plan.kernel.display().to_string(),
-            guest_cmdline: plan.cmdline_of("WORKLOAD", "S"),
-            duration_s: args.duration.as_secs_f64(),
-            memory_mib: args.memory_bytes() >> 20,
-            modes: modes.iter().map(|m| m.name().to_string()).collect(),
-            global_timers: args.global_timers.clone(),
-            global_timers_applied: plan.global_timers.is_some(),
-            linux: Some(LinuxParams {
-                workloads: args.workload.iter().map(|w| w.name().to_string()).collect(),
-                window_s: args.duration.as_secs_f64(),
-                boot_spread_s: args
-                    .vms
-                    .iter()
-                    .map(|&n| (n, boot_spread(args, n).as_secs_f64()))
-                    .collect(),
-                settle_s: SETTLE.as_secs_f64(),
-                margin_s: MARGIN.as_secs_f64(),
-            }),
-            power_meter: args.power_meter.clone(),
-        },
-        results: Vec::new(),
-        skipped,
-        power_baseline: None,
-    }
+    let mut params = args.params(
+        &plan.kernel,
+        plan.cmdline_of("WORKLOAD", "S"),
+        plan.global_timers.is_some(),
+        modes,
+    );
+    params.linux = Some(LinuxParams {
+        workloads: args.workload.iter().map(|w| w.name().to_string()).collect(),
+        window_s: args.duration.as_secs_f64(),
+        boot_spread_s: args
+            .vms
+            .iter()
+            .map(|&n| (n, boot_spread(args, n).as_secs_f64()))
+            .collect(),
+        settle_s: SETTLE.as_secs_f64(),
+        margin_s: MARGIN.as_secs_f64(),
+    });
+    DensityReport::empty(params, skipped)
 }
 
 /// Runs one experiment's fleet, prints its row (and why it failed, if it did).

@@ -208,6 +208,20 @@ pub struct DensityReport {
     pub power_baseline: Option<Reading<PowerWindow>>,
 }
 
+impl DensityReport {
+    /// A report of `params` before its first row, with the modes left out and why.
+    pub fn empty(params: DensityParams, skipped: Vec<SkippedMode>) -> Self {
+        Self {
+            schema: DENSITY_SCHEMA.into(),
+            host: super::host::host_info(),
+            params,
+            results: Vec::new(),
+            skipped,
+            power_baseline: None,
+        }
+    }
+}
+
 /// One (mode, delay) of the wake-up experiment.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WakeupRow {

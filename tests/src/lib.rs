@@ -79,6 +79,30 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value, Failed> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
 }
 
+/// Runs `lull bench EXPERIMENT ARGS` with the kit, `--json` and `--work-dir` in a directory
+/// of its own (`temp_path(name)`, removed after a good run); expects status 0 and returns the
+/// JSON report and the run.
+pub fn run_bench(
+    name: &str,
+    experiment: &str,
+    args: &[&str],
+    deadline: Duration,
+) -> Result<(serde_json::Value, RunResult), Failed> {
+    let dir = temp_path(name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let json = dir.join("report.json");
+    let text = |p: &Path| p.display().to_string();
+    let (kit, json_arg, dir_arg) = (text(&kit_dir()), text(&json), text(&dir));
+    let mut all = vec!["bench", experiment];
+    all.extend_from_slice(args);
+    all.extend(["--kit", &kit, "--json", &json_arg, "--work-dir", &dir_arg]);
+    let r = run_lull(&all, deadline)?;
+    r.expect_code(0)?;
+    let v = read_json(&json)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((v, r))
+}
+
 /// Reads lull's `--metrics` JSON (checked by [`report_from`]).
 pub fn read_report(path: &Path) -> Result<RunReport, Failed> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;

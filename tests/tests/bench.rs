@@ -173,20 +173,14 @@ fn replot_matches(dir: &Path, json: &Path, r: &RunResult, plot: String) -> Resul
     Ok(())
 }
 
-/// Runs `lull bench EXPERIMENT ARGS` with the kit, a JSON report and a work directory of its
-/// own; expects status 0 and returns the report and the run's output.
+/// Runs `lull bench EXPERIMENT ARGS` (see [`lull_tests::run_bench`]).
 fn run_bench(experiment: &str, args: &[&str]) -> Result<(Value, RunResult), Failed> {
-    let dir = temp_dir(&format!("{experiment}-run"))?;
-    let json = dir.join("report.json");
-    let (kit, json_arg, dir_arg) = (arg(&kit_dir()), arg(&json), arg(&dir));
-    let mut all = vec!["bench", experiment];
-    all.extend_from_slice(args);
-    all.extend(["--kit", &kit, "--json", &json_arg, "--work-dir", &dir_arg]);
-    let r = run_lull(&all, DEADLINE)?;
-    r.expect_code(0)?;
-    let v = read_json(&json)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok((v, r))
+    lull_tests::run_bench(
+        &format!("bench-{experiment}-run"),
+        experiment,
+        args,
+        DEADLINE,
+    )
 }
 
 /// The array `key` of a report (empty if it has none).

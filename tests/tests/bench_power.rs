@@ -3,47 +3,20 @@
 //! and a search reports every step with verdicts that agree with the step's own figures. No
 //! test asserts a timing or a load-dependent figure (the host is shared and may never idle).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use lull_tests::{kit_dir, kit_file, kvm_trial, read_json, run_lull, Arguments, Failed};
+use lull_tests::{kit_file, kvm_trial, run_bench, Arguments, Failed};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(300);
-
-fn temp_dir(name: &str) -> Result<PathBuf, Failed> {
-    let dir = std::env::temp_dir().join(format!("lull-bench-power-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(dir)
-}
 
 /// Runs `lull bench density ARGS` on 1-vCPU VMs of idle-sim for 2 s per run, modes kernel
 /// and pull; returns the JSON report and stdout.
 fn density(name: &str, args: &[&str]) -> Result<(Value, String), Failed> {
     kit_file("guests/idle-sim.elf")?;
-    let dir = temp_dir(name)?;
-    let json = dir.join("report.json");
-    let (kit, json_arg, dir_arg) = (
-        kit_dir().display().to_string(),
-        json.display().to_string(),
-        dir.display().to_string(),
-    );
-    let mut all = vec![
-        "bench",
-        "density",
-        "--cpus",
-        "1",
-        "--duration",
-        "2s",
-        "--modes",
-        "kernel,pull",
-    ];
+    let mut all = vec!["--cpus", "1", "--duration", "2s", "--modes", "kernel,pull"];
     all.extend_from_slice(args);
-    all.extend(["--kit", &kit, "--json", &json_arg, "--work-dir", &dir_arg]);
-    let r = run_lull(&all, DEADLINE)?;
-    r.expect_code(0)?;
-    let v = read_json(&json)?;
-    let _ = std::fs::remove_dir_all(&dir);
+    let (v, r) = run_bench(&format!("bench-power-{name}"), "density", &all, DEADLINE)?;
     Ok((v, r.stdout))
 }
 

@@ -234,7 +234,8 @@ impl Plan {
     }
 }
 
-fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
+/// The modes to run: `--modes`, or all four lull modes; QEMU has no `--metrics`.
+pub(crate) fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
     if asked.is_empty() {
         return Ok(vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central]);
     }

@@ -204,10 +204,12 @@ impl Plan<'_> {
             )));
         }
         Ok(read_metrics(&metrics)
-            .and_then(|m| latency_report::measure(&vm.console, &m))
+            .and_then(|m| latency_report::measure(&vm.console, &m, pattern.name()))
             .ok_or_else(|| {
                 format!(
-                    "{label}: no PASS, no timer interrupt or no metrics in {}",
+                    "{label}: no PASS, no timer interrupt, not pattern={} (an old kit: `make \
+                     guests`) or no metrics in {}",
+                    pattern.name(),
                     stem.display()
                 )
             }))

@@ -33,9 +33,10 @@ pub struct RunMeasure {
     pub pv_deadline: bool,
 }
 
-/// The measure of a run from the guest's console and lull's metrics; `None` if the guest did
-/// not pass or took no timer interrupt.
-pub fn measure(console: &str, m: &RunReport) -> Option<RunMeasure> {
+/// The measure of a run of `pattern` from the guest's console and lull's metrics; `None` if
+/// the guest did not pass, took no timer interrupt, or did not say it ran `pattern` (an
+/// idle-sim older than the pattern runs its mix instead).
+pub fn measure(console: &str, m: &RunReport, pattern: &str) -> Option<RunMeasure> {
     let g = parse_idle_sim(console);
     if !g.passed || g.events == 0 {
         return None;
@@ -43,6 +44,9 @@ pub fn measure(console: &str, m: &RunReport) -> Option<RunMeasure> {
     let header = console
         .lines()
         .find(|l| l.starts_with("idle-sim: ") && l.contains(" CPUs "))?;
+    if !header.contains(&format!(", {pattern}, ")) {
+        return None;
+    }
     let s = g.lateness.summary();
     Some(RunMeasure {
         events: g.events,
@@ -245,14 +249,25 @@ mod tests {
 
     #[test]
     fn a_run_measures_from_console_and_metrics() {
-        let m = measure(&console(4000, 1, 100_000, "pv"), &metrics(80_000_000)).unwrap();
+        let m = measure(
+            &console(4000, 1, 100_000, "pv"),
+            &metrics(80_000_000),
+            "rearm-halt",
+        );
+        let m = m.unwrap();
         assert_eq!((m.events, m.early), (4000, 1));
         assert_eq!((m.p50_ns, m.p99_ns, m.max_ns), (100_000, 100_000, 900_000));
         assert_eq!(m.cpu_ns, 80_000_000);
         assert!(m.pv_eoi && !m.pv_deadline);
         let failed = console(4000, 0, 100_000, "register").replace("PASS", "FAIL: x");
-        assert_eq!(measure(&failed, &metrics(2000)), None);
-        assert_eq!(measure(&console(0, 0, 100, "pv"), &metrics(2000)), None);
+        assert_eq!(measure(&failed, &metrics(2000), "rearm-halt"), None);
+        assert_eq!(
+            measure(&console(0, 0, 100, "pv"), &metrics(2000), "rearm-halt"),
+            None
+        );
+        // The guest ran another pattern (or an old idle-sim its mix): not this row's figures.
+        let halt = console(4000, 0, 100_000, "pv");
+        assert_eq!(measure(&halt, &metrics(2000), "rearm-busy"), None);
     }
 
     #[test]

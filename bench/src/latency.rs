@@ -22,13 +22,13 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
+use super::common::{guest_path, lull_binary, work_dir, CommonArgs};
 use super::density::Mode;
 use super::error::BenchError;
-use super::fleet::{self, VmSpec, Watch};
 use super::host;
 use super::latency_report::{self, LatencyReport, RunMeasure, LATENCY_SCHEMA};
 use super::report;
+use super::single_run::{self, SingleRun};
 use super::timer_modes::modes;
 use super::units::parse_duration;
 
@@ -156,54 +156,35 @@ impl Plan<'_> {
             pv.name(),
             mode.name()
         ));
-        let serial = stem.with_extension("console");
-        let metrics = stem.with_extension("json");
-        let _ = std::fs::remove_file(&serial);
-        let _ = std::fs::remove_file(&metrics);
-        let duration_ms = self.args.duration.as_millis();
-        let mut c = std::process::Command::new(&self.lull);
-        c.arg("run")
-            .arg("--kernel")
-            .arg(&self.guest)
-            .args(["--cpus", "1", "--memory", "64M", "--cmdline"])
-            .arg(format!(
-                "cpus=1 duration_ms={duration_ms} pattern={} delta={} {}",
-                pattern.name(),
-                self.args.delta,
-                pv.cmdline()
-            ))
-            .arg("--serial")
-            .arg(format!("file={}", serial.display()))
-            .arg("--metrics")
-            .arg(&metrics)
-            .args(mode.lull_args());
-        let watch = Watch {
-            boot_marker: "idle-sim: ".into(),
-            end_markers: Vec::new(),
-            guest_bytes: 64 << 20,
+        let cmdline = format!(
+            "cpus=1 duration_ms={} pattern={} delta={} {}",
+            self.args.duration.as_millis(),
+            pattern.name(),
+            self.args.delta,
+            pv.cmdline()
+        );
+        let (vm, metrics) = single_run::run(SingleRun {
+            lull: &self.lull,
+            guest: &self.guest,
+            stem: stem.clone(),
+            flags: vec![
+                "--cpus".into(),
+                "1".into(),
+                "--memory".into(),
+                "64M".into(),
+                "--cmdline".into(),
+                cmdline,
+            ],
+            mode,
+            boot_marker: "idle-sim: ",
             deadline: self.args.duration + Duration::from_secs(120),
-            settle: Duration::ZERO,
-            planned: None,
-            stagger: false,
-            label: label.clone(),
             expected: self.args.duration + Duration::from_secs(1),
-        };
-        let spec = VmSpec {
-            command: c,
-            serial,
-            stderr: stem.with_extension("stderr"),
-            api: None,
-        };
-        let vm = fleet::run(vec![spec], &watch)?.vms.remove(0);
+            label: label.clone(),
+        })?;
         if vm.code != Some(1) {
-            let last = vm.console.lines().chain(vm.stderr.lines()).last();
-            return Ok(Err(format!(
-                "{label}: status {:?}: {}",
-                vm.code,
-                last.unwrap_or("")
-            )));
+            return Ok(Err(single_run::failure(&label, &vm)));
         }
-        Ok(read_metrics(&metrics)
+        Ok(metrics
             .and_then(|m| latency_report::measure(&vm.console, &m, pattern.name()))
             .ok_or_else(|| {
                 format!(

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::guest_output::parse_idle_sim;
 use super::host::HostInfo;
-use super::report::median;
+use super::report::{median, opt};
 
 /// Schema name of the latency JSON document.
 pub const LATENCY_SCHEMA: &str = "lull-bench-latency/1";
@@ -170,14 +170,10 @@ pub struct LatencyReport {
     pub results: Vec<LatencyRow>,
 }
 
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map_or_else(|| "-".to_string(), |v| format!("{v:.prec$}"))
-}
-
 /// Header of the latency table.
 pub fn header() -> String {
     format!(
-        "{:<11}{:<13}{:<8}{:>5}{:>8}{:>6}{:>8}{:>8}{:>9}{:>9}{:>9}{:>10}{:>9}",
+        "{:<11}{:<20}{:<8}{:>5}{:>8}{:>6}{:>8}{:>8}{:>9}{:>9}{:>9}{:>10}{:>9}",
         "pattern",
         "pv",
         "mode",
@@ -205,7 +201,7 @@ pub fn line(r: &LatencyRow) -> String {
         (asked, _, _) => asked.to_string(),
     };
     format!(
-        "{:<11}{:<13}{:<8}{:>5}{:>8}{:>6}{:>8}{:>8}{:>9}{:>9}{:>9}{:>10}{:>9}",
+        "{:<11}{:<20}{:<8}{:>5}{:>8}{:>6}{:>8}{:>8}{:>9}{:>9}{:>9}{:>10}{:>9}",
         r.pattern,
         pv,
         r.mode,

@@ -49,6 +49,7 @@ mod proc_sample;
 mod progress;
 mod qemu;
 mod report;
+mod single_run;
 mod slo;
 mod timer_modes;
 mod units;

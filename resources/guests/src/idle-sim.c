@@ -41,11 +41,13 @@
  *                     from the interrupt handler (cyclictest, high-rate hrtimers): every idle
  *                     CPU arms a TSC deadline `delta` TSC cycles ahead; its handler takes the
  *                     TSC, writes the next deadline (TSC + delta, IA32_TSC_DEADLINE or, with
- *                     pv_deadline=1 and rearm-halt, the PV slot), then EOIs, then records the
- *                     lateness; no IPIs. Between interrupts the CPU halts (rearm-halt) or stays
+ *                     pv_deadline=1 and rearm-halt, the PV slot), EOIs, then records the
+ *                     lateness (its tail; tail=0: records before the write); no IPIs. Between interrupts the CPU halts (rearm-halt) or stays
  *                     busy writing '.' to the serial port, one exit per character (rearm-busy;
  *                     a newline every 64). Needs TSC-deadline. The report is the same.
  *   delta=200000      rearm-*: how far ahead each deadline is, in TSC cycles
+ *   tail=1            rearm-*: 1: the handler records after its EOI (on our hosts the
+ *                     deadline then passes inside the handler); 0: before its WRMSR
  * The guest exits 0 (lull status 1) when every CPU finished within duration + 2 s.
  */
 #include "rt.h"
@@ -89,6 +91,7 @@ static u32 ncpus, ipi_pct, use_deadline, busy, use_pv_eoi, use_pv_deadline;
 enum pattern { PATTERN_MIX, PATTERN_REARM_HALT, PATTERN_REARM_BUSY };
 static enum pattern pattern;
 static u64 rearm_delta;
+static u32 rearm_tail;
 
 #define MSR_KVM_PV_EOI_EN 0x4b564d04
 #define KVM_FEATURE_PV_EOI (1u << 6)
@@ -323,8 +326,13 @@ static void arm_next(struct cpu_state *c, u32 idx)
         wrmsr(MSR_TSC_DEADLINE, c->deadline);
 }
 
-/* Timer interrupt: timestamp first; rearm-*: re-arm (until the end), EOI, then record; else
- * EOI (the main loop records). */
+/* Timer interrupt: timestamp first; rearm-*: re-arm (until the end), EOI, record (or with
+ * tail=0 record first); else EOI (the main loop records). Every guest instruction is
+ * emulated on our hosts (~1.5 us each): the record after the EOI (the handler's tail, as
+ * Linux's hrtimer_interrupt runs its callbacks and irq_exit) takes longer than a 77 us
+ * delta, so the deadline passes while the handler still runs with interrupts off, and the
+ * interrupt is taken at the `sti; hlt` after it. With tail=0 only the EOI and the return lie
+ * between the WRMSR and the HLT: the deadline passes while the vCPU halts. */
 static void timer_irq(struct trap_frame *f)
 {
     u64 now = rdtsc();
@@ -337,12 +345,15 @@ static void timer_irq(struct trap_frame *f)
         return;
     }
     u64 expected = c->deadline;
+    if (!rearm_tail)
+        record(c, now, expected);
     if (now < end_tsc)
         arm_next(c, idx);
     else
         c->rearming = 0;
     eoi();
-    record(c, now, expected);
+    if (rearm_tail)
+        record(c, now, expected);
 }
 
 /* IPI from the previous CPU: its latency, EOI. */
@@ -508,6 +519,7 @@ int main(void)
     else if (strncmp(pattern_name, "mix", 4) != 0)
         fail("pattern: expected mix, rearm-halt or rearm-busy");
     rearm_delta = cmdline_u64("delta", 200000);
+    rearm_tail = (u32)cmdline_u64("tail", 1);
     if (pattern != PATTERN_MIX && !use_deadline)
         fail("pattern=%s needs TSC-deadline", pattern_name);
     if (pattern == PATTERN_REARM_BUSY)
@@ -528,10 +540,10 @@ int main(void)
                use_pv_deadline ? " (pv)" : "", duration_ms, buf, ipi_pct,
                use_pv_eoi ? "pv" : "register");
     else
-        printf("idle-sim: %u CPUs (%u busy), %s, tsc-deadline%s, delta %llu tsc, duration %llu "
-               "ms, eoi %s\n",
+        printf("idle-sim: %u CPUs (%u busy), %s, tsc-deadline%s, delta %llu tsc, tail %u, "
+               "duration %llu ms, eoi %s\n",
                ncpus, busy, pattern_name, use_pv_deadline ? " (pv)" : "", rearm_delta,
-               duration_ms, use_pv_eoi ? "pv" : "register");
+               rearm_tail, duration_ms, use_pv_eoi ? "pv" : "register");
     if (ncpus > 1) {
         u32 online = smp_start_aps(ncpus, ap_main, 5000);
         u64 end = rdtsc() + ns_to_tsc(5000000000ull);

@@ -31,6 +31,7 @@ use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
 use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
+use crate::idle::tick_defer::TickDefer;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
@@ -87,6 +88,12 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
     lapic_armed_at: Option<Nanos>,
     advance: TimerAdvance,
+    /// Whether the LAPIC timer's host tick is deferred past its deadline, and the policy.
+    tick_deferred: bool,
+    tick_defer: TickDefer,
+    /// A deferral ended: the host tick armed for it is stale, the next pass programs it
+    /// exactly (`CpuTimers::run_exact`) rather than let it interrupt the guest for nothing.
+    tick_stale: bool,
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
@@ -133,6 +140,9 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_timer: None,
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
+            tick_deferred: false,
+            tick_defer: TickDefer::default(),
+            tick_stale: false,
             global_armed: false,
             router: parts.router,
             clock: parts.clock,
@@ -238,6 +248,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
         if self.halted {
             self.timers.run_halted(now, &mut on_fire);
+        } else if std::mem::take(&mut self.tick_stale) {
+            self.timers.run_exact(now, &mut on_fire);
         } else {
             self.timers.run(now, &mut on_fire);
         }
@@ -287,7 +299,45 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.
     fn arm_lapic_timer(&mut self, deadline: Nanos) {
-        let at = self.advance.arm_at(deadline);
+        self.tick_deferred = false;
+        self.arm_lapic_host_timer(self.advance.arm_at(deadline));
+    }
+
+    /// A deadline the guest armed at an exit where it could (`interruptible`) or could not
+    /// take interrupts: its host tick deferred past it (see `idle/tick_defer.rs`) or as usual.
+    fn arm_lapic_timer_for_guest(&mut self, deadline: Nanos, interruptible: bool) {
+        let now = self.clock.now();
+        match self.tick_defer.arm(now, deadline, interruptible) {
+            Some(at) => {
+                self.counters.ticks_deferred.fetch_add(1, Ordering::Relaxed);
+                self.arm_lapic_host_timer(at);
+                self.tick_deferred = true;
+            }
+            None => self.arm_lapic_timer(deadline),
+        }
+    }
+
+    /// The guest halts, or exited able to take interrupts, at `now`: a deferred tick goes
+    /// back to its usual time (the next timer pass handles it at once if that has come).
+    /// Not when the deferred tick itself is due: that exit is its doing, a miss.
+    fn end_tick_deferral(&mut self, now: Nanos) {
+        if !self.tick_deferred || self.lapic_armed_at.is_some_and(|at| at <= now) {
+            return;
+        }
+        self.tick_deferred = false;
+        self.tick_stale = true;
+        self.tick_defer.worked();
+        if let Some(deadline) = self.lapic.timer_deadline() {
+            self.arm_lapic_timer(deadline);
+            if self.lapic_armed_at.is_some_and(|at| at <= now) {
+                // Due at this exit, which the guest chose: no host wake-up latency to learn.
+                self.lapic_armed_at = None;
+            }
+        }
+    }
+
+    /// Arms the LAPIC timer's host timer at `at`.
+    fn arm_lapic_host_timer(&mut self, at: Nanos) {
         self.lapic_armed_at = Some(at);
         if let Some(h) = self.lapic_timer {
             if self.timers.rearm(h, at) {
@@ -302,6 +352,16 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// expiry is handled at.
     fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
         self.lapic_timer = None;
+        let deferred = std::mem::take(&mut self.tick_deferred);
+        if deferred {
+            // The guest ran on past the deadline without an exit: back off (no advance to
+            // learn from a tick armed after the deadline).
+            self.tick_defer.missed();
+            self.lapic_armed_at = None;
+            self.counters
+                .ticks_deferred_missed
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let Some(deadline) = self.lapic.timer_deadline() else {
             return now;
         };
@@ -330,7 +390,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Applies what a LAPIC access asks for.
     fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
-        self.apply_timer(effects.timer, effects.timer_expired);
+        let interruptible = cpu.interrupts_enabled();
+        self.apply_timer(effects.timer, effects.timer_expired, interruptible);
         if effects.destination_changed {
             if let Ok(index) = usize::try_from(self.id) {
                 self.router
@@ -356,13 +417,17 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// Carries out a LAPIC write's timer change. An expiry at the write itself (`expired`: a
     /// deadline already past, a settled expiry) is counted as a fire delivered with no delay
     /// of lull's: no host timer reports it, and every expiry must be accounted for.
-    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool) {
+    /// `interruptible`: whether the guest could take interrupts at the access.
+    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool, interruptible: bool) {
         if expired {
             self.counters().record_lateness(0);
         }
         match change {
-            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
+            LapicTimerChange::Arm { deadline_ns } => {
+                self.arm_lapic_timer_for_guest(deadline_ns, interruptible);
+            }
             LapicTimerChange::Cancel => {
+                self.tick_deferred = false;
                 if let Some(h) = self.lapic_timer.take() {
                     self.timers.cancel(h);
                 }
@@ -433,7 +498,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             self.counters.pv_deadlines.fetch_add(1, Ordering::Relaxed);
             let now = self.clock.now();
             if let Ok(effects) = self.lapic.write_msr(MSR_TSC_DEADLINE, tsc, now) {
-                self.apply_timer(effects.timer, effects.timer_expired);
+                // Taken at an exit the guest chose (its HLT, as the ABI asks): as usual.
+                self.apply_timer(effects.timer, effects.timer_expired, true);
             }
         }
     }
@@ -472,6 +538,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry {
+        if cpu.interrupts_enabled() {
+            let now = self.chip.clock.now();
+            self.chip.end_tick_deferral(now);
+        }
         let chip = &mut self.chip;
         let entry = self.idle.before_entry(&mut ChipOnCpu { chip, cpu });
         if entry != Entry::Enter {
@@ -502,6 +572,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
+        let now = self.chip.clock.now();
+        self.chip.end_tick_deferral(now);
         self.chip.halted = true;
         let chip = &mut self.chip;
         let end = self.idle.halt(&mut ChipOnCpu { chip, cpu });

@@ -39,9 +39,13 @@ pub const GRACE_NS: u64 = 100_000;
 /// The most deadlines a vCPU arms as usual after a missed deferral before it tries again.
 pub const MAX_SKIP: u32 = 256;
 
-/// One vCPU's deferral state: how many deadlines to arm as usual before deferring again.
+/// One vCPU's deferral: the deferred tick, if any, whether a host tick armed for one is left
+/// stale, and how many deadlines to arm as usual before deferring again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TickDefer {
+    /// When the deferred tick fires, while one is deferred.
+    tick: Option<Nanos>,
+    stale: bool,
     backoff: u32,
     skip: u32,
 }
@@ -50,6 +54,7 @@ impl TickDefer {
     /// A deadline the guest arms at `now`, `interruptible` or not at that exit: when its
     /// deferred host tick fires, or `None` to arm it as usual.
     pub fn arm(&mut self, now: Nanos, deadline: Nanos, interruptible: bool) -> Option<Nanos> {
+        self.tick = None;
         if interruptible || deadline <= now || deadline - now > DEFER_WITHIN_NS {
             return None;
         }
@@ -57,18 +62,44 @@ impl TickDefer {
             self.skip -= 1;
             return None;
         }
-        Some(deadline.saturating_add(GRACE_NS))
+        self.tick = Some(deadline.saturating_add(GRACE_NS));
+        self.tick
     }
 
-    /// The guest halted or could take interrupts at an exit before the deferred tick.
-    pub fn worked(&mut self) {
-        self.backoff /= 2;
+    /// The timer was cancelled or re-armed as usual: nothing deferred any more.
+    pub fn clear(&mut self) {
+        self.tick = None;
     }
 
-    /// The deferred tick fired: the guest ran on without an exit.
-    pub fn missed(&mut self) {
+    /// The guest halted or could take interrupts at an exit at `now`: true if that ends a
+    /// deferral (the timer goes back to its usual tick; the one armed for the deferral is
+    /// stale). Not at the exit of the deferred tick itself: that one is a miss ([`Self::fired`]).
+    pub fn guest_exited(&mut self, now: Nanos) -> bool {
+        match self.tick {
+            Some(tick) if now < tick => {
+                self.tick = None;
+                self.stale = true;
+                self.backoff /= 2;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The timer's host tick fired: true if it was a deferred one (the guest ran on without
+    /// an exit), which backs off.
+    pub fn fired(&mut self) -> bool {
+        if self.tick.take().is_none() {
+            return false;
+        }
         self.backoff = (self.backoff * 2).clamp(1, MAX_SKIP);
         self.skip = self.backoff;
+        true
+    }
+
+    /// Whether a host tick armed for an ended deferral is still to be moved (once).
+    pub fn take_stale(&mut self) -> bool {
+        std::mem::take(&mut self.stale)
     }
 }
 
@@ -86,7 +117,11 @@ mod tests {
         let mut d = TickDefer::default();
         let short = now + 77_000;
         assert_eq!(d.arm(now, short, false), Some(short + GRACE_NS));
-        assert_eq!(d.arm(now, short, true), None, "the guest can take it: tick as usual");
+        assert_eq!(
+            d.arm(now, short, true),
+            None,
+            "the guest can take it: tick as usual"
+        );
         let long = now + DEFER_WITHIN_NS + 1;
         assert_eq!(d.arm(now, long, false), None, "a long deadline");
         assert_eq!(d.arm(now, now, false), None, "already due");
@@ -100,20 +135,37 @@ mod tests {
             let now = clock.now();
             d.arm(now, now + 50_000, false).is_some()
         };
+        // The guest exits by itself: the deferral ends once, the armed tick is stale once.
         assert!(arm(&mut d));
-        d.missed();
+        assert!(d.guest_exited(clock.now() + 60_000));
+        assert!(
+            !d.guest_exited(clock.now() + 60_000),
+            "nothing deferred any more"
+        );
+        assert!(d.take_stale() && !d.take_stale());
+        assert!(!d.fired(), "a usual tick is no miss");
+        // The deferred tick fires (the exit at its time is its own, not the guest's).
+        assert!(arm(&mut d));
+        assert!(!d.guest_exited(clock.now() + 50_000 + GRACE_NS));
+        assert!(d.fired());
         // One deadline as usual, then a try.
         assert!(!arm(&mut d));
         assert!(arm(&mut d));
-        d.missed();
+        assert!(d.fired());
         assert!(!arm(&mut d) && !arm(&mut d));
         assert!(arm(&mut d));
-        d.worked();
-        d.worked();
+        assert!(d.guest_exited(clock.now()));
         assert!(arm(&mut d));
-        d.missed();
-        assert!(!arm(&mut d), "a miss after the back-off was won back skips one again");
+        assert!(d.guest_exited(clock.now()));
         assert!(arm(&mut d));
+        assert!(d.fired());
+        assert!(
+            !arm(&mut d),
+            "a miss after the back-off was won back skips one again"
+        );
+        assert!(arm(&mut d));
+        d.clear();
+        assert!(!d.fired(), "a cancelled deferral is no miss");
     }
 
     proptest! {
@@ -141,10 +193,10 @@ mod tests {
                         }
                         since_try = 0;
                         if works {
-                            d.worked();
+                            prop_assert!(d.guest_exited(now + ahead));
                             misses_in_a_row = 0;
                         } else {
-                            d.missed();
+                            prop_assert!(d.fired());
                             misses_in_a_row += 1;
                         }
                     }

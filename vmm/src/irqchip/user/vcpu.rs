@@ -88,12 +88,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
     lapic_armed_at: Option<Nanos>,
     advance: TimerAdvance,
-    /// Whether the LAPIC timer's host tick is deferred past its deadline, and the policy.
-    tick_deferred: bool,
+    /// Whether the LAPIC timer's host tick is deferred past its deadline (`idle/tick_defer.rs`).
     tick_defer: TickDefer,
-    /// A deferral ended: the host tick armed for it is stale, the next pass programs it
-    /// exactly (`CpuTimers::run_exact`) rather than let it interrupt the guest for nothing.
-    tick_stale: bool,
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
@@ -140,9 +136,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_timer: None,
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
-            tick_deferred: false,
             tick_defer: TickDefer::default(),
-            tick_stale: false,
             global_armed: false,
             router: parts.router,
             clock: parts.clock,
@@ -248,7 +242,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
         if self.halted {
             self.timers.run_halted(now, &mut on_fire);
-        } else if std::mem::take(&mut self.tick_stale) {
+        } else if self.tick_defer.take_stale() {
+            // The tick armed for an ended deferral would interrupt the guest for nothing.
             self.timers.run_exact(now, &mut on_fire);
         } else {
             self.timers.run(now, &mut on_fire);
@@ -299,7 +294,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.
     fn arm_lapic_timer(&mut self, deadline: Nanos) {
-        self.tick_deferred = false;
+        self.tick_defer.clear();
         self.arm_lapic_host_timer(self.advance.arm_at(deadline));
     }
 
@@ -311,7 +306,6 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             Some(at) => {
                 self.counters.ticks_deferred.fetch_add(1, Ordering::Relaxed);
                 self.arm_lapic_host_timer(at);
-                self.tick_deferred = true;
             }
             None => self.arm_lapic_timer(deadline),
         }
@@ -321,12 +315,9 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// back to its usual time (the next timer pass handles it at once if that has come).
     /// Not when the deferred tick itself is due: that exit is its doing, a miss.
     fn end_tick_deferral(&mut self, now: Nanos) {
-        if !self.tick_deferred || self.lapic_armed_at.is_some_and(|at| at <= now) {
+        if !self.tick_defer.guest_exited(now) {
             return;
         }
-        self.tick_deferred = false;
-        self.tick_stale = true;
-        self.tick_defer.worked();
         if let Some(deadline) = self.lapic.timer_deadline() {
             self.arm_lapic_timer(deadline);
             if self.lapic_armed_at.is_some_and(|at| at <= now) {
@@ -352,11 +343,9 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// expiry is handled at.
     fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
         self.lapic_timer = None;
-        let deferred = std::mem::take(&mut self.tick_deferred);
-        if deferred {
-            // The guest ran on past the deadline without an exit: back off (no advance to
-            // learn from a tick armed after the deadline).
-            self.tick_defer.missed();
+        if self.tick_defer.fired() {
+            // The guest ran on past the deadline without an exit: it backs off (no advance
+            // to learn from a tick armed after the deadline).
             self.lapic_armed_at = None;
             self.counters
                 .ticks_deferred_missed
@@ -427,7 +416,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
                 self.arm_lapic_timer_for_guest(deadline_ns, interruptible);
             }
             LapicTimerChange::Cancel => {
-                self.tick_deferred = false;
+                self.tick_defer.clear();
                 if let Some(h) = self.lapic_timer.take() {
                     self.timers.cancel(h);
                 }

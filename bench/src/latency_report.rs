@@ -164,6 +164,8 @@ pub struct LatencyReport {
     pub duration_s: f64,
     /// How far ahead each deadline was armed, TSC cycles.
     pub delta_tsc: u64,
+    /// 1: the guest's handler recorded after its EOI; 0: before its WRMSR.
+    pub tail: u32,
     /// Repetitions per row.
     pub reps: u32,
     /// One row per (pattern, PV, mode), in that order.

@@ -245,8 +245,9 @@ mod tests {
                     "--pv", "eoi"]).unwrap(),
             Experiment::Latency(l) if l.duration == std::time::Duration::from_secs(1)
                 && l.modes == vec![Mode::Kernel, Mode::Pull] && l.pv == vec![Pv::Eoi]
-                && l.delta == 200_000 && l.patterns.len() == 2
+                && l.delta == 200_000 && l.patterns.len() == 2 && l.tail == 1
         ));
+        assert!(parse(&["lull", "bench", "latency", "--tail", "2"]).is_err());
         assert!(parse(&["lull", "bench", "latency", "--delta", "10"]).is_err());
         assert!(parse(&["lull", "bench", "density", "--duration", "10"]).is_err());
         assert!(parse(&["lull", "bench"]).is_err());

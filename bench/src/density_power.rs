@@ -168,7 +168,7 @@ pub fn baseline(duration: Duration, meter: Option<&str>) -> Reading<PowerWindow>
 
 /// The package power and energy of a window: the sum of its `package-*` zones (else its
 /// `psys` zone), `(W, J)`.
-fn package(w: &PowerWindow) -> Result<(f64, f64), String> {
+pub(crate) fn package(w: &PowerWindow) -> Result<(f64, f64), String> {
     let zones = match (&w.energy.value, &w.energy.reason) {
         (Some(z), _) => z,
         (None, why) => return Err(why.clone().unwrap_or_default()),

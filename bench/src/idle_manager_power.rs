@@ -211,32 +211,12 @@ pub fn notes<'a>(runs: impl IntoIterator<Item = &'a RunPower>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::power::rapl::ZoneEnergy;
     use crate::power::PowerError;
 
     /// A window of 4 s with package power `pkg` W (beside a DRAM zone that does not count),
     /// 300 idle exits per second, no cpuidle detail, no meter.
     fn window(pkg: Option<f64>) -> Reading<PowerWindow> {
-        let zone = |name: &str, watts: f64| ZoneEnergy {
-            zone: format!("intel-rapl:{name}"),
-            name: name.into(),
-            joules: Reading::ok(watts * 4.0),
-            watts: Reading::ok(watts),
-        };
-        Reading::ok(PowerWindow {
-            seconds: 4.0,
-            energy: match pkg {
-                Some(w) => Reading::ok(vec![zone("package-0", w), zone("dram", 2.0)]),
-                None => Reading::missing("no RAPL powercap zones"),
-            },
-            idle: Reading::missing("no cpuidle"),
-            idle_exits_per_s: Reading::ok(300.0),
-            local_timer_irqs_per_s: Reading::ok(250.0),
-            resched_irqs_per_s: Reading::ok(5.0),
-            processes: Vec::new(),
-            context_switches_per_s: Reading::missing(PowerError::NoProcesses),
-            meter: Reading::missing(PowerError::NoMeter),
-        })
+        crate::density_power::tests::window(4.0, pkg, 300.0)
     }
 
     /// 30,000 iterations in 3 s with 1.5 CPU-seconds of lull.

@@ -108,3 +108,7 @@ impl NmiQueue {
         *self = Self::default();
     }
 }
+
+#[cfg(test)]
+#[path = "nmi_proptests.rs"]
+mod proptests;

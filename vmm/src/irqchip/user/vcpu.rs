@@ -105,8 +105,6 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     wait: VcpuWait,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
     tpr_poll: TprPoll,
-    /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
-    nmi_in_kvm: bool,
     /// Halted or waiting for SIPI: no guest code runs until the next entry, so timer passes
     /// leave the host tick to the pass before that entry (`CpuTimers::run_halted`).
     halted: bool,
@@ -149,7 +147,6 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
                 wake_timer: parts.wake_timer,
             },
             tpr_poll: TprPoll::default(),
-            nmi_in_kvm: false,
             halted: false,
         };
         Some(Self { chip, idle })
@@ -202,12 +199,18 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
                 self.run_timers(now);
             }
         }
-        let nmis = self.lapic.take_nmi();
-        for _ in 0..nmis {
+        for _ in 0..self.lapic.take_nmi() {
             let _ = cpu.inject_nmi();
         }
-        self.nmi_in_kvm |= nmis > 0;
         summary
+    }
+
+    /// Asks KVM what it still holds of the NMIs lull gave it, while it may hold any (one
+    /// ioctl), and tells the LAPIC. A failed ask counts as none held.
+    fn ask_kvm_nmi(&mut self, cpu: &mut dyn CpuPort) {
+        if self.lapic.nmi_in_cpu() {
+            self.lapic.cpu_nmi(cpu.kvm_nmi().unwrap_or(KvmNmi::None));
+        }
     }
 
     /// Whether a halted vCPU must run for an NMI lull gave KVM: KVM delivers it at the next
@@ -215,17 +218,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// NMI then waits for IRET). KVM keeps the second of two NMIs until the first's IRET, so
     /// the guest may halt with one still held: ask KVM while lull's NMIs may be outstanding.
     fn nmi_runnable(&mut self, cpu: &mut dyn CpuPort) -> bool {
-        if !self.nmi_in_kvm {
-            return false;
-        }
-        match cpu.kvm_nmi() {
-            Ok(KvmNmi::Deliverable) => true,
-            Ok(KvmNmi::Blocked) => false,
-            Ok(KvmNmi::None) | Err(_) => {
-                self.nmi_in_kvm = false;
-                false
-            }
-        }
+        self.ask_kvm_nmi(cpu);
+        self.lapic.nmi_wakes_cpu()
     }
 
     /// One pass of the timer model: expires what is due (this vCPU's timers, and other
@@ -372,16 +366,23 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     }
 
     /// Injects the highest pending interrupt if the guest can take it, else asks KVM for an
-    /// interrupt window.
+    /// interrupt window. An NMI KVM has yet to deliver goes first: KVM queues what lull
+    /// injects as already injected, ahead of its own pending NMIs, so the interrupt waits for
+    /// the window after the NMI handler's IRET (`Lapic::injectable_interrupt`).
     fn inject(&mut self, cpu: &mut dyn CpuPort) {
-        let Some(vector) = self.lapic.next_interrupt() else {
+        if self.lapic.next_interrupt().is_none() {
             cpu.request_interrupt_window(false);
             return;
-        };
+        }
         if !cpu.can_inject() {
             cpu.request_interrupt_window(true);
             return;
         }
+        self.ask_kvm_nmi(cpu);
+        let Some(vector) = self.lapic.injectable_interrupt() else {
+            cpu.request_interrupt_window(true);
+            return;
+        };
         if cpu.inject(vector).is_ok() {
             self.lapic.interrupt_injected(vector);
             self.counters().injected.fetch_add(1, Ordering::Relaxed);

@@ -688,6 +688,13 @@ impl<E: LapicEvents> Lapic<E> {
         self.timer.deadline()
     }
 
+    /// Converts the TSC values written from now on (TSC deadlines) with `tsc`: the VMM
+    /// re-anchors the map now and then, so that the guest TSC's drift against its clock does
+    /// not accumulate over the VM's life. A deadline already armed keeps its conversion.
+    pub fn set_tsc_map(&mut self, tsc: TscMap) {
+        self.timer.set_tsc_map(tsc);
+    }
+
     /// The events sink.
     pub fn events(&self) -> &E {
         &self.events

@@ -21,6 +21,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
+use super::guest_tsc::TscAnchor;
 use super::host_timer::SharedTimerFd;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
@@ -68,6 +69,9 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     /// The wake-up timer the timer model arms for this vCPU while it is blocked (handed to
     /// the model with `CpuTimers::set_wake_timer`); `None`: block with the model's timeout.
     pub wake_timer: Option<Arc<SharedTimerFd>>,
+    /// Re-anchors the LAPIC's TSC map now and then (`None`: the guest TSC is not cheap to
+    /// read, the start-up map stays).
+    pub tsc_anchor: Option<TscAnchor>,
 }
 
 /// One vCPU's chip and idle manager, owned by its thread.
@@ -101,6 +105,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     pv_eoi: Option<PvEoi>,
     /// PV TSC deadline state, if the guest may use it.
     pv_deadline: Option<PvDeadline>,
+    /// Keeps the TSC map from drifting (see `guest_tsc`).
+    tsc_anchor: Option<TscAnchor>,
     /// What it blocks on.
     wait: VcpuWait,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
@@ -142,6 +148,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
             pv_deadline: parts.pv_deadline.then(PvDeadline::default),
+            tsc_anchor: parts.tsc_anchor,
             wait: VcpuWait {
                 mailbox,
                 wake_timer: parts.wake_timer,
@@ -422,8 +429,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
     }
 
-    /// After KVM_RUN, before the exit: reads back PV EOI and a PV deadline.
+    /// After KVM_RUN, before the exit: re-anchors the TSC map when due, reads back PV EOI
+    /// and a PV deadline.
     fn after_run(&mut self) {
+        if let Some(anchor) = &mut self.tsc_anchor {
+            if let Some(map) = anchor.refresh(&self.clock, self.clock.now()) {
+                self.lapic.set_tsc_map(map);
+            }
+        }
         if let Some(pv) = &mut self.pv_eoi {
             if pv.after_exit(&mut self.lapic, &self.mem).is_some() {
                 self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);

@@ -74,6 +74,7 @@ impl Rig {
             pv_eoi: true,
             pv_deadline,
             wake_timer: None,
+            tsc_anchor: None,
         })
         .unwrap();
         let mut rig = Rig {
@@ -181,6 +182,34 @@ fn a_tsc_deadline_interrupt_comes_at_its_deadline_never_before() {
     let c = rig.shared.counters(0).unwrap();
     assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1);
     assert_eq!(c.lateness_us_log2[0].load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_tsc_deadline_is_converted_with_a_map_re_anchored_to_the_guest_tsc() {
+    use crate::irqchip::user::guest_tsc::{TscAnchor, REANCHOR_NS};
+    // The default map says 1 tick per ns from 0, but this guest's TSC runs 1% fast.
+    let mut rig = Rig::new(ModelKind::Pull);
+    let c = rig.clock.clone();
+    let tsc = move || {
+        let ns = timer::Clock::now(&c);
+        ns + ns / 100
+    };
+    let read: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(tsc.clone());
+    rig.irq.chip.tsc_anchor = Some(TscAnchor::new(read, 1_000_000, 0));
+    rig.port.open = true;
+    rig.mmio_write(0x320, 0x4_0040); // LVT timer: TSC-deadline mode, vector 0x40
+    let t = 2 * REANCHOR_NS;
+    rig.clock.set(t);
+    rig.irq.after_run(None); // an exit: the map is due for a new anchor
+                             // The guest asks for 1 ms of its TSC ahead: 1,010,000 ticks, as many ns here. The
+                             // start-up map would put the deadline t / 100 (20 ms) later.
+    rig.wrmsr(0x6e0, tsc() + 1_010_000);
+    rig.clock.set(t + 1_009_999);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty(), "the interrupt came early");
+    rig.clock.set(t + 1_010_000);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40], "the interrupt is late");
 }
 
 #[test]

@@ -36,6 +36,7 @@ mod global_timers;
 mod guest_output;
 mod host;
 mod idle_manager;
+mod idle_manager_power;
 mod latency;
 mod latency_report;
 mod linux_density;
@@ -45,6 +46,7 @@ mod max_vms_plot;
 mod max_vms_report;
 mod plot;
 pub mod power;
+mod power_args;
 mod proc_sample;
 mod progress;
 mod qemu;
@@ -70,6 +72,7 @@ pub use global_timers::{GlobalTimersArgs, GlobalTimersReport, GLOBAL_TIMERS_SCHE
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
 pub use latency::{LatencyArgs, Pattern, Pv};
 pub use latency_report::{LatencyReport, LatencyRow, LATENCY_SCHEMA};
+pub use power_args::{BaselineLength, PowerArgs};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
     DENSITY_SCHEMA, TIMER_MODES_SCHEMA, WAKEUP_SCHEMA,

@@ -20,7 +20,7 @@ help:
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
-	@echo "make bench-timer-modes|bench-idle-manager|bench-boot|bench-linux  the other lull bench experiments"
+	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux  the other lull bench experiments"
 	@echo "make bench-floor    the least a user-space LAPIC's timer event and IPI wake-up cost here, against KVM's"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
@@ -158,11 +158,18 @@ bench: build-release guests
 	    | tee docs/bench/wakeup.txt
 
 # The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
-.PHONY: bench-timer-modes bench-idle-manager bench-boot bench-linux
+.PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux
 bench-timer-modes: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
 	    --json docs/bench/timer-modes.json | tee docs/bench/timer-modes.txt
+
+# Short deadlines re-armed from the guest's handler (halted and busy, PV EOI off and on): about
+# 16 runs of 5 s per rep, ~5 minutes.
+bench-latency: build-release guests
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench latency --duration 5s --reps 3 \
+	    --json docs/bench/latency.json | tee docs/bench/latency.txt
 
 bench-idle-manager: build-release guests
 	mkdir -p docs/bench

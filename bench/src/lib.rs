@@ -15,6 +15,8 @@
 //! timer-modes:  per rep, per mode: lapic-timer at two lengths -> costs per timer event (median)
 //! idle-manager: spin under idle injection and under CPU quota -> idle shares, throughput
 //! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
+//! latency:      per rep, per pattern (halt, busy), per PV, per mode: idle-sim re-arming a
+//!               short TSC deadline from its handler -> lateness p50/p99 vs kernel, CPU/event
 //! global-timers: per case (all vCPUs idle, one busy), per timer model: idle-sim with a
 //!               global-timer load -> global fires, who woke for them, empty wake-ups
 //! ```
@@ -35,6 +37,8 @@ mod guest_output;
 mod host;
 mod idle_manager;
 mod idle_manager_power;
+mod latency;
+mod latency_report;
 mod linux_density;
 mod lull_metrics;
 mod max_vms;
@@ -47,6 +51,7 @@ mod proc_sample;
 mod progress;
 mod qemu;
 mod report;
+mod single_run;
 mod slo;
 mod timer_modes;
 mod units;
@@ -65,6 +70,8 @@ pub use density::{DensityArgs, Mode};
 pub use error::{BenchError, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED, EXIT_VM_FAILED};
 pub use global_timers::{GlobalTimersArgs, GlobalTimersReport, GLOBAL_TIMERS_SCHEMA};
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
+pub use latency::{LatencyArgs, Pattern, Pv};
+pub use latency_report::{LatencyReport, LatencyRow, LATENCY_SCHEMA};
 pub use power_args::{BaselineLength, PowerArgs};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
@@ -143,6 +150,10 @@ pub enum Experiment {
     /// Who wakes for global timers in each timer model, every vCPU idle and one busy: global
     /// fires, wake-ups of blocked vCPUs per expiry, empty wake-ups, host wake-ups.
     GlobalTimers(GlobalTimersArgs),
+    /// Lateness of short TSC deadlines the guest re-arms from its timer interrupt handler,
+    /// halted or busy in between, per mode, with and without PV EOI: p50/p99 and host CPU per
+    /// event against `--irqchip kernel`.
+    Latency(LatencyArgs),
 }
 
 /// Runs `lull bench ...`; the return value is the process exit status.
@@ -163,6 +174,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::IdleManager(a) => idle_manager::run(a),
         Experiment::Boot(a) => boot::run(a),
         Experiment::GlobalTimers(a) => global_timers::run(a),
+        Experiment::Latency(a) => latency::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),
@@ -231,6 +243,15 @@ mod tests {
             Experiment::TimerModes(t) if t.common.kit == Some(PathBuf::from("/k")) && t.count == 200
         ));
         assert!(parse(&["lull", "bench", "timer-modes", "--count", "5"]).is_err());
+        assert!(matches!(
+            parse(&["lull", "bench", "latency", "--duration", "1s", "--modes", "kernel,pull",
+                    "--pv", "eoi"]).unwrap(),
+            Experiment::Latency(l) if l.duration == std::time::Duration::from_secs(1)
+                && l.modes == vec![Mode::Kernel, Mode::Pull] && l.pv == vec![Pv::Eoi]
+                && l.delta == 200_000 && l.patterns.len() == 2 && l.tail == 1
+        ));
+        assert!(parse(&["lull", "bench", "latency", "--tail", "2"]).is_err());
+        assert!(parse(&["lull", "bench", "latency", "--delta", "10"]).is_err());
         assert!(parse(&["lull", "bench", "density", "--duration", "10"]).is_err());
         assert!(parse(&["lull", "bench"]).is_err());
     }
@@ -244,7 +265,14 @@ mod tests {
             help.starts_with("What lull's help says of the bench\n"),
             "{help}"
         );
-        for experiment in ["density", "wakeup", "timer-modes", "idle-manager", "boot"] {
+        for experiment in [
+            "density",
+            "wakeup",
+            "timer-modes",
+            "idle-manager",
+            "boot",
+            "latency",
+        ] {
             assert!(help.contains(experiment), "{help}");
         }
     }

@@ -310,7 +310,8 @@ pub fn median(mut v: Vec<f64>) -> Option<f64> {
     }
 }
 
-fn opt(v: Option<f64>, prec: usize) -> String {
+/// `v` with `prec` decimals, or `-` where there is none (a table cell).
+pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.prec$}"))
 }
 

@@ -29,13 +29,13 @@ use clap::Args;
 use lull_schema::{RunReport, ThreadStat, VcpuSnapshot};
 use serde::{Deserialize, Serialize};
 
-use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
+use super::common::{guest_path, lull_binary, work_dir, CommonArgs};
 use super::density::Mode;
 use super::error::BenchError;
-use super::fleet::{self, VmSpec, Watch};
 use super::guest_output::parse_lapic_timer;
 use super::host;
 use super::report::{self, median, TimerModesReport, TimerModesRow, TIMER_MODES_SCHEMA};
+use super::single_run::{self, SingleRun};
 
 /// Timer events of the small run (each of the guest's four timer modes runs this many).
 const SMALL_COUNT: u32 = 10;
@@ -182,48 +182,24 @@ impl Plan {
         let stem = self
             .work
             .join(format!("timer-modes-{}-c{count}-r{rep}", mode.name()));
-        let serial = stem.with_extension("console");
-        let metrics = stem.with_extension("json");
-        let _ = std::fs::remove_file(&serial);
-        let _ = std::fs::remove_file(&metrics);
-        let mut c = std::process::Command::new(&self.lull);
-        c.arg("run")
-            .arg("--kernel")
-            .arg(&self.guest)
-            .args(["--memory", "64M", "--cmdline", &format!("count={count}")])
-            .arg("--serial")
-            .arg(format!("file={}", serial.display()))
-            .arg("--metrics")
-            .arg(&metrics)
-            .args(mode.lull_args());
-        let watch = Watch {
-            boot_marker: "lapic-timer: ".into(),
-            end_markers: Vec::new(),
-            guest_bytes: 64 << 20,
+        let (vm, metrics) = single_run::run(SingleRun {
+            lull: &self.lull,
+            guest: &self.guest,
+            stem: stem.clone(),
+            flags: ["--memory", "64M", "--cmdline", &format!("count={count}")]
+                .map(String::from)
+                .to_vec(),
+            mode,
+            boot_marker: "lapic-timer: ",
             deadline: Duration::from_secs(300),
-            settle: Duration::ZERO,
-            planned: None,
-            stagger: false,
-            label: format!("{} count={count} rep {rep}", mode.name()),
             // Four timer modes of `count` 1-ms timers, plus the boot.
             expected: Duration::from_millis(4 * u64::from(count)) + Duration::from_secs(2),
-        };
-        let spec = VmSpec {
-            command: c,
-            serial,
-            stderr: stem.with_extension("stderr"),
-            api: None,
-        };
-        let vm = fleet::run(vec![spec], &watch)?.vms.remove(0);
+            label: format!("{} count={count} rep {rep}", mode.name()),
+        })?;
         if vm.code != Some(1) || !vm.console.contains("lapic-timer: PASS") {
-            let last = vm.console.lines().chain(vm.stderr.lines()).last();
-            return Ok(Err(format!(
-                "count={count}: status {:?}: {}",
-                vm.code,
-                last.unwrap_or("")
-            )));
+            return Ok(Err(single_run::failure(&format!("count={count}"), &vm)));
         }
-        Ok(read_metrics(&metrics)
+        Ok(metrics
             .and_then(|m| totals(&vm.console, &m))
             .ok_or_else(|| {
                 format!(
@@ -234,7 +210,8 @@ impl Plan {
     }
 }
 
-fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
+/// The modes to run: `--modes`, or all four lull modes; QEMU has no `--metrics`.
+pub(crate) fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
     if asked.is_empty() {
         return Ok(vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central]);
     }

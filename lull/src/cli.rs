@@ -45,7 +45,8 @@ pub enum Command {
     /// Measure lull against the alternatives on this host: `density` (many idle VMs per mode:
     /// host CPU, wake-ups, exits, guest timer lateness, RSS), `wakeup` (IPI wake-up latency of a
     /// halted vCPU per halt-polling mode), `timer-modes` (cost per guest timer event),
-    /// `idle-manager` (idle injection, CPU quota) and `boot` (boot time vs QEMU, lull's RSS).
+    /// `latency` (short deadlines re-armed from the guest's interrupt handler), `idle-manager`
+    /// (idle injection, CPU quota) and `boot` (boot time vs QEMU, lull's RSS).
     /// Tables on stdout, progress on stderr.
     Bench(bench::BenchArgs),
 }

@@ -43,6 +43,11 @@ pub struct VcpuSnapshot {
     pub timer_advance_ns: u64,
     /// Time spent waiting for LAPIC deadlines after an advanced host timer, ns.
     pub advance_wait_ns: u64,
+    /// Short LAPIC deadlines armed with interrupts off whose host tick lull deferred to the
+    /// guest's next exit (`vmm/src/idle/tick_defer.rs`; user irqchip).
+    pub ticks_deferred: u64,
+    /// Deferred host ticks that fired because the guest ran on without an exit.
+    pub ticks_deferred_missed: u64,
     /// Time from each KVM_RUN's return to the next, less `blocked_ns`: lull's own handling of
     /// the exits, ns.
     pub exit_handling_ns: u64,

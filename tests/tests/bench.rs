@@ -377,6 +377,40 @@ fn timer_modes_measures_every_model() -> Result<(), Failed> {
     Ok(())
 }
 
+fn latency_measures_both_patterns_against_kernel() -> Result<(), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let args = [
+        "--duration",
+        "1s",
+        "--reps",
+        "1",
+        "--modes",
+        "kernel,pull",
+        "--pv",
+        "none,eoi",
+    ];
+    let (v, r) = run_bench("latency", &args)?;
+    r.expect_stdout("p50/kern")?;
+    let results = rows(&v, "results");
+    if v["schema"] != "lull-bench-latency/1" || results.len() != 8 {
+        return Err(format!("unexpected latency report: {v}").into());
+    }
+    for row in &results {
+        // Every run passed (a lost interrupt leaves a halted guest to time out), none early.
+        if row["reps_ok"] != 1 || row["early"] != 0 || !rows(row, "failures").is_empty() {
+            return Err(format!("a latency run failed: {row}").into());
+        }
+        if row["events"].as_f64().unwrap_or(0.0) < 1.0 || row["p50_vs_kernel"].is_null() {
+            return Err(format!("a latency row without figures: {row}").into());
+        }
+        // Both irqchips offer PV EOI: a row that asked for it used it.
+        if row["pv_eoi_used"] != (row["pv"] == "eoi") {
+            return Err(format!("PV EOI not used as asked: {row}").into());
+        }
+    }
+    Ok(())
+}
+
 fn idle_manager_measures_injection_and_quota() -> Result<(), Failed> {
     kit_file("guests/spin.elf")?;
     let args = ["--duration", "1s", "--percents", "25", "--vms", "2"];
@@ -468,6 +502,7 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
         "idle-manager",
         "boot",
         "global-timers",
+        "latency",
     ] {
         r.expect_stdout(experiment)?;
     }
@@ -518,6 +553,10 @@ fn main() {
         kvm_trial(
             "timer_modes_measures_every_model",
             timer_modes_measures_every_model,
+        ),
+        kvm_trial(
+            "latency_measures_both_patterns_against_kernel",
+            latency_measures_both_patterns_against_kernel,
         ),
         kvm_trial(
             "idle_manager_measures_injection_and_quota",

@@ -41,6 +41,8 @@ impl VcpuCounters {
             lapic_timer_fires: g(&self.lapic_timer_fires),
             timer_advance_ns: g(&self.timer_advance_ns),
             advance_wait_ns: g(&self.advance_wait_ns),
+            ticks_deferred: g(&self.ticks_deferred),
+            ticks_deferred_missed: g(&self.ticks_deferred_missed),
             exit_handling_ns: g(&self.exit_handling_ns),
             blocked_ns: g(&self.blocked_ns),
             global_timer_fires: g(&self.global_timer_fires),

@@ -37,6 +37,17 @@
  *                     CPU registers an 8-byte slot with MSR_LULL_PV_DEADLINE and stores its
  *                     next deadline there instead of writing IA32_TSC_DEADLINE; the HLT that
  *                     follows is the only exit (docs/GUEST-ABI.md). Falls back to the MSR.
+ *   pattern=mix       mix: the above. rearm-halt / rearm-busy: short deadlines re-armed
+ *                     from the interrupt handler (cyclictest, high-rate hrtimers): every idle
+ *                     CPU arms a TSC deadline `delta` TSC cycles ahead; its handler takes the
+ *                     TSC, writes the next deadline (TSC + delta, IA32_TSC_DEADLINE or, with
+ *                     pv_deadline=1 and rearm-halt, the PV slot), EOIs, then records the
+ *                     lateness (its tail; tail=0: records before the write); no IPIs. Between interrupts the CPU halts (rearm-halt) or stays
+ *                     busy writing '.' to the serial port, one exit per character (rearm-busy;
+ *                     a newline every 64). Needs TSC-deadline. The report is the same.
+ *   delta=200000      rearm-*: how far ahead each deadline is, in TSC cycles
+ *   tail=1            rearm-*: 1: the handler records after its EOI (on our hosts the
+ *                     deadline then passes inside the handler); 0: before its WRMSR
  * The guest exits 0 (lull status 1) when every CPU finished within duration + 2 s.
  */
 #include "rt.h"
@@ -64,6 +75,8 @@ struct cpu_state {
     volatile u64 fired_tsc;
     volatile u64 ipi_tx_tsc; /* written by the sender (the previous CPU) before the ICR write */
     volatile u32 ipis_received;
+    volatile u32 rearming; /* rearm-*: the handler re-arms; it clears this at the end */
+    u64 deadline;          /* rearm-*: the deadline armed last */
     u32 events, ipis_sent, early;
     u32 rng;
     struct histogram lateness, ipi;
@@ -75,6 +88,10 @@ static struct cpu_state cpu[RT_MAX_CPUS];
 static volatile u32 apic_of[RT_MAX_CPUS];
 static volatile u32 ready, go, done;
 static u32 ncpus, ipi_pct, use_deadline, busy, use_pv_eoi, use_pv_deadline;
+enum pattern { PATTERN_MIX, PATTERN_REARM_HALT, PATTERN_REARM_BUSY };
+static enum pattern pattern;
+static u64 rearm_delta;
+static u32 rearm_tail;
 
 #define MSR_KVM_PV_EOI_EN 0x4b564d04
 #define KVM_FEATURE_PV_EOI (1u << 6)
@@ -290,14 +307,53 @@ static void eoi(void)
     lapic_eoi();
 }
 
-/* Timer interrupt: timestamp first, EOI. */
+/* Records the lateness of a deadline that fired at `now`. */
+static void record(struct cpu_state *c, u64 now, u64 expected)
+{
+    c->events++;
+    if (now + early_ticks < expected)
+        c->early++;
+    hist_add(&c->lateness, now > expected ? now - expected : 0);
+}
+
+/* rearm-*: the next deadline, `delta` from now, as the guest's timer code would write it. */
+static void arm_next(struct cpu_state *c, u32 idx)
+{
+    c->deadline = rdtsc() + rearm_delta;
+    if (use_pv_deadline)
+        pv_deadline_slot[idx] = c->deadline; /* taken at the HLT's exit */
+    else
+        wrmsr(MSR_TSC_DEADLINE, c->deadline);
+}
+
+/* Timer interrupt: timestamp first; rearm-*: re-arm (until the end), EOI, record (or with
+ * tail=0 record first); else EOI (the main loop records). Every guest instruction is
+ * emulated on our hosts (~1.5 us each): the record after the EOI (the handler's tail, as
+ * Linux's hrtimer_interrupt runs its callbacks and irq_exit) takes longer than a 77 us
+ * delta, so the deadline passes while the handler still runs with interrupts off, and the
+ * interrupt is taken at the `sti; hlt` after it. With tail=0 only the EOI and the return lie
+ * between the WRMSR and the HLT: the deadline passes while the vCPU halts. */
 static void timer_irq(struct trap_frame *f)
 {
     u64 now = rdtsc();
-    struct cpu_state *c = &cpu[this_cpu()];
+    u32 idx = this_cpu();
+    struct cpu_state *c = &cpu[idx];
     c->fired_tsc = now;
     c->fired++;
+    if (!c->rearming) {
+        eoi();
+        return;
+    }
+    u64 expected = c->deadline;
+    if (!rearm_tail)
+        record(c, now, expected);
+    if (now < end_tsc)
+        arm_next(c, idx);
+    else
+        c->rearming = 0;
     eoi();
+    if (rearm_tail)
+        record(c, now, expected);
 }
 
 /* IPI from the previous CPU: its latency, EOI. */
@@ -353,17 +409,41 @@ static void run_idle(u32 idx)
             sti_hlt();
             cli();
         }
-        c->events++;
-        u64 at = c->fired_tsc;
-        if (at + early_ticks < expected)
-            c->early++;
-        hist_add(&c->lateness, at > expected ? at - expected : 0);
+        record(c, c->fired_tsc, expected);
         if (ncpus > 1 && next_random(c) % 100 < ipi_pct) {
             xapic_write(APIC_ICR_HI, apic_of[next] << 24);
             cpu[next].ipi_tx_tsc = rdtsc();
             xapic_write(APIC_ICR_LO, ICR_FIXED | ICR_ASSERT | IPI_VECTOR);
             c->ipis_sent++;
         }
+    }
+    xapic_write(APIC_LVT_TIMER, LVT_MASKED);
+}
+
+/* rearm-*: arm once; the handler re-arms until the end; halt or write to the serial port. */
+static void run_rearm(u32 idx)
+{
+    struct cpu_state *c = &cpu[idx];
+    pv_eoi_register(idx);
+    if (use_pv_deadline)
+        wrmsr(MSR_LULL_PV_DEADLINE, (u64)(u32)&pv_deadline_slot[idx] | 1);
+    xapic_write(APIC_LVT_TIMER, TIMER_VECTOR | LVT_TIMER_TSC_DEADLINE);
+    cli();
+    c->rearming = 1;
+    arm_next(c, idx);
+    if (pattern == PATTERN_REARM_HALT) {
+        while (c->rearming) {
+            sti_hlt();
+            cli();
+        }
+    } else {
+        u32 column = 0;
+        sti();
+        while (c->rearming) {
+            outb(PORT_SERIAL, ++column % 64 ? '.' : '\n');
+        }
+        cli();
+        outb(PORT_SERIAL, '\n');
     }
     xapic_write(APIC_LVT_TIMER, LVT_MASKED);
 }
@@ -382,6 +462,8 @@ static void run_cpu(u32 idx)
 {
     if (idx < busy)
         run_busy();
+    else if (pattern != PATTERN_MIX)
+        run_rearm(idx);
     else
         run_idle(idx);
 }
@@ -402,6 +484,7 @@ int main(void)
 {
     char buf[128] = "30:1,30:4,40:10-500";
     char timer[12] = "deadline";
+    char pattern_name[12] = "mix";
     ncpus = smp_cpu_count();
     if (ncpus > RT_MAX_CPUS)
         ncpus = RT_MAX_CPUS;
@@ -428,6 +511,19 @@ int main(void)
         printf("idle-sim: TSC-deadline not offered: using one-shot\n");
         use_deadline = 0;
     }
+    cmdline_str("pattern", pattern_name, sizeof(pattern_name));
+    if (strncmp(pattern_name, "rearm-halt", 11) == 0)
+        pattern = PATTERN_REARM_HALT;
+    else if (strncmp(pattern_name, "rearm-busy", 11) == 0)
+        pattern = PATTERN_REARM_BUSY;
+    else if (strncmp(pattern_name, "mix", 4) != 0)
+        fail("pattern: expected mix, rearm-halt or rearm-busy");
+    rearm_delta = cmdline_u64("delta", 200000);
+    rearm_tail = (u32)cmdline_u64("tail", 1);
+    if (pattern != PATTERN_MIX && !use_deadline)
+        fail("pattern=%s needs TSC-deadline", pattern_name);
+    if (pattern == PATTERN_REARM_BUSY)
+        use_pv_deadline = 0; /* a slot takes effect at the next exit: not for a running CPU */
     if (!use_deadline)
         use_pv_deadline = 0;
     for (u32 i = 0; i < RT_MAX_CPUS; i++)
@@ -438,10 +534,16 @@ int main(void)
     rt_set_irq_handler(SPURIOUS_VECTOR, spurious_irq);
     lapic_enable(SPURIOUS_VECTOR);
     apic_of[0] = lapic_id();
-    printf("idle-sim: %u CPUs (%u busy), %s%s, duration %llu ms, mix %s, ipi %u%%, eoi %s\n",
-           ncpus, busy, use_deadline ? "tsc-deadline" : "one-shot div1",
-           use_pv_deadline ? " (pv)" : "", duration_ms, buf, ipi_pct,
-           use_pv_eoi ? "pv" : "register");
+    if (pattern == PATTERN_MIX)
+        printf("idle-sim: %u CPUs (%u busy), %s%s, duration %llu ms, mix %s, ipi %u%%, eoi %s\n",
+               ncpus, busy, use_deadline ? "tsc-deadline" : "one-shot div1",
+               use_pv_deadline ? " (pv)" : "", duration_ms, buf, ipi_pct,
+               use_pv_eoi ? "pv" : "register");
+    else
+        printf("idle-sim: %u CPUs (%u busy), %s, tsc-deadline%s, delta %llu tsc, tail %u, "
+               "duration %llu ms, eoi %s\n",
+               ncpus, busy, pattern_name, use_pv_deadline ? " (pv)" : "", rearm_delta,
+               rearm_tail, duration_ms, use_pv_eoi ? "pv" : "register");
     if (ncpus > 1) {
         u32 online = smp_start_aps(ncpus, ap_main, 5000);
         u64 end = rdtsc() + ns_to_tsc(5000000000ull);

@@ -126,6 +126,14 @@ pub trait CpuTimers<T>: Send {
     fn run_halted(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
         self.run(now, f)
     }
+    /// [`CpuTimers::run`], with the host tick set to exactly the next deadline even where it
+    /// moved later (`run` leaves a tick armed earlier in place, to fire once for nothing):
+    /// for a caller that knows the armed tick is stale and that firing would interrupt guest
+    /// code for nothing (a timer handled at an exit before its tick). Models whose tick
+    /// follows every change already keep `run`'s behaviour.
+    fn run_exact(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        self.run(now, f)
+    }
     /// Going idle: returns the absolute timeout to block with (`NEVER`: until kicked).
     fn idle(&mut self, now: Nanos) -> Nanos;
     /// The timeout to block with while idle, re-read after arming timers while idle.

@@ -283,6 +283,14 @@ impl<T: Send + 'static> CpuTimers<T> for PullCpu<T> {
         self.expire_due(now, f)
     }
 
+    fn run_exact(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
+        let deadline = self.expire_due(now, f);
+        if !self.idle {
+            self.tick.track(deadline, Some(now), &self.shared.metrics);
+        }
+        deadline
+    }
+
     fn idle(&mut self, now: Nanos) -> Nanos {
         if !self.idle {
             self.idle = true;

@@ -327,3 +327,37 @@ fn pull_programs_no_tick_for_a_cpu_that_halts() {
     assert_eq!(*fired.lock().unwrap(), vec![1, 2]);
     assert_eq!((tick.arms(), tick.disarms()), (1, 0));
 }
+
+/// A tick armed for a timer that an exit handled first, then a later deadline: `run` leaves
+/// the stale tick to fire once for nothing, `run_exact` moves it to the later deadline (in
+/// `push` both follow every change).
+#[test]
+fn run_exact_moves_a_stale_tick_later() {
+    for kind in [ModelKind::Pull, ModelKind::Push] {
+        let (mut m, tick, _wake) = one_cpu_with_wake_timer(kind);
+        let cpu = &mut m.cpus[0];
+        let mut on_fire = |_: Fired<u32>| AfterFire::Done;
+        let h = cpu.arm(TimerKind::Pinned, 300, 1);
+        cpu.run(0, &mut on_fire);
+        assert_eq!(tick.deadline(), 300, "{kind:?}");
+        // Handled at an exit at 100 (moved to then), then the next deadline is 400.
+        assert!(cpu.rearm(h, 100));
+        cpu.run_halted(100, &mut on_fire);
+        cpu.arm(TimerKind::Pinned, 400, 2);
+        cpu.run_exact(100, &mut on_fire);
+        assert_eq!(tick.deadline(), 400, "{kind:?}: the tick left at 300");
+        cpu.run_exact(100, &mut on_fire);
+        assert_eq!(tick.deadline(), 400, "{kind:?}");
+    }
+    // The lazy `run` keeps the earlier tick (one empty fire instead of a syscall).
+    let (mut m, tick, _wake) = one_cpu_with_wake_timer(ModelKind::Pull);
+    let cpu = &mut m.cpus[0];
+    let mut on_fire = |_: Fired<u32>| AfterFire::Done;
+    let h = cpu.arm(TimerKind::Pinned, 300, 1);
+    cpu.run(0, &mut on_fire);
+    assert!(cpu.rearm(h, 100));
+    cpu.run_halted(100, &mut on_fire);
+    cpu.arm(TimerKind::Pinned, 400, 2);
+    cpu.run(100, &mut on_fire);
+    assert_eq!(tick.deadline(), 300);
+}

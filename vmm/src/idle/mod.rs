@@ -9,7 +9,8 @@
 //! - [`global_load`]: a synthetic load of device/housekeeping deadlines (global timers), to
 //!   exercise the timer models.
 //! - [`advance`]: timer advance (wake before a LAPIC deadline by the learned latency, wait
-//!   for the deadline), after KVM's `lapic_timer_advance`.
+//!   for the deadline), after KVM's `lapic_timer_advance`; [`tick_defer`]: no host tick
+//!   before the guest's next exit for a short deadline armed with interrupts off.
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
@@ -31,6 +32,7 @@ pub mod inject;
 pub mod placement;
 pub mod quota;
 pub mod shared;
+pub mod tick_defer;
 pub mod vcpu_placement;
 pub mod vcpu_timer;
 

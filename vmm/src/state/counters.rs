@@ -77,6 +77,10 @@ pub struct VcpuCounters {
     pub timer_advance_ns: AtomicU64,
     /// Time spent waiting for LAPIC deadlines after an early (advanced) host timer.
     pub advance_wait_ns: AtomicU64,
+    /// Short LAPIC deadlines armed with interrupts off whose host tick was deferred.
+    pub ticks_deferred: AtomicU64,
+    /// Deferred host ticks that fired: the guest ran on without an exit.
+    pub ticks_deferred_missed: AtomicU64,
     /// Wall time from each KVM_RUN's return to the next KVM_RUN, less `blocked_ns`: what lull
     /// itself spends on the vCPU's exits (halt polling and advance waits included).
     pub exit_handling_ns: AtomicU64,

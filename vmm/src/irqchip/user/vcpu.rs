@@ -32,6 +32,7 @@ use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
 use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
+use crate::idle::tick_defer::TickDefer;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
@@ -91,6 +92,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
     lapic_armed_at: Option<Nanos>,
     advance: TimerAdvance,
+    /// Whether the LAPIC timer's host tick is deferred past its deadline (`idle/tick_defer.rs`).
+    tick_defer: TickDefer,
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
@@ -137,6 +140,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_timer: None,
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
+            tick_defer: TickDefer::default(),
             global_armed: false,
             router: parts.router,
             clock: parts.clock,
@@ -239,6 +243,9 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
         if self.halted {
             self.timers.run_halted(now, &mut on_fire);
+        } else if self.tick_defer.take_stale() {
+            // The tick armed for an ended deferral would interrupt the guest for nothing.
+            self.timers.run_exact(now, &mut on_fire);
         } else {
             self.timers.run(now, &mut on_fire);
         }
@@ -288,7 +295,41 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.
     fn arm_lapic_timer(&mut self, deadline: Nanos) {
-        let at = self.advance.arm_at(deadline);
+        self.tick_defer.clear();
+        self.arm_lapic_host_timer(self.advance.arm_at(deadline));
+    }
+
+    /// A deadline the guest armed at an exit where it could (`interruptible`) or could not
+    /// take interrupts: its host tick deferred past it (see `idle/tick_defer.rs`) or as usual.
+    fn arm_lapic_timer_for_guest(&mut self, deadline: Nanos, interruptible: bool) {
+        let now = self.clock.now();
+        match self.tick_defer.arm(now, deadline, interruptible) {
+            Some(at) => {
+                self.counters.ticks_deferred.fetch_add(1, Ordering::Relaxed);
+                self.arm_lapic_host_timer(at);
+            }
+            None => self.arm_lapic_timer(deadline),
+        }
+    }
+
+    /// The guest halts, or exited able to take interrupts, at `now`: a deferred tick goes
+    /// back to its usual time (the next timer pass handles it at once if that has come).
+    /// Not when the deferred tick itself is due: that exit is its doing, a miss.
+    fn end_tick_deferral(&mut self, now: Nanos) {
+        if !self.tick_defer.guest_exited(now) {
+            return;
+        }
+        if let Some(deadline) = self.lapic.timer_deadline() {
+            self.arm_lapic_timer(deadline);
+            if self.lapic_armed_at.is_some_and(|at| at <= now) {
+                // Due at this exit, which the guest chose: no host wake-up latency to learn.
+                self.lapic_armed_at = None;
+            }
+        }
+    }
+
+    /// Arms the LAPIC timer's host timer at `at`.
+    fn arm_lapic_host_timer(&mut self, at: Nanos) {
         self.lapic_armed_at = Some(at);
         if let Some(h) = self.lapic_timer {
             if self.timers.rearm(h, at) {
@@ -303,6 +344,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// expiry is handled at.
     fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
         self.lapic_timer = None;
+        if self.tick_defer.fired() {
+            // The guest ran on past the deadline without an exit: it backs off (no advance
+            // to learn from a tick armed after the deadline).
+            self.lapic_armed_at = None;
+            self.counters
+                .ticks_deferred_missed
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let Some(deadline) = self.lapic.timer_deadline() else {
             return now;
         };
@@ -331,7 +380,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Applies what a LAPIC access asks for.
     fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
-        self.apply_timer(effects.timer, effects.timer_expired);
+        let interruptible = cpu.interrupts_enabled();
+        self.apply_timer(effects.timer, effects.timer_expired, interruptible);
         if effects.destination_changed {
             if let Ok(index) = usize::try_from(self.id) {
                 self.router
@@ -357,13 +407,17 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// Carries out a LAPIC write's timer change. An expiry at the write itself (`expired`: a
     /// deadline already past, a settled expiry) is counted as a fire delivered with no delay
     /// of lull's: no host timer reports it, and every expiry must be accounted for.
-    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool) {
+    /// `interruptible`: whether the guest could take interrupts at the access.
+    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool, interruptible: bool) {
         if expired {
             self.counters().record_lateness(0);
         }
         match change {
-            LapicTimerChange::Arm { deadline_ns } => self.arm_lapic_timer(deadline_ns),
+            LapicTimerChange::Arm { deadline_ns } => {
+                self.arm_lapic_timer_for_guest(deadline_ns, interruptible);
+            }
             LapicTimerChange::Cancel => {
+                self.tick_defer.clear();
                 if let Some(h) = self.lapic_timer.take() {
                     self.timers.cancel(h);
                 }
@@ -447,7 +501,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             self.counters.pv_deadlines.fetch_add(1, Ordering::Relaxed);
             let now = self.clock.now();
             if let Ok(effects) = self.lapic.write_msr(MSR_TSC_DEADLINE, tsc, now) {
-                self.apply_timer(effects.timer, effects.timer_expired);
+                // Taken at an exit the guest chose (its HLT, as the ABI asks): as usual.
+                self.apply_timer(effects.timer, effects.timer_expired, true);
             }
         }
     }
@@ -486,6 +541,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn before_entry(&mut self, cpu: &mut dyn CpuPort) -> Entry {
+        if cpu.interrupts_enabled() {
+            let now = self.chip.clock.now();
+            self.chip.end_tick_deferral(now);
+        }
         let chip = &mut self.chip;
         let entry = self.idle.before_entry(&mut ChipOnCpu { chip, cpu });
         if entry != Entry::Enter {
@@ -516,6 +575,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     }
 
     fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
+        let now = self.chip.clock.now();
+        self.chip.end_tick_deferral(now);
         self.chip.halted = true;
         let chip = &mut self.chip;
         let end = self.idle.halt(&mut ChipOnCpu { chip, cpu });

@@ -1,0 +1,212 @@
+//! Deferred ticks: the host tick of a short LAPIC deadline that the guest arms while it cannot
+//! take interrupts (RFLAGS.IF clear at the exit, as inside its timer interrupt handler) is
+//! armed a grace period *after* the deadline instead of the timer advance before it, and the
+//! deferral ends at the guest's next exit that halts or can take interrupts.
+//!
+//! Why: a guest that re-arms its deadline from its timer handler (WRMSR, EOI, the rest of the
+//! handler, then `sti; hlt`) cannot take the interrupt before its `sti`, and on our hosts,
+//! where guest kernel code is emulated, the rest of the handler may outlast a short deadline.
+//! A tick at the deadline then stops the guest in the middle of its handler for nothing: the
+//! interrupt waits for the `sti; hlt` anyway, whose HLT exits to lull, which injects it
+//! there. KVM's in-kernel LAPIC pays that interruption inside the kernel; lull pays a
+//! signal, KVM_RUN's return and re-entry, and the guest's progress meanwhile. With the tick
+//! deferred, the HLT (or the first exit with interrupts enabled) is where the expiry is
+//! handled: at the HLT the timer goes back to its usual host tick, due at once if the
+//! deadline is near, and the interrupt is injected on that same exit.
+//!
+//! ```text
+//!  WRMSR exit, IF=0, deadline D <= now + DEFER_WITHIN_NS, not backing off
+//!      -> host tick at D + GRACE_NS (deferred)
+//!  later exit: HLT, or IF=1       -> usual tick (D - advance): due now? handled at this exit
+//!                                    the deferral worked: the back-off halves
+//!  the tick at D + GRACE_NS fires -> the guest ran on, interrupts enabled, without an exit:
+//!                                    the interrupt was up to GRACE_NS late; the vCPU arms
+//!                                    its next `backoff` deadlines as usual (1, 2, 4, ...
+//!                                    MAX_SKIP) before it defers again
+//! ```
+//!
+//! What it costs a guest that does enable interrupts and runs on without exits (returns from
+//! its handler into a busy loop): one deadline up to GRACE_NS late, then fewer and fewer
+//! tries. Long deadlines (beyond DEFER_WITHIN_NS) and deadlines armed with interrupts enabled
+//! are never deferred.
+
+use timer::Nanos;
+
+/// Only deadlines at most this far ahead of their arming are deferred.
+pub const DEFER_WITHIN_NS: u64 = 200_000;
+/// How long after the deadline the deferred tick fires if the guest has not exited by then.
+pub const GRACE_NS: u64 = 100_000;
+/// The most deadlines a vCPU arms as usual after a missed deferral before it tries again.
+pub const MAX_SKIP: u32 = 256;
+
+/// One vCPU's deferral: the deferred tick, if any, whether a host tick armed for one is left
+/// stale, and how many deadlines to arm as usual before deferring again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TickDefer {
+    /// When the deferred tick fires, while one is deferred.
+    tick: Option<Nanos>,
+    stale: bool,
+    backoff: u32,
+    skip: u32,
+}
+
+impl TickDefer {
+    /// A deadline the guest arms at `now`, `interruptible` or not at that exit: when its
+    /// deferred host tick fires, or `None` to arm it as usual.
+    pub fn arm(&mut self, now: Nanos, deadline: Nanos, interruptible: bool) -> Option<Nanos> {
+        self.tick = None;
+        if interruptible || deadline <= now || deadline - now > DEFER_WITHIN_NS {
+            return None;
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return None;
+        }
+        self.tick = Some(deadline.saturating_add(GRACE_NS));
+        self.tick
+    }
+
+    /// The timer was cancelled or re-armed as usual: nothing deferred any more.
+    pub fn clear(&mut self) {
+        self.tick = None;
+    }
+
+    /// The guest halted or could take interrupts at an exit at `now`: true if that ends a
+    /// deferral (the timer goes back to its usual tick; the one armed for the deferral is
+    /// stale). Not at the exit of the deferred tick itself: that one is a miss ([`Self::fired`]).
+    pub fn guest_exited(&mut self, now: Nanos) -> bool {
+        match self.tick {
+            Some(tick) if now < tick => {
+                self.tick = None;
+                self.stale = true;
+                self.backoff /= 2;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The timer's host tick fired: true if it was a deferred one (the guest ran on without
+    /// an exit), which backs off.
+    pub fn fired(&mut self) -> bool {
+        if self.tick.take().is_none() {
+            return false;
+        }
+        self.backoff = (self.backoff * 2).clamp(1, MAX_SKIP);
+        self.skip = self.backoff;
+        true
+    }
+
+    /// Whether a host tick armed for an ended deferral is still to be moved (once).
+    pub fn take_stale(&mut self) -> bool {
+        std::mem::take(&mut self.stale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use timer::{Clock, FakeClock};
+
+    use super::*;
+
+    #[test]
+    fn only_short_deadlines_armed_with_interrupts_off_are_deferred() {
+        let clock = FakeClock::new(1_000_000);
+        let now = clock.now();
+        let mut d = TickDefer::default();
+        let short = now + 77_000;
+        assert_eq!(d.arm(now, short, false), Some(short + GRACE_NS));
+        assert_eq!(
+            d.arm(now, short, true),
+            None,
+            "the guest can take it: tick as usual"
+        );
+        let long = now + DEFER_WITHIN_NS + 1;
+        assert_eq!(d.arm(now, long, false), None, "a long deadline");
+        assert_eq!(d.arm(now, now, false), None, "already due");
+    }
+
+    #[test]
+    fn a_miss_backs_off_and_deferrals_that_work_win_it_back() {
+        let clock = FakeClock::new(0);
+        let mut d = TickDefer::default();
+        let arm = |d: &mut TickDefer| {
+            let now = clock.now();
+            d.arm(now, now + 50_000, false).is_some()
+        };
+        // The guest exits by itself: the deferral ends once, the armed tick is stale once.
+        assert!(arm(&mut d));
+        assert!(d.guest_exited(clock.now() + 60_000));
+        assert!(
+            !d.guest_exited(clock.now() + 60_000),
+            "nothing deferred any more"
+        );
+        assert!(d.take_stale() && !d.take_stale());
+        assert!(!d.fired(), "a usual tick is no miss");
+        // The deferred tick fires (the exit at its time is its own, not the guest's).
+        assert!(arm(&mut d));
+        assert!(!d.guest_exited(clock.now() + 50_000 + GRACE_NS));
+        assert!(d.fired());
+        // One deadline as usual, then a try.
+        assert!(!arm(&mut d));
+        assert!(arm(&mut d));
+        assert!(d.fired());
+        assert!(!arm(&mut d) && !arm(&mut d));
+        assert!(arm(&mut d));
+        assert!(d.guest_exited(clock.now()));
+        assert!(arm(&mut d));
+        assert!(d.guest_exited(clock.now()));
+        assert!(arm(&mut d));
+        assert!(d.fired());
+        assert!(
+            !arm(&mut d),
+            "a miss after the back-off was won back skips one again"
+        );
+        assert!(arm(&mut d));
+        d.clear();
+        assert!(!d.fired(), "a cancelled deferral is no miss");
+    }
+
+    proptest! {
+        /// Whatever the outcomes, a deferred tick is never before its deadline nor more than
+        /// GRACE_NS after it, and after a miss the vCPU never defers more than once in a row
+        /// of `backoff + 1` arms until a deferral works again.
+        #[test]
+        fn a_deferred_tick_is_bounded_and_misses_back_off(
+            steps in prop::collection::vec((0u64..400_000, any::<bool>(), any::<bool>()), 1..200),
+        ) {
+            let clock = FakeClock::new(0);
+            let mut d = TickDefer::default();
+            let mut misses_in_a_row = 0u32;
+            let mut since_try = u32::MAX;
+            for (ahead, interruptible, works) in steps {
+                clock.advance(1_000);
+                let now = clock.now();
+                match d.arm(now, now + ahead, interruptible) {
+                    Some(tick) => {
+                        prop_assert!(!interruptible && ahead > 0 && ahead <= DEFER_WITHIN_NS);
+                        prop_assert_eq!(tick, now + ahead + GRACE_NS);
+                        if misses_in_a_row > 0 {
+                            let want = (1u32 << (misses_in_a_row - 1).min(8)).min(MAX_SKIP);
+                            prop_assert!(since_try >= want, "tried after {since_try} < {want}");
+                        }
+                        since_try = 0;
+                        if works {
+                            prop_assert!(d.guest_exited(now + ahead));
+                            misses_in_a_row = 0;
+                        } else {
+                            prop_assert!(d.fired());
+                            misses_in_a_row += 1;
+                        }
+                    }
+                    None => {
+                        if !interruptible && ahead > 0 && ahead <= DEFER_WITHIN_NS {
+                            since_try = since_try.saturating_add(1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -47,7 +47,7 @@ use vm_memory::GuestMemoryMmap;
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
 use crate::config::knobs::{
-    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
+    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode, TimerSlack,
     WakePlacementMode,
 };
 use crate::idle::global_load::GlobalLoad;
@@ -81,6 +81,8 @@ pub struct UserChipConfig {
     pub halt_poll: HaltPollMode,
     /// Timer advance.
     pub timer_advance: TimerAdvanceMode,
+    /// Timer slack of halted vCPUs' wake-ups.
+    pub timer_slack: TimerSlack,
     /// Wake placement.
     pub wake_placement: WakePlacementMode,
     /// Synchronized idle injection.
@@ -242,6 +244,7 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll,
             timer_advance: cfg.timer_advance,
+            timer_slack: cfg.timer_slack,
             inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
             quota: cfg
                 .cpu_quota
@@ -433,6 +436,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         report.timers = Some(self.model.metrics());
         report.halt_poll = Some(self.idle.halt_poll.to_string());
         report.timer_advance = Some(self.idle.timer_advance.to_string());
+        report.timer_slack = Some(self.idle.timer_slack.to_string());
         report.wake_placement = Some(self.idle.wake_placement.to_string());
         report.idle_inject = self.idle.inject.as_ref().map(|inj| IdleInjectReport {
             config: inj.config().to_string(),

@@ -69,6 +69,11 @@ pub struct VcpuSnapshot {
     pub throttled_ns: u64,
     /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
     pub lateness_us_log2: Vec<u64>,
+    /// The part of each lateness past the end of its wake-up's range (`--timer-slack`; with
+    /// slack off, all of it): the host's delay, in the buckets of `lateness_us_log2`.
+    pub late_past_range_us_log2: Vec<u64>,
+    /// Wake-ups from a block that served more than one timer expiry (own or global).
+    pub wake_multi_expiry: u64,
 }
 
 /// Wake placement's counters of one vCPU.

@@ -81,7 +81,10 @@ mod tests {
             let v: TimerSlack = s.parse().unwrap();
             assert_eq!(v.to_string(), s);
         }
-        assert_eq!("1ms".parse::<TimerSlack>(), Ok(TimerSlack::Range(1_000_000)));
+        assert_eq!(
+            "1ms".parse::<TimerSlack>(),
+            Ok(TimerSlack::Range(1_000_000))
+        );
         assert_eq!(TimerSlack::default(), TimerSlack::Off);
         assert_eq!(TimerSlack::Off.ns(), 0);
         let too_much = "11ms".parse::<TimerSlack>().unwrap_err().0;

@@ -136,6 +136,11 @@ pub struct DensityArgs {
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
     #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<String>,
+    /// Timer slacks, comma-separated (`off` or a duration up to 10ms, e.g. off,100us,1ms):
+    /// each user-irqchip mode runs once per value, as `lull run --timer-slack VALUE`, one row
+    /// each (`pull@1ms`), side by side in one run; the kernel and QEMU modes run once.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_slack)]
+    pub timer_slack: Vec<String>,
     /// Results, lull binary, kit and logs.
     #[command(flatten)]
     pub common: CommonArgs,
@@ -191,6 +196,16 @@ fn parse_baseline(s: &str) -> Result<BaselineLength, String> {
     }
 }
 
+/// Reads one value of `--timer-slack`: `off` or a duration (lull checks its bound).
+fn parse_slack(s: &str) -> Result<String, String> {
+    if s == "off" {
+        return Ok(s.into());
+    }
+    parse_duration(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e} (a timer slack is off or a duration such as 100us)"))
+}
+
 /// The `--guest` that selects the kit's Linux.
 pub const LINUX_GUEST: &str = "linux";
 
@@ -216,6 +231,7 @@ impl DensityArgs {
             global_timers_applied,
             linux: None,
             power_meter: self.power_meter.clone(),
+            timer_slack: self.timer_slack.clone(),
         }
     }
 
@@ -227,6 +243,17 @@ impl DensityArgs {
         {
             BaselineLength::Off => Reading::missing("--power-baseline off"),
             BaselineLength::For(d) => density_power::baseline(d, self.power_meter.as_deref()),
+        }
+    }
+
+    /// The slacks `mode` runs with: each of `--timer-slack` for a user-irqchip mode, else
+    /// none (one run without the flag).
+    pub fn slacks_of(&self, mode: Mode) -> Vec<Option<&str>> {
+        let user = !mode.is_qemu() && mode != Mode::Kernel;
+        if user && !self.timer_slack.is_empty() {
+            self.timer_slack.iter().map(|s| Some(s.as_str())).collect()
+        } else {
+            vec![None]
         }
     }
 
@@ -317,8 +344,14 @@ pub(crate) struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    fn spec(&self, mode: Mode, n: u32, i: u32) -> VmSpec {
-        let stem = self.work.join(format!("{}-n{n}-vm{i}", mode.name()));
+    /// Where VM `i` of `n` in `mode` (with `slack`) writes, less the extension.
+    fn stem(&self, mode: Mode, slack: Option<&str>, n: u32, i: u32) -> PathBuf {
+        let slack = slack.map(|s| format!("-slack{s}")).unwrap_or_default();
+        self.work.join(format!("{}{slack}-n{n}-vm{i}", mode.name()))
+    }
+
+    fn spec(&self, mode: Mode, slack: Option<&str>, n: u32, i: u32) -> VmSpec {
+        let stem = self.stem(mode, slack, n, i);
         let serial = stem.with_extension("console");
         let metrics = stem.with_extension("json");
         let _ = std::fs::remove_file(&serial);
@@ -329,9 +362,12 @@ impl Plan<'_> {
             serial: &serial,
             metrics: &metrics,
         };
-        let command = self
+        let mut command = self
             .args
             .vm_command(mode, &self.lull, self.global_timers, &launch);
+        if let Some(s) = slack {
+            command.args(["--timer-slack", s]);
+        }
         VmSpec {
             command,
             serial,
@@ -354,7 +390,7 @@ struct Reported {
     metrics: MetricsSum,
 }
 
-fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
+fn read_vms(plan: &Plan, mode: Mode, slack: Option<&str>, n: u32, run: &FleetRun) -> Reported {
     let mut r = Reported::default();
     for (i, vm) in run.vms.iter().enumerate() {
         let g = parse_idle_sim(&vm.console);
@@ -373,7 +409,7 @@ fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
             ));
         }
         if !mode.is_qemu() {
-            let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
+            let path = plan.stem(mode, slack, n, i as u32).with_extension("json");
             if let Some(m) = read_metrics(&path) {
                 r.metrics.add(&m);
             }
@@ -382,7 +418,13 @@ fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
     r
 }
 
-fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
+fn row(
+    plan: &Plan,
+    (mode, slack): (Mode, Option<&str>),
+    n: u32,
+    run: &FleetRun,
+    duration: Duration,
+) -> DensityRow {
     let cpus = plan.args.cpus;
     let vcpus = n * cpus;
     let Reported {
@@ -393,7 +435,7 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         ok,
         failures,
         metrics,
-    } = read_vms(plan, mode, n, run);
+    } = read_vms(plan, mode, slack, n, run);
     let w = &run.window;
     let per_vcpu_s = |x: u64| {
         if w.seconds > 0.0 {
@@ -442,6 +484,9 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         failures,
         linux: None,
         power: None,
+        timer_slack: slack.map(str::to_string),
+        multi_expiry_wakeups: (!mode.is_qemu() && metrics.vm_reports > 0)
+            .then_some(metrics.multi_expiry_wakeups),
     }
 }
 
@@ -529,15 +574,17 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let mut all_ok = true;
     for &n in &args.vms {
         for &mode in &modes {
-            let r = plan.measure(mode, n, &baseline)?;
-            all_ok &= r.failures.is_empty();
-            println!("{}", report::density_line(&r));
-            for f in &r.failures {
-                println!("  {} N={n} failed: {f}", mode.name());
-            }
-            report.results.push(r);
-            if let Some(path) = &args.common.json {
-                report::write_json(path, &report)?;
+            for slack in args.slacks_of(mode) {
+                let r = plan.measure_with_slack(mode, slack, n, &baseline)?;
+                all_ok &= r.failures.is_empty();
+                println!("{}", report::density_line(&r));
+                for f in &r.failures {
+                    println!("  {} N={n} failed: {f}", r.label());
+                }
+                report.results.push(r);
+                if let Some(path) = &args.common.json {
+                    report::write_json(path, &report)?;
+                }
             }
         }
     }
@@ -554,6 +601,9 @@ impl<'a> Plan<'a> {
         let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
         let (modes, skipped) = modes(args)?;
         let has_global = lull_has_flag(&lull, "--global-timers");
+        if !args.timer_slack.is_empty() && !lull_has_flag(&lull, "--timer-slack") {
+            return Err(BenchError::NoTimerSlack(lull.clone()));
+        }
         if args.global_timers.is_some() && !has_global {
             eprintln!(
                 "bench: {} has no --global-timers yet: running without it",
@@ -593,11 +643,25 @@ impl<'a> Plan<'a> {
         n: u32,
         baseline: &Reading<PowerWindow>,
     ) -> Result<DensityRow, BenchError> {
+        self.measure_with_slack(mode, None, n, baseline)
+    }
+
+    /// [`Self::measure`] with `lull run --timer-slack slack` (if given).
+    pub(crate) fn measure_with_slack(
+        &self,
+        mode: Mode,
+        slack: Option<&str>,
+        n: u32,
+        baseline: &Reading<PowerWindow>,
+    ) -> Result<DensityRow, BenchError> {
         let args = self.args;
         let duration = args.duration;
-        let label = format!("{} N={n}", mode.name());
+        let label = match slack {
+            Some(s) => format!("{}@{s} N={n}", mode.name()),
+            None => format!("{} N={n}", mode.name()),
+        };
         eprintln!("bench: {label}: starting {n} VM(s)");
-        let specs = (0..n).map(|i| self.spec(mode, n, i)).collect();
+        let specs = (0..n).map(|i| self.spec(mode, slack, n, i)).collect();
         let watch = Watch {
             boot_marker: format!("{}: ", guest_stem(&self.guest)),
             end_markers: vec![format!("{}: cpu 0: ", guest_stem(&self.guest))],
@@ -617,7 +681,7 @@ impl<'a> Plan<'a> {
         let run = fleet::run(specs, &watch);
         let samples = sampler.stop();
         let run = run?;
-        let mut r = row(self, mode, n, &run, duration);
+        let mut r = row(self, (mode, slack), n, &run, duration);
         r.power = Some(density_power::row_power(
             &r,
             samples.window(run.window.span),
@@ -666,5 +730,46 @@ mod baseline_tests {
         );
         assert!(parse_baseline("2").is_err(), "a bare number has no unit");
         assert!(parse_baseline("none").is_err());
+    }
+}
+
+#[cfg(test)]
+mod slack_tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `lull bench density`'s flags alone.
+    #[derive(Debug, Parser)]
+    struct Density {
+        #[command(flatten)]
+        args: DensityArgs,
+    }
+
+    #[test]
+    fn each_slack_is_a_row_of_the_user_modes_only() {
+        let d = Density::try_parse_from(["density", "--timer-slack", "off,100us,1ms"]).unwrap();
+        let a = d.args;
+        assert_eq!(a.timer_slack, ["off", "100us", "1ms"]);
+        assert_eq!(
+            a.slacks_of(Mode::Pull),
+            [Some("off"), Some("100us"), Some("1ms")]
+        );
+        assert_eq!(a.slacks_of(Mode::Push).len(), 3);
+        assert_eq!(a.slacks_of(Mode::Kernel), [None]);
+        assert_eq!(a.slacks_of(Mode::QemuOn), [None]);
+        let none = Density::try_parse_from(["density"]).unwrap().args;
+        assert_eq!(none.slacks_of(Mode::Pull), [None]);
+        assert!(Density::try_parse_from(["density", "--timer-slack", "100"]).is_err());
+        assert!(Density::try_parse_from(["density", "--timer-slack", "soon"]).is_err());
+    }
+
+    #[test]
+    fn a_row_with_slack_is_labelled_by_it() {
+        let mut r = super::report::tests::density_row("pull", 4, 1.0);
+        assert_eq!(r.label(), "pull");
+        r.timer_slack = Some("1ms".into());
+        assert_eq!(r.label(), "pull@1ms");
+        assert!(report::density_line(&r).starts_with("pull@1ms        4"));
     }
 }

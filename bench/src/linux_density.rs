@@ -314,6 +314,8 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         failures,
         linux: Some(linux_row(&r, &boot_ms, note)),
         power: None,
+        timer_slack: None,
+        multi_expiry_wakeups: None,
     }
 }
 

@@ -249,6 +249,8 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         });
         let nodes = vec![0; lapics.len()];
         let model = timer::build::<VcpuTimer>(cfg.model, &nodes, host, waker)?;
+        // `pull`: a running vCPU's host tick for global timers at the end of their range.
+        model.shared.set_global_slack(cfg.timer_slack.ns());
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll,
             timer_advance: cfg.timer_advance,

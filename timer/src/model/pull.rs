@@ -5,6 +5,7 @@
 //! over, an idle CPU claims it), the CPU that moved it re-arms that sleeper's host wake-up
 //! on its own thread: a blocked vCPU is woken only for its own timers or a duty that is due.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::{CpuTimers, HostTick, ModelKind, OnFire, Sleeper, TimerModel, Waker};
@@ -14,7 +15,6 @@ use crate::hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, NodeId, Remot
 use crate::host::HostTimer;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::slack::tick_deadline;
-use crate::sync::{AtomicU64, Ordering};
 
 /// The shared part of the pull model: the hierarchy and every CPU's global queue.
 pub struct PullModel<T> {
@@ -23,7 +23,8 @@ pub struct PullModel<T> {
     sleepers: Box<[OnceLock<Sleeper>]>,
     metrics: Metrics,
     waker: Arc<dyn Waker>,
-    /// Global timers' slack (see [`crate::slack`]).
+    /// Global timers' slack (see [`crate::slack`]): a setting written before the CPUs run,
+    /// not state of the lock-free protocol, so std's atomic even under loom.
     global_slack: AtomicU64,
 }
 

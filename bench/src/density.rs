@@ -392,7 +392,7 @@ struct Reported {
 
 fn read_vms(plan: &Plan, mode: Mode, slack: Option<&str>, n: u32, run: &FleetRun) -> Reported {
     let mut r = Reported::default();
-    for (i, vm) in run.vms.iter().enumerate() {
+    for (i, vm) in (0u32..).zip(&run.vms) {
         let g = parse_idle_sim(&vm.console);
         r.lateness.merge(&g.lateness);
         r.ipi.merge(&g.ipi);
@@ -409,7 +409,7 @@ fn read_vms(plan: &Plan, mode: Mode, slack: Option<&str>, n: u32, run: &FleetRun
             ));
         }
         if !mode.is_qemu() {
-            let path = plan.stem(mode, slack, n, i as u32).with_extension("json");
+            let path = plan.stem(mode, slack, n, i).with_extension("json");
             if let Some(m) = read_metrics(&path) {
                 r.metrics.add(&m);
             }

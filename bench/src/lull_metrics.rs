@@ -69,7 +69,7 @@ impl MetricsSum {
             add_opt(&mut self.global_timer_fires, Some(v.global_timer_fires));
             self.lapic_timer_fires += v.lapic_timer_fires;
             self.injected += v.injected;
-            self.multi_expiry_wakeups += v.wake_multi_expiry;
+            self.multi_expiry_wakeups += v.wake_multi_expiry.unwrap_or(0);
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
         add_opt(

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use lull_schema::RunReport;
-use lull_tests::{kit_file, kvm_trial, run_lull, take_metrics, temp_path, Arguments, Failed};
+use lull_tests::{
+    kit_dir, kit_file, kvm_trial, read_json, run_lull, take_metrics, temp_path, Arguments, Failed,
+};
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -123,6 +125,76 @@ fn push_with_slack_delivers_every_timer_none_early() -> Result<(), Failed> {
     every_timer_on_time_or_late("push")
 }
 
+/// `lull bench density --timer-slack off,1ms`: one `pull` row per slack beside one `kernel`
+/// row, every VM passed with no early interrupt, and each `pull` row read its VMs' metrics
+/// (found under the slack's own file names).
+fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
+    kit_file("guests/idle-sim.elf")?;
+    let dir = temp_path("slack-density");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let json = dir.join("density.json");
+    let (json_arg, dir_arg, kit) = (
+        json.display().to_string(),
+        dir.display().to_string(),
+        kit_dir().display().to_string(),
+    );
+    let r = run_lull(
+        &[
+            "bench",
+            "density",
+            "--vms",
+            "1",
+            "--cpus",
+            "2",
+            "--duration",
+            "2s",
+            "--modes",
+            "kernel,pull",
+            "--timer-slack",
+            "off,1ms",
+            "--power-baseline",
+            "off",
+            "--kit",
+            &kit,
+            "--json",
+            &json_arg,
+            "--work-dir",
+            &dir_arg,
+        ],
+        DEADLINE,
+    )?;
+    r.expect_code(0)?;
+    r.expect_stdout("pull@1ms")?;
+    let v = read_json(&json)?;
+    let rows = v["results"].as_array().cloned().unwrap_or_default();
+    let labels: Vec<(String, Option<String>)> = rows
+        .iter()
+        .map(|r| {
+            let mode = r["mode"].as_str().unwrap_or("").to_string();
+            (mode, r["timer_slack"].as_str().map(str::to_string))
+        })
+        .collect();
+    let want = [
+        ("kernel".to_string(), None),
+        ("pull".to_string(), Some("off".to_string())),
+        ("pull".to_string(), Some("1ms".to_string())),
+    ];
+    if labels != want || v["params"]["timer_slack"] != serde_json::json!(["off", "1ms"]) {
+        return Err(format!("rows {labels:?}, want {want:?}: {v}").into());
+    }
+    for row in &rows {
+        let pull = row["mode"] == "pull";
+        if row["vms_ok"] != 1
+            || row["early_interrupts"] != 0
+            || (pull && !row["multi_expiry_wakeups"].is_u64())
+        {
+            return Err(format!("row {row}").into());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -133,6 +205,10 @@ fn main() {
         kvm_trial(
             "push_with_slack_delivers_every_timer_none_early",
             push_with_slack_delivers_every_timer_none_early,
+        ),
+        kvm_trial(
+            "density_runs_each_slack_as_a_row",
+            density_runs_each_slack_as_a_row,
         ),
     ];
     libtest_mimic::run(&args, trials).exit();

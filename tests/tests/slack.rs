@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lull_schema::RunReport;
 use lull_tests::{
-    kit_dir, kit_file, kvm_trial, read_json, run_lull, take_metrics, temp_path, Arguments, Failed,
+    kit_file, kvm_trial, run_bench, run_lull, take_metrics, temp_path, Arguments, Failed,
 };
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -130,42 +130,22 @@ fn push_with_slack_delivers_every_timer_none_early() -> Result<(), Failed> {
 /// (found under the slack's own file names).
 fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
     kit_file("guests/idle-sim.elf")?;
-    let dir = temp_path("slack-density");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let json = dir.join("density.json");
-    let (json_arg, dir_arg, kit) = (
-        json.display().to_string(),
-        dir.display().to_string(),
-        kit_dir().display().to_string(),
-    );
-    let r = run_lull(
-        &[
-            "bench",
-            "density",
-            "--vms",
-            "1",
-            "--cpus",
-            "2",
-            "--duration",
-            "2s",
-            "--modes",
-            "kernel,pull",
-            "--timer-slack",
-            "off,1ms",
-            "--power-baseline",
-            "off",
-            "--kit",
-            &kit,
-            "--json",
-            &json_arg,
-            "--work-dir",
-            &dir_arg,
-        ],
-        DEADLINE,
-    )?;
-    r.expect_code(0)?;
+    let args = [
+        "--vms",
+        "1",
+        "--cpus",
+        "2",
+        "--duration",
+        "2s",
+        "--modes",
+        "kernel,pull",
+        "--timer-slack",
+        "off,1ms",
+        "--power-baseline",
+        "off",
+    ];
+    let (v, r) = run_bench("slack-density", "density", &args, DEADLINE)?;
     r.expect_stdout("pull@1ms")?;
-    let v = read_json(&json)?;
     let rows = v["results"].as_array().cloned().unwrap_or_default();
     let labels: Vec<(String, Option<String>)> = rows
         .iter()
@@ -191,7 +171,6 @@ fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
             return Err(format!("row {row}").into());
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -356,9 +356,14 @@ impl Plan<'_> {
         let metrics = stem.with_extension("json");
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
+        // The guest splits its lateness at the slack (idle-sim's `slack_ns`).
+        let cmdline = match slack.and_then(|s| parse_duration(s).ok()) {
+            Some(d) => format!("{} slack_ns={}", self.cmdline, d.as_nanos()),
+            None => self.cmdline.clone(),
+        };
         let launch = Launch {
             kernel: &self.guest,
-            cmdline: &self.cmdline,
+            cmdline: &cmdline,
             serial: &serial,
             metrics: &metrics,
         };
@@ -382,6 +387,7 @@ impl Plan<'_> {
 #[derive(Default)]
 struct Reported {
     lateness: Histogram,
+    past_slack: Histogram,
     ipi: Histogram,
     events: u64,
     early: u64,
@@ -395,6 +401,7 @@ fn read_vms(plan: &Plan, mode: Mode, slack: Option<&str>, n: u32, run: &FleetRun
     for (i, vm) in (0u32..).zip(&run.vms) {
         let g = parse_idle_sim(&vm.console);
         r.lateness.merge(&g.lateness);
+        r.past_slack.merge(&g.past_slack);
         r.ipi.merge(&g.ipi);
         r.events += g.events;
         r.early += g.early;
@@ -429,6 +436,7 @@ fn row(
     let vcpus = n * cpus;
     let Reported {
         lateness,
+        past_slack,
         ipi,
         events,
         early,
@@ -484,6 +492,7 @@ fn row(
         failures,
         linux: None,
         power: None,
+        lateness_past_slack: (past_slack.n > 0).then(|| past_slack.summary()),
         timer_slack: slack.map(str::to_string),
         multi_expiry_wakeups: (!mode.is_qemu() && metrics.vm_reports > 0)
             .then_some(metrics.multi_expiry_wakeups),

@@ -316,6 +316,7 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         power: None,
         timer_slack: None,
         multi_expiry_wakeups: None,
+        lateness_past_slack: None,
     }
 }
 

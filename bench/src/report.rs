@@ -139,6 +139,10 @@ pub struct DensityRow {
     /// fleet (`vcpus[].wake_multi_expiry`); absent where lull does not report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_expiry_wakeups: Option<u64>,
+    /// With a timer slack S: guest timer lateness less S (the host's delay past the slack, 0
+    /// within it), over all VMs (idle-sim's `past_slack`); absent without a slack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lateness_past_slack: Option<LatencySummary>,
 }
 
 impl DensityRow {
@@ -626,6 +630,7 @@ pub(crate) mod tests {
             power: None,
             timer_slack: None,
             multi_expiry_wakeups: None,
+            lateness_past_slack: None,
         }
     }
 

@@ -36,7 +36,7 @@ fn idle_sim(model: &str, slack: &str) -> Result<(String, RunReport), Failed> {
         "--metrics",
         &metrics_arg,
         "--cmdline",
-        "duration_ms=1500",
+        "duration_ms=1500 slack_ns=1000000",
     ];
     let r = run_lull(&args, DEADLINE)?;
     r.expect_stdout("idle-sim: PASS")?;
@@ -58,11 +58,12 @@ fn per_cpu(stdout: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The guest's lateness count (`idle-sim: lateness_ns n=N ...`).
-fn lateness_n(stdout: &str) -> Option<u64> {
+/// The count of one of the guest's histograms (`idle-sim: NAME_ns n=N ...`).
+fn histogram_n(stdout: &str, name: &str) -> Option<u64> {
+    let prefix = format!("idle-sim: {name}_ns n=");
     stdout
         .lines()
-        .find_map(|l| l.strip_prefix("idle-sim: lateness_ns n="))?
+        .find_map(|l| l.strip_prefix(prefix.as_str()))?
         .split_whitespace()
         .next()?
         .parse()
@@ -84,11 +85,15 @@ fn every_timer_on_time_or_late(model: &str) -> Result<(), Failed> {
     if cpus.len() != 2 || m.vcpus.len() != 2 {
         return Err(format!("{model}: want 2 CPUs' counts and 2 vCPUs: {}", show()).into());
     }
-    // Nothing early: the guest saw no interrupt before its deadline (idle-sim's tolerance),
-    // and lull injected none before it (every fire it handled is in its lateness histogram).
+    // Nothing early: the guest saw no interrupt before its deadline (idle-sim's tolerance);
+    // every event's lateness was measured, and split at the slack (told with `slack_ns`).
     let early: u64 = cpus.iter().map(|c| c.1).sum();
     let events: u64 = cpus.iter().map(|c| c.0).sum();
-    if early != 0 || lateness_n(&stdout) != Some(events) {
+    let (late_n, past_n) = (
+        histogram_n(&stdout, "lateness"),
+        histogram_n(&stdout, "past_slack"),
+    );
+    if early != 0 || late_n != Some(events) || past_n != Some(events) {
         return Err(format!("{model}: {early} early, {events} events: {}", show()).into());
     }
     for (v, &(handled, _)) in m.vcpus.iter().zip(&cpus) {
@@ -164,9 +169,15 @@ fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
     }
     for row in &rows {
         let pull = row["mode"] == "pull";
+        // With a slack the guests were told it and split each lateness at it.
+        let split = match row["timer_slack"].as_str() {
+            Some("1ms") => row["lateness_past_slack"]["n"] == row["lateness"]["n"],
+            _ => row.get("lateness_past_slack").is_none(),
+        };
         if row["vms_ok"] != 1
             || row["early_interrupts"] != 0
             || (pull && !row["multi_expiry_wakeups"].is_u64())
+            || !split
         {
             return Err(format!("row {row}").into());
         }

@@ -13,6 +13,7 @@ use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
 use super::lull_metrics::MetricsSum;
 use super::power::{PowerWindow, Reading};
+use super::power_args::PowerArgs;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
@@ -153,16 +154,9 @@ pub struct DensityArgs {
     /// Run nothing: read this JSON of an earlier run, print its table and draw --plot.
     #[arg(long, value_name = "PATH")]
     pub from_json: Option<PathBuf>,
-    /// An external power meter: `sh -c CMD` runs once a second during the baseline and every
-    /// window and prints the host's power in watts (a wall meter, a PDU; IPMI DCMI:
-    /// `ipmitool dcmi power reading`); its samples are integrated over each window.
-    #[arg(long, value_name = "CMD")]
-    pub power_meter: Option<String>,
-    /// The power baseline measured before the first mode: a window with no VM running, as
-    /// long as --duration unless a duration is given here. `off` skips it; every figure
-    /// "above the baseline" is then null, with that reason.
-    #[arg(long, value_name = "DURATION|off", value_parser = parse_baseline)]
-    pub power_baseline: Option<BaselineLength>,
+    /// The power meter and baseline.
+    #[command(flatten)]
+    pub power: PowerArgs,
     /// Instead of --vms: find per mode the most VMs, up to CAP, whose window meets every
     /// bound of --slo (doubling from 1 VM, then bisection; each step is a run of --duration),
     /// stopping before the host's memory runs out.
@@ -174,26 +168,6 @@ pub struct DensityArgs {
     /// may fail, always.
     #[arg(long, default_value = "lateness_p99=2ms,host_busy=90%", value_parser = super::slo::parse)]
     pub slo: Slo,
-}
-
-/// How long the power baseline lasts (`--power-baseline`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BaselineLength {
-    /// No baseline.
-    Off,
-    /// A window of this length.
-    For(Duration),
-}
-
-/// Reads `--power-baseline`: `off` or a duration.
-fn parse_baseline(s: &str) -> Result<BaselineLength, String> {
-    if s == "off" {
-        Ok(BaselineLength::Off)
-    } else {
-        parse_duration(s)
-            .map(BaselineLength::For)
-            .map_err(|e| e.to_string())
-    }
 }
 
 /// Reads one value of `--timer-slack`: `off` or a duration (lull checks its bound).
@@ -230,20 +204,14 @@ impl DensityArgs {
             global_timers: self.global_timers.clone(),
             global_timers_applied,
             linux: None,
-            power_meter: self.power_meter.clone(),
+            power_meter: self.power.power_meter.clone(),
             timer_slack: self.timer_slack.clone(),
         }
     }
 
     /// The power baseline (`--power-baseline`, else as long as `--duration`).
     pub fn power_baseline(&self) -> Reading<PowerWindow> {
-        match self
-            .power_baseline
-            .unwrap_or(BaselineLength::For(self.duration))
-        {
-            BaselineLength::Off => Reading::missing("--power-baseline off"),
-            BaselineLength::For(d) => density_power::baseline(d, self.power_meter.as_deref()),
-        }
+        self.power.baseline(self.duration)
     }
 
     /// The slacks `mode` runs with: each of `--timer-slack` for a user-irqchip mode, else
@@ -683,10 +651,7 @@ impl<'a> Plan<'a> {
             // The guests' run plus a boot of about a second.
             expected: duration + Duration::from_secs(2),
         };
-        let sampler = density_power::Sampler::start(
-            density_power::period(duration),
-            args.power_meter.as_deref(),
-        );
+        let sampler = args.power.sampler(duration);
         let run = fleet::run(specs, &watch);
         let samples = sampler.stop();
         let run = run?;
@@ -724,22 +689,6 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod baseline_tests {
-    use super::*;
-
-    #[test]
-    fn power_baseline_is_off_or_a_duration() {
-        assert_eq!(parse_baseline("off"), Ok(BaselineLength::Off));
-        assert_eq!(
-            parse_baseline("2s"),
-            Ok(BaselineLength::For(Duration::from_secs(2)))
-        );
-        assert!(parse_baseline("2").is_err(), "a bare number has no unit");
-        assert!(parse_baseline("none").is_err());
-    }
 }
 
 #[cfg(test)]

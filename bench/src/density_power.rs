@@ -168,7 +168,7 @@ pub fn baseline(duration: Duration, meter: Option<&str>) -> Reading<PowerWindow>
 
 /// The package power and energy of a window: the sum of its `package-*` zones (else its
 /// `psys` zone), `(W, J)`.
-fn package(w: &PowerWindow) -> Result<(f64, f64), String> {
+pub(crate) fn package(w: &PowerWindow) -> Result<(f64, f64), String> {
     let zones = match (&w.energy.value, &w.energy.reason) {
         (Some(z), _) => z,
         (None, why) => return Err(why.clone().unwrap_or_default()),
@@ -310,7 +310,7 @@ pub fn notes(report: &DensityReport) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::density_power_row::columns;
     use crate::power::rapl::ZoneEnergy;
@@ -327,7 +327,7 @@ mod tests {
 
     /// A window of `seconds` with package power `pkg` W (and a DRAM zone, not counted),
     /// `exits` idle exits per second, no cpuidle detail and no meter.
-    fn window(seconds: f64, pkg: Option<f64>, exits: f64) -> Reading<PowerWindow> {
+    pub(crate) fn window(seconds: f64, pkg: Option<f64>, exits: f64) -> Reading<PowerWindow> {
         Reading::ok(PowerWindow {
             seconds,
             energy: match pkg {

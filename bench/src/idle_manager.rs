@@ -10,6 +10,9 @@
 //!            with --cpu-quota quota=--period/2,period=--period,phase=PHASE
 //!            -> throughput per VM, fraction of VM 0's throttled periods in which every VM
 //!               was throttled at once (from each VM's throttled intervals, CLOCK_MONOTONIC)
+//! power:     a no-VM baseline first, then every run above sampled from launch to exit
+//!            -> package W, throughput per watt (iterations per joule) or, where energy is
+//!               unreadable, per CPU-second of lull; host idle exits (idle_manager_power)
 //! ```
 
 use std::path::PathBuf;
@@ -24,11 +27,14 @@ use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs}
 use super::error::BenchError;
 use super::fleet::{self, VmOutcome, VmSpec, Watch};
 use super::host::{self, HostInfo};
+use super::idle_manager_power::{self as power, RunPower, RunWork};
+use super::power::{PowerWindow, Reading};
+use super::power_args::PowerArgs;
 use super::report::write_json;
 use super::units::parse_duration;
 
 /// Schema name of the idle-manager JSON.
-pub const IDLE_MANAGER_SCHEMA: &str = "lull-bench-idle-manager/1";
+pub const IDLE_MANAGER_SCHEMA: &str = "lull-bench-idle-manager/2";
 
 /// Flags of `lull bench idle-manager`.
 #[derive(Debug, Args)]
@@ -47,6 +53,9 @@ pub struct IdleManagerArgs {
     /// milliseconds, at least 2ms.
     #[arg(long, default_value = "20ms", value_parser = parse_duration)]
     pub period: Duration,
+    /// The power meter and baseline (the baseline is as long as --duration by default).
+    #[command(flatten)]
+    pub power: PowerArgs,
     /// Results, lull binary, kit and logs.
     #[command(flatten)]
     pub common: CommonArgs,
@@ -63,6 +72,8 @@ pub struct InjectionRow {
     pub together_percent: f64,
     /// Guest iterations relative to the run without injection, percent.
     pub throughput_percent: f64,
+    /// The run's power and its throughput per watt (or per CPU-second).
+    pub power: RunPower,
 }
 
 /// One CPU-quota round.
@@ -80,6 +91,8 @@ pub struct QuotaRow {
     pub periods_all_throttled_fraction: f64,
     /// Time during which every VM was throttled, ms.
     pub time_all_throttled_ms: f64,
+    /// The round's power and its throughput (every VM) per watt (or per CPU-second).
+    pub power: Option<RunPower>,
 }
 
 /// The idle-manager JSON document.
@@ -95,6 +108,10 @@ pub struct IdleManagerReport {
     pub period_ms: u64,
     /// Iterations per ms of the 2-vCPU guest without injection.
     pub base_iterations_per_ms: f64,
+    /// The host with no VM, measured before the first run (`--power-baseline`).
+    pub power_baseline: Reading<PowerWindow>,
+    /// The power of the run without injection.
+    pub base_power: Option<RunPower>,
     /// One row per injection percentage.
     pub injection: Vec<InjectionRow>,
     /// One row per (VM count, phase).
@@ -136,6 +153,22 @@ pub fn overlap_all(sets: &[Vec<(u64, u64)>]) -> Vec<(u64, u64)> {
     out
 }
 
+/// What the VMs of a run did, for its power figures: their iterations, how long they
+/// counted, and lull's CPU time (`None` if a report lists no thread).
+pub fn run_work(ms: u64, runs: &[&(u64, RunReport)]) -> RunWork {
+    let cpu = runs
+        .iter()
+        .map(|(_, m)| {
+            (!m.threads.is_empty()).then(|| m.threads.iter().map(|t| t.cpu_ns).sum::<u64>())
+        })
+        .sum::<Option<u64>>();
+    RunWork {
+        iterations: runs.iter().map(|(it, _)| it).sum(),
+        seconds: ms as f64 / 1000.0,
+        cpu_ns: cpu,
+    }
+}
+
 /// The quota row of a round from each VM's iterations and `cpu_quota` metrics.
 pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, RunReport)]) -> QuotaRow {
     let sets: Vec<Vec<(u64, u64)>> = runs
@@ -165,11 +198,18 @@ pub fn quota_row(vms: u32, phase: &str, ms: f64, runs: &[(u64, RunReport)]) -> Q
             .collect(),
         periods_all_throttled_fraction: hit as f64 / periods as f64,
         time_all_throttled_ms: together.iter().map(|(a, b)| (b - a) as f64).sum::<f64>() / 1e6,
+        power: None,
     }
 }
 
 /// The injection row of `percent` from its run's iterations and metrics.
-pub fn injection_row(percent: u32, iterations: u64, base: u64, m: &RunReport) -> InjectionRow {
+pub fn injection_row(
+    percent: u32,
+    iterations: u64,
+    base: u64,
+    m: &RunReport,
+    power: RunPower,
+) -> InjectionRow {
     let injected: Vec<f64> = m.vcpus.iter().map(|v| v.injected_idle_ns as f64).collect();
     let per_vcpu = injected.iter().sum::<f64>() / injected.len().max(1) as f64;
     let run_ns = m.run_time_ms as f64 * 1e6;
@@ -184,6 +224,7 @@ pub fn injection_row(percent: u32, iterations: u64, base: u64, m: &RunReport) ->
             per_vcpu,
         ),
         throughput_percent: ratio(iterations as f64, base as f64),
+        power,
     }
 }
 
@@ -195,6 +236,24 @@ struct Plan {
     guest: PathBuf,
     work: PathBuf,
     ms: u64,
+    power: PowerArgs,
+    baseline: Reading<PowerWindow>,
+}
+
+/// The VMs of one run: per VM its iterations and metrics, or why it failed; and the host's
+/// power from their launch to their exit.
+struct SpinRun {
+    vms: Vec<SpinResult>,
+    window: Reading<PowerWindow>,
+}
+
+impl SpinRun {
+    /// The run's power figures (over the VMs that reported; `None` if one failed).
+    fn power(&self, ms: u64, baseline: &Reading<PowerWindow>) -> Option<RunPower> {
+        let ok: Vec<&(u64, RunReport)> = self.vms.iter().flatten().collect();
+        (ok.len() == self.vms.len())
+            .then(|| power::run_power(run_work(ms, &ok), self.window.clone(), baseline))
+    }
 }
 
 impl Plan {
@@ -225,8 +284,8 @@ impl Plan {
         (spec, metrics)
     }
 
-    /// Runs VMs together; per VM its iterations and metrics, or why it failed.
-    fn run(&self, label: &str, vms: Vec<(VmSpec, PathBuf)>) -> Result<Vec<SpinResult>, BenchError> {
+    /// Runs VMs together, sampling the host's power from their launch to their exit.
+    fn run(&self, label: &str, vms: Vec<(VmSpec, PathBuf)>) -> Result<SpinRun, BenchError> {
         let n = u64::try_from(vms.len()).unwrap_or(u64::MAX);
         let (specs, metrics): (Vec<VmSpec>, Vec<PathBuf>) = vms.into_iter().unzip();
         let watch = Watch {
@@ -240,13 +299,16 @@ impl Plan {
             label: label.into(),
             expected: Duration::from_millis(self.ms) + Duration::from_secs(2),
         };
-        let run = fleet::run(specs, &watch)?;
-        Ok(run
+        let sampler = self.power.sampler(Duration::from_millis(self.ms));
+        let run = fleet::run(specs, &watch);
+        let window = sampler.stop().whole();
+        let vms = run?
             .vms
             .iter()
             .zip(metrics)
             .map(|(vm, path)| outcome(label, vm, read_metrics(&path)))
-            .collect())
+            .collect();
+        Ok(SpinRun { vms, window })
     }
 }
 
@@ -272,13 +334,31 @@ fn injection_table(report: &IdleManagerReport) {
         report.base_iterations_per_ms
     );
     println!(
-        "{:>8} {:>11} {:>11} {:>13}",
-        "percent", "achieved %", "together %", "throughput %"
+        "{:>8} {:>11} {:>11} {:>13}{}",
+        "percent",
+        "achieved %",
+        "together %",
+        "throughput %",
+        power::header()
     );
+    if let Some(p) = &report.base_power {
+        println!(
+            "{:>8} {:>11} {:>11} {:>13.1}{}",
+            "off",
+            "-",
+            "-",
+            100.0,
+            power::columns(Some(p))
+        );
+    }
     for r in &report.injection {
         println!(
-            "{:>8} {:>11.1} {:>11.1} {:>13.1}",
-            r.percent, r.achieved_percent, r.together_percent, r.throughput_percent
+            "{:>8} {:>11.1} {:>11.1} {:>13.1}{}",
+            r.percent,
+            r.achieved_percent,
+            r.together_percent,
+            r.throughput_percent,
+            power::columns(Some(&r.power))
         );
     }
 }
@@ -290,13 +370,41 @@ fn quota_line(r: &QuotaRow) -> String {
         .map(|t| format!("{t:.2}"))
         .collect();
     format!(
-        "{:>4} {:>8} {:>30} {:>22.2} {:>17.1}",
+        "{:>4} {:>8} {:>30} {:>22.2} {:>17.1}{}",
         r.vms,
         r.phase,
         per_vm.join(" "),
         r.periods_all_throttled_fraction,
-        r.time_all_throttled_ms
+        r.time_all_throttled_ms,
+        power::columns(r.power.as_ref())
     )
+}
+
+/// The baseline line and why a power column is empty, under both tables.
+fn power_notes(report: &IdleManagerReport) {
+    match &report.power_baseline.value {
+        Some(b) => println!(
+            "power baseline (no VM, {:.1} s): host idle exits {}/s, package {} W",
+            b.seconds,
+            b.idle_exits_per_s
+                .value
+                .map_or_else(|| "-".into(), |x| format!("{x:.0}")),
+            super::density_power::package(b)
+                .map_or_else(|_| "-".into(), |(w, _)| format!("{w:.1}")),
+        ),
+        None => println!(
+            "power baseline: none ({})",
+            report.power_baseline.reason.as_deref().unwrap_or("")
+        ),
+    }
+    let runs = report
+        .base_power
+        .iter()
+        .chain(report.injection.iter().map(|r| &r.power))
+        .chain(report.quota.iter().filter_map(|r| r.power.as_ref()));
+    for line in power::notes(runs) {
+        println!("{line}");
+    }
 }
 
 /// Runs the idle-manager experiment; `Ok(false)` if some VM failed.
@@ -305,35 +413,44 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
     if period_ms < 2 {
         return Err(BenchError::Period(args.period));
     }
-    let plan = Plan {
+    let mut plan = Plan {
         lull: lull_binary(args.common.lull.as_ref())?,
         guest: guest_path("spin", args.common.kit.as_ref())?,
         work: work_dir(args.common.work_dir.as_ref())?,
         ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
+        power: args.power.clone(),
+        baseline: Reading::missing("not measured yet"),
     };
     eprintln!("bench: idle-manager, logs in {}", plan.work.display());
+    eprintln!("bench: power baseline, no VM");
+    plan.baseline = args.power.baseline(args.duration);
     let mut report = IdleManagerReport {
         schema: IDLE_MANAGER_SCHEMA.into(),
         host: host::host_info(),
         duration_s: args.duration.as_secs_f64(),
         period_ms,
         base_iterations_per_ms: 0.0,
+        power_baseline: plan.baseline.clone(),
+        base_power: None,
         injection: Vec::new(),
         quota: Vec::new(),
         failures: Vec::new(),
     };
-    let base = plan.run("base", vec![plan.spec("base", 2, &[])])?.remove(0);
-    let base_it = match base {
-        Ok((it, _)) => it,
-        Err(e) => {
+    let base = plan.run("base", vec![plan.spec("base", 2, &[])])?;
+    report.base_power = base.power(plan.ms, &plan.baseline);
+    let base_it = match base.vms.into_iter().next() {
+        Some(Ok((it, _))) => it,
+        Some(Err(e)) => {
             report.failures.push(e);
             0
         }
+        None => 0,
     };
     report.base_iterations_per_ms = base_it as f64 / plan.ms as f64;
     injection_runs(&plan, args, period_ms, base_it, &mut report)?;
     injection_table(&report);
     quota_runs(&plan, args, period_ms, &mut report)?;
+    power_notes(&report);
     for f in &report.failures {
         println!("  failed: {f}");
     }
@@ -344,7 +461,7 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
 }
 
 /// One VM of 2 vCPUs per `--percents` value, under idle injection: its throughput against
-/// the base run's (`base_it` iterations).
+/// the base run's (`base_it` iterations), and its power.
 fn injection_runs(
     plan: &Plan,
     args: &IdleManagerArgs,
@@ -358,17 +475,24 @@ fn injection_runs(
             "--idle-inject".to_string(),
             format!("percent={pct},period={period_ms}"),
         ];
-        match plan.run(&name, vec![plan.spec(&name, 2, &knob)])?.remove(0) {
-            Ok((it, m)) => report.injection.push(injection_row(pct, it, base_it, &m)),
-            Err(e) => report.failures.push(e),
+        let run = plan.run(&name, vec![plan.spec(&name, 2, &knob)])?;
+        let power = run.power(plan.ms, &plan.baseline);
+        match (run.vms.into_iter().next(), power) {
+            (Some(Ok((it, m))), Some(p)) => {
+                report
+                    .injection
+                    .push(injection_row(pct, it, base_it, &m, p));
+            }
+            (Some(Err(e)), _) => report.failures.push(e),
+            _ => report.failures.push(format!("{name}: no VM ran")),
         }
     }
     Ok(())
 }
 
 /// Per `--vms` count and quota phase (aligned, random), that many 1-vCPU VMs under a 50%
-/// CPU quota: their throughput and how often all of them are throttled at once (printed as
-/// they come).
+/// CPU quota: their throughput, how often all of them are throttled at once, and their
+/// power (printed as they come).
 fn quota_runs(
     plan: &Plan,
     args: &IdleManagerArgs,
@@ -382,8 +506,13 @@ fn quota_runs(
         plan.ms
     );
     println!(
-        "{:>4} {:>8} {:>30} {:>22} {:>17}",
-        "VMs", "phase", "iter/ms per VM", "periods all throttled", "ms all throttled"
+        "{:>4} {:>8} {:>30} {:>22} {:>17}{}",
+        "VMs",
+        "phase",
+        "iter/ms per VM",
+        "periods all throttled",
+        "ms all throttled",
+        power::header()
     );
     for &n in &args.vms {
         for phase in ["aligned", "random"] {
@@ -395,13 +524,13 @@ fn quota_runs(
                 .map(|i| plan.spec(&format!("quota-{phase}-n{n}-vm{i}"), 1, &knob))
                 .collect();
             let label = format!("quota {phase} N={n}");
-            let (ok, failed): (Vec<_>, Vec<_>) = plan
-                .run(&label, specs)?
-                .into_iter()
-                .partition(Result::is_ok);
+            let run = plan.run(&label, specs)?;
+            let power = run.power(plan.ms, &plan.baseline);
+            let (ok, failed): (Vec<_>, Vec<_>) = run.vms.into_iter().partition(Result::is_ok);
             if failed.is_empty() {
                 let runs: Vec<(u64, RunReport)> = ok.into_iter().flatten().collect();
-                let row = quota_row(n, phase, ms, &runs);
+                let mut row = quota_row(n, phase, ms, &runs);
+                row.power = power;
                 println!("{}", quota_line(&row));
                 report.quota.push(row);
             } else {
@@ -462,9 +591,34 @@ mod tests {
             "vcpus": [{"injected_idle_ns": 200_000_000u64}, {"injected_idle_ns": 300_000_000u64}],
             "idle_inject": {"all_idle_together_ns": 125_000_000u64},
         }));
-        let r = injection_row(25, 750, 1000, &m);
+        let power = power::run_power(
+            run_work(1000, &[&(750, m.clone())]),
+            Reading::missing("no window"),
+            &Reading::missing("off"),
+        );
+        let r = injection_row(25, 750, 1000, &m, power);
         assert_eq!(r.achieved_percent, 25.0);
         assert_eq!(r.together_percent, 50.0);
         assert_eq!(r.throughput_percent, 75.0);
+        assert_eq!(r.power.package_watts.reason.as_deref(), Some("no window"));
+    }
+
+    #[test]
+    fn a_run_works_the_sum_of_its_vms_and_of_their_threads() {
+        let m = |cpu: &[u64]| {
+            let threads: Vec<_> = cpu
+                .iter()
+                .map(|c| serde_json::json!({"cpu_ns": c}))
+                .collect();
+            crate::lull_metrics::report(serde_json::json!({ "threads": threads }))
+        };
+        let (a, b) = ((100, m(&[1_000, 2_000])), (50, m(&[500])));
+        let w = run_work(2000, &[&a, &b]);
+        assert_eq!(w.iterations, 150);
+        assert_eq!(w.seconds, 2.0);
+        assert_eq!(w.cpu_ns, Some(3_500));
+        // A VM whose report lists no thread leaves the CPU time unknown, not low.
+        let c = (10, m(&[]));
+        assert_eq!(run_work(2000, &[&a, &c]).cpu_ns, None);
     }
 }

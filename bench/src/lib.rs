@@ -34,6 +34,7 @@ mod global_timers;
 mod guest_output;
 mod host;
 mod idle_manager;
+mod idle_manager_power;
 mod linux_density;
 mod lull_metrics;
 mod max_vms;
@@ -41,6 +42,7 @@ mod max_vms_plot;
 mod max_vms_report;
 mod plot;
 pub mod power;
+mod power_args;
 mod proc_sample;
 mod progress;
 mod qemu;
@@ -63,6 +65,7 @@ pub use density::{DensityArgs, Mode};
 pub use error::{BenchError, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED, EXIT_VM_FAILED};
 pub use global_timers::{GlobalTimersArgs, GlobalTimersReport, GLOBAL_TIMERS_SCHEMA};
 pub use idle_manager::{IdleManagerArgs, IdleManagerReport, IDLE_MANAGER_SCHEMA};
+pub use power_args::{BaselineLength, PowerArgs};
 pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
     DENSITY_SCHEMA, TIMER_MODES_SCHEMA, WAKEUP_SCHEMA,

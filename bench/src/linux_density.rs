@@ -488,10 +488,7 @@ fn run_experiment(
         // The first boot, about a minute, then the workload.
         expected: Duration::from_secs(60) + e.rule.workload,
     };
-    let sampler = density_power::Sampler::start(
-        density_power::period(plan.args.duration),
-        plan.args.power_meter.as_deref(),
-    );
+    let sampler = plan.args.power.sampler(plan.args.duration);
     let run = fleet::run(specs, &watch);
     let samples = sampler.stop();
     let run = run?;

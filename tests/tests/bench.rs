@@ -382,8 +382,41 @@ fn idle_manager_measures_injection_and_quota() -> Result<(), Failed> {
     let args = ["--duration", "1s", "--percents", "25", "--vms", "2"];
     let (v, _) = run_bench("idle-manager", &args)?;
     let (injection, quota) = (rows(&v, "injection"), rows(&v, "quota"));
-    if v["schema"] != "lull-bench-idle-manager/1" || injection.len() != 1 || quota.len() != 2 {
+    if v["schema"] != "lull-bench-idle-manager/2" || injection.len() != 1 || quota.len() != 2 {
         return Err(format!("unexpected idle-manager report: {v}").into());
+    }
+    if v["power_baseline"]["value"]["seconds"]
+        .as_f64()
+        .unwrap_or(0.0)
+        <= 0.0
+    {
+        return Err(format!("no power baseline: {}", v["power_baseline"]).into());
+    }
+    // Every run has its power: throughput per CPU-second always (lull reports its threads'
+    // CPU time), per watt where RAPL is readable, else null with the reader's reason.
+    let rapl = std::path::Path::new("/sys/class/powercap").exists();
+    let runs = std::iter::once(&v["base_power"])
+        .chain(injection.iter().map(|r| &r["power"]))
+        .chain(quota.iter().map(|r| &r["power"]));
+    for p in runs {
+        if p["iterations_per_cpu_second"]["value"]
+            .as_f64()
+            .unwrap_or(0.0)
+            <= 0.0
+        {
+            return Err(format!("no throughput per CPU-second: {p}").into());
+        }
+        let per_watt = &p["iterations_per_joule"];
+        let explained = per_watt["value"].is_null()
+            && per_watt["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("RAPL"));
+        if !rapl && !explained {
+            return Err(format!("per watt should be null with its reason here: {p}").into());
+        }
+        if rapl && per_watt["value"].is_null() && per_watt["reason"].is_null() {
+            return Err(format!("per watt neither measured nor explained: {p}").into());
+        }
     }
     if injection[0]["achieved_percent"].as_f64().unwrap_or(0.0) <= 0.0 {
         return Err(format!("no idle was injected: {}", injection[0]).into());

@@ -33,7 +33,9 @@
 //!   vCPU events KVM_RUN synchronizes: lull's `vcpu::kvm_port`) and call
 //!   [`Lapic::interrupt_injected`]. Keep CR8 and TPR one register: [`Lapic::sync_cr8`] with
 //!   `kvm_run.cr8` after every exit, `kvm_run.cr8 =` [`Lapic::cr8`] before every entry. NMIs:
-//!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each). A halted vCPU wakes when
+//!   [`Lapic::take_nmi`] says how many to inject (`KVM_NMI` each); inject fixed interrupts from
+//!   [`Lapic::injectable_interrupt`], which holds them behind NMIs the CPU has yet to deliver
+//!   (ask it while [`Lapic::nmi_in_cpu`], tell [`Lapic::cpu_nmi`]). A halted vCPU wakes when
 //!   [`Lapic::has_pending_interrupt`].
 //! - **EOI**: when [`LapicEffects::eoi`] is level-triggered, call
 //!   [`IoApic::end_of_interrupt`](crate::ioapic::IoApic::end_of_interrupt) and route what it
@@ -60,6 +62,7 @@
 mod access;
 mod events;
 mod icr;
+mod nmi;
 mod pv_eoi;
 pub mod regs;
 mod route;
@@ -75,6 +78,7 @@ mod timer_tests;
 pub use access::is_lapic_msr;
 pub use events::{InvalidAccess, LapicEvents, NoopLapicEvents};
 pub use icr::{DeliveryMode, DestinationMode, Ipi, Shorthand, TriggerMode};
+pub use nmi::{CpuNmi, NmiQueue, MAX_PENDING_NMIS};
 pub use route::{route, ApicDestinationInfo, DestinationSet, LogicalModel};
 pub use timer::{LapicTimerChange, TimerLimits, TimerMode, TscMap, DEFAULT_BUS_HZ};
 
@@ -95,10 +99,6 @@ pub const APIC_BASE_ADDRESS: u64 = 0x000F_FFFF_FFFF_F000;
 /// The architectural maximum of MAXPHYADDR (CPUID 0x80000008 EAX[7:0]), the default of
 /// [`LapicConfig::max_phys_addr_bits`].
 pub const MAX_PHYS_ADDR_BITS: u8 = 52;
-/// How many NMIs a LAPIC holds for its vCPU between two [`Lapic::take_nmi`] calls: one the
-/// vCPU may take at once and one latched behind it, as on hardware (KVM keeps the same
-/// limit in `process_nmi`).
-pub const MAX_PENDING_NMIS: u32 = 2;
 
 /// Errors of the LAPIC model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -239,8 +239,8 @@ pub struct Lapic<E: LapicEvents = NoopLapicEvents> {
     icr: u64,
     lvt: [u32; 6],
     timer: LapicTimer,
-    /// NMIs accepted and not yet taken, at most [`MAX_PENDING_NMIS`].
-    nmis_pending: u32,
+    /// NMIs accepted, and what the CPU holds of those handed to it.
+    nmis: NmiQueue,
     init_sipi: InitSipiState,
     events: E,
 }
@@ -281,7 +281,7 @@ impl<E: LapicEvents> Lapic<E> {
             icr: 0,
             lvt: [0; 6],
             timer: LapicTimer::new(config.bus_hz, config.tsc, config.limits),
-            nmis_pending: 0,
+            nmis: NmiQueue::default(),
             init_sipi: InitSipiState::Running,
             events,
         };
@@ -296,7 +296,7 @@ impl<E: LapicEvents> Lapic<E> {
             DEFAULT_APIC_BASE | APIC_BASE_ENABLE | if self.bsp { APIC_BASE_BSP } else { 0 };
         self.xapic_id = low_byte(self.initial_id);
         self.reset_registers();
-        self.nmis_pending = 0;
+        self.nmis.clear();
         self.init_sipi = if self.bsp {
             InitSipiState::Running
         } else {
@@ -528,27 +528,54 @@ impl<E: LapicEvents> Lapic<E> {
     /// Accepts an NMI. Up to [`MAX_PENDING_NMIS`] wait for [`Lapic::take_nmi`]; more are
     /// merged, as a CPU latches only one NMI behind the one it is taking.
     pub fn accept_nmi(&mut self) {
-        self.nmis_pending = (self.nmis_pending + 1).min(MAX_PENDING_NMIS);
+        self.nmis.accept();
     }
 
     /// Whether an NMI is pending.
     pub fn nmi_pending(&self) -> bool {
-        self.nmis_pending > 0
+        self.nmis.pending() > 0
     }
 
     /// Takes the pending NMIs: how many to inject, 0 to [`MAX_PENDING_NMIS`]. Inject each with
     /// its own `KVM_NMI`; KVM queues them and keeps one latched while the guest handles the
     /// other (its NMI blocking ends at the handler's IRET), so two sent before the guest took
-    /// the first are both taken.
+    /// the first are both taken. Until [`Lapic::cpu_nmi`] says otherwise they hold fixed
+    /// interrupts back ([`Lapic::injectable_interrupt`]).
     pub fn take_nmi(&mut self) -> u32 {
-        std::mem::take(&mut self.nmis_pending)
+        self.nmis.take()
+    }
+
+    /// Whether the CPU may still hold NMIs it was handed: ask it (`KVM_GET_VCPU_EVENTS`) and
+    /// tell [`Lapic::cpu_nmi`] before injecting a fixed interrupt, and at a halt.
+    pub fn nmi_in_cpu(&self) -> bool {
+        self.nmis.in_cpu()
+    }
+
+    /// What the CPU says it holds of the NMIs it was handed.
+    pub fn cpu_nmi(&mut self, held: CpuNmi) {
+        self.nmis.cpu_reports(held);
+    }
+
+    /// Whether the CPU will deliver an NMI at its next entry whatever IF is (a halted vCPU
+    /// must run for it), as it last reported.
+    pub fn nmi_wakes_cpu(&self) -> bool {
+        self.nmis.wakes_cpu()
+    }
+
+    /// The interrupt to hand the CPU now: [`Lapic::next_interrupt`], unless an NMI accepted
+    /// or handed over is still to be delivered (NMIs go first: see [`NmiQueue`]).
+    pub fn injectable_interrupt(&self) -> Option<u8> {
+        if self.nmis.holds_interrupts() {
+            return None;
+        }
+        self.next_interrupt()
     }
 
     /// INIT: resets the registers (ID and IA32_APIC_BASE are kept) and waits for a SIPI. The
     /// VMM must stop the vCPU and reset its CPU state; cancel the host timer too.
     pub fn accept_init(&mut self) {
         self.reset_registers();
-        self.nmis_pending = 0;
+        self.nmis.clear();
         self.init_sipi = InitSipiState::WaitForSipi;
     }
 
@@ -659,6 +686,13 @@ impl<E: LapicEvents> Lapic<E> {
     /// The armed timer deadline, if any.
     pub fn timer_deadline(&self) -> Option<u64> {
         self.timer.deadline()
+    }
+
+    /// Converts the TSC values written from now on (TSC deadlines) with `tsc`: the VMM
+    /// re-anchors the map now and then, so that the guest TSC's drift against its clock does
+    /// not accumulate over the VM's life. A deadline already armed keeps its conversion.
+    pub fn set_tsc_map(&mut self, tsc: TscMap) {
+        self.timer.set_tsc_map(tsc);
     }
 
     /// The events sink.

@@ -304,7 +304,7 @@ fn check_invariants(lapic: &mut Lapic, model: &Model) -> Result<(), TestCaseErro
         ppr,
         irrv
     );
-    prop_assert!(lapic.nmis_pending <= MAX_PENDING_NMIS);
+    prop_assert!(lapic.nmis.pending() <= MAX_PENDING_NMIS);
     prop_assert_eq!(lapic.isr.word(0) & 0xFFFF, 0);
     prop_assert_eq!(lapic.irr.word(0) & 0xFFFF, 0);
     prop_assert_eq!(lapic.esr & !0xE0, 0);

@@ -611,6 +611,42 @@ fn two_nmis_before_a_service_pass_are_both_taken() {
 }
 
 #[test]
+fn fixed_interrupts_wait_for_nmis_the_cpu_would_deliver_first() {
+    let mut lapic = lapic();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    lapic.accept_nmi();
+    assert!(lapic.receive(&Ipi::fixed(0x50, 0)));
+    assert_eq!(lapic.next_interrupt(), Some(0x50));
+    assert_eq!(
+        lapic.injectable_interrupt(),
+        None,
+        "the NMI is not handed over yet"
+    );
+    assert_eq!(lapic.take_nmi(), 1);
+    assert!(lapic.nmi_in_cpu());
+    assert_eq!(
+        lapic.injectable_interrupt(),
+        None,
+        "until the CPU says otherwise"
+    );
+    lapic.cpu_nmi(CpuNmi::Deliverable);
+    assert!(lapic.nmi_wakes_cpu());
+    assert_eq!(lapic.injectable_interrupt(), None);
+    // One latched behind NMI blocking holds nothing back and wakes no halted vCPU.
+    lapic.cpu_nmi(CpuNmi::Blocked);
+    assert!(lapic.nmi_in_cpu() && !lapic.nmi_wakes_cpu());
+    assert_eq!(lapic.injectable_interrupt(), Some(0x50));
+    lapic.cpu_nmi(CpuNmi::None);
+    assert!(!lapic.nmi_in_cpu());
+    assert_eq!(lapic.injectable_interrupt(), Some(0x50));
+    // INIT forgets what the CPU held (the VMM clears KVM's NMIs too).
+    lapic.accept_nmi();
+    assert_eq!(lapic.take_nmi(), 1);
+    lapic.accept_init();
+    assert!(!lapic.nmi_in_cpu());
+}
+
+#[test]
 fn cr8_is_tpr_bits_7_to_4() {
     let mut lapic = lapic();
     for cr8 in 0..16u64 {

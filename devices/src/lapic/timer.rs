@@ -202,6 +202,11 @@ impl LapicTimer {
         self.mode
     }
 
+    /// Converts later TSC values with `tsc`; an armed deadline stays as it was converted.
+    pub(crate) fn set_tsc_map(&mut self, tsc: TscMap) {
+        self.tsc = tsc;
+    }
+
     pub(crate) fn deadline(&self) -> Option<u64> {
         self.armed.map(|a| a.deadline_ns)
     }

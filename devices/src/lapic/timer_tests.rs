@@ -152,6 +152,45 @@ fn tsc_deadline_arm_rearm_cancel() {
 }
 
 #[test]
+fn a_new_tsc_map_converts_the_deadlines_written_after_it() {
+    let mut lapic = tsc_lapic();
+    let arm = |lapic: &mut Lapic, tsc, now| lapic.write_msr(MSR_TSC_DEADLINE, tsc, now).unwrap();
+    let first = arm(&mut lapic, 2_001_000, 0).timer;
+    assert_eq!(
+        first,
+        LapicTimerChange::Arm {
+            deadline_ns: 1_000_000
+        }
+    );
+    // Re-anchored: the TSC ran 1,000 ticks (0.5 us) ahead of the first map.
+    lapic.set_tsc_map(TscMap {
+        tsc_khz: 2_000_000,
+        tsc_at_ns0: 2_000,
+    });
+    assert_eq!(
+        lapic.timer_deadline(),
+        Some(1_000_000),
+        "the armed deadline stays"
+    );
+    assert_eq!(
+        arm(&mut lapic, 2_001_000, 0).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 999_500
+        }
+    );
+    // A reset keeps the map (it is the VM's, not the register state's).
+    lapic.reset();
+    let _ = write(&mut lapic, SVR, 0x1FF, 0);
+    let _ = write(&mut lapic, LVT_TIMER, (2 << 17) | 0xEF, 0);
+    assert_eq!(
+        arm(&mut lapic, 2_001_000, 0).timer,
+        LapicTimerChange::Arm {
+            deadline_ns: 999_500
+        }
+    );
+}
+
+#[test]
 fn tsc_deadline_at_or_before_now_is_pending_when_the_write_completes() {
     let mut lapic = tsc_lapic();
     let now = 5_000_000;

@@ -10,7 +10,8 @@
  *     32-bit code cannot execute on our hosts. conf_long_mode() switches to long mode (identity
  *     map of 4 GiB in 2 MiB pages, the runtime's GDT plus a 64-bit code segment 0x18, a 64-bit
  *     IDT), runs the CR8 part of the cr8_tpr check, reports through `lm` and halts with IF=0;
- *     its NMI handler counts in `lm.nmis` and returns with IRETQ.
+ *     its NMI handler counts in `lm.nmis` and returns with IRETQ. From that halt an NMI with
+ *     `lm.pair_rounds` set sends it to the nmi_pairs rounds (lapic-conformance-nmi.h).
  *
  * Included once, by lapic-conformance.c (every guest is one translation unit).
  */
@@ -144,11 +145,21 @@ struct long_mode_state {
     u32 cr8_irqs_held; /* 20: VEC_CR8 taken while CR8 was 6 */
     u32 tpr_after_cr8; /* 24: TPR after CR8 = 5 */
     u32 cr8_after_tpr; /* 28: CR8 after TPR = 0x3C */
+    /* nmi_pairs (lapic-conformance-nmi.h): */
+    u32 pair_rounds;   /* 32: BSP -> AP 1: rounds to run (0: stay parked) */
+    u32 pair_base;     /* 36: BSP -> AP 1: `nmis` once the wake-up NMI is handled */
+    u32 pair_round;    /* 40: AP 1 -> BSP: the round it is ready for */
+    u32 pair_fixed;    /* 44: VEC_PAIR taken (one per round) */
+    u32 pair_nmis;     /* 48: `nmis` when VEC_PAIR was last taken */
+    u32 pair_failed;   /* 52: rounds with other than 2 NMIs before VEC_PAIR */
+    u32 pair_first;    /* 56: the first such round */
+    u32 pair_first_n;  /* 60: its NMIs */
+    u32 pair_done;     /* 64: rounds finished */
 };
 volatile struct long_mode_state lm;
 
 __asm__(".text\n"
-        ".globl conf_long_mode, conf_irq64, conf_other64, conf_nmi64, conf_fault64\n"
+        ".globl conf_long_mode, conf_park64, conf_irq64, conf_other64, conf_nmi64, conf_fault64\n"
         ".code32\n"
         "conf_long_mode:\n"              /* IF=0; never returns */
         "    movl %cr4, %eax\n"
@@ -208,7 +219,10 @@ __asm__(".text\n"
         "    jnz 3b\n"
         "4:  cli\n"
         "    movl $1, 4(%ebx)\n"
-        "5:  hlt\n" /* NMIs still come in (and wake HLT) */
+        "conf_park64:\n"
+        "5:  cmpl $0, 32(%ebx)\n" /* nmi_pairs asked for (the BSP wakes us with an NMI) */
+        "    jne conf_pairs64\n"
+        "    hlt\n" /* NMIs still come in (and wake HLT) */
         "    jmp 5b\n"
         "conf_irq64:\n"
         "    .byte 0x50, 0x53\n" /* push %rax; push %rbx */

@@ -7,7 +7,7 @@
  * <f> failed` and the usual last line (`PASS`, or `FAIL: ...` and exit code 1). A check that
  * cannot run here (feature not advertised) prints `lapic-conformance: SKIP <name>: <why>`.
  * Needs 2..6 CPUs (`cpus=N`, else CPUID); APIC IDs 0..N-1. Parameters: `cpus=N`,
- * `timeout_ms=200` (every wait is bounded by it or a small multiple).
+ * `timeout_ms=200` (every wait is bounded by it or a small multiple), `nmi_rounds=1000`.
  *
  * Checks (SDM vol. 3 chapter 11 unless noted), in order:
  *   init_sipi                 every AP comes up through INIT + SIPI
@@ -43,6 +43,9 @@
  *   nmi_delivery              (AP 1, 64-bit) an NMI IPI runs the NMI handler
  *   nmi_two_pending           (AP 1, 64-bit) two NMIs sent back to back, before the AP can have
  *                             handled the first, are both taken (one latched behind the other)
+ *   nmi_pairs                 (AP 1, 64-bit) `nmi_rounds` rounds: AP 1 sends itself an NMI while
+ *                             the BSP sends it one and then a fixed IPI; both NMIs are taken,
+ *                             before the fixed IPI (lapic-conformance-nmi.h)
  *   svr_disable               software disable masks every LVT, unmasking is ignored, fixed
  *                             interrupts are dropped; re-enabling leaves the LVTs masked
  *   lvt_mask                  a masked timer expires without setting IRR
@@ -485,6 +488,8 @@ static void check_ipis(void)
     check("ipi_all_excluding_self", ok && mask_of() == aps, "reached %x", mask_of());
 }
 
+#include "lapic-conformance-nmi.h"
+
 /*
  * AP 1 goes to 64-bit mode (see conf_long_mode): CR8 and TPR, then two NMIs sent back to back,
  * before it can have handled the first: the second is latched behind the first (NMI blocking
@@ -516,6 +521,7 @@ static void check_long_mode(void)
     delay_ns(1000000);
     check("nmi_delivery", lm.nmis >= 1, "AP 1 took %u NMIs", lm.nmis);
     check("nmi_two_pending", lm.nmis == 2, "AP 1 took %u NMIs", lm.nmis);
+    check_nmi_pairs();
 }
 
 static void check_init_sipi_again(void)

@@ -118,6 +118,11 @@ impl Hierarchy {
         Self::new(HierarchyConfig::default(), &vec![0; n])
     }
 
+    /// Most CPUs this hierarchy can hold (its configured `max_cpus`).
+    pub fn max_cpus(&self) -> usize {
+        self.cpus.len()
+    }
+
     /// Number of CPUs added so far.
     pub fn num_cpus(&self) -> usize {
         self.topo().ncpus

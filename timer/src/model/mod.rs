@@ -47,7 +47,7 @@ mod sleep;
 mod sleep_tests;
 
 pub use central::{CentralCpu, CentralModel};
-pub use factory::{build, Model};
+pub use factory::{build, fixed_cpus_config, Model};
 pub use pull::{PullCpu, PullModel};
 pub use push::{PushCpu, PushModel};
 pub use sleep::Sleeper;

@@ -77,16 +77,7 @@ pub enum IrqChipError {
 
 /// The NMIs KVM still holds for a vCPU (`KVM_GET_VCPU_EVENTS`): KVM keeps the second of two
 /// NMIs injected back to back until the guest's IRET from the first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvmNmi {
-    /// None pending or being injected.
-    None,
-    /// One is pending and NMIs are not blocked: the next entry delivers it.
-    Deliverable,
-    /// One is pending behind NMI blocking (the guest is in its NMI handler): it waits for the
-    /// handler's IRET.
-    Blocked,
-}
+pub use devices::lapic::CpuNmi as KvmNmi;
 
 /// What the per-vCPU irqchip may do to its vCPU. Implemented over KVM by `vcpu::KvmPort`.
 pub trait CpuPort {

@@ -156,11 +156,13 @@ pub fn irqchip(
         Some(offset) => Ok(sys::clock::host_tsc().wrapping_add(offset)),
         None => read_msr(),
     };
-    Ok(Arc::new(UserIrqChip::new(
-        &chip_cfg,
-        mem.clone(),
-        read_tsc,
-    )?))
+    let mut chip = UserIrqChip::new(&chip_cfg, mem.clone(), read_tsc)?;
+    if let Some(offset) = offset {
+        chip.reanchor_tsc_with(Arc::new(move || {
+            sys::clock::host_tsc().wrapping_add(offset)
+        }));
+    }
+    Ok(Arc::new(chip))
 }
 
 #[cfg(test)]

@@ -15,9 +15,69 @@
 //! space as RDTSC plus the offset, in tens of nanoseconds. Either way a host that preempts lull
 //! inside one window (a loaded CI host) would make it milliseconds: lull reads
 //! [`TSC_SAMPLES`] times and keeps the read with the shortest window.
+//!
+//! The map runs at KVM's nominal `tsc_khz`, but the VM clock is CLOCK_MONOTONIC, which NTP
+//! disciplines, and the TSC's real rate against it is off by a few ppm (measured on our
+//! hosts: 2,300,000.7-2,300,003.2 kHz against KVM's 2,300,000, i.e. +0.3 to +1.4 ppm). A map
+//! made once at start-up is therefore off by that rate times the VM's age: here late by
+//! 0.3-1.4 us per second of the VM's life (~100 us after a Linux guest's boot and workload),
+//! and on a host whose TSC runs slow against its clock, *early* by as much, which a guest
+//! finds in its handler and re-arms for. KVM converts each deadline relative to the guest
+//! TSC at the write, so its error stays a few ppm of the timer's length. Where the guest TSC
+//! is cheap to read (RDTSC plus KVM's offset) each vCPU re-anchors its map with a
+//! [`TscAnchor`] every [`REANCHOR_NS`], which bounds the drift the same way.
+
+use std::sync::Arc;
 
 use devices::lapic::TscMap;
 use timer::{Clock, Nanos};
+
+/// How often a vCPU re-anchors its TSC map: the drift between two anchors is then a few
+/// nanoseconds at a few ppm.
+pub const REANCHOR_NS: Nanos = 1_000_000_000;
+
+/// Reads the guest TSC from any vCPU thread, cheaply (RDTSC plus KVM's TSC offset).
+pub type GuestTscRead = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// One vCPU's re-anchoring of its TSC map (see the module's comment).
+#[derive(Clone)]
+pub struct TscAnchor {
+    read: GuestTscRead,
+    tsc_khz: u64,
+    anchored_at: Nanos,
+}
+
+impl TscAnchor {
+    /// Re-anchors with `read` at `tsc_khz`; the first anchor is the chip's, made at `at`.
+    pub fn new(read: GuestTscRead, tsc_khz: u64, at: Nanos) -> Self {
+        Self {
+            read,
+            tsc_khz,
+            anchored_at: at,
+        }
+    }
+
+    /// A fresh map if the last one is [`REANCHOR_NS`] old at `now`, read between reads of
+    /// `clock` as at start-up.
+    pub fn refresh(&mut self, clock: &dyn Clock, now: Nanos) -> Option<TscMap> {
+        if now.saturating_sub(self.anchored_at) < REANCHOR_NS {
+            return None;
+        }
+        let read = &self.read;
+        let sample = sample_guest_tsc::<()>(clock, || Ok(read())).ok()?;
+        self.anchored_at = sample.after;
+        Some(tsc_map(sample.tsc, sample.after, self.tsc_khz))
+    }
+}
+
+impl std::fmt::Debug for TscAnchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TscAnchor")
+            .field("tsc_khz", &self.tsc_khz)
+            .field("anchored_at", &self.anchored_at)
+            .finish_non_exhaustive()
+    }
+}
 
 /// How many times the guest TSC is read for the map; the shortest window wins.
 pub const TSC_SAMPLES: usize = 8;
@@ -154,6 +214,32 @@ mod tests {
         assert_eq!(sample.tsc, 3_000, "the third read had the shortest window");
         assert_eq!(sample.window(), 40);
         assert_eq!(sample.after, 100 + 5_000_000 + 100 + 300 + 100 + 40);
+    }
+
+    #[test]
+    fn the_anchor_follows_a_tsc_that_runs_fast_of_its_nominal_rate() {
+        // Nominal 1 GHz, but the TSC runs 10 ppm fast: 10 us ahead after 1 s.
+        let clock = Arc::new(timer::FakeClock::new(0));
+        let tsc_of = |ns: u64| ns + ns / 100_000;
+        let c = clock.clone();
+        let mut anchor = TscAnchor::new(Arc::new(move || tsc_of(c.now())), 1_000_000, 0);
+        let start = tsc_map(0, 0, 1_000_000);
+        assert_eq!(
+            anchor.refresh(clock.as_ref(), REANCHOR_NS - 1),
+            None,
+            "too soon"
+        );
+        clock.set(REANCHOR_NS);
+        let map = anchor.refresh(clock.as_ref(), REANCHOR_NS).unwrap();
+        // A deadline 1 ms ahead: the start-up map puts it 10 us late, the new one on time.
+        let deadline = tsc_of(REANCHOR_NS + 1_000_000);
+        assert_eq!(start.ns_at(deadline), REANCHOR_NS + 1_000_000 + 10_010);
+        assert_eq!(map.ns_at(deadline), REANCHOR_NS + 1_000_000 + 10);
+        assert_eq!(
+            anchor.refresh(clock.as_ref(), REANCHOR_NS + 1),
+            None,
+            "just anchored"
+        );
     }
 
     #[test]

@@ -66,7 +66,7 @@ use crate::ratelimit::LogLimiter;
 use crate::setup::cpuid::APIC_BUS_KHZ;
 use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
-use guest_tsc::{sample_guest_tsc, tsc_map};
+use guest_tsc::{sample_guest_tsc, tsc_map, GuestTscRead, TscAnchor};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
@@ -133,6 +133,11 @@ pub struct UserIrqChip<C: VmTime = VmClock> {
     mem: Arc<GuestMemoryMmap>,
     pv_eoi: bool,
     pv_deadline: bool,
+    /// The TSC map's rate and the VM-clock time it was made at, and the cheap guest-TSC read
+    /// each vCPU re-anchors it with (see [`guest_tsc`]); `None`: no re-anchoring.
+    tsc_khz: u64,
+    tsc_anchored_at: Nanos,
+    tsc_read: Option<GuestTscRead>,
 }
 
 impl UserIrqChip<VmClock> {
@@ -279,7 +284,17 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
             mem,
             pv_eoi: cfg.pv_eoi,
             pv_deadline: cfg.pv_deadline,
+            tsc_khz: u64::from(cfg.tsc_khz),
+            tsc_anchored_at: guest_tsc.1,
+            tsc_read: None,
         })
+    }
+
+    /// Lets every vCPU taken from now on re-anchor its TSC map with `read`, a cheap read of
+    /// the guest TSC from any thread (RDTSC plus KVM's offset), so that the map does not
+    /// drift with the VM's age (see [`guest_tsc`]).
+    pub fn reanchor_tsc_with(&mut self, read: GuestTscRead) {
+        self.tsc_read = Some(read);
     }
 
     /// The per-vCPU half of vCPU `id` (taken once), as its concrete type: what
@@ -306,6 +321,10 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
             pv_eoi: self.pv_eoi,
             pv_deadline: self.pv_deadline,
             wake_timer,
+            tsc_anchor: self
+                .tsc_read
+                .clone()
+                .map(|read| TscAnchor::new(read, self.tsc_khz, self.tsc_anchored_at)),
         })
         .ok_or(IrqChipError::NoVcpuPart(id))
     }

@@ -21,6 +21,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
+use super::guest_tsc::TscAnchor;
 use super::host_timer::SharedTimerFd;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
@@ -69,6 +70,9 @@ pub struct UserVcpuParts<E: LapicEvents, C: VmTime> {
     /// The wake-up timer the timer model arms for this vCPU while it is blocked (handed to
     /// the model with `CpuTimers::set_wake_timer`); `None`: block with the model's timeout.
     pub wake_timer: Option<Arc<SharedTimerFd>>,
+    /// Re-anchors the LAPIC's TSC map now and then (`None`: the guest TSC is not cheap to
+    /// read, the start-up map stays).
+    pub tsc_anchor: Option<TscAnchor>,
 }
 
 /// One vCPU's chip and idle manager, owned by its thread.
@@ -102,12 +106,12 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     pv_eoi: Option<PvEoi>,
     /// PV TSC deadline state, if the guest may use it.
     pv_deadline: Option<PvDeadline>,
+    /// Keeps the TSC map from drifting (see `guest_tsc`).
+    tsc_anchor: Option<TscAnchor>,
     /// What it blocks on.
     wait: VcpuWait,
     /// The exit that makes the vCPU look at CR8 while an interrupt is held by TPR.
     tpr_poll: TprPoll,
-    /// lull gave KVM NMIs that KVM may still hold (asked at HLT until it holds none).
-    nmi_in_kvm: bool,
     /// Halted or waiting for SIPI: no guest code runs until the next entry, so timer passes
     /// leave the host tick to the pass before that entry (`CpuTimers::run_halted`).
     halted: bool,
@@ -145,12 +149,12 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             mem: parts.mem,
             pv_eoi: parts.pv_eoi.then(PvEoi::default),
             pv_deadline: parts.pv_deadline.then(PvDeadline::default),
+            tsc_anchor: parts.tsc_anchor,
             wait: VcpuWait {
                 mailbox,
                 wake_timer: parts.wake_timer,
             },
             tpr_poll: TprPoll::default(),
-            nmi_in_kvm: false,
             halted: false,
         };
         Some(Self { chip, idle })
@@ -203,12 +207,18 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
                 self.run_timers(now);
             }
         }
-        let nmis = self.lapic.take_nmi();
-        for _ in 0..nmis {
+        for _ in 0..self.lapic.take_nmi() {
             let _ = cpu.inject_nmi();
         }
-        self.nmi_in_kvm |= nmis > 0;
         summary
+    }
+
+    /// Asks KVM what it still holds of the NMIs lull gave it, while it may hold any (one
+    /// ioctl), and tells the LAPIC. A failed ask counts as none held.
+    fn ask_kvm_nmi(&mut self, cpu: &mut dyn CpuPort) {
+        if self.lapic.nmi_in_cpu() {
+            self.lapic.cpu_nmi(cpu.kvm_nmi().unwrap_or(KvmNmi::None));
+        }
     }
 
     /// Whether a halted vCPU must run for an NMI lull gave KVM: KVM delivers it at the next
@@ -216,17 +226,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// NMI then waits for IRET). KVM keeps the second of two NMIs until the first's IRET, so
     /// the guest may halt with one still held: ask KVM while lull's NMIs may be outstanding.
     fn nmi_runnable(&mut self, cpu: &mut dyn CpuPort) -> bool {
-        if !self.nmi_in_kvm {
-            return false;
-        }
-        match cpu.kvm_nmi() {
-            Ok(KvmNmi::Deliverable) => true,
-            Ok(KvmNmi::Blocked) => false,
-            Ok(KvmNmi::None) | Err(_) => {
-                self.nmi_in_kvm = false;
-                false
-            }
-        }
+        self.ask_kvm_nmi(cpu);
+        self.lapic.nmi_wakes_cpu()
     }
 
     /// One pass of the timer model: expires what is due (this vCPU's timers, and other
@@ -382,16 +383,23 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     }
 
     /// Injects the highest pending interrupt if the guest can take it, else asks KVM for an
-    /// interrupt window.
+    /// interrupt window. An NMI KVM has yet to deliver goes first: KVM queues what lull
+    /// injects as already injected, ahead of its own pending NMIs, so the interrupt waits for
+    /// the window after the NMI handler's IRET (`Lapic::injectable_interrupt`).
     fn inject(&mut self, cpu: &mut dyn CpuPort) {
-        let Some(vector) = self.lapic.next_interrupt() else {
+        if self.lapic.next_interrupt().is_none() {
             cpu.request_interrupt_window(false);
             return;
-        };
+        }
         if !cpu.can_inject() {
             cpu.request_interrupt_window(true);
             return;
         }
+        self.ask_kvm_nmi(cpu);
+        let Some(vector) = self.lapic.injectable_interrupt() else {
+            cpu.request_interrupt_window(true);
+            return;
+        };
         if cpu.inject(vector).is_ok() {
             self.lapic.interrupt_injected(vector);
             self.counters().injected.fetch_add(1, Ordering::Relaxed);
@@ -431,8 +439,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
     }
 
-    /// After KVM_RUN, before the exit: reads back PV EOI and a PV deadline.
+    /// After KVM_RUN, before the exit: re-anchors the TSC map when due, reads back PV EOI
+    /// and a PV deadline.
     fn after_run(&mut self) {
+        if let Some(anchor) = &mut self.tsc_anchor {
+            if let Some(map) = anchor.refresh(&self.clock, self.clock.now()) {
+                self.lapic.set_tsc_map(map);
+            }
+        }
         if let Some(pv) = &mut self.pv_eoi {
             if pv.after_exit(&mut self.lapic, &self.mem).is_some() {
                 self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);

@@ -75,6 +75,7 @@ impl Rig {
             pv_eoi: true,
             pv_deadline,
             wake_timer: None,
+            tsc_anchor: None,
         })
         .unwrap();
         let mut rig = Rig {
@@ -182,6 +183,34 @@ fn a_tsc_deadline_interrupt_comes_at_its_deadline_never_before() {
     let c = rig.shared.counters(0).unwrap();
     assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1);
     assert_eq!(c.lateness_us_log2[0].load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_tsc_deadline_is_converted_with_a_map_re_anchored_to_the_guest_tsc() {
+    use crate::irqchip::user::guest_tsc::{TscAnchor, REANCHOR_NS};
+    // The default map says 1 tick per ns from 0, but this guest's TSC runs 1% fast.
+    let mut rig = Rig::new(ModelKind::Pull);
+    let c = rig.clock.clone();
+    let tsc = move || {
+        let ns = timer::Clock::now(&c);
+        ns + ns / 100
+    };
+    let read: Arc<dyn Fn() -> u64 + Send + Sync> = Arc::new(tsc.clone());
+    rig.irq.chip.tsc_anchor = Some(TscAnchor::new(read, 1_000_000, 0));
+    rig.port.open = true;
+    rig.mmio_write(0x320, 0x4_0040); // LVT timer: TSC-deadline mode, vector 0x40
+    let t = 2 * REANCHOR_NS;
+    rig.clock.set(t);
+    rig.irq.after_run(None); // an exit: the map is due for a new anchor
+                             // The guest asks for 1 ms of its TSC ahead: 1,010,000 ticks, as many ns here. The
+                             // start-up map would put the deadline t / 100 (20 ms) later.
+    rig.wrmsr(0x6e0, tsc() + 1_010_000);
+    rig.clock.set(t + 1_009_999);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty(), "the interrupt came early");
+    rig.clock.set(t + 1_010_000);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x40], "the interrupt is late");
 }
 
 #[test]
@@ -299,6 +328,50 @@ fn a_halted_vcpu_wakes_for_an_nmi_with_interrupts_disabled() {
 }
 
 #[test]
+fn a_fixed_interrupt_waits_for_the_nmis_sent_before_it() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.port.open = true;
+    // One vCPU sends an NMI, then a fixed IPI; the target's own NMI is pending too.
+    rig.router.send_ipi(&nmi_ipi());
+    rig.router.send_ipi(&nmi_ipi());
+    rig.router.send_ipi(&Ipi::fixed(0x50, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.nmis, 2, "both NMIs go to KVM");
+    // KVM would queue 0x50 as injected, ahead of its pending NMIs: it waits for a window.
+    assert!(rig.port.injected.is_empty());
+    assert!(rig.port.window_requested);
+    // The window opened with one NMI still deliverable (after the first's IRET): wait again.
+    rig.port.kvm_nmi = Some(KvmNmi::Deliverable);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert!(rig.port.injected.is_empty());
+    assert!(rig.port.window_requested);
+    // Both delivered: the fixed interrupt goes in, and KVM is not asked again.
+    rig.port.kvm_nmi = Some(KvmNmi::None);
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x50]);
+    let asked = rig.port.events_asked;
+    rig.router.send_ipi(&Ipi::fixed(0x60, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x50, 0x60]);
+    assert_eq!(rig.port.events_asked, asked);
+}
+
+#[test]
+fn an_nmi_held_behind_nmi_blocking_holds_no_interrupt_back() {
+    let mut rig = Rig::new(ModelKind::Push);
+    rig.router.send_ipi(&nmi_ipi());
+    rig.router.send_ipi(&nmi_ipi());
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    // The guest is in its NMI handler with one more latched, and set IF: as on hardware, a
+    // fixed interrupt is taken while the NMI waits for the handler's IRET.
+    rig.port.kvm_nmi = Some(KvmNmi::Blocked);
+    rig.port.open = true;
+    rig.router.send_ipi(&Ipi::fixed(0x50, 0));
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(rig.port.injected, vec![0x50]);
+}
+
+#[test]
 fn a_halt_with_an_nmi_still_held_in_kvm_resumes_unless_nmis_are_blocked() {
     let mut rig = Rig::new(ModelKind::Push);
     // A plain halt with no NMI of lull's outstanding asks KVM nothing.
@@ -318,7 +391,7 @@ fn a_halt_with_an_nmi_still_held_in_kvm_resumes_unless_nmis_are_blocked() {
     // for it (a resume would come straight back as another HLT exit).
     rig.port.kvm_nmi = Some(KvmNmi::Blocked);
     assert!(!rig.irq.chip.nmi_runnable(&mut rig.port));
-    assert!(rig.irq.chip.nmi_in_kvm, "still outstanding");
+    assert!(rig.irq.chip.lapic.nmi_in_cpu(), "still outstanding");
     // Once KVM holds none, HLT stops asking.
     rig.port.kvm_nmi = Some(KvmNmi::None);
     assert!(!rig.irq.chip.nmi_runnable(&mut rig.port));

@@ -7,7 +7,6 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
-use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
@@ -17,6 +16,7 @@ use super::power_args::PowerArgs;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
+use super::{density_power, density_slack};
 use super::{plot, qemu};
 
 /// How a VM of the density experiment runs.
@@ -140,7 +140,7 @@ pub struct DensityArgs {
     /// Timer slacks, comma-separated (`off` or a duration up to 10ms, e.g. off,100us,1ms):
     /// each user-irqchip mode runs once per value, as `lull run --timer-slack VALUE`, one row
     /// each (`pull@1ms`), side by side in one run; the kernel and QEMU modes run once.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_slack)]
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = density_slack::parse_slack)]
     pub timer_slack: Vec<String>,
     /// Results, lull binary, kit and logs.
     #[command(flatten)]
@@ -168,16 +168,6 @@ pub struct DensityArgs {
     /// may fail, always.
     #[arg(long, default_value = "lateness_p99=2ms,host_busy=90%", value_parser = super::slo::parse)]
     pub slo: Slo,
-}
-
-/// Reads one value of `--timer-slack`: `off` or a duration (lull checks its bound).
-fn parse_slack(s: &str) -> Result<String, String> {
-    if s == "off" {
-        return Ok(s.into());
-    }
-    parse_duration(s)
-        .map(|_| s.to_string())
-        .map_err(|e| format!("{e} (a timer slack is off or a duration such as 100us)"))
 }
 
 /// The `--guest` that selects the kit's Linux.
@@ -212,17 +202,6 @@ impl DensityArgs {
     /// The power baseline (`--power-baseline`, else as long as `--duration`).
     pub fn power_baseline(&self) -> Reading<PowerWindow> {
         self.power.baseline(self.duration)
-    }
-
-    /// The slacks `mode` runs with: each of `--timer-slack` for a user-irqchip mode, else
-    /// none (one run without the flag).
-    pub fn slacks_of(&self, mode: Mode) -> Vec<Option<&str>> {
-        let user = !mode.is_qemu() && mode != Mode::Kernel;
-        if user && !self.timer_slack.is_empty() {
-            self.timer_slack.iter().map(|s| Some(s.as_str())).collect()
-        } else {
-            vec![None]
-        }
     }
 
     /// Whether the guest is the kit's Linux.
@@ -689,45 +668,4 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod slack_tests {
-    use clap::Parser;
-
-    use super::*;
-
-    /// `lull bench density`'s flags alone.
-    #[derive(Debug, Parser)]
-    struct Density {
-        #[command(flatten)]
-        args: DensityArgs,
-    }
-
-    #[test]
-    fn each_slack_is_a_row_of_the_user_modes_only() {
-        let d = Density::try_parse_from(["density", "--timer-slack", "off,100us,1ms"]).unwrap();
-        let a = d.args;
-        assert_eq!(a.timer_slack, ["off", "100us", "1ms"]);
-        assert_eq!(
-            a.slacks_of(Mode::Pull),
-            [Some("off"), Some("100us"), Some("1ms")]
-        );
-        assert_eq!(a.slacks_of(Mode::Push).len(), 3);
-        assert_eq!(a.slacks_of(Mode::Kernel), [None]);
-        assert_eq!(a.slacks_of(Mode::QemuOn), [None]);
-        let none = Density::try_parse_from(["density"]).unwrap().args;
-        assert_eq!(none.slacks_of(Mode::Pull), [None]);
-        assert!(Density::try_parse_from(["density", "--timer-slack", "100"]).is_err());
-        assert!(Density::try_parse_from(["density", "--timer-slack", "soon"]).is_err());
-    }
-
-    #[test]
-    fn a_row_with_slack_is_labelled_by_it() {
-        let mut r = super::report::tests::density_row("pull", 4, 1.0);
-        assert_eq!(r.label(), "pull");
-        r.timer_slack = Some("1ms".into());
-        assert_eq!(r.label(), "pull@1ms");
-        assert!(report::density_line(&r).starts_with("pull@1ms        4"));
-    }
 }

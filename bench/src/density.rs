@@ -7,7 +7,6 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
-use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
@@ -17,6 +16,7 @@ use super::power_args::PowerArgs;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
+use super::{density_power, density_slack};
 use super::{plot, qemu};
 
 /// How a VM of the density experiment runs.
@@ -137,6 +137,11 @@ pub struct DensityArgs {
     /// Passed as `lull run --global-timers` in the user-irqchip modes (COUNT[,period=MS]).
     #[arg(long, value_name = "COUNT[,period=MS]")]
     pub global_timers: Option<String>,
+    /// Timer slacks, comma-separated (`off` or a duration up to 10ms, e.g. off,100us,1ms):
+    /// each user-irqchip mode runs once per value, as `lull run --timer-slack VALUE`, one row
+    /// each (`pull@1ms`), side by side in one run; the kernel and QEMU modes run once.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = density_slack::parse_slack)]
+    pub timer_slack: Vec<String>,
     /// Results, lull binary, kit and logs.
     #[command(flatten)]
     pub common: CommonArgs,
@@ -190,6 +195,7 @@ impl DensityArgs {
             global_timers_applied,
             linux: None,
             power_meter: self.power.power_meter.clone(),
+            timer_slack: self.timer_slack.clone(),
         }
     }
 
@@ -285,21 +291,35 @@ pub(crate) struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    fn spec(&self, mode: Mode, n: u32, i: u32) -> VmSpec {
-        let stem = self.work.join(format!("{}-n{n}-vm{i}", mode.name()));
+    /// Where VM `i` of `n` in `mode` (with `slack`) writes, less the extension.
+    fn stem(&self, mode: Mode, slack: Option<&str>, n: u32, i: u32) -> PathBuf {
+        let slack = slack.map(|s| format!("-slack{s}")).unwrap_or_default();
+        self.work.join(format!("{}{slack}-n{n}-vm{i}", mode.name()))
+    }
+
+    fn spec(&self, mode: Mode, slack: Option<&str>, n: u32, i: u32) -> VmSpec {
+        let stem = self.stem(mode, slack, n, i);
         let serial = stem.with_extension("console");
         let metrics = stem.with_extension("json");
         let _ = std::fs::remove_file(&serial);
         let _ = std::fs::remove_file(&metrics);
+        // The guest splits its lateness at the slack (idle-sim's `slack_ns`).
+        let cmdline = match slack.and_then(|s| parse_duration(s).ok()) {
+            Some(d) => format!("{} slack_ns={}", self.cmdline, d.as_nanos()),
+            None => self.cmdline.clone(),
+        };
         let launch = Launch {
             kernel: &self.guest,
-            cmdline: &self.cmdline,
+            cmdline: &cmdline,
             serial: &serial,
             metrics: &metrics,
         };
-        let command = self
+        let mut command = self
             .args
             .vm_command(mode, &self.lull, self.global_timers, &launch);
+        if let Some(s) = slack {
+            command.args(["--timer-slack", s]);
+        }
         VmSpec {
             command,
             serial,
@@ -314,6 +334,7 @@ impl Plan<'_> {
 #[derive(Default)]
 struct Reported {
     lateness: Histogram,
+    past_slack: Histogram,
     ipi: Histogram,
     events: u64,
     early: u64,
@@ -322,11 +343,12 @@ struct Reported {
     metrics: MetricsSum,
 }
 
-fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
+fn read_vms(plan: &Plan, mode: Mode, slack: Option<&str>, n: u32, run: &FleetRun) -> Reported {
     let mut r = Reported::default();
-    for (i, vm) in run.vms.iter().enumerate() {
+    for (i, vm) in (0u32..).zip(&run.vms) {
         let g = parse_idle_sim(&vm.console);
         r.lateness.merge(&g.lateness);
+        r.past_slack.merge(&g.past_slack);
         r.ipi.merge(&g.ipi);
         r.events += g.events;
         r.early += g.early;
@@ -341,7 +363,7 @@ fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
             ));
         }
         if !mode.is_qemu() {
-            let path = plan.work.join(format!("{}-n{n}-vm{i}.json", mode.name()));
+            let path = plan.stem(mode, slack, n, i).with_extension("json");
             if let Some(m) = read_metrics(&path) {
                 r.metrics.add(&m);
             }
@@ -350,18 +372,25 @@ fn read_vms(plan: &Plan, mode: Mode, n: u32, run: &FleetRun) -> Reported {
     r
 }
 
-fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> DensityRow {
+fn row(
+    plan: &Plan,
+    (mode, slack): (Mode, Option<&str>),
+    n: u32,
+    run: &FleetRun,
+    duration: Duration,
+) -> DensityRow {
     let cpus = plan.args.cpus;
     let vcpus = n * cpus;
     let Reported {
         lateness,
+        past_slack,
         ipi,
         events,
         early,
         ok,
         failures,
         metrics,
-    } = read_vms(plan, mode, n, run);
+    } = read_vms(plan, mode, slack, n, run);
     let w = &run.window;
     let per_vcpu_s = |x: u64| {
         if w.seconds > 0.0 {
@@ -410,6 +439,10 @@ fn row(plan: &Plan, mode: Mode, n: u32, run: &FleetRun, duration: Duration) -> D
         failures,
         linux: None,
         power: None,
+        lateness_past_slack: (past_slack.n > 0).then(|| past_slack.summary()),
+        timer_slack: slack.map(str::to_string),
+        multi_expiry_wakeups: (!mode.is_qemu() && metrics.vm_reports > 0)
+            .then_some(metrics.multi_expiry_wakeups),
     }
 }
 
@@ -497,15 +530,17 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let mut all_ok = true;
     for &n in &args.vms {
         for &mode in &modes {
-            let r = plan.measure(mode, n, &baseline)?;
-            all_ok &= r.failures.is_empty();
-            println!("{}", report::density_line(&r));
-            for f in &r.failures {
-                println!("  {} N={n} failed: {f}", mode.name());
-            }
-            report.results.push(r);
-            if let Some(path) = &args.common.json {
-                report::write_json(path, &report)?;
+            for slack in args.slacks_of(mode) {
+                let r = plan.measure_with_slack(mode, slack, n, &baseline)?;
+                all_ok &= r.failures.is_empty();
+                println!("{}", report::density_line(&r));
+                for f in &r.failures {
+                    println!("  {} N={n} failed: {f}", r.label());
+                }
+                report.results.push(r);
+                if let Some(path) = &args.common.json {
+                    report::write_json(path, &report)?;
+                }
             }
         }
     }
@@ -522,6 +557,9 @@ impl<'a> Plan<'a> {
         let guest = guest_path(&args.guest, args.common.kit.as_ref())?;
         let (modes, skipped) = modes(args)?;
         let has_global = lull_has_flag(&lull, "--global-timers");
+        if !args.timer_slack.is_empty() && !lull_has_flag(&lull, "--timer-slack") {
+            return Err(BenchError::NoTimerSlack(lull.clone()));
+        }
         if args.global_timers.is_some() && !has_global {
             eprintln!(
                 "bench: {} has no --global-timers yet: running without it",
@@ -561,11 +599,25 @@ impl<'a> Plan<'a> {
         n: u32,
         baseline: &Reading<PowerWindow>,
     ) -> Result<DensityRow, BenchError> {
+        self.measure_with_slack(mode, None, n, baseline)
+    }
+
+    /// [`Self::measure`] with `lull run --timer-slack slack` (if given).
+    pub(crate) fn measure_with_slack(
+        &self,
+        mode: Mode,
+        slack: Option<&str>,
+        n: u32,
+        baseline: &Reading<PowerWindow>,
+    ) -> Result<DensityRow, BenchError> {
         let args = self.args;
         let duration = args.duration;
-        let label = format!("{} N={n}", mode.name());
+        let label = match slack {
+            Some(s) => format!("{}@{s} N={n}", mode.name()),
+            None => format!("{} N={n}", mode.name()),
+        };
         eprintln!("bench: {label}: starting {n} VM(s)");
-        let specs = (0..n).map(|i| self.spec(mode, n, i)).collect();
+        let specs = (0..n).map(|i| self.spec(mode, slack, n, i)).collect();
         let watch = Watch {
             boot_marker: format!("{}: ", guest_stem(&self.guest)),
             end_markers: vec![format!("{}: cpu 0: ", guest_stem(&self.guest))],
@@ -582,7 +634,7 @@ impl<'a> Plan<'a> {
         let run = fleet::run(specs, &watch);
         let samples = sampler.stop();
         let run = run?;
-        let mut r = row(self, mode, n, &run, duration);
+        let mut r = row(self, (mode, slack), n, &run, duration);
         r.power = Some(density_power::row_power(
             &r,
             samples.window(run.window.span),

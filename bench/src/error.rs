@@ -41,6 +41,12 @@ pub enum BenchError {
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),
+    /// `--timer-slack` was given to a lull binary without it.
+    #[error(
+        "--timer-slack was given but {0} has no --timer-slack: build a newer lull \
+         (cargo build -p lull) or pass --lull PATH"
+    )]
+    NoTimerSlack(PathBuf),
 }
 
 /// The plot could not be drawn.

@@ -97,6 +97,9 @@ pub struct IdleSimReport {
     pub lateness: Histogram,
     /// IPI latency.
     pub ipi: Histogram,
+    /// With `slack_ns=S`: each lateness less S, the host's delay past the slack (empty
+    /// otherwise).
+    pub past_slack: Histogram,
     /// The guest printed its PASS line.
     pub passed: bool,
 }
@@ -161,6 +164,10 @@ pub fn parse_idle_sim(log: &str) -> IdleSimReport {
             parse_buckets(rest, &mut r.lateness);
         } else if let Some(rest) = body.strip_prefix("hist ipi") {
             parse_buckets(rest, &mut r.ipi);
+        } else if body.starts_with("past_slack_ns ") {
+            parse_summary(body, &mut r.past_slack);
+        } else if let Some(rest) = body.strip_prefix("hist past_slack") {
+            parse_buckets(rest, &mut r.past_slack);
         } else if body == "PASS" {
             r.passed = true;
         }
@@ -249,6 +256,8 @@ idle-sim: hist lateness 55206-56987:1 60549-64111:63
 idle-sim: hist lateness 113063846-116711067:1
 idle-sim: ipi_ns n=3 min 82486 p50 185210 p99 103913617 max 103913617 mean 34724889
 idle-sim: hist ipi 81920-85481:1 178086-185210:1 102122184-105769405:1
+idle-sim: past_slack_ns n=65 min 0 p50 0 p99 114875233 max 114875233 mean 6100000
+idle-sim: hist past_slack 0-0:64 113063846-116711067:1
 idle-sim: PASS
 ";
 
@@ -268,6 +277,9 @@ idle-sim: PASS
         assert_eq!(s.p99_ns, 115_875_233); // capped at the exact max
         assert_eq!(s.mean_ns, 7_072_620);
         assert_eq!(r.ipi.summary().p50_ns, 185_210);
+        assert_eq!((r.past_slack.n, r.past_slack.max), (65, 114_875_233));
+        assert_eq!(r.past_slack.buckets.len(), 2, "its buckets are its own");
+        assert_eq!(r.past_slack.summary().p50_ns, 0);
     }
 
     #[test]

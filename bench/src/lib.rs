@@ -30,6 +30,7 @@ mod common;
 mod density;
 mod density_power;
 mod density_power_row;
+mod density_slack;
 mod error;
 mod fleet;
 mod global_timers;

@@ -72,10 +72,15 @@ impl Plan<'_> {
         format!("{} lull.workload={arg}", self.base_cmdline)
     }
 
-    fn spec(&self, mode: Mode, workload: Workload, n: u32, i: u32, cmdline: &str) -> VmSpec {
-        let stem = self
-            .work
-            .join(format!("{}-{}-n{n}-vm{i}", mode.name(), workload.name()));
+    fn spec(&self, e: &Experiment, i: u32, cmdline: &str) -> VmSpec {
+        let (mode, workload, n) = (e.mode, e.workload, e.n);
+        let slack = e.slack.as_deref();
+        let slack_part = slack.map(|s| format!("-slack{s}")).unwrap_or_default();
+        let stem = self.work.join(format!(
+            "{}{slack_part}-{}-n{n}-vm{i}",
+            mode.name(),
+            workload.name()
+        ));
         let serial = stem.with_extension("console");
         let metrics = stem.with_extension("json");
         let socket = stem.with_extension("sock");
@@ -91,6 +96,9 @@ impl Plan<'_> {
         let mut command = self
             .args
             .vm_command(mode, &self.lull, self.global_timers, &launch);
+        if let Some(s) = slack {
+            command.args(["--timer-slack", s]);
+        }
         let api = if mode.is_qemu() {
             // qboot lists every vCPU in its MP table (SeaBIOS one per socket: 1 CPU for Linux).
             if Path::new(qemu::QBOOT).is_file() {
@@ -161,6 +169,8 @@ fn window_note(run: &FleetRun, rule: &WindowRule) -> Option<String> {
 
 struct Experiment {
     mode: Mode,
+    /// `lull run --timer-slack` of its VMs, if given (`--timer-slack` of the bench).
+    slack: Option<String>,
     workload: Workload,
     n: u32,
     rule: WindowRule,
@@ -314,6 +324,9 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         failures,
         linux: Some(linux_row(&r, &boot_ms, note)),
         power: None,
+        timer_slack: e.slack.clone(),
+        multi_expiry_wakeups: None,
+        lateness_past_slack: None,
     }
 }
 
@@ -400,9 +413,13 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let mut all_ok = true;
     for &n in &args.vms {
         for &workload in &args.workload {
-            for &mode in &modes {
+            for (mode, slack) in modes
+                .iter()
+                .flat_map(|&m| args.slacks_of(m).into_iter().map(move |s| (m, s)))
+            {
                 let e = Experiment {
                     mode,
+                    slack: slack.map(str::to_string),
                     workload,
                     n,
                     rule: window_rule(args, n),
@@ -463,14 +480,17 @@ fn run_experiment(
 ) -> Result<DensityRow, BenchError> {
     let (mode, workload, n) = (e.mode, e.workload, e.n);
     let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
-    let label = format!("{} {} N={n}", mode.name(), workload.name());
+    let slack = e
+        .slack
+        .as_deref()
+        .map(|s| format!("@{s}"))
+        .unwrap_or_default();
+    let label = format!("{}{slack} {} N={n}", mode.name(), workload.name());
     eprintln!(
         "bench: {label}: starting {n} VM(s), workload {} s",
         e.rule.workload.as_secs()
     );
-    let specs = (0..n)
-        .map(|i| plan.spec(mode, workload, n, i, &cmdline))
-        .collect();
+    let specs = (0..n).map(|i| plan.spec(e, i, &cmdline)).collect();
     let watch = Watch {
         boot_marker: workload_output::START_MARKER.into(),
         end_markers: std::iter::once(workload_output::report_marker(workload.name()))

@@ -33,6 +33,9 @@ pub struct MetricsSum {
     pub kvm_irq_injections: Option<u64>,
     /// Run time times vCPUs, seconds (lull's clock).
     pub vcpu_seconds: f64,
+    /// Wake-ups of blocked vCPUs that served more than one timer expiry
+    /// (`vcpus[].wake_multi_expiry`).
+    pub multi_expiry_wakeups: u64,
 }
 
 fn add_opt(acc: &mut Option<u64>, v: Option<u64>) {
@@ -66,6 +69,7 @@ impl MetricsSum {
             add_opt(&mut self.global_timer_fires, Some(v.global_timer_fires));
             self.lapic_timer_fires += v.lapic_timer_fires;
             self.injected += v.injected;
+            self.multi_expiry_wakeups += v.wake_multi_expiry.unwrap_or(0);
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
         add_opt(
@@ -95,6 +99,7 @@ impl MetricsSum {
         self.injected += other.injected;
         add_opt(&mut self.kvm_irq_injections, other.kvm_irq_injections);
         self.vcpu_seconds += other.vcpu_seconds;
+        self.multi_expiry_wakeups += other.multi_expiry_wakeups;
     }
 
     /// What one VM counted between an `earlier` report and this one.
@@ -122,6 +127,9 @@ impl MetricsSum {
             injected: self.injected.saturating_sub(earlier.injected),
             kvm_irq_injections: sub_opt(self.kvm_irq_injections, earlier.kvm_irq_injections),
             vcpu_seconds: (self.vcpu_seconds - earlier.vcpu_seconds).max(0.0),
+            multi_expiry_wakeups: self
+                .multi_expiry_wakeups
+                .saturating_sub(earlier.multi_expiry_wakeups),
         }
     }
 }

@@ -43,6 +43,10 @@ pub struct DensityParams {
     /// `--power-meter`: the command that prints the host's watts, if one was given.
     #[serde(default)]
     pub power_meter: Option<String>,
+    /// `--timer-slack`: the slacks the user-irqchip modes ran with, one row each (absent: not
+    /// given).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timer_slack: Vec<String>,
 }
 
 /// How `lull bench density --guest linux` ran its kernels.
@@ -127,14 +131,34 @@ pub struct DensityRow {
     /// schema 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<DensityPower>,
+    /// `lull run --timer-slack` of the row's VMs (`--timer-slack` of the bench; absent: not
+    /// given, lull's default `off`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer_slack: Option<String>,
+    /// Wake-ups of blocked vCPUs that served more than one timer expiry, summed over the
+    /// fleet (`vcpus[].wake_multi_expiry`); absent where lull does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_expiry_wakeups: Option<u64>,
+    /// With a timer slack S: guest timer lateness less S (the host's delay past the slack, 0
+    /// within it), over all VMs (idle-sim's `past_slack`); absent without a slack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lateness_past_slack: Option<LatencySummary>,
 }
 
 impl DensityRow {
+    /// The mode as the tables show it: with its timer slack, if given (`pull@1ms`).
+    pub fn label(&self) -> String {
+        match &self.timer_slack {
+            Some(s) => format!("{}@{s}", self.mode),
+            None => self.mode.clone(),
+        }
+    }
+
     /// The name of its line in the plot: the mode, and the Linux workload if there is one.
     pub fn series(&self) -> String {
         match &self.linux {
-            Some(l) => format!("{} {}", self.mode, l.workload),
-            None => self.mode.clone(),
+            Some(l) => format!("{} {}", self.label(), l.workload),
+            None => self.label(),
         }
     }
 }
@@ -331,7 +355,7 @@ fn us(ns: u64) -> String {
 /// Header of the density table.
 pub fn density_header() -> String {
     format!(
-        "{:<9}{:>4}{:>6}{:>5} {:>9}{:>9}{:>9}{:>8}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>8}{:>8}{:>9}",
+        "{:<13}{:>4}{:>6}{:>5} {:>9}{:>9}{:>9}{:>8}{:>8}{:>8}{:>8}{:>8}{:>10}{:>8}{:>8}{:>8}{:>9}",
         "mode",
         "VMs",
         "vCPUs",
@@ -355,8 +379,8 @@ pub fn density_header() -> String {
 /// One density row as a table line.
 pub fn density_line(r: &DensityRow) -> String {
     format!(
-        "{:<9}{:>4}{:>6}{:>5} {:>9.3}{:>9.1}{:>9.1}{:>8.2}{:>8.2}{:>8}{:>8}{:>8}{:>10}{:>8}{:>8}{:>8}{:>9.0}",
-        r.mode,
+        "{:<13}{:>4}{:>6}{:>5} {:>9.3}{:>9.1}{:>9.1}{:>8.2}{:>8.2}{:>8}{:>8}{:>8}{:>10}{:>8}{:>8}{:>8}{:>9.0}",
+        r.label(),
         r.vms,
         r.vcpus,
         r.vms_ok,
@@ -379,7 +403,7 @@ pub fn density_line(r: &DensityRow) -> String {
 /// Header of the `--guest linux` density table.
 pub fn linux_header() -> String {
     format!(
-        "{:<9}{:<8}{:>4}{:>6}{:>4}{:>6} {:>9}{:>8}{:>9}{:>9}{:>9}{:>10}{:>7}{:>9}{:>9}{:>8}",
+        "{:<13}{:<8}{:>4}{:>6}{:>4}{:>6} {:>9}{:>8}{:>9}{:>9}{:>9}{:>10}{:>7}{:>9}{:>9}{:>8}",
         "mode",
         "work",
         "VMs",
@@ -406,8 +430,8 @@ pub fn linux_line(r: &DensityRow) -> String {
     };
     let late = |ns: u64| (r.lateness.n > 0).then(|| ns as f64 / 1000.0);
     format!(
-        "{:<9}{:<8}{:>4}{:>6}{:>4}{:>6.1} {:>9.3}{:>8.2}{:>9}{:>9}{:>9.2}{:>10}{:>7.1}{:>9}{:>9}{:>8.0}",
-        r.mode,
+        "{:<13}{:<8}{:>4}{:>6}{:>4}{:>6.1} {:>9.3}{:>8.2}{:>9}{:>9}{:>9.2}{:>10}{:>7.1}{:>9}{:>9}{:>8.0}",
+        r.label(),
         l.workload,
         r.vms,
         r.vcpus,
@@ -469,7 +493,8 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
             let kernel = find("kernel", pull)?;
             let workload = pull.linux.as_ref().map_or("", |l| l.workload.as_str());
             Some(format!(
-                "pull / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, host wake-ups per timer interrupt {}",
+                "{:<13} / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, host wake-ups per timer interrupt {}",
+                pull.label(),
                 pull.vms,
                 ratio(
                     host(pull, pull.host_cpu_percent_per_vcpu),
@@ -604,6 +629,9 @@ pub(crate) mod tests {
             failures: Vec::new(),
             linux: None,
             power: None,
+            timer_slack: None,
+            multi_expiry_wakeups: None,
+            lateness_past_slack: None,
         }
     }
 
@@ -624,6 +652,7 @@ pub(crate) mod tests {
                 global_timers_applied: false,
                 linux: None,
                 power_meter: None,
+                timer_slack: Vec::new(),
             },
             results,
             skipped: Vec::new(),
@@ -672,6 +701,6 @@ pub(crate) mod tests {
         let json = serde_json::to_string(&report).unwrap();
         let back: DensityReport = serde_json::from_str(&json).unwrap();
         assert_eq!(serde_json::to_string(&back).unwrap(), json);
-        assert!(density_line(&back.results[0]).starts_with("pull        4     8    4"));
+        assert!(density_line(&back.results[0]).starts_with("pull            4     8    4"));
     }
 }

@@ -202,6 +202,7 @@ impl FakeChip {
             tsc_khz: spec.tsc_khz,
             halt_poll: idle.halt_poll,
             timer_advance: idle.timer_advance,
+            timer_slack: vmm::config::knobs::TimerSlack::Off,
             wake_placement: vmm::config::knobs::WakePlacementMode::Off,
             idle_inject: idle.idle_inject,
             cpu_quota: idle.cpu_quota,

@@ -45,6 +45,10 @@ pub struct RunReport {
     pub halt_poll: Option<String>,
     /// Timer advance mode (user irqchip).
     pub timer_advance: Option<String>,
+    /// Timer slack of halted vCPUs' wake-ups, `off` or a duration (user irqchip; absent with
+    /// the kernel irqchip and in reports of a lull before `--timer-slack`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timer_slack: Option<String>,
     /// Wake placement mode (user irqchip).
     pub wake_placement: Option<String>,
     /// Idle injection (user irqchip): setting and time all vCPUs were idle together in ns.

@@ -74,6 +74,15 @@ pub struct VcpuSnapshot {
     pub throttled_ns: u64,
     /// Lateness histogram: bucket i counts [2^i, 2^(i+1)) us.
     pub lateness_us_log2: Vec<u64>,
+    /// The part of each lateness past the end of its wake-up's range (`--timer-slack`; with
+    /// slack off, all of it): the host's delay, in the buckets of `lateness_us_log2` (absent
+    /// in reports of a lull before `--timer-slack`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub late_past_range_us_log2: Vec<u64>,
+    /// Wake-ups from a block that served more than one timer expiry (own or global; absent
+    /// in reports of a lull before `--timer-slack`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_multi_expiry: Option<u64>,
 }
 
 /// Wake placement's counters of one vCPU.

@@ -16,6 +16,7 @@
 //!   wake-ups; the [`Waker`] hook tells the VMM to kick a vCPU. A blocked vCPU waits on its
 //!   *wake timer* ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its
 //!   wake-up duty moves (see the [`model`] module docs).
+//! * [`slack`]: timer slack for global timers, which may expire anywhere in their range.
 //!
 //! State transitions emit `tracing` events with target `timer::tmigr`.
 //!
@@ -86,6 +87,7 @@ pub mod host;
 pub mod metrics;
 pub mod model;
 mod queue;
+pub mod slack;
 mod sync;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
-    WakePlacementMode,
+    TimerSlack, WakePlacementMode,
 };
 use crate::size::ByteSize;
 
@@ -29,7 +29,8 @@ pub use args::VmArgs;
 pub use disk::{DiskConfig, DiskConfigError};
 pub use error::ConfigError;
 pub use limits::{
-    MAX_CONFIG_BYTES, MAX_CPUS, MAX_DISKS, MAX_MEMORY, MAX_VIRTIO_DEVICES, MIN_MEMORY,
+    MAX_CONFIG_BYTES, MAX_CPUS, MAX_DISKS, MAX_MEMORY, MAX_TIMER_SLACK_NS, MAX_VIRTIO_DEVICES,
+    MIN_MEMORY,
 };
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 pub use serial::{SerialMode, SerialModeError};
@@ -186,6 +187,18 @@ pub struct VmConfig {
     #[arg(long, value_name = "off|adaptive[=MAX]|DURATION")]
     pub timer_advance: Option<TimerAdvanceMode>,
 
+    /// Timer slack with `--irqchip user`: a halted vCPU's wake-up for its next timer may come
+    /// anywhere in `[deadline - advance, deadline - advance + SLACK]` instead of as close to
+    /// the deadline as the host allows, so the host kernel serves the wake-ups of vCPUs (of
+    /// this VM and of others on the same host CPU) that fall within SLACK of each other with
+    /// one CPU wake-up: fewer idle exits, less power, for timers up to SLACK late. Never early:
+    /// an interrupt is injected at or after its deadline. `off`: hard wake-ups (an absolute
+    /// timerfd, 1 ns thread slack), today's behaviour. At most 10ms. Default: off. With
+    /// `--irqchip kernel` KVM's hrtimers wake vCPUs: a slack is refused (status 4), `off` is
+    /// accepted and changes nothing.
+    #[arg(long, value_name = "off|DURATION")]
+    pub timer_slack: Option<TimerSlack>,
+
     /// Timer-aware wake placement with `--irqchip user`. `cache-hot`: a vCPU that blocks
     /// for a short sleep (its next own deadline at most MAX away, default 2ms) is bound to
     /// the host CPU it blocked on until it wakes, so it wakes where its caches are warm; long
@@ -323,6 +336,7 @@ impl Default for VmConfig {
             timer_model: TimerModelKind::Pull,
             halt_poll: None,
             timer_advance: None,
+            timer_slack: None,
             wake_placement: None,
             idle_inject: None,
             cpu_quota: None,

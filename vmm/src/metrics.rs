@@ -63,6 +63,8 @@ impl VcpuCounters {
             injected_idle_ns: g(&self.injected_idle_ns),
             throttled_ns: g(&self.throttled_ns),
             lateness_us_log2: self.lateness_us_log2.iter().map(g).collect(),
+            late_past_range_us_log2: self.late_past_range_us_log2.iter().map(g).collect(),
+            wake_multi_expiry: Some(g(&self.wake_multi_expiry)),
         }
     }
 }
@@ -130,5 +132,9 @@ mod tests {
         assert_eq!(s.lateness_us_log2[9], 1); // 1 ms = 1000 us, in [512, 1024)
         assert_eq!(s.lateness_us_log2[19], 1); // everything from ~0.5 s on
         assert_eq!(s.lapic_timer_fires, 6);
+        c.record_late_past_range(3_000);
+        let s = c.snapshot(0);
+        assert_eq!(s.late_past_range_us_log2[1], 1);
+        assert_eq!(s.late_past_range_us_log2.iter().sum::<u64>(), 1);
     }
 }

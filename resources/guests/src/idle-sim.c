@@ -12,12 +12,17 @@
  *   idle-sim: ipi_ns n=N min A p50 B p99 C max D mean M
  *   idle-sim: hist lateness LO-HI:COUNT ...     (several lines; ns, every non-empty bucket)
  *   idle-sim: hist ipi LO-HI:COUNT ...
+ *   idle-sim: past_slack_ns n=N min A p50 B p99 C max D mean M   (with slack_ns only)
+ *   idle-sim: hist past_slack LO-HI:COUNT ...
  *   idle-sim: PASS
  * Lateness = TSC at the top of the timer handler - the deadline; IPI latency = TSC at the top
  * of the target's handler - TSC before the sender's ICR write (vCPU TSCs are in sync). Both
  * go into log-linear histograms over TSC ticks (16 buckets per power of two, < 6.25% wide);
  * min, max and mean are exact, p50/p99 are the upper bound of the bucket they fall in.
  * Interrupts that arrive more than early_ns before their deadline are counted as `early`.
+ * With slack_ns=S (the VMM's timer slack, e.g. lull --timer-slack), each lateness is split at
+ * S after the deadline: up to S is the slack the VM allowed, the rest (`past_slack`) is the
+ * host's delay, in a histogram of its own.
  * Parameters:
  *   cpus=N            CPUs to use (default: all; at most 8)
  *   duration_ms=10000 how long every CPU runs its timers
@@ -26,6 +31,7 @@
  *   timer=deadline|oneshot
  *   seed=1            per-CPU xorshift seeds derive from it
  *   early_ns=10000    tolerance for early interrupts
+ *   slack_ns=0        the timer slack the VMM was given: report lateness past it apart
  *   busy=0            the first `busy` CPUs run guest code (spin with interrupts on) for
  *                     the whole duration instead of idling: a VM where some vCPU always runs
  *   pv_eoi=0          1: end interrupts through KVM's paravirtual EOI when CPUID 0x40000001
@@ -79,7 +85,7 @@ struct cpu_state {
     u64 deadline;          /* rearm-*: the deadline armed last */
     u32 events, ipis_sent, early;
     u32 rng;
-    struct histogram lateness, ipi;
+    struct histogram lateness, ipi, past_slack;
 };
 
 static struct mix_entry mix[MAX_MIX];
@@ -128,7 +134,7 @@ static void pv_eoi_register(u32 idx)
         wrmsr(MSR_KVM_PV_EOI_EN, (u64)(u32)&pv_eoi_flag[idx] | 1);
 }
 
-static u64 end_tsc, early_ticks;
+static u64 end_tsc, early_ticks, slack_ticks;
 
 /* This CPU's index, from its stack (each CPU runs on rt_stacks[index]): no LAPIC access. */
 static inline u32 this_cpu(void)
@@ -313,7 +319,10 @@ static void record(struct cpu_state *c, u64 now, u64 expected)
     c->events++;
     if (now + early_ticks < expected)
         c->early++;
-    hist_add(&c->lateness, now > expected ? now - expected : 0);
+    u64 late = now > expected ? now - expected : 0;
+    hist_add(&c->lateness, late);
+    if (slack_ticks)
+        hist_add(&c->past_slack, late > slack_ticks ? late - slack_ticks : 0);
 }
 
 /* rearm-*: the next deadline, `delta` from now, as the guest's timer code would write it. */
@@ -503,6 +512,7 @@ int main(void)
         use_pv_deadline = 0;
     }
     early_ticks = ns_to_tsc(cmdline_u64("early_ns", 10000));
+    slack_ticks = ns_to_tsc(cmdline_u64("slack_ns", 0));
     cmdline_str("mix", buf, sizeof(buf));
     parse_mix(buf);
     cmdline_str("timer", timer, sizeof(timer));
@@ -576,16 +586,19 @@ int main(void)
     if (done != ncpus - 1)
         fail("%u of %u AP(s) finished within duration + 2 s", done, ncpus - 1);
 
-    static struct histogram lateness, ipi;
+    static struct histogram lateness, ipi, past_slack;
     for (u32 j = 0; j < ncpus; j++) {
         struct cpu_state *c = &cpu[j];
         printf("idle-sim: cpu %u: events %u ipis_sent %u ipis_received %u early %u\n", j,
                c->events, c->ipis_sent, c->ipis_received, c->early);
         hist_merge(&lateness, &c->lateness);
         hist_merge(&ipi, &c->ipi);
+        hist_merge(&past_slack, &c->past_slack);
     }
     hist_print("lateness", &lateness);
     hist_print("ipi", &ipi);
+    if (slack_ticks)
+        hist_print("past_slack", &past_slack);
     printf("idle-sim: PASS\n");
     return RT_EXIT_PASS;
 }

@@ -38,6 +38,9 @@ mod central;
 mod factory;
 mod pull;
 mod push;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod slack_tests;
 mod sleep;
 #[cfg(test)]
 #[cfg(not(loom))]
@@ -161,6 +164,10 @@ pub trait TimerModel<T>: Send + Sync {
     /// `central` model's timer thread re-arming what it just fired). Only `central` has such
     /// a thread: the other models refuse (`false`) and their timers are re-armed on a base.
     fn arm_global(&self, cpu: CpuId, deadline: Nanos, payload: T) -> bool;
+    /// Lets global timers expire anywhere in `[deadline, deadline + slack]` (see
+    /// [`crate::slack`]); set before the CPUs run. `pull` defers a running CPU's host tick
+    /// for them to the range's end; the other models keep their timers exact.
+    fn set_global_slack(&self, _slack: Nanos) {}
 }
 
 /// A host timer armed lazily: only when the deadline moves earlier or the armed one passed.

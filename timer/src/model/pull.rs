@@ -5,6 +5,7 @@
 //! over, an idle CPU claims it), the CPU that moved it re-arms that sleeper's host wake-up
 //! on its own thread: a blocked vCPU is woken only for its own timers or a duty that is due.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::{CpuTimers, HostTick, ModelKind, OnFire, Sleeper, TimerModel, Waker};
@@ -13,6 +14,7 @@ use crate::clock::{Nanos, NEVER};
 use crate::hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, NodeId, RemoteExpiry};
 use crate::host::HostTimer;
 use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::slack::tick_deadline;
 
 /// The shared part of the pull model: the hierarchy and every CPU's global queue.
 pub struct PullModel<T> {
@@ -21,6 +23,9 @@ pub struct PullModel<T> {
     sleepers: Box<[OnceLock<Sleeper>]>,
     metrics: Metrics,
     waker: Arc<dyn Waker>,
+    /// Global timers' slack (see [`crate::slack`]): a setting written before the CPUs run,
+    /// not state of the lock-free protocol, so std's atomic even under loom.
+    global_slack: AtomicU64,
 }
 
 /// One CPU of the pull model.
@@ -66,6 +71,7 @@ impl<T: Send + 'static> PullModel<T> {
             sleepers,
             metrics: Metrics::default(),
             waker,
+            global_slack: AtomicU64::new(0),
         });
         let cpus = bases
             .into_iter()
@@ -163,6 +169,10 @@ impl<T: Send + 'static> TimerModel<T> for PullModel<T> {
     fn service(&self, _now: Nanos, _f: OnFire<'_, T>) -> Nanos {
         NEVER
     }
+
+    fn set_global_slack(&self, slack: Nanos) {
+        self.global_slack.store(slack, Ordering::Relaxed);
+    }
 }
 
 /// Expires other CPUs' global queues for the hierarchy, on the migrator's thread.
@@ -188,7 +198,8 @@ impl<T> RemoteExpiry for Remote<'_, T> {
 
 impl<T: Send + 'static> PullCpu<T> {
     /// Expires what is due at `now`: its own timers, and remote ones while it is an active
-    /// migrator; returns the deadline its host tick must fire by (the timeout while idle).
+    /// migrator; returns the deadline its host tick must fire by (the timeout while idle;
+    /// running, its global timers' and duty's at the end of their slack range).
     fn expire_due(&mut self, now: Nanos, f: OnFire<'_, T>) -> Nanos {
         let shared = Arc::clone(&self.shared);
         let cpu = self.base.cpu();
@@ -202,9 +213,12 @@ impl<T: Send + 'static> PullCpu<T> {
             let mut remote = Remote { shared: &shared, f };
             shared.hierarchy.handle_remote(cpu, now, &mut remote);
         }
-        self.base
-            .next_expiry()
-            .min(shared.hierarchy.remote_deadline(cpu))
+        tick_deadline(
+            self.base.next_pinned(),
+            self.base.next_global(),
+            shared.hierarchy.remote_deadline(cpu),
+            shared.global_slack.load(Ordering::Relaxed),
+        )
     }
 
     /// The first global expiry this CPU reports when idle: only if before its first pinned.

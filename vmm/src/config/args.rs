@@ -68,9 +68,9 @@ pub struct VmArgs {
 
     /// Read the VM configuration from a JSON file with the same fields as these flags
     /// (kernel, initramfs, cmdline, cpus, memory, irqchip, timer_model, halt_poll, timer_advance,
-    /// wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics, seccomp, pv_eoi,
-    /// pv_deadline, x2apic, disks: a list of `--disk` values, nets: a list of `--net` values,
-    /// and device_timers); flags win (`--disk` and `--net` replace the file's lists). The file
+    /// timer_slack, wake_placement, idle_inject, cpu_quota, global_timers, serial, metrics,
+    /// seccomp, pv_eoi, pv_deadline, x2apic, disks: a list of `--disk` values, nets: a list of
+    /// `--net` values, and device_timers); flags win (`--disk` and `--net` replace the file's lists). The file
     /// must be a regular file of at most 1 MiB holding a JSON object (not an array; a device
     /// such as /dev/zero is refused before it is read).
     #[arg(long, value_name = "FILE")]
@@ -165,7 +165,7 @@ mod tests {
     fn absent_flags_leave_every_field_of_the_file_and_given_ones_win() {
         let json = r#"{"kernel": "/k", "initramfs": "/i", "cmdline": "c", "cpus": 3,
             "memory": "64M", "irqchip": "user", "timer_model": "push", "halt_poll": "50us",
-            "timer_advance": "off", "wake_placement": "cache-hot",
+            "timer_advance": "off", "timer_slack": "1ms", "wake_placement": "cache-hot",
             "idle_inject": "percent=10,period=100", "cpu_quota": "quota=50,period=100",
             "global_timers": "2", "serial": "off", "metrics": "/m", "seccomp": "log",
             "pv_eoi": "off", "pv_deadline": "off", "x2apic": "off", "disks": ["path=/d"],

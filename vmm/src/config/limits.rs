@@ -15,3 +15,5 @@ pub const MAX_DISKS: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
 /// Most virtio devices (disks and network devices together) one VM takes: they share the
 /// windows and lines.
 pub const MAX_VIRTIO_DEVICES: usize = crate::setup::layout::VIRTIO_MMIO_IRQS.len();
+/// Largest `--timer-slack`: 10 ms (a guest timer may come late by the whole slack).
+pub const MAX_TIMER_SLACK_NS: u64 = 10_000_000;

@@ -3,12 +3,13 @@
 //!
 //! Knobs of the user irqchip given with `--irqchip kernel` are refused rather than ignored:
 //! KVM's in-kernel LAPIC expires the guest's timers and decides when a vCPU runs, so halt
-//! polling, timer advance, wake placement, idle injection, the CPU quota, the global-timer
-//! load, the `push` and `central` timer models and hierarchy device timers would have no
-//! effect. (`--timer-model pull` is the default and is not told apart from no flag; it has no
+//! polling, timer advance, a timer slack, wake placement, idle injection, the CPU quota, the
+//! global-timer load, the `push` and `central` timer models and hierarchy device timers would
+//! have no effect (`--timer-slack off` is accepted: it asks for nothing). (`--timer-model pull` is the default and is not told apart from no flag; it has no
 //! effect with the kernel irqchip either.) A `--cpu-quota` whose quota is at least
 //! `cpus x period` can never park a vCPU, so it is refused too.
 
+use super::knobs::TimerSlack;
 use super::{
     ConfigError, DeviceTimerMode, IrqchipMode, TimerModelKind, VmConfig, MAX_CPUS, MAX_DISKS,
     MAX_MEMORY, MAX_VIRTIO_DEVICES, MIN_MEMORY,
@@ -56,6 +57,10 @@ impl VmConfig {
             let knobs = [
                 (self.halt_poll.is_some(), "--halt-poll"),
                 (self.timer_advance.is_some(), "--timer-advance"),
+                (
+                    self.timer_slack.is_some_and(TimerSlack::is_on),
+                    "--timer-slack",
+                ),
                 (self.wake_placement.is_some(), "--wake-placement"),
                 (self.idle_inject.is_some(), "--idle-inject"),
                 (self.cpu_quota.is_some(), "--cpu-quota"),
@@ -157,6 +162,11 @@ mod tests {
             kernel(|c| c.timer_advance = Some("20us".parse().unwrap())),
             Err(ConfigError::NeedsUserIrqchip("--timer-advance"))
         ));
+        assert!(matches!(
+            kernel(|c| c.timer_slack = Some("1ms".parse().unwrap())),
+            Err(ConfigError::NeedsUserIrqchip("--timer-slack"))
+        ));
+        assert!(kernel(|c| c.timer_slack = Some(TimerSlack::Off)).is_ok());
     }
 
     #[test]

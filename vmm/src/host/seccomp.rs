@@ -250,7 +250,8 @@ fn rules(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompErr
     Ok(map)
 }
 
-/// What a vCPU thread adds: KVM's vCPU ioctls, its blocking wait, wake placement.
+/// What a vCPU thread adds: KVM's vCPU ioctls, its blocking wait, wake placement, its timer
+/// slack.
 fn vcpu_rules(
     map: &mut BTreeMap<i64, Vec<SeccompRule>>,
     ioctls: &mut Vec<SeccompCondition>,
@@ -264,6 +265,12 @@ fn vcpu_rules(
     for sys in [libc::SYS_sched_getaffinity, libc::SYS_sched_setaffinity] {
         map.insert(sys, vec![rule(vec![cond(0, SeccompCmpOp::Eq, 0)?])?]);
     }
+    // `--timer-slack`: the thread sets its own timer slack when the irqchip attaches.
+    let timer_slack = flag(libc::PR_SET_TIMERSLACK);
+    map.insert(
+        libc::SYS_prctl,
+        vec![rule(vec![cond(0, SeccompCmpOp::Eq, timer_slack)?])?],
+    );
     Ok(())
 }
 

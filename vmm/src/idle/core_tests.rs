@@ -15,6 +15,7 @@ fn shared(halt_poll: HaltPollMode) -> IdleShared {
     IdleShared {
         halt_poll,
         timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
+        timer_slack: crate::config::knobs::TimerSlack::Off,
         inject: None,
         quota: None,
         global: None,

@@ -329,6 +329,9 @@ impl<C: VmTime> VcpuIdle<C> {
         let fired = self.service(chip, now);
         let count = classify_wake(cause, fired, chip.interrupt_pending());
         let c = &self.counters;
+        if fired.total() > 1 {
+            c.wake_multi_expiry.fetch_add(1, Ordering::Relaxed);
+        }
         let counter = match count {
             WakeCount::OwnTimer => &c.wake_timer,
             WakeCount::Interrupt => &c.wake_interrupt,

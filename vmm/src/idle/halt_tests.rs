@@ -204,6 +204,7 @@ impl Rig {
         let shared = Arc::new(IdleShared {
             halt_poll,
             timer_advance: TimerAdvanceMode::Off,
+            timer_slack: crate::config::knobs::TimerSlack::Off,
             inject,
             quota: None,
             global: None,

@@ -11,6 +11,7 @@
 //! - [`advance`]: timer advance (wake before a LAPIC deadline by the learned latency, wait
 //!   for the deadline), after KVM's `lapic_timer_advance`; [`tick_defer`]: no host tick
 //!   before the guest's next exit for a short deadline armed with interrupts off.
+//! - [`slack`]: timer slack, the range a halted vCPU's wake-up may fall in (never early).
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
@@ -32,6 +33,7 @@ pub mod inject;
 pub mod placement;
 pub mod quota;
 pub mod shared;
+pub mod slack;
 pub mod tick_defer;
 pub mod vcpu_placement;
 pub mod vcpu_timer;

@@ -4,7 +4,7 @@
 use super::global_load::GlobalLoad;
 use super::inject::IdleInjector;
 use super::quota::CpuQuota;
-use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, WakePlacementMode};
+use crate::config::knobs::{HaltPollMode, TimerAdvanceMode, TimerSlack, WakePlacementMode};
 
 /// The idle manager's VM-wide state, shared by every vCPU thread.
 #[derive(Debug)]
@@ -13,6 +13,8 @@ pub struct IdleShared {
     pub halt_poll: HaltPollMode,
     /// Timer advance of every vCPU.
     pub timer_advance: TimerAdvanceMode,
+    /// Timer slack of every vCPU's halted wait.
+    pub timer_slack: TimerSlack,
     /// Idle injection, if enabled.
     pub inject: Option<IdleInjector>,
     /// CPU quota, if enabled.

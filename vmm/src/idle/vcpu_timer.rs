@@ -37,4 +37,9 @@ impl FiredSummary {
     pub fn global(&self) -> u32 {
         self.own_global + self.remote_global
     }
+
+    /// Every timer fired, pinned and global.
+    pub fn total(&self) -> u32 {
+        self.own_pinned + self.global()
+    }
 }

@@ -90,6 +90,12 @@ pub struct VcpuCounters {
     /// Host-side lateness of LAPIC timer expiries: bucket i counts lateness in
     /// [2^i, 2^(i+1)) microseconds (bucket 0 also takes under 1 us).
     pub lateness_us_log2: [AtomicU64; LATENESS_BUCKETS],
+    /// The part of each LAPIC timer expiry's lateness past the end of its wake-up's range
+    /// (`--timer-slack`; with slack off, all of it): the host's delay, in the buckets of
+    /// `lateness_us_log2`.
+    pub late_past_range_us_log2: [AtomicU64; LATENESS_BUCKETS],
+    /// Wake-ups from a block that served more than one timer expiry (own or global).
+    pub wake_multi_expiry: AtomicU64,
 }
 
 /// Buckets of the lateness histogram (the last one takes everything above ~0.5 s).
@@ -98,14 +104,23 @@ pub const LATENESS_BUCKETS: usize = 20;
 impl VcpuCounters {
     /// Records a LAPIC timer expiry handled `late_ns` after its deadline.
     pub fn record_lateness(&self, late_ns: u64) {
-        let us = late_ns / 1000;
-        let bucket = if us == 0 {
-            0
-        } else {
-            63 - us.leading_zeros() as usize
-        };
-        let bucket = bucket.min(LATENESS_BUCKETS - 1);
-        self.lateness_us_log2[bucket].fetch_add(1, Ordering::Relaxed);
+        self.lateness_us_log2[lateness_bucket(late_ns)].fetch_add(1, Ordering::Relaxed);
         self.lapic_timer_fires.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Records the part of an expiry's lateness past the end of its wake-up's range.
+    pub fn record_late_past_range(&self, late_ns: u64) {
+        self.late_past_range_us_log2[lateness_bucket(late_ns)].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The histogram bucket of a lateness: [2^i, 2^(i+1)) us, bucket 0 also under 1 us.
+fn lateness_bucket(late_ns: u64) -> usize {
+    let us = late_ns / 1000;
+    let bucket = if us == 0 {
+        0
+    } else {
+        63 - us.leading_zeros() as usize
+    };
+    bucket.min(LATENESS_BUCKETS - 1)
 }

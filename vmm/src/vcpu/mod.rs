@@ -138,7 +138,8 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name(format!("vcpu{id}"))
         .spawn(move || {
-            // Wake-ups at guest timer deadlines must not be batched (50 us by default).
+            // Wake-ups at guest timer deadlines must not be batched (50 us by default); with
+            // `--timer-slack` the user irqchip sets the slack asked for when it attaches.
             if let Err(e) = crate::host::sys::thread::set_timer_slack(1) {
                 tracing::warn!(vcpu = id, "cannot set the vCPU thread's timer slack: {e}");
             }

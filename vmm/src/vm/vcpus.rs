@@ -109,6 +109,7 @@ pub fn irqchip(
         tsc_khz: vcpus.tsc_khz,
         halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
         timer_advance: cfg.timer_advance.unwrap_or_default(),
+        timer_slack: cfg.timer_slack.unwrap_or_default(),
         wake_placement: cfg.wake_placement.unwrap_or_default(),
         idle_inject: cfg.idle_inject,
         cpu_quota: cfg.cpu_quota,

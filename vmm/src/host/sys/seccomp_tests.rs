@@ -197,6 +197,7 @@ fn allowed_calls(kind: ThreadKind, prepared: &mut Prepared) {
             if libc::syscall(libc::SYS_sched_getaffinity, 0, size, set) < 0
                 || libc::syscall(libc::SYS_sched_setaffinity, 0, size, set) != 0
                 || libc::syscall(libc::SYS_getcpu, prepared.cpu.as_mut_ptr(), 0, 0) != 0
+                || libc::prctl(libc::PR_SET_TIMERSLACK, 1_000_000, 0, 0, 0) != 0
             {
                 libc::_exit(103);
             }

@@ -1,13 +1,15 @@
 //! Host timers behind `timer::HostTimer`: each vCPU's host tick is a POSIX timer that sends
 //! the kick signal to the vCPU's own thread, armed at absolute CLOCK_MONOTONIC deadlines and
 //! created on first use by that thread; a blocked vCPU waits on its wake-up timerfd (which the
-//! timer model re-arms from any thread without waking it), and the `central` model's thread
-//! waits on a timerfd too.
+//! timer model re-arms from any thread without waking it) or, with `--timer-slack`, on a
+//! ranged timeout with that timerfd as its doorbell (`ranged_wake.rs`), and the `central`
+//! model's thread waits on a timerfd too.
 
 use std::sync::Arc;
 
 use timer::{HostTimer, HostTimerError, Nanos};
 
+use super::ranged_wake::RangedWake;
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
 use crate::irqchip::clock::VmClock;
@@ -52,10 +54,12 @@ impl HostTimer for ThreadTickTimer {
     }
 }
 
-/// An absolute VM-clock timerfd that one thread waits on and any thread may arm.
+/// An absolute VM-clock timerfd that one thread waits on and any thread may arm; ranged, it
+/// is only the doorbell of a [`RangedWake`].
 pub struct SharedTimerFd {
     fd: TimerFd,
     clock: VmClock,
+    ranged: Option<RangedWake>,
 }
 
 impl SharedTimerFd {
@@ -64,6 +68,7 @@ impl SharedTimerFd {
         Ok(Self {
             fd: TimerFd::new()?,
             clock,
+            ranged: None,
         })
     }
 
@@ -72,7 +77,30 @@ impl SharedTimerFd {
         Ok(Self {
             fd: TimerFd::nonblocking()?,
             clock,
+            ranged: None,
         })
+    }
+
+    /// A vCPU's ranged wake-up (`--timer-slack`): arms record the wake-up for the sleeper's
+    /// timeout and program the timerfd only as its doorbell (see [`RangedWake`]).
+    pub fn ranged_for_poll(clock: VmClock) -> std::io::Result<Self> {
+        Ok(Self {
+            ranged: Some(RangedWake::default()),
+            ..Self::for_poll(clock)?
+        })
+    }
+
+    /// The ranged wake-up, if this is one.
+    pub fn ranged(&self) -> Option<&RangedWake> {
+        self.ranged.as_ref()
+    }
+
+    /// A ranged sleeper is awake: disarms the doorbell if it was armed (one system call, only
+    /// after a wake-up was moved earlier during a sleep).
+    pub fn end_ranged_wait(&self) {
+        if self.ranged.as_ref().is_some_and(RangedWake::end_wait) {
+            let _ = self.fd.disarm();
+        }
     }
 
     /// The fd, to poll.
@@ -80,15 +108,26 @@ impl SharedTimerFd {
         &self.fd
     }
 
-    /// Arms for an absolute VM-clock deadline.
+    /// Arms for an absolute VM-clock deadline (ranged: rings the doorbell only if the sleeper
+    /// waits for later).
     pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        if let Some(r) = &self.ranged {
+            if !r.arm(deadline) {
+                return Ok(());
+            }
+            r.doorbell_armed();
+        }
         self.fd
             .arm_at(self.clock.to_monotonic(deadline))
             .map_err(host_err)
     }
 
-    /// Disarms.
+    /// Disarms (ranged: no system call; a doorbell still armed is cleared by the sleeper).
     pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        if let Some(r) = &self.ranged {
+            r.disarm();
+            return Ok(());
+        }
         self.fd.disarm().map_err(host_err)
     }
 

@@ -20,7 +20,8 @@
 //! - [`cr8`]: CR8 and TPR as one register, and the poll for CR8 writes KVM does not report.
 //! - [`guest_tsc`]: the map from the guest TSC to the VM clock.
 //! - [`timers`]: what a fired timer does; [`host_timer`]: the host ticks; [`wait`]: how a
-//!   blocked vCPU waits (when and for how long is the idle manager's: `idle::halt`).
+//!   blocked vCPU waits (when and for how long is the idle manager's: `idle::halt`);
+//!   [`ranged_wake`]: its wake-up with `--timer-slack`.
 
 pub mod cr8;
 pub mod exit;
@@ -30,10 +31,14 @@ pub mod mailbox;
 pub mod pv_deadline;
 pub mod pv_eoi;
 pub mod pv_msr;
+pub mod ranged_wake;
 pub mod router;
 pub mod timers;
 pub mod vcpu;
 pub mod wait;
+
+#[cfg(test)]
+mod ranged_wait_tests;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -48,7 +53,7 @@ use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
 use crate::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
-    WakePlacementMode,
+    TimerSlack, WakePlacementMode,
 };
 use crate::idle::global_load::GlobalLoad;
 use crate::idle::halt::VmTime;
@@ -81,6 +86,8 @@ pub struct UserChipConfig {
     pub halt_poll: HaltPollMode,
     /// Timer advance.
     pub timer_advance: TimerAdvanceMode,
+    /// Timer slack of halted vCPUs' wake-ups.
+    pub timer_slack: TimerSlack,
     /// Wake placement.
     pub wake_placement: WakePlacementMode,
     /// Synchronized idle injection.
@@ -174,14 +181,17 @@ impl UserIrqChip<VmClock> {
     /// waits on and other threads may re-arm (see `UserVcpuIrq::block_until`).
     fn attach_wake_timers(&mut self) -> Result<(), IrqChipError> {
         let clock = self.clock;
+        let ranged = !crate::idle::slack::hard_wait(self.idle.timer_slack);
         for part in lock(&self.parts).iter_mut().flatten() {
-            let wake =
-                Arc::new(
-                    SharedTimerFd::for_poll(clock).map_err(|source| IrqChipError::Host {
-                        what: "a vCPU's wake-up timerfd",
-                        source,
-                    })?,
-                );
+            let fd = if ranged {
+                SharedTimerFd::ranged_for_poll(clock)
+            } else {
+                SharedTimerFd::for_poll(clock)
+            };
+            let wake = Arc::new(fd.map_err(|source| IrqChipError::Host {
+                what: "a vCPU's wake-up timerfd",
+                source,
+            })?);
             part.1
                 .set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
             part.2 = Some(wake);
@@ -244,9 +254,12 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         });
         let nodes = vec![0; lapics.len()];
         let model = timer::build::<VcpuTimer>(cfg.model, &nodes, host, waker)?;
+        // `pull`: a running vCPU's host tick for global timers at the end of their range.
+        model.shared.set_global_slack(cfg.timer_slack.ns());
         let idle = Arc::new(IdleShared {
             halt_poll: cfg.halt_poll,
             timer_advance: cfg.timer_advance,
+            timer_slack: cfg.timer_slack,
             inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
             quota: cfg
                 .cpu_quota
@@ -452,6 +465,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         report.timers = Some(self.model.metrics());
         report.halt_poll = Some(self.idle.halt_poll.to_string());
         report.timer_advance = Some(self.idle.timer_advance.to_string());
+        report.timer_slack = Some(self.idle.timer_slack.to_string());
         report.wake_placement = Some(self.idle.wake_placement.to_string());
         report.idle_inject = self.idle.inject.as_ref().map(|inj| IdleInjectReport {
             config: inj.config().to_string(),

@@ -32,6 +32,7 @@ use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
 use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
+use crate::idle::slack::{advance_latency, split_lateness, thread_slack_ns};
 use crate::idle::tick_defer::TickDefer;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
@@ -355,8 +356,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         let Some(deadline) = self.lapic.timer_deadline() else {
             return now;
         };
+        let slack = self.idle.timer_slack;
+        let mut advance_ns = 0;
         if let Some(armed_at) = self.lapic_armed_at.take() {
-            self.advance.learn(armed_at, now);
+            advance_ns = deadline.saturating_sub(armed_at);
+            // With slack the advance learns the host's delay past the range, not the slack.
+            let latency = advance_latency(armed_at, now, slack);
+            self.advance
+                .learn(armed_at, armed_at.saturating_add(latency));
             self.counters
                 .timer_advance_ns
                 .store(self.advance.advance_ns(), Ordering::Relaxed);
@@ -374,6 +381,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
         if deadline <= now {
             self.counters().record_lateness(now - deadline);
+            let late = split_lateness(deadline, advance_ns, slack, now);
+            self.counters().record_late_past_range(late.host_ns);
         }
         now
     }
@@ -411,6 +420,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     fn apply_timer(&mut self, change: LapicTimerChange, expired: bool, interruptible: bool) {
         if expired {
             self.counters().record_lateness(0);
+            self.counters().record_late_past_range(0);
         }
         match change {
             LapicTimerChange::Arm { deadline_ns } => {
@@ -536,6 +546,16 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     fn attach(&mut self, cpu: &mut dyn CpuPort) {
         self.chip.wait.mailbox.bind_current_thread();
+        let slack = self.chip.idle.timer_slack;
+        if slack.is_on() {
+            // The ranged wait's timeout expires within this slack (`ranged_wake.rs`).
+            if let Err(e) = crate::host::sys::thread::set_timer_slack(thread_slack_ns(slack)) {
+                tracing::warn!(
+                    vcpu = self.chip.id,
+                    "cannot set the timer slack {slack}: {e}"
+                );
+            }
+        }
         self.idle.attach();
         cpu.register_kick();
     }

@@ -55,6 +55,7 @@ impl Rig {
         let idle = Arc::new(IdleShared {
             halt_poll: HaltPollMode::Off,
             timer_advance: crate::config::knobs::TimerAdvanceMode::Off,
+            timer_slack: crate::config::knobs::TimerSlack::Off,
             inject: None,
             quota: None,
             global: None,

@@ -5,17 +5,20 @@
 //! vCPU goes idle, and other vCPUs may move it while this one sleeps (in `pull`, when one of
 //! them takes over what this one was to wake for), so the thread waits on that timer, never on
 //! a timeout it computed when it went to sleep; without one (a fake clock) it waits for the
-//! model's timeout. Senders wake it through the mailbox (see `mailbox.rs` for the handshake).
+//! model's timeout. With `--timer-slack` the wake-up is ranged: the thread sleeps with a
+//! relative timeout to it, which the kernel may end anywhere within the thread's timer slack
+//! after it, and the timerfd is only the doorbell for a wake-up moved earlier meanwhile (see
+//! `ranged_wake.rs`). Senders wake it through the mailbox (see `mailbox.rs` for the handshake).
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use timer::{Clock, CpuTimers, Nanos, NEVER};
 
 use super::host_timer::SharedTimerFd;
 use super::mailbox::Mailbox;
 use crate::idle::core::block_deadline;
+use crate::idle::slack::ranged_timeout;
 use crate::idle::vcpu_timer::VcpuTimer;
 use crate::ratelimit::LogLimiter;
 
@@ -50,28 +53,36 @@ impl VcpuWait {
         if !woken() {
             let timeout = timers.idle(clock.now());
             let wake_timer = self.wake_timer.as_ref().filter(|_| wake_on_work);
+            let ranged = wake_timer.and_then(|t| t.ranged());
             loop {
                 let now = clock.now();
                 if woken() {
                     break;
                 }
-                let model = match wake_timer {
-                    Some(_) => NEVER,
-                    None => timeout.min(timers.idle_timeout()),
+                let model = match (wake_timer, ranged) {
+                    (Some(_), Some(r)) => r.begin_wait(),
+                    (Some(_), None) => NEVER,
+                    (None, _) => timeout.min(timers.idle_timeout()),
                 };
                 let deadline = block_deadline(model, until, wake_on_work);
-                if deadline <= now {
+                let wait = ranged_timeout(deadline, now);
+                if wait.is_none() {
+                    wake_timer.inspect(|t| t.end_ranged_wait());
                     break;
                 }
-                let wait = (deadline != NEVER).then(|| Duration::from_nanos(deadline - now));
+                let wait = wait.filter(|_| deadline != NEVER);
                 let wake_fd = wake_timer.map(|t| t.fd() as &dyn AsRawFd);
                 let woken_by = crate::host::sys::poll::wait(mailbox.kick_fd(), wake_fd, wait);
-                asleep += clock.now().saturating_sub(now);
+                wake_timer.inspect(|t| t.end_ranged_wait());
+                let after = clock.now();
+                asleep += after.saturating_sub(now);
                 match woken_by {
                     // The expiry is left unread: the next `idle` re-programs a wake-up
                     // timer whose deadline passed, which clears it (the model's contract),
                     // so no later wait sees it and the read is one system call less.
                     Ok(w) if w.wake => break,
+                    // A ranged wake-up's timeout ended in its range.
+                    Ok(_) if ranged.is_some_and(|r| r.due(after)) => break,
                     Ok(w) if w.kick => mailbox.drain_kicks(),
                     // A signal (the running tick, a stale kick) or the timeout: look again.
                     Ok(_) => {}

@@ -21,7 +21,7 @@ use vmm::api::http::{self, Request, Response};
 use vmm::api::routes::{self, ApiRequest};
 use vmm::api::ApiError;
 
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+const CONTINUE: &[u8] = b"HTTP/1.1 100 \r\n\r\n";
 
 /// A refusal must be a client error.
 fn check_refusal(e: &ApiError) {
@@ -133,10 +133,13 @@ fn answers(written: &[u8]) -> Vec<(u16, bool)> {
             .expect("an answer's head ends with a blank line")
             + 4;
         let head = std::str::from_utf8(&rest[..end]).expect("answer heads are UTF-8");
+        // As Cloud Hypervisor's api_client (ch-remote) reads it: all of the status line after
+        // the version, trimmed, is the number.
         let status: u16 = head
-            .strip_prefix("HTTP/1.1 ")
-            .and_then(|s| s.get(..3))
-            .and_then(|s| s.parse().ok())
+            .split('\r')
+            .next()
+            .and_then(|line| line.strip_prefix("HTTP/1.1 "))
+            .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| panic!("not an HTTP/1.1 status line: {head}"));
         let length = head
             .split("\r\n")
@@ -149,6 +152,7 @@ fn answers(written: &[u8]) -> Vec<(u16, bool)> {
             (_, None) => panic!("no Content-Length: {head}"),
         };
         let body = &rest[end..end + length];
+        assert!(body.is_ascii(), "a body that is not ASCII: {body:?}");
         if status >= 400 {
             let messages: Vec<String> =
                 serde_json::from_slice(body).expect("an error body is an array of messages");

@@ -156,6 +156,11 @@ impl Controller {
         }
     }
 
+    /// Boots the VM the command line created, before the API serves (a failure ends lull).
+    pub fn boot_at_start(&mut self) -> Result<(), ApiError> {
+        self.boot().map(|_| ())
+    }
+
     fn boot(&mut self) -> Result<Response, ApiError> {
         let cfg = match &self.state {
             VmState::NotCreated => return Err(ApiError::VmNotCreated),

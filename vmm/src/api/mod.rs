@@ -43,4 +43,4 @@ pub mod runner;
 pub mod server;
 
 pub use error::ApiError;
-pub use server::serve;
+pub use server::{serve, serve_booted};

@@ -353,6 +353,16 @@ fn seccomp_mode(initial: Option<&VmConfig>) -> SeccompMode {
 /// Serves the API on `path` until `vmm.shutdown` or a signal; returns lull's exit status.
 /// `initial` is the VM the command line described, if it described one.
 pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
+    serve_with(path, initial, false)
+}
+
+/// As [`serve`], with `cfg` booted before the first request is read (Cloud Hypervisor's
+/// command line with both `--api-socket` and `--kernel`: the VM runs at once).
+pub fn serve_booted(path: &Path, cfg: VmConfig) -> Result<i32, ApiError> {
+    serve_with(path, Some(cfg), true)
+}
+
+fn serve_with(path: &Path, initial: Option<VmConfig>, boot: bool) -> Result<i32, ApiError> {
     let filter = seccomp::program(ThreadKind::Api, seccomp_mode(initial.as_ref()))
         .map_err(ApiError::Seccomp)?;
     let socket = ApiSocket::bind(path)?;
@@ -368,6 +378,9 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
     events.watch(&events.signal, SIGNAL)?;
     if let Some(filter) = &filter {
         seccomp::apply_api(filter).map_err(ApiError::Seccomp)?;
+    }
+    if boot {
+        controller.boot_at_start()?;
     }
     tracing::info!("management API on {}", path.display());
     let mut clients = Clients::new();

@@ -44,7 +44,7 @@ struct Outcome {
 /// The answer a request gets here: its routing refusal, or 204 (the controller is not run).
 fn answer_to(request: &Request) -> Response {
     match routes::route(request) {
-        Ok(ApiRequest::VmCreate(cfg)) => {
+        Ok(ApiRequest::VmCreate(cfg) | ApiRequest::VmCreateCh(cfg, _)) => {
             if let Err(e) = cfg.validate() {
                 panic!("vm.create routed an invalid configuration ({e}): {cfg:?}");
             }

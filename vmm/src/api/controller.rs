@@ -77,10 +77,11 @@ struct Ping {
     features: [&'static str; 0],
 }
 
-/// `vm.info`'s answer (Cloud Hypervisor's `VmInfo`, plus why a stopped VM stopped).
+/// `vm.info`'s answer (Cloud Hypervisor's `VmInfo`, plus why a stopped VM stopped): the
+/// configuration in the shape it was given in.
 #[derive(Serialize)]
-struct Info<'a> {
-    config: &'a VmConfig,
+struct Info {
+    config: serde_json::Value,
     state: &'static str,
     memory_actual_size: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,6 +91,8 @@ struct Info<'a> {
 /// The VM behind the API and what the API does with it.
 pub struct Controller {
     state: VmState,
+    /// The `vm.create` body of the VM, if it was Cloud Hypervisor's `VmConfig`.
+    ch_config: Option<Box<serde_json::Value>>,
     /// Written by the VM thread when its run ends.
     ended: EventFd,
 }
@@ -102,6 +105,7 @@ impl Controller {
                 cfg: Box::new(cfg),
                 boot_failed: false,
             }),
+            ch_config: None,
             ended,
         }
     }
@@ -123,7 +127,8 @@ impl Controller {
                 pid: std::process::id(),
                 features: [],
             }),
-            ApiRequest::VmCreate(cfg) => self.create(cfg),
+            ApiRequest::VmCreate(cfg) => self.create(cfg, None),
+            ApiRequest::VmCreateCh(cfg, given) => self.create(cfg, Some(given)),
             ApiRequest::VmBoot => self.boot(),
             ApiRequest::VmInfo => self.info(),
             ApiRequest::VmCounters => self.counters(),
@@ -138,7 +143,11 @@ impl Controller {
         (answer.unwrap_or_else(|e| Response::error(&e)), then)
     }
 
-    fn create(&mut self, cfg: Box<VmConfig>) -> Result<Response, ApiError> {
+    fn create(
+        &mut self,
+        cfg: Box<VmConfig>,
+        ch_config: Option<Box<serde_json::Value>>,
+    ) -> Result<Response, ApiError> {
         match self.state {
             VmState::NotCreated
             | VmState::Created {
@@ -150,6 +159,7 @@ impl Controller {
                     cfg,
                     boot_failed: false,
                 };
+                self.ch_config = ch_config;
                 Ok(Response::no_content())
             }
             _ => Err(ApiError::VmAlreadyCreated),
@@ -185,8 +195,12 @@ impl Controller {
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
+        let shown = match &self.ch_config {
+            Some(given) => (**given).clone(),
+            None => serde_json::to_value(config).map_err(ApiError::Encode)?,
+        };
         Response::json(&Info {
-            config,
+            config: shown,
             state,
             memory_actual_size: config.memory.0,
             stop_reason,
@@ -389,6 +403,30 @@ mod tests {
         assert_eq!(info["config"]["cpus"], 3);
         assert_eq!(info["memory_actual_size"], 256 << 20);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn vm_info_answers_in_the_shape_the_config_was_given_in() {
+        let mut c = controller(None);
+        let dir = std::env::temp_dir().join(format!("lull-controller-ch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kernel = dir.join("vmlinux");
+        std::fs::write(&kernel, [0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).unwrap();
+        let given = serde_json::json!({"payload": {"kernel": kernel}});
+        let cfg = Box::new(VmConfig {
+            kernel: Some(kernel),
+            ..VmConfig::default()
+        });
+        let created = c.handle(ApiRequest::VmCreateCh(cfg, Box::new(given.clone())));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(created.0.status, 204);
+        let info = body(&mut c, ApiRequest::VmInfo);
+        assert_eq!(info["config"], given);
+        assert_eq!(info["state"], "Created");
+        let ping = body(&mut c, ApiRequest::VmmPing);
+        let version = ping["version"].as_str().unwrap();
+        let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts.len(), 3, "{version}");
     }
 
     #[test]

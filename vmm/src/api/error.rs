@@ -91,6 +91,9 @@ pub enum ApiError {
     /// The configuration is out of range.
     #[error("The VM configuration is not valid: {0}")]
     ConfigInvalid(#[source] ConfigError),
+    /// The body is Cloud Hypervisor's `VmConfig` and asks for what lull does not have.
+    #[error("The body is Cloud Hypervisor's VmConfig, and lull cannot take it as it is")]
+    ChConfig(#[source] crate::config::ch::ChError),
     /// The configuration names a kernel, initramfs, disk, tap or path lull cannot use.
     #[error("The VM configuration cannot be used")]
     ConfigInputs(#[source] VmError),
@@ -140,6 +143,7 @@ impl ApiError {
             | Self::MissingConfig
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_)
+            | Self::ChConfig(_)
             | Self::ConfigInputs(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
             Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,

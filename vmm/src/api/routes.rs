@@ -5,6 +5,7 @@
 
 use super::error::ApiError;
 use super::http::{self, Request};
+use crate::config::ch::json as ch;
 use crate::config::VmConfig;
 
 /// Where every endpoint lives.
@@ -19,6 +20,9 @@ pub enum ApiRequest {
     VmmShutdown,
     /// `vm.create`: remember this (validated) configuration.
     VmCreate(Box<VmConfig>),
+    /// `vm.create` with Cloud Hypervisor's `VmConfig`: lull's configuration mapped from it,
+    /// and the body as given (`vm.info` answers with it).
+    VmCreateCh(Box<VmConfig>, Box<serde_json::Value>),
     /// `vm.boot`: build and start the created VM.
     VmBoot,
     /// `vm.info`: the VM's state and configuration.
@@ -62,12 +66,23 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
     }
 }
 
-/// `vm.create`: the body is the JSON of `--config`, checked as the command line is.
+/// `vm.create`: the body is the JSON of `--config`, or Cloud Hypervisor's `VmConfig` (told
+/// apart by its fields: `config::ch::json`), checked as the command line is.
 fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     if body.is_empty() {
         return Err(ApiError::MissingConfig);
     }
     json_object(body, "vm.create", "the VM configuration, as in --config")?;
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(body) {
+        if ch::is_ch_shape(&fields) {
+            let (cfg, notes) = ch::to_config(&fields).map_err(ApiError::ChConfig)?;
+            for note in notes {
+                tracing::info!("vm.create: accepted without effect: {note}");
+            }
+            let given = serde_json::Value::Object(fields);
+            return Ok(ApiRequest::VmCreateCh(Box::new(cfg), Box::new(given)));
+        }
+    }
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
@@ -159,6 +174,24 @@ mod tests {
             let err = route(&request("PUT", path, body)).unwrap_err();
             assert_eq!(err.status(), status, "{body:?}: {err}");
         }
+    }
+
+    #[test]
+    fn create_takes_cloud_hypervisor_s_config_and_names_what_it_refuses() {
+        let path = "/api/v1/vm.create";
+        let body = r#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+            "memory": {"size": 134217728, "shared": true}, "console": {"mode": "Off"}}"#;
+        let Ok(ApiRequest::VmCreateCh(cfg, given)) = route(&request("PUT", path, body)) else {
+            panic!("Cloud Hypervisor's VmConfig should route");
+        };
+        assert_eq!((cfg.cpus, cfg.memory.0), (2, 128 << 20));
+        assert_eq!(given["cpus"]["boot_vcpus"], 2);
+        let refused = r#"{"payload": {"kernel": "/k"}, "vsock": {"cid": 3, "socket": "/v"}}"#;
+        let err = route(&request("PUT", path, refused)).unwrap_err();
+        assert_eq!(err.status(), 400);
+        let messages = err.messages();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages[1].contains("vsock="), "{messages:?}");
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!                             │  └──┘ boot failed: stays Created (500 with the reason)
 //!                             └─ vm.create again, once a boot has failed
 //! ```
+//! `vm.delete` takes any created VM back to `NotCreated` (stopping it if it runs);
+//! `vm.reboot` takes a running VM through `Shutdown` and `Created` back to `Running`.
 //! `vm.create` checks the configuration as `lull run` does (`vm::inputs::check`: kernel,
 //! initramfs, disks, taps, output paths) and answers 400 with the reason, so a VM that cannot
 //! be built is never created. Each request either moves the state or is refused with the state
@@ -133,6 +135,9 @@ impl Controller {
             ApiRequest::VmInfo => self.info(),
             ApiRequest::VmCounters => self.counters(),
             ApiRequest::VmShutdown => self.shutdown(),
+            ApiRequest::VmDelete => self.delete(),
+            ApiRequest::VmReboot => self.reboot(),
+            ApiRequest::VmPowerButton => Err(ApiError::NoPowerButton),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -233,6 +238,41 @@ impl Controller {
                 Ok(Response::no_content())
             }
         }
+    }
+
+    /// `vm.delete`: stops the VM if it runs, then forgets it.
+    fn delete(&mut self) -> Result<Response, ApiError> {
+        if matches!(self.state, VmState::NotCreated) {
+            return Err(ApiError::VmNotCreated);
+        }
+        self.stop(StopReason::Api)?;
+        self.state = VmState::NotCreated;
+        self.ch_config = None;
+        tracing::info!("VM deleted through the API");
+        Ok(Response::no_content())
+    }
+
+    /// `vm.reboot`: stops the running VM and boots it again from its kernel, with the same
+    /// configuration (a new run: its counters start again).
+    fn reboot(&mut self) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => return Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
+            VmState::Running { .. } => {}
+        }
+        self.stop(StopReason::Api)?;
+        let VmState::Shutdown { cfg, .. } = &self.state else {
+            return Err(ApiError::RunnerLost);
+        };
+        let cfg = cfg.clone();
+        self.state = VmState::Created {
+            cfg,
+            boot_failed: false,
+        };
+        self.boot()?;
+        tracing::info!("VM rebooted through the API");
+        Ok(Response::no_content())
     }
 
     /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:
@@ -427,6 +467,19 @@ mod tests {
         let version = ping["version"].as_str().unwrap();
         let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
         assert_eq!(parts.len(), 3, "{version}");
+    }
+
+    #[test]
+    fn a_deleted_vm_can_be_created_again_and_the_power_button_is_refused() {
+        let mut c = controller(Some(VmConfig::default()));
+        assert_eq!(status(&mut c, ApiRequest::VmPowerButton), 405);
+        assert_eq!(status(&mut c, ApiRequest::VmReboot), 405);
+        assert_eq!(status(&mut c, ApiRequest::VmDelete), 204);
+        assert_eq!(status(&mut c, ApiRequest::VmInfo), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmDelete), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmReboot), 404);
+        let why = body(&mut c, ApiRequest::VmPowerButton);
+        assert!(why[0].as_str().unwrap().contains("vm.shutdown"), "{why}");
     }
 
     #[test]

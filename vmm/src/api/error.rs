@@ -112,8 +112,14 @@ pub enum ApiError {
     /// `vm.shutdown` when the VM has already stopped.
     #[error("The VM is not running: it has stopped")]
     VmNotRunning,
+    /// `vm.power-button`: lull's machine has no ACPI.
+    #[error(
+        "lull's machine has no ACPI power button, so the guest cannot be asked to power off: \
+         use vm.shutdown (lull stops the VM), or have the guest power off itself"
+    )]
+    NoPowerButton,
     /// `vm.boot` after the VM ran and stopped.
-    #[error("The VM has already run: lull runs one VM per process; start another lull")]
+    #[error("The VM has already run: vm.delete it and vm.create another, or start another lull")]
     VmAlreadyRan,
     /// The VM could not be built or started.
     #[error("Cannot boot the VM")]
@@ -146,7 +152,10 @@ impl ApiError {
             | Self::ChConfig(_)
             | Self::ConfigInputs(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
-            Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,
+            Self::MethodNotAllowed { .. }
+            | Self::VmNotBooted
+            | Self::VmNotRunning
+            | Self::NoPowerButton => 405,
             Self::Timeout => 408,
             Self::BodyTooLarge(_) => 413,
             Self::HeadTooLarge => 431,

@@ -31,11 +31,17 @@ pub enum ApiRequest {
     VmCounters,
     /// `vm.shutdown`: stop the running VM.
     VmShutdown,
+    /// `vm.delete`: drop the VM (stopping it if it runs); a new `vm.create` may follow.
+    VmDelete,
+    /// `vm.reboot`: stop the running VM and boot it again with the same configuration.
+    VmReboot,
+    /// `vm.power-button`: refused, lull's machine has no ACPI power button.
+    VmPowerButton,
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -43,6 +49,9 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
     ("vm.info", "GET", Some(ApiRequest::VmInfo)),
     ("vm.counters", "GET", Some(ApiRequest::VmCounters)),
     ("vm.shutdown", "PUT", Some(ApiRequest::VmShutdown)),
+    ("vm.delete", "PUT", Some(ApiRequest::VmDelete)),
+    ("vm.reboot", "PUT", Some(ApiRequest::VmReboot)),
+    ("vm.power-button", "PUT", Some(ApiRequest::VmPowerButton)),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -140,6 +149,9 @@ mod tests {
             ("vm.info", "GET", ApiRequest::VmInfo),
             ("vm.counters", "GET", ApiRequest::VmCounters),
             ("vm.shutdown", "PUT", ApiRequest::VmShutdown),
+            ("vm.delete", "PUT", ApiRequest::VmDelete),
+            ("vm.reboot", "PUT", ApiRequest::VmReboot),
+            ("vm.power-button", "PUT", ApiRequest::VmPowerButton),
         ] {
             let path = format!("{ROOT}{path}");
             assert_eq!(route(&request(method, &path, "")).unwrap(), want);
@@ -199,7 +211,7 @@ mod tests {
         for path in [
             "/",
             "/api/v1/",
-            "/api/v1/vm.delete",
+            "/api/v1/vm.resize",
             "/api/v2/vm.info",
             "vm.info",
         ] {

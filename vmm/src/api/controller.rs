@@ -95,6 +95,9 @@ pub struct Controller {
     state: VmState,
     /// The `vm.create` body of the VM, if it was Cloud Hypervisor's `VmConfig`.
     ch_config: Option<Box<serde_json::Value>>,
+    /// A run ended and no other has started since: the server must take the SIGINT/SIGTERM
+    /// handlers back (see [`Controller::take_run_ended`]).
+    run_ended: bool,
     /// Written by the VM thread when its run ends.
     ended: EventFd,
 }
@@ -108,6 +111,7 @@ impl Controller {
                 boot_failed: false,
             }),
             ch_config: None,
+            run_ended: false,
             ended,
         }
     }
@@ -189,6 +193,8 @@ impl Controller {
             }
         })?;
         tracing::info!("VM booted through the API");
+        // The new run's event loop has the signal handlers now.
+        self.run_ended = false;
         self.state = VmState::Running { cfg, vm };
         Ok(Response::no_content())
     }
@@ -336,6 +342,14 @@ impl Controller {
         }
     }
 
+    /// True once after a run has ended (and no other started): the server takes the
+    /// SIGINT/SIGTERM handlers back then, before it answers, so that a client that signals
+    /// lull after `vm.shutdown`'s answer (the Nomad drivers do) reaches the server, not the
+    /// ended run.
+    pub fn take_run_ended(&mut self) -> bool {
+        std::mem::take(&mut self.run_ended)
+    }
+
     /// Moves a run that ended to `Shutdown` and writes its `--metrics` file.
     fn finish(&mut self, result: Result<crate::vm::RunOutcome, ApiError>) {
         let state = std::mem::replace(&mut self.state, VmState::NotCreated);
@@ -367,6 +381,7 @@ impl Controller {
             }
         };
         self.state = VmState::Shutdown { cfg, ended };
+        self.run_ended = true;
     }
 }
 

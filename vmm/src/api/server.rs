@@ -24,7 +24,9 @@
 //! runs, its own event loop has installed them and takes the signal (the run ends with
 //! `StopReason::Signal`, which ends lull too); once a run ends, the server installs them again
 //! for itself. A signal in the moment between the end of a run and that re-installation is
-//! lost (it reaches the ended run's eventfd).
+//! lost (it reaches the ended run's eventfd); a run stopped by a request (vm.shutdown,
+//! vm.reboot, vm.delete) gives the handlers back before that request is answered, so a
+//! client that signals lull after the answer is heard.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -235,7 +237,7 @@ impl Clients {
         &mut self,
         token: u64,
         set: EventSet,
-        events: &Events,
+        events: &mut Events,
         controller: &mut Controller,
     ) -> Option<i32> {
         let client = self.open.get_mut(&token)?;
@@ -260,12 +262,24 @@ impl Clients {
     }
 
     /// Runs `token`'s state machine as far as it goes without waiting.
-    fn drive(&mut self, token: u64, events: &Events, controller: &mut Controller) -> Option<i32> {
+    fn drive(
+        &mut self,
+        token: u64,
+        events: &mut Events,
+        controller: &mut Controller,
+    ) -> Option<i32> {
         let client = self.open.get_mut(&token)?;
         let want = loop {
             match client.conn.step() {
                 Step::Answer(request) => {
                     let (response, next) = handle(request, controller);
+                    if controller.take_run_ended() {
+                        // Before the answer: a signal sent after it must reach the server.
+                        if let Err(e) = events.reinstall_signals() {
+                            tracing::error!("{e}");
+                            return Some(crate::exit_code::VMM_FAILURE);
+                        }
+                    }
                     client.conn.answer(&response);
                     if let Next::Exit(code) = next {
                         // lull ends: one attempt at the answer (a few bytes, the socket takes
@@ -315,7 +329,7 @@ impl Clients {
     }
 
     /// Expires every connection past its deadline.
-    fn expire(&mut self, now: Instant, events: &Events, controller: &mut Controller) {
+    fn expire(&mut self, now: Instant, events: &mut Events, controller: &mut Controller) {
         let due: Vec<u64> = self
             .open
             .iter()
@@ -401,7 +415,7 @@ fn serve_with(path: &Path, initial: Option<VmConfig>, boot: bool) -> Result<i32,
                 VM_ENDED => {
                     let _ = controller.ended_event().read();
                     let exit = controller.poll_vm();
-                    if exit.is_none() {
+                    if exit.is_none() && controller.take_run_ended() {
                         events.reinstall_signals()?;
                     }
                     exit
@@ -411,12 +425,12 @@ fn serve_with(path: &Path, initial: Option<VmConfig>, boot: bool) -> Result<i32,
                     let signal = stop_signals::last_signal().unwrap_or(libc::SIGTERM);
                     Some(controller.on_signal(signal))
                 }
-                token => clients.ready(token, event.event_set(), &events, &mut controller),
+                token => clients.ready(token, event.event_set(), &mut events, &mut controller),
             };
             if let Some(code) = exit {
                 return Ok(code);
             }
         }
-        clients.expire(Instant::now(), &events, &mut controller);
+        clients.expire(Instant::now(), &mut events, &mut controller);
     }
 }

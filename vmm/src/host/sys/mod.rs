@@ -23,6 +23,7 @@ pub mod kick;
 pub mod kvm;
 pub mod poll;
 pub mod posix_timer;
+pub mod scm;
 pub mod stop_signals;
 pub mod tap;
 pub mod terminal;

@@ -9,8 +9,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use vmm::config::ch::cli::{self, ApiSocketArg, ChCommand};
+use vmm::config::ch::options::{self, TapSource};
 use vmm::config::ch::{ChError, CH_VERSION};
 use vmm::exit_code;
+use vmm::host::sys::tap::Tap;
 use vmm::vm::inputs::OtherPaths;
 
 const HELP: &str = "\
@@ -21,7 +23,8 @@ lull, invoked as cloud-hypervisor: Cloud Hypervisor's command line for what lull
   --cpus boot=N[,max=N]        max must equal boot
   --memory size=N[K|M|G][,shared=on|off]
   --disk path=P[,readonly=on][,serial=S] ...   raw images on virtio-blk
-  --net tap=NAME[,mac=M][,ip=A,mask=M] ...     existing taps on virtio-net
+  --net tap=NAME|fd=N[,mac=M][,ip=A,mask=M] ... existing taps (or an inherited tap
+                               fd: IFF_TAP|IFF_NO_PI, no IFF_VNET_HDR) on virtio-net
   --serial off|null|tty|file=P  --console off|null  --rng src=P
   --log-file P  -v  --seccomp true|false|log  --version
   --lull KEY=VALUE[,KEY=VALUE]  lull's own flags (`lull run --help`), e.g.
@@ -74,12 +77,27 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         Ok(ChCommand::Launch(launch)) => launch,
         Err(e) => return refused(&e),
     };
-    if let Some(net) = launch.net_fds.first() {
-        return refused(
-            &net.to_config()
-                .err()
-                .unwrap_or(ChError::Missing("--net tap")),
-        );
+    let mut cfg = launch.config;
+    // `--net fd=N`: the tap behind each inherited fd, checked now, after the named taps.
+    for net in &launch.net_fds {
+        let TapSource::Fd(fd) = net.source else {
+            continue;
+        };
+        let tap = match Tap::from_fd(fd) {
+            Ok(tap) => tap,
+            Err(e) => {
+                eprintln!("lull: --net fd={fd}: {e}");
+                return crate::status(exit_code::BAD_INPUT);
+            }
+        };
+        match options::fd_net(fd, tap.name(), net.mac) {
+            Ok(device) => cfg.nets.push(device),
+            Err(e) => return refused(&e),
+        }
+    }
+    if let Err(e) = cfg.validate() {
+        eprintln!("lull: {e}");
+        return crate::status(exit_code::for_config_error(&e));
     }
     if let Err(e) = vmm::host::sys::stop_signals::install_early() {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
@@ -92,7 +110,6 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
     for note in &launch.notes {
         tracing::info!("accepted without effect: {note}");
     }
-    let cfg = launch.config;
     match launch.api_socket {
         Some(ApiSocketArg::Path(path)) => {
             let initial = launch.boots.then_some(cfg);

@@ -16,6 +16,8 @@
 //! created again (with a corrected configuration). A stopped VM stays `Shutdown` with its final report: lull runs one
 //! VM per process.
 
+use std::os::fd::{AsRawFd, OwnedFd};
+
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -23,8 +25,11 @@ use super::error::ApiError;
 use super::http::Response;
 use super::routes::ApiRequest;
 use super::runner::{self, RunningVm};
-use crate::config::VmConfig;
+use crate::config::ch::json::AddNet;
+use crate::config::ch::{options, ChError};
+use crate::config::{NetConfig, VmConfig};
 use crate::exit_code;
+use crate::host::sys::tap::Tap;
 use crate::metrics::RunReport;
 use crate::state::StopReason;
 use crate::vm::report;
@@ -95,6 +100,9 @@ pub struct Controller {
     state: VmState,
     /// The `vm.create` body of the VM, if it was Cloud Hypervisor's `VmConfig`.
     ch_config: Option<Box<serde_json::Value>>,
+    /// Tap fds received with `vm.add-net`, open for as long as the VM's configuration names
+    /// them (`NetConfig::fd`).
+    net_fds: Vec<OwnedFd>,
     /// A run ended and no other has started since: the server must take the SIGINT/SIGTERM
     /// handlers back (see [`Controller::take_run_ended`]).
     run_ended: bool,
@@ -112,6 +120,7 @@ impl Controller {
             }),
             ch_config: None,
             run_ended: false,
+            net_fds: Vec::new(),
             ended,
         }
     }
@@ -123,6 +132,12 @@ impl Controller {
 
     /// Answers one request.
     pub fn handle(&mut self, request: ApiRequest) -> (Response, Next) {
+        self.handle_with_fds(request, Vec::new())
+    }
+
+    /// Answers one request that came with `fds` (SCM_RIGHTS): `vm.add-net` takes them, any
+    /// other request closes them.
+    pub fn handle_with_fds(&mut self, request: ApiRequest, fds: Vec<OwnedFd>) -> (Response, Next) {
         // A run that ended by itself is taken note of first; if a signal ended it, lull ends
         // after this answer.
         let then = self.poll_vm().map_or(Next::Serve, Next::Exit);
@@ -142,6 +157,7 @@ impl Controller {
             ApiRequest::VmDelete => self.delete(),
             ApiRequest::VmReboot => self.reboot(),
             ApiRequest::VmPowerButton => Err(ApiError::NoPowerButton),
+            ApiRequest::VmAddNet(net) => self.add_net(*net, fds),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -169,6 +185,7 @@ impl Controller {
                     boot_failed: false,
                 };
                 self.ch_config = ch_config;
+                self.net_fds.clear();
                 Ok(Response::no_content())
             }
             _ => Err(ApiError::VmAlreadyCreated),
@@ -246,6 +263,61 @@ impl Controller {
         }
     }
 
+    /// `vm.add-net` before boot: a virtio-net device on the named tap, or on the tap fd sent
+    /// with the request (checked to be a tap; kept open for the VM's life).
+    fn add_net(&mut self, net: AddNet, fds: Vec<OwnedFd>) -> Result<Response, ApiError> {
+        let VmState::Created { cfg, boot_failed } = &self.state else {
+            return Err(match self.state {
+                VmState::NotCreated => ApiError::VmNotCreated,
+                _ => ApiError::AddNetAfterBoot,
+            });
+        };
+        let device = match (fds.as_slice(), &net.tap) {
+            ([], _) if net.body_fds => return Err(ApiError::AddNetBodyFds),
+            ([], None) => return Err(ApiError::AddNetNoTap),
+            ([], Some(tap)) => {
+                let device: NetConfig = format!("tap={tap}")
+                    .parse()
+                    .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
+                NetConfig {
+                    mac: net.mac,
+                    ..device
+                }
+            }
+            ([fd], _) => {
+                let raw = fd.as_raw_fd();
+                let tap = Tap::from_fd(raw).map_err(ApiError::AddNetFd)?;
+                options::fd_net(raw, tap.name(), net.mac).map_err(ApiError::ChConfig)?
+            }
+            (many, _) => return Err(ApiError::AddNetFds(many.len())),
+        };
+        let mut with = (**cfg).clone();
+        let boot_failed = *boot_failed;
+        with.nets.push(device.clone());
+        with.validate().map_err(ApiError::ConfigInvalid)?;
+        crate::vm::inputs::check(&with, crate::vm::inputs::OtherPaths::default())
+            .map_err(ApiError::ConfigInputs)?;
+        if let Some(serde_json::Value::Object(given)) = self.ch_config.as_deref_mut() {
+            let shown = serde_json::json!({"tap": device.tap, "mac": device.mac().to_string()});
+            match given
+                .get_mut("net")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                Some(nets) => nets.push(shown),
+                None => {
+                    given.insert("net".into(), serde_json::Value::Array(vec![shown]));
+                }
+            }
+        }
+        self.net_fds.extend(fds);
+        self.state = VmState::Created {
+            cfg: Box::new(with),
+            boot_failed,
+        };
+        tracing::info!("vm.add-net: {device}");
+        Ok(Response::no_content())
+    }
+
     /// `vm.delete`: stops the VM if it runs, then forgets it.
     fn delete(&mut self) -> Result<Response, ApiError> {
         if matches!(self.state, VmState::NotCreated) {
@@ -254,6 +326,7 @@ impl Controller {
         self.stop(StopReason::Api)?;
         self.state = VmState::NotCreated;
         self.ch_config = None;
+        self.net_fds.clear();
         tracing::info!("VM deleted through the API");
         Ok(Response::no_content())
     }

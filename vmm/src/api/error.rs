@@ -112,6 +112,23 @@ pub enum ApiError {
     /// `vm.shutdown` when the VM has already stopped.
     #[error("The VM is not running: it has stopped")]
     VmNotRunning,
+    /// `vm.add-net` once the VM has booted.
+    #[error("lull adds a net only before vm.boot (no hotplug): vm.delete, vm.create, vm.add-net, vm.boot")]
+    AddNetAfterBoot,
+    /// `vm.add-net` with neither a tap name nor an fd.
+    #[error(
+        "vm.add-net needs a tap: name it (\"tap\") or send its fd with the request (SCM_RIGHTS)"
+    )]
+    AddNetNoTap,
+    /// `vm.add-net` with fd numbers in its body and none sent with the request.
+    #[error("vm.add-net: lull takes a tap fd only sent with the request (SCM_RIGHTS), never a number in the body")]
+    AddNetBodyFds,
+    /// `vm.add-net` with more than one fd.
+    #[error("vm.add-net: lull takes one tap fd (one queue pair) per device; {0} were sent")]
+    AddNetFds(usize),
+    /// The fd sent with `vm.add-net` is not a usable tap.
+    #[error("vm.add-net: the fd sent is not a usable tap")]
+    AddNetFd(#[source] crate::host::sys::tap::TapError),
     /// `vm.power-button`: lull's machine has no ACPI.
     #[error(
         "lull's machine has no ACPI power button, so the guest cannot be asked to power off: \
@@ -150,11 +167,16 @@ impl ApiError {
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_)
             | Self::ChConfig(_)
+            | Self::AddNetNoTap
+            | Self::AddNetBodyFds
+            | Self::AddNetFds(_)
+            | Self::AddNetFd(_)
             | Self::ConfigInputs(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
             Self::MethodNotAllowed { .. }
             | Self::VmNotBooted
             | Self::VmNotRunning
+            | Self::AddNetAfterBoot
             | Self::NoPowerButton => 405,
             Self::Timeout => 408,
             Self::BodyTooLarge(_) => 413,

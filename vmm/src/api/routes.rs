@@ -37,11 +37,14 @@ pub enum ApiRequest {
     VmReboot,
     /// `vm.power-button`: refused, lull's machine has no ACPI power button.
     VmPowerButton,
+    /// `vm.add-net` (before boot): a virtio-net device on a named tap or on the tap fd sent
+    /// with the request.
+    VmAddNet(Box<ch::AddNet>),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 11] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -52,6 +55,7 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
     ("vm.delete", "PUT", Some(ApiRequest::VmDelete)),
     ("vm.reboot", "PUT", Some(ApiRequest::VmReboot)),
     ("vm.power-button", "PUT", Some(ApiRequest::VmPowerButton)),
+    ("vm.add-net", "PUT", None),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -69,6 +73,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
         });
     }
     match request {
+        None if name == "vm.add-net" => add_net(&req.body),
         None => create(&req.body),
         Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
         Some(request) => Ok(request),
@@ -95,6 +100,15 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
+}
+
+/// `vm.add-net`: the body is Cloud Hypervisor's `NetConfig`.
+fn add_net(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    json_object(body, "vm.add-net", "Cloud Hypervisor's NetConfig")?;
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
+    let net = ch::add_net(&fields).map_err(ApiError::ChConfig)?;
+    Ok(ApiRequest::VmAddNet(Box::new(net)))
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
@@ -198,6 +212,16 @@ mod tests {
         };
         assert_eq!((cfg.cpus, cfg.memory.0), (2, 128 << 20));
         assert_eq!(given["cpus"]["boot_vcpus"], 2);
+        let Ok(ApiRequest::VmAddNet(net)) = route(&request(
+            "PUT",
+            "/api/v1/vm.add-net",
+            r#"{"mac": "52:54:00:00:00:05", "num_queues": 2, "fds": [9]}"#,
+        )) else {
+            panic!("vm.add-net should route");
+        };
+        assert_eq!((net.tap, net.body_fds), (None, true));
+        let err = route(&request("PUT", "/api/v1/vm.add-net", r#"{"mtu": 9000}"#)).unwrap_err();
+        assert_eq!(err.status(), 400);
         let refused = r#"{"payload": {"kernel": "/k"}, "vsock": {"cid": 3, "socket": "/v"}}"#;
         let err = route(&request("PUT", path, refused)).unwrap_err();
         assert_eq!(err.status(), 400);

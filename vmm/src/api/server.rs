@@ -29,8 +29,8 @@
 //! client that signals lull after the answer is heard.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ use super::http::{self, Response};
 use super::routes;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
-use crate::host::sys::stop_signals;
+use crate::host::sys::{scm, stop_signals};
 
 /// The listening socket; its file is removed when it is dropped.
 pub struct ApiSocket {
@@ -159,6 +159,9 @@ struct Client {
     stream: UnixStream,
     conn: Conn,
     watching: EventSet,
+    /// Descriptors sent with the bytes read (SCM_RIGHTS), for the next request answered
+    /// (a client sends them with its request's first write); at most `scm::MAX_FDS`.
+    fds: Vec<OwnedFd>,
 }
 
 /// The open connections, by epoll token.
@@ -208,6 +211,7 @@ impl Clients {
             stream,
             conn: Conn::new(Instant::now()),
             watching: EventSet::IN,
+            fds: Vec::new(),
         };
         self.open.insert(token, client);
         Ok(())
@@ -243,9 +247,13 @@ impl Clients {
         let client = self.open.get_mut(&token)?;
         let readable = set.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR);
         if readable && client.watching == EventSet::IN {
-            match client.stream.read(&mut self.chunk) {
-                Ok(0) => client.conn.end_of_stream(),
-                Ok(n) => client.conn.received(&self.chunk[..n]),
+            match scm::recv_with_fds(&client.stream, &mut self.chunk) {
+                Ok((0, _)) => client.conn.end_of_stream(),
+                Ok((n, fds)) => {
+                    client.conn.received(&self.chunk[..n]);
+                    client.fds.extend(fds);
+                    client.fds.truncate(scm::MAX_FDS);
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -272,7 +280,8 @@ impl Clients {
         let want = loop {
             match client.conn.step() {
                 Step::Answer(request) => {
-                    let (response, next) = handle(request, controller);
+                    let fds = std::mem::take(&mut client.fds);
+                    let (response, next) = handle(request, fds, controller);
                     if controller.take_run_ended() {
                         // Before the answer: a signal sent after it must reach the server.
                         if let Err(e) = events.reinstall_signals() {
@@ -346,11 +355,15 @@ impl Clients {
     }
 }
 
-/// Routes and answers one request.
-fn handle(request: http::Request, controller: &mut Controller) -> (Response, Next) {
+/// Routes and answers one request (and the fds sent with it).
+fn handle(
+    request: http::Request,
+    fds: Vec<OwnedFd>,
+    controller: &mut Controller,
+) -> (Response, Next) {
     tracing::debug!(method = request.method, path = request.path, "API request");
     match routes::route(&request) {
-        Ok(request) => controller.handle(request),
+        Ok(request) => controller.handle_with_fds(request, fds),
         Err(e) => {
             tracing::debug!("API request refused: {e}");
             (Response::error(&e), Next::Serve)

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::options::{self, Opt, TapSource};
 use super::ChError;
-use crate::config::{SerialMode, VmConfig};
+use crate::config::{MacAddr, SerialMode, VmConfig};
 
 /// True if `body` is Cloud Hypervisor's `VmConfig` rather than lull's: it has a field only
 /// Cloud Hypervisor's has (`payload`, `net`, `console`, `rng`, ...), or `cpus`, `memory` or
@@ -101,6 +101,45 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
     }
     cfg.validate()?;
     Ok((cfg, notes))
+}
+
+/// What `vm.add-net`'s body (Cloud Hypervisor's `NetConfig`) asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddNet {
+    /// The tap it names, if any (its fd may come with the request instead).
+    pub tap: Option<String>,
+    /// The device's MAC.
+    pub mac: Option<MacAddr>,
+    /// The body has fd numbers (`fds`): Cloud Hypervisor replaces them by the fds sent with
+    /// the request; lull never uses a number from the body.
+    pub body_fds: bool,
+}
+
+/// `vm.add-net`'s body.
+pub fn add_net(body: &Map<String, Value>) -> Result<AddNet, ChError> {
+    let mut notes = Vec::new();
+    let opts = opts("vm.add-net", &Value::Object(body.clone()))?;
+    let (source, mac) = options::net_options(&opts, &mut notes)?;
+    for note in notes {
+        tracing::info!("vm.add-net: accepted without effect: {note}");
+    }
+    Ok(match source {
+        None => AddNet {
+            tap: None,
+            mac,
+            body_fds: false,
+        },
+        Some(TapSource::Name(tap)) => AddNet {
+            tap: Some(tap),
+            mac,
+            body_fds: false,
+        },
+        Some(TapSource::Fd(_)) => AddNet {
+            tap: None,
+            mac,
+            body_fds: true,
+        },
+    })
 }
 
 /// `null`, `false`, `[]` and `{}`: a field at Cloud Hypervisor's "none" default.

@@ -218,8 +218,8 @@ pub struct ChNet {
 }
 
 impl ChNet {
-    /// lull's configuration of a device on a named tap; a tap fd is refused until lull takes
-    /// fds on its command line.
+    /// lull's configuration of a device on a named tap; a tap fd is refused here (the caller
+    /// checks an fd and uses [`fd_net`]).
     pub fn to_config(&self) -> Result<NetConfig, ChError> {
         match &self.source {
             TapSource::Name(name) => {
@@ -231,14 +231,36 @@ impl ChNet {
             }
             TapSource::Fd(fd) => Err(ChError::Refused {
                 option: format!("--net fd={fd}"),
-                why: "lull attaches to taps by name here: use tap=NAME, or vm.add-net with the fd",
+                why: "a tap fd is taken on the command line and with vm.add-net only",
             }),
         }
     }
 }
 
+/// lull's configuration of a device on the tap behind `fd`, named `tap` (as `TUNGETIFF`
+/// says: the caller has checked the fd).
+pub fn fd_net(fd: i32, tap: &str, mac: Option<MacAddr>) -> Result<NetConfig, ChError> {
+    let cfg: NetConfig = format!("tap={tap}").parse().map_err(ChError::Net)?;
+    Ok(NetConfig {
+        mac,
+        fd: Some(fd),
+        ..cfg
+    })
+}
+
 /// `--net tap=..|fd=N[,mac=..][,ip=..,mask=..]`: a virtio-net device; the tap and its MAC.
 pub fn net(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChNet, ChError> {
+    let (source, mac) = net_options(opts, notes)?;
+    let source = source.ok_or(ChError::Missing("--net tap or fd"))?;
+    Ok(ChNet { source, mac })
+}
+
+/// A net's options: its tap, if they name one (`vm.add-net` may send it as an fd instead),
+/// and its MAC.
+pub fn net_options(
+    opts: &[Opt],
+    notes: &mut Vec<String>,
+) -> Result<(Option<TapSource>, Option<MacAddr>), ChError> {
     let mut tap = None;
     let mut mac = None;
     for o in opts {
@@ -273,8 +295,7 @@ pub fn net(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChNet, ChError> {
             _ => return Err(o.refuse("not a --net option lull knows")),
         }
     }
-    let source = tap.ok_or(ChError::Missing("--net tap or fd"))?;
-    Ok(ChNet { source, mac })
+    Ok((tap, mac))
 }
 
 /// A serial or console mode of Cloud Hypervisor (`off`, `null`, `tty`, `file=P`, `pty`,

@@ -14,6 +14,9 @@
 //!   size=BYTES`, `--disk path=..,readonly=on`, `--serial`, `--console`) and reads
 //!   `memory_actual_size` from vm.info.
 //!
+//! - Kata's Cloud Hypervisor driver (kata-containers src/runtime/virtcontainers/clh.go):
+//!   vm.create, then vm.add-net with each tap's fd sent by SCM_RIGHTS, then vm.boot.
+//!
 //! Also: both command-line forms (`cloud-hypervisor` as a symlink, `lull ch`), every refused
 //! flag (exit 2) and every refused VmConfig field (one 400 each, naming it), keep-alive.
 
@@ -632,6 +635,186 @@ fn every_refused_vm_config_field_is_a_400_naming_it() -> Result<(), Failed> {
     }
 }
 
+/// Runs a command to completion; fails with its output unless it succeeds.
+fn sh(program: &str, args: &[&str]) -> Result<(), Failed> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    )
+    .into())
+}
+
+/// Why the tap tests cannot run here (they create a tap: root and `ip`), if they cannot.
+fn taps_unavailable() -> Option<String> {
+    if let Some(reason) = lull_tests::kvm_unavailable() {
+        return Some(reason);
+    }
+    let uid = Command::new("id").arg("-u").output().ok();
+    if uid.is_none_or(|o| String::from_utf8_lossy(&o.stdout).trim() != "0") {
+        return Some("needs root (creates a tap)".into());
+    }
+    match Command::new("ip").arg("-V").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("needs `ip` (iproute2)".into()),
+    }
+}
+
+/// A tap of this test's own (no address, so no route on the host); deleted on drop.
+struct TestTap(String);
+
+impl TestTap {
+    fn new() -> Result<Self, Failed> {
+        let name = format!("lullch{}", std::process::id() % 100_000);
+        let _ = sh("ip", &["link", "del", &name]);
+        sh("ip", &["tuntap", "add", "dev", &name, "mode", "tap"])?;
+        Ok(Self(name))
+    }
+}
+
+impl Drop for TestTap {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["link", "del", &self.0]);
+    }
+}
+
+/// ch-remote's `add-net` (and Kata's): the request's first write carries the fds.
+fn add_net_with_fds(
+    socket: &Path,
+    body: &str,
+    fds: &[std::os::fd::RawFd],
+) -> Result<(u16, String), Failed> {
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    let mut conn = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let first = b"PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n";
+    conn.send_with_fds(&[&first[..]], fds)
+        .map_err(|e| format!("send the fds: {e}"))?;
+    let rest = format!("Content-Length: {}\r\n\r\n{body}", body.len());
+    conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
+    let mut go = GoClient { conn };
+    // The answer, read as Go's client does (by its Content-Length).
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match go.conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => return Err(format!("vm.add-net: no answer ({other:?})").into()),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or("status line")?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(Ok(0), str::parse)
+        .map_err(|e| format!("Content-Length: {e}"))?;
+    let mut body = vec![0; length];
+    go.conn.read_exact(&mut body).map_err(|e| e.to_string())?;
+    Ok((status, String::from_utf8_lossy(&body).to_string()))
+}
+
+/// Kata's sequence (kata-containers src/runtime/virtcontainers/clh.go: vm.create, then each
+/// network endpoint's tap fd sent with vm.add-net, then vm.boot): the VM boots with a
+/// virtio-net device on the tap behind the fd.
+fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
+    let tap = TestTap::new()?;
+    let fd = vmm::host::sys::tap::Tap::open(&tap.0).map_err(|e| e.to_string())?;
+    let ch = Ch::start("ch-addnet", path_form, &[])?;
+    let kernel = kit_file("guests/idle-sim.elf")?;
+    let create = json!({"payload": {"kernel": kernel, "cmdline": "duration_ms=600000"},
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1}, "memory": {"size": 64u64 << 20}});
+    expect(
+        &ch.socket,
+        "PUT",
+        "vm.create",
+        Some(&create.to_string()),
+        204,
+    )?;
+    use std::os::fd::AsRawFd;
+    let body = r#"{"mac": "52:54:00:00:00:42", "num_queues": 2, "queue_size": 256}"#;
+    let (status, text) = add_net_with_fds(&ch.socket, body, &[fd.as_raw_fd()])?;
+    if status != 204 {
+        return Err(format!("vm.add-net with the tap fd: {status} {text}").into());
+    }
+    // lull holds its own copy: the test's may go.
+    drop(fd);
+    let info = expect(&ch.socket, "GET", "vm.info", None, 200)?;
+    if info["config"]["net"][0]["tap"] != tap.0.as_str() {
+        return Err(format!("vm.info after vm.add-net: {info}").into());
+    }
+    expect(&ch.socket, "PUT", "vm.boot", None, 204)?;
+    let mut go = GoClient::connect(&ch.socket)?;
+    wait_guest_timers(&mut go, 1)?;
+    let report = report_from(&go.expect("GET", "vm.counters", None, 200)?)?;
+    let nets: Vec<(&str, &str)> = report
+        .nets
+        .iter()
+        .map(|n| (n.tap.as_str(), n.mac.as_str()))
+        .collect();
+    if nets != [(tap.0.as_str(), "52:54:00:00:00:42")] {
+        return Err(format!("the running VM's nets: {nets:?}").into());
+    }
+    // No hotplug: after boot, vm.add-net is refused.
+    let (status, _) = add_net_with_fds(&ch.socket, body, &[])?;
+    if status != 405 {
+        return Err(format!("vm.add-net after boot: {status}, want 405").into());
+    }
+    expect(&ch.socket, "PUT", "vmm.shutdown", None, 204)?;
+    match ch.exit_status()? {
+        API_STOP => Ok(()),
+        code => Err(format!("exit {code}, want {API_STOP}").into()),
+    }
+}
+
+/// An fd that is not a tap, two fds, an fd number in the body, or nothing at all: each a 400
+/// that says so, and the created VM is left as it was.
+fn add_net_refuses_a_bad_fd() -> Result<(), Failed> {
+    use std::os::fd::AsRawFd;
+    let ch = Ch::start("ch-badfd", path_form, &[])?;
+    let kernel = kit_file("guests/hello.elf")?;
+    let create = json!({"payload": {"kernel": kernel}});
+    expect(
+        &ch.socket,
+        "PUT",
+        "vm.create",
+        Some(&create.to_string()),
+        204,
+    )?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| e.to_string())?;
+    let body = r#"{"mac": "52:54:00:00:00:43"}"#;
+    for (fds, body, says) in [
+        (vec![null.as_raw_fd()], body, "not a tap"),
+        (vec![null.as_raw_fd(), null.as_raw_fd()], body, "one tap fd"),
+        (vec![], r#"{"fds": [0]}"#, "never a number in the body"),
+        (vec![], body, "needs a tap"),
+    ] {
+        let (status, text) = add_net_with_fds(&ch.socket, body, &fds)?;
+        if status != 400 || !text.contains(says) {
+            return Err(format!("vm.add-net {fds:?} {body}: {status} {text}").into());
+        }
+    }
+    let info = expect(&ch.socket, "GET", "vm.info", None, 200)?;
+    if info["config"] != create || info["state"] != "Created" {
+        return Err(format!("vm.info after the refusals: {info}").into());
+    }
+    expect(&ch.socket, "PUT", "vmm.shutdown", None, 204)?;
+    match ch.exit_status()? {
+        0 => Ok(()),
+        code => Err(format!("exit {code}, want 0").into()),
+    }
+}
+
 /// Go's client keeps its connection: every request of a create/inspect/delete cycle on one.
 fn keep_alive_serves_a_whole_cycle_on_one_connection() -> Result<(), Failed> {
     let ch = Ch::start("ch-keepalive", path_form, &[])?;
@@ -676,6 +859,14 @@ fn main() {
             "ch_every_refused_vm_config_field_is_a_400_naming_it",
             every_refused_vm_config_field_is_a_400_naming_it,
         ),
+        Trial::ignorable_test("ch_tap_fd_sent_with_add_net_backs_the_vm_s_net", || {
+            match taps_unavailable() {
+                Some(reason) => Ok(lull_tests::Completion::ignored_with(reason)),
+                None => tap_fd_sent_with_add_net_backs_the_vm_s_net()
+                    .map(|()| lull_tests::Completion::Completed),
+            }
+        }),
+        Trial::test("ch_add_net_refuses_a_bad_fd", add_net_refuses_a_bad_fd),
         Trial::test(
             "ch_keep_alive_serves_a_whole_cycle_on_one_connection",
             keep_alive_serves_a_whole_cycle_on_one_connection,

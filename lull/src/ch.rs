@@ -111,14 +111,14 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         tracing::info!("accepted without effect: {note}");
     }
     match launch.api_socket {
-        Some(ApiSocketArg::Path(path)) => {
+        Some(socket) => {
             let initial = launch.boots.then_some(cfg);
-            crate::serve(&path, initial, None, true)
+            let socket = match &socket {
+                ApiSocketArg::Path(path) => crate::Socket::Path(path),
+                ApiSocketArg::Fd(fd) => crate::Socket::Fd(*fd),
+            };
+            crate::serve(socket, initial, None, true)
         }
-        Some(ApiSocketArg::Fd(fd)) => refused(&ChError::Refused {
-            option: format!("--api-socket fd={fd}"),
-            why: "lull creates its socket: give path=P",
-        }),
         None => crate::run_vm(
             &cfg,
             OtherPaths {

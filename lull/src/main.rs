@@ -90,12 +90,26 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     } else {
         None
     };
-    serve(socket, initial, args.vm.config.as_deref(), false)
+    serve(
+        Socket::Path(socket),
+        initial,
+        args.vm.config.as_deref(),
+        false,
+    )
+}
+
+/// Where the API socket comes from.
+#[derive(Clone, Copy)]
+enum Socket<'a> {
+    /// Created at this path.
+    Path(&'a std::path::Path),
+    /// Inherited, listening (`cloud-hypervisor --api-socket fd=N`).
+    Fd(std::os::fd::RawFd),
 }
 
 /// Serves the API on `socket`, with `initial` created (and booted at once if `boot`).
 fn serve(
-    socket: &std::path::Path,
+    socket: Socket<'_>,
     initial: Option<vmm::config::VmConfig>,
     config_file: Option<&std::path::Path>,
     boot: bool,
@@ -103,16 +117,22 @@ fn serve(
     if let Some(cfg) = &initial {
         let other = OtherPaths {
             config: config_file,
-            api_socket: Some(socket),
+            api_socket: match socket {
+                Socket::Path(path) => Some(path),
+                Socket::Fd(_) => None,
+            },
         };
         if let Err(e) = vmm::vm::inputs::check(cfg, other) {
             return vm_failed(&e);
         }
     }
-    let served = match (initial, boot) {
-        (Some(cfg), true) => vmm::api::serve_booted(socket, cfg),
-        (initial, _) => vmm::api::serve(socket, initial),
+    let bound = match socket {
+        Socket::Path(path) => vmm::api::ApiSocket::bind(path),
+        Socket::Fd(fd) => vmm::api::ApiSocket::inherit(fd),
     };
+    // Only a VM the command line described boots at once.
+    let boot = boot && initial.is_some();
+    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, boot));
     match served {
         Ok(code) => status(code),
         Err(e) => {

@@ -815,6 +815,50 @@ fn add_net_refuses_a_bad_fd() -> Result<(), Failed> {
     }
 }
 
+/// `--api-socket fd=N`: the listening socket lull was started with (here its stdin, fd 0,
+/// handed over without any unsafe code) serves the API; lull leaves its file to its owner.
+/// A descriptor that is not a listening socket is refused (status 4) with the reason.
+fn api_socket_fd_serves_an_inherited_listener() -> Result<(), Failed> {
+    let path = temp_path("ch-fd.sock");
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path).map_err(|e| e.to_string())?;
+    let mut child = Command::new(cloud_hypervisor("ch-fd")?)
+        .args(["--api-socket", "fd=0"])
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(listener)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start cloud-hypervisor: {e}"))?;
+    let served = (|| {
+        let ping = expect(&path, "GET", "vmm.ping", None, 200)?;
+        if !ping["version"].is_string() {
+            return Err(format!("vmm.ping: {ping}").into());
+        }
+        expect(&path, "PUT", "vmm.shutdown", None, 204)?;
+        Ch::wait(&mut child)
+    })();
+    if served.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let code = served?;
+    let left = path.exists();
+    let _ = std::fs::remove_file(&path);
+    if code != 0 || !left {
+        return Err(format!("exit {code} (want 0), socket file kept: {left} (want true)").into());
+    }
+    let out = Command::new(cloud_hypervisor("ch-fd-bad")?)
+        .args(["--api-socket", "fd=0"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(4) || !said.contains("not a Unix socket") {
+        return Err(format!("--api-socket fd=0 on /dev/null: {:?} {said}", out.status).into());
+    }
+    Ok(())
+}
+
 /// Go's client keeps its connection: every request of a create/inspect/delete cycle on one.
 fn keep_alive_serves_a_whole_cycle_on_one_connection() -> Result<(), Failed> {
     let ch = Ch::start("ch-keepalive", path_form, &[])?;
@@ -867,6 +911,10 @@ fn main() {
             }
         }),
         Trial::test("ch_add_net_refuses_a_bad_fd", add_net_refuses_a_bad_fd),
+        Trial::test(
+            "ch_api_socket_fd_serves_an_inherited_listener",
+            api_socket_fd_serves_an_inherited_listener,
+        ),
         Trial::test(
             "ch_keep_alive_serves_a_whole_cycle_on_one_connection",
             keep_alive_serves_a_whole_cycle_on_one_connection,

@@ -18,6 +18,9 @@ pub enum ApiError {
         /// Why.
         source: std::io::Error,
     },
+    /// The inherited API socket (`--api-socket fd=N`) cannot serve.
+    #[error("--api-socket: {0}")]
+    Inherited(#[source] crate::host::sys::listener::ListenerError),
     /// Something is already at the socket's path.
     #[error("{0} already exists: remove it if no lull serves it, or choose another path")]
     SocketExists(PathBuf),
@@ -184,6 +187,7 @@ impl ApiError {
             Self::TransferEncoding => 501,
             Self::Socket { .. }
             | Self::SocketExists(_)
+            | Self::Inherited(_)
             | Self::Host { .. }
             | Self::Seccomp(_)
             | Self::Connection(_)
@@ -202,7 +206,9 @@ impl ApiError {
     /// lull's exit status when the API cannot be served at all (see [`crate::exit_code`]).
     pub fn exit_status(&self) -> i32 {
         match self {
-            Self::Socket { .. } | Self::SocketExists(_) => crate::exit_code::BAD_INPUT,
+            Self::Socket { .. } | Self::SocketExists(_) | Self::Inherited(_) => {
+                crate::exit_code::BAD_INPUT
+            }
             _ => crate::exit_code::VMM_FAILURE,
         }
     }

@@ -43,4 +43,4 @@ pub mod runner;
 pub mod server;
 
 pub use error::ApiError;
-pub use server::{serve, serve_booted};
+pub use server::{serve, serve_on, ApiSocket};

@@ -46,12 +46,13 @@ use super::http::{self, Response};
 use super::routes;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
-use crate::host::sys::{scm, stop_signals};
+use crate::host::sys::{listener, scm, stop_signals};
 
-/// The listening socket; its file is removed when it is dropped.
+/// The listening socket; its file (if lull created it) is removed when it is dropped.
 pub struct ApiSocket {
     listener: UnixListener,
-    path: PathBuf,
+    /// The file lull bound, or `None` for an inherited socket (its owner removes its file).
+    path: Option<PathBuf>,
 }
 
 impl ApiSocket {
@@ -90,14 +91,32 @@ impl ApiSocket {
         listener.set_nonblocking(true).map_err(fail)?;
         Ok(Self {
             listener,
-            path: path.to_path_buf(),
+            path: Some(path.to_path_buf()),
         })
+    }
+
+    /// The listening socket `fd` lull was started with (`--api-socket fd=N`), taken over.
+    pub fn inherit(fd: std::os::fd::RawFd) -> Result<Self, ApiError> {
+        Ok(Self {
+            listener: listener::inherited_listener(fd).map_err(ApiError::Inherited)?,
+            path: None,
+        })
+    }
+
+    /// How the log names the socket.
+    fn describe(&self) -> String {
+        match &self.path {
+            Some(path) => path.display().to_string(),
+            None => format!("fd {}", self.listener.as_raw_fd()),
+        }
     }
 }
 
 impl Drop for ApiSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -380,19 +399,15 @@ fn seccomp_mode(initial: Option<&VmConfig>) -> SeccompMode {
 /// Serves the API on `path` until `vmm.shutdown` or a signal; returns lull's exit status.
 /// `initial` is the VM the command line described, if it described one.
 pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
-    serve_with(path, initial, false)
+    serve_on(ApiSocket::bind(path)?, initial, false)
 }
 
-/// As [`serve`], with `cfg` booted before the first request is read (Cloud Hypervisor's
-/// command line with both `--api-socket` and `--kernel`: the VM runs at once).
-pub fn serve_booted(path: &Path, cfg: VmConfig) -> Result<i32, ApiError> {
-    serve_with(path, Some(cfg), true)
-}
-
-fn serve_with(path: &Path, initial: Option<VmConfig>, boot: bool) -> Result<i32, ApiError> {
+/// Serves the API on `socket` (bound, or inherited), with `initial` created, and booted
+/// first if `boot` (Cloud Hypervisor's command line with both `--api-socket` and `--kernel`:
+/// the VM runs at once; `boot` needs `initial`); returns lull's exit status.
+pub fn serve_on(socket: ApiSocket, initial: Option<VmConfig>, boot: bool) -> Result<i32, ApiError> {
     let filter = seccomp::program(ThreadKind::Api, seccomp_mode(initial.as_ref()))
         .map_err(ApiError::Seccomp)?;
-    let socket = ApiSocket::bind(path)?;
     let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
     let mut controller = Controller::new(initial, ended);
@@ -409,7 +424,7 @@ fn serve_with(path: &Path, initial: Option<VmConfig>, boot: bool) -> Result<i32,
     if boot {
         controller.boot_at_start()?;
     }
-    tracing::info!("management API on {}", path.display());
+    tracing::info!("management API on {}", socket.describe());
     let mut clients = Clients::new();
     let mut ready = vec![EpollEvent::default(); MAX_CONNECTIONS + 4];
     loop {

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod huge_text;
 pub mod kick;
 pub mod kvm;
+pub mod listener;
 pub mod poll;
 pub mod posix_timer;
 pub mod scm;

@@ -171,54 +171,8 @@ fn ch_remote(
     if let Some(body) = body {
         conn.write_all(body.as_bytes()).map_err(io)?;
     }
-    let mut res = String::new();
-    let mut body_offset = None;
-    let mut content_length: Option<usize> = None;
-    loop {
-        let mut piece = [0u8; 256];
-        let n = conn.read(&mut piece).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        // api_client unwraps this: a piece that is not whole UTF-8 panics ch-remote.
-        res.push_str(
-            std::str::from_utf8(&piece[..n]).map_err(|e| format!("ch-remote panics: {e}"))?,
-        );
-        if let Some(o) = res.find("\r\n\r\n") {
-            body_offset = Some(o + 4);
-            content_length = match res.find("Content-Length: ") {
-                Some(h) => {
-                    let start = h + "Content-Length: ".len();
-                    let end = h + res[h..].find('\r').ok_or("no CR")?;
-                    Some(
-                        res[start..end]
-                            .trim()
-                            .parse()
-                            .map_err(|e| format!("Content-Length: {e}"))?,
-                    )
-                }
-                None => None,
-            };
-            if content_length.is_none() {
-                break;
-            }
-        }
-        if let (Some(o), Some(n)) = (body_offset, content_length) {
-            if res.len() >= o + n {
-                break;
-            }
-        }
-    }
-    let body = content_length.and(body_offset.map(|o| res[o..].to_string()));
-    let at = res
-        .find("HTTP/1.1")
-        .ok_or("HTTP output is missing protocol statement")?;
-    let end = at + res[at..].find('\r').ok_or("no CR")?;
-    let status = res[at + "HTTP/1.1 ".len()..end]
-        .trim()
-        .parse()
-        .map_err(|e| format!("Error parsing HTTP status code: {e} in {res:?}"))?;
-    Ok((status, body))
+    vmm::api::ch_client::read_answer(&mut conn)
+        .map_err(|e| format!("{method} {command}: {e}").into())
 }
 
 /// ch-remote's command, failing unless it answers `want`; the body as JSON (`Null` if none).
@@ -273,16 +227,8 @@ impl GoClient {
         self.conn
             .write_all(req.as_bytes())
             .map_err(|e| format!("send: {e}"))?;
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            match self.conn.read(&mut byte) {
-                Ok(1) => head.push(byte[0]),
-                Ok(_) => return Err(format!("{method} {path}: the connection closed").into()),
-                Err(e) => return Err(format!("{method} {path}: {e}").into()),
-            }
-        }
-        let head = String::from_utf8(head).map_err(|e| e.to_string())?;
+        let (head, body) =
+            read_by_length(&mut self.conn).map_err(|e| format!("{method} {path}: {e}"))?;
         if head.contains("Connection: close") {
             return Err(
                 format!("{method} {path}: lull closes a kept-alive connection: {head}").into(),
@@ -292,14 +238,7 @@ impl GoClient {
             .get(9..12)
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| format!("status line: {head}"))?;
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("Content-Length: "))
-            .map_or(Ok(0), str::parse)
-            .map_err(|e| format!("Content-Length: {e}"))?;
-        let mut body = vec![0; length];
-        self.conn.read_exact(&mut body).map_err(|e| e.to_string())?;
-        Ok((status, String::from_utf8(body).map_err(|e| e.to_string())?))
+        Ok((status, body))
     }
 
     fn expect(
@@ -315,6 +254,28 @@ impl GoClient {
         }
         Ok(text)
     }
+}
+
+/// Reads one answer as Go's client does: the head, then the body by its Content-Length.
+fn read_by_length(conn: &mut UnixStream) -> Result<(String, String), String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            Ok(_) => return Err("the connection closed".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let head = String::from_utf8(head).map_err(|e| e.to_string())?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(Ok(0), str::parse)
+        .map_err(|e| format!("Content-Length: {e}"))?;
+    let mut body = vec![0; length];
+    conn.read_exact(&mut body).map_err(|e| e.to_string())?;
+    Ok((head, String::from_utf8(body).map_err(|e| e.to_string())?))
 }
 
 /// A raw image of 1 MiB for a disk.
@@ -628,10 +589,15 @@ fn every_refused_vm_config_field_is_a_400_naming_it() -> Result<(), Failed> {
     if info["config"] != good || info["state"] != "Created" {
         return Err(format!("vm.info: {info}").into());
     }
+    shutdown_vmm(ch, 0)
+}
+
+/// ch-remote's `shutdown-vmm`, then lull's exit status must be `want`.
+fn shutdown_vmm(ch: Ch, want: i32) -> Result<(), Failed> {
     expect(&ch.socket, "PUT", "vmm.shutdown", None, 204)?;
     match ch.exit_status()? {
-        0 => Ok(()),
-        code => Err(format!("exit {code}, want 0").into()),
+        code if code == want => Ok(()),
+        code => Err(format!("exit {code}, want {want}").into()),
     }
 }
 
@@ -699,29 +665,12 @@ fn add_net_with_fds(
         .map_err(|e| format!("send the fds: {e}"))?;
     let rest = format!("Content-Length: {}\r\n\r\n{body}", body.len());
     conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
-    let mut go = GoClient { conn };
-    // The answer, read as Go's client does (by its Content-Length).
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match go.conn.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            other => return Err(format!("vm.add-net: no answer ({other:?})").into()),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_string();
+    let (head, body) = read_by_length(&mut conn).map_err(|e| format!("vm.add-net: {e}"))?;
     let status = head
         .get(9..12)
         .and_then(|s| s.parse().ok())
         .ok_or("status line")?;
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .map_or(Ok(0), str::parse)
-        .map_err(|e| format!("Content-Length: {e}"))?;
-    let mut body = vec![0; length];
-    go.conn.read_exact(&mut body).map_err(|e| e.to_string())?;
-    Ok((status, String::from_utf8_lossy(&body).to_string()))
+    Ok((status, body))
 }
 
 /// Kata's sequence (kata-containers src/runtime/virtcontainers/clh.go: vm.create, then each
@@ -770,11 +719,7 @@ fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
     if status != 405 {
         return Err(format!("vm.add-net after boot: {status}, want 405").into());
     }
-    expect(&ch.socket, "PUT", "vmm.shutdown", None, 204)?;
-    match ch.exit_status()? {
-        API_STOP => Ok(()),
-        code => Err(format!("exit {code}, want {API_STOP}").into()),
-    }
+    shutdown_vmm(ch, API_STOP)
 }
 
 /// An fd that is not a tap, two fds, an fd number in the body, or nothing at all: each a 400
@@ -808,11 +753,7 @@ fn add_net_refuses_a_bad_fd() -> Result<(), Failed> {
     if info["config"] != create || info["state"] != "Created" {
         return Err(format!("vm.info after the refusals: {info}").into());
     }
-    expect(&ch.socket, "PUT", "vmm.shutdown", None, 204)?;
-    match ch.exit_status()? {
-        0 => Ok(()),
-        code => Err(format!("exit {code}, want 0").into()),
-    }
+    shutdown_vmm(ch, 0)
 }
 
 /// `--api-socket fd=N`: the listening socket lull was started with (here its stdin, fd 0,

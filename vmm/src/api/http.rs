@@ -339,53 +339,9 @@ mod tests {
         assert!(text.contains(&format!("Content-Length: {}\r\n", body.len())));
     }
 
-    /// Reads one answer as Cloud Hypervisor's client reads it (`api_client::parse_http_response`
-    /// in cloud-hypervisor/api_client/src/lib.rs, v54, used by ch-remote), re-stated here:
-    /// 256-byte reads, each of which must be whole UTF-8 (it unwraps `str::from_utf8`); done at
-    /// the blank line if there is no `Content-Length: ` (case-sensitive, with its space), else
-    /// once that many body bytes are in; the status is the rest of the first line after
-    /// `HTTP/1.1 `, trimmed, parsed as a number; the body is `None` without a Content-Length.
     fn ch_client_read(answer: &[u8]) -> Result<(u16, Option<String>), String> {
-        let mut res = String::new();
-        let mut body_offset = None;
-        let mut content_length = None;
-        for piece in answer.chunks(256) {
-            res.push_str(std::str::from_utf8(piece).map_err(|e| format!("panics: {e}"))?);
-            if let Some(o) = res.find("\r\n\r\n") {
-                body_offset = Some(o + 4);
-                content_length = match res.find("Content-Length: ") {
-                    Some(h) => {
-                        let start = h + "Content-Length: ".len();
-                        let end = h + res[h..].find('\r').ok_or("no CR")?;
-                        Some(
-                            res[start..end]
-                                .trim()
-                                .parse::<usize>()
-                                .map_err(|e| e.to_string())?,
-                        )
-                    }
-                    None => None,
-                };
-                if content_length.is_none() {
-                    break;
-                }
-            }
-            if let (Some(o), Some(n)) = (body_offset, content_length) {
-                if res.len() >= o + n {
-                    break;
-                }
-            }
-        }
-        let body = content_length.and(body_offset.map(|o| res[o..].to_string()));
-        let at = res
-            .find("HTTP/1.1")
-            .ok_or("HTTP output is missing protocol statement")?;
-        let end = at + res[at..].find('\r').ok_or("no CR")?;
-        let code = res[at + "HTTP/1.1 ".len()..end].trim();
-        let status = code
-            .parse()
-            .map_err(|e| format!("Error parsing HTTP status code: {e}"))?;
-        Ok((status, body))
+        super::super::ch_client::read_answer(&mut std::io::Cursor::new(answer))
+            .map_err(|e| e.to_string())
     }
 
     #[test]

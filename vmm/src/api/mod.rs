@@ -33,6 +33,7 @@
 //! method the endpoint does not take or a VM not booted, 500 for everything else (creating
 //! twice, booting twice, a boot that fails). See `docs/API.md`.
 
+pub mod ch_client;
 pub mod conn;
 pub mod controller;
 mod error;

@@ -636,8 +636,9 @@ fn taps_unavailable() -> Option<String> {
 struct TestTap(String);
 
 impl TestTap {
-    fn new() -> Result<Self, Failed> {
-        let name = format!("lullch{}", std::process::id() % 100_000);
+    /// The tap `lullch<pid><tag>` (a tag per test: tests run in parallel).
+    fn new(tag: char) -> Result<Self, Failed> {
+        let name = format!("lullch{}{tag}", std::process::id() % 100_000);
         let _ = sh("ip", &["link", "del", &name]);
         sh("ip", &["tuntap", "add", "dev", &name, "mode", "tap"])?;
         Ok(Self(name))
@@ -677,7 +678,7 @@ fn add_net_with_fds(
 /// network endpoint's tap fd sent with vm.add-net, then vm.boot): the VM boots with a
 /// virtio-net device on the tap behind the fd.
 fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
-    let tap = TestTap::new()?;
+    let tap = TestTap::new('a')?;
     let fd = vmm::host::sys::tap::Tap::open(&tap.0).map_err(|e| e.to_string())?;
     let ch = Ch::start("ch-addnet", path_form, &[])?;
     let kernel = kit_file("guests/idle-sim.elf")?;
@@ -720,6 +721,63 @@ fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
         return Err(format!("vm.add-net after boot: {status}, want 405").into());
     }
     shutdown_vmm(ch, API_STOP)
+}
+
+/// Flintlock's form: `--net fd=N,mac=..` with the tap's fd inherited (here as fd 0), and
+/// `--memory size=NM,shared=on`, `-v`: the VM runs at once on that tap.
+fn inherited_tap_fd_backs_the_vm_s_net() -> Result<(), Failed> {
+    let tap = TestTap::new('b')?;
+    let fd = vmm::host::sys::tap::Tap::open(&tap.0).map_err(|e| e.to_string())?;
+    let kernel = kit_file("guests/idle-sim.elf")?.display().to_string();
+    let socket = temp_path("ch-netfd.sock");
+    let _ = std::fs::remove_file(&socket);
+    let mut child = Command::new(cloud_hypervisor("ch-netfd")?)
+        .arg("--api-socket")
+        .arg(&socket)
+        .args(["--kernel", &kernel, "--cmdline", "duration_ms=600000"])
+        .args(["--memory", "size=64M,shared=on", "-v"])
+        .args(["--net", "fd=0,mac=52:54:00:00:00:44"])
+        .stdin(Stdio::from(fd.into_fd()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start cloud-hypervisor: {e}"))?;
+    let ch = Ch {
+        child: None,
+        socket: socket.clone(),
+        log: mpsc::channel().1,
+    };
+    let ran = (|| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while UnixStream::connect(&socket).is_err() {
+            if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+                return Err(Failed::from("no API socket"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut go = GoClient::connect(&socket)?;
+        wait_guest_timers(&mut go, 1)?;
+        let report = report_from(&go.expect("GET", "vm.counters", None, 200)?)?;
+        let nets: Vec<(&str, &str)> = report
+            .nets
+            .iter()
+            .map(|n| (n.tap.as_str(), n.mac.as_str()))
+            .collect();
+        if nets != [(tap.0.as_str(), "52:54:00:00:00:44")] {
+            return Err(format!("the VM's nets: {nets:?}").into());
+        }
+        expect(&socket, "PUT", "vmm.shutdown", None, 204)?;
+        Ch::wait(&mut child)
+    })();
+    if ran.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    drop(ch);
+    match ran? {
+        API_STOP => Ok(()),
+        code => Err(format!("exit {code}, want {API_STOP}").into()),
+    }
 }
 
 /// An fd that is not a tap, two fds, an fd number in the body, or nothing at all: each a 400
@@ -851,6 +909,14 @@ fn main() {
                     .map(|()| lull_tests::Completion::Completed),
             }
         }),
+        Trial::ignorable_test(
+            "ch_inherited_tap_fd_backs_the_vm_s_net",
+            || match taps_unavailable() {
+                Some(reason) => Ok(lull_tests::Completion::ignored_with(reason)),
+                None => inherited_tap_fd_backs_the_vm_s_net()
+                    .map(|()| lull_tests::Completion::Completed),
+            },
+        ),
         Trial::test("ch_add_net_refuses_a_bad_fd", add_net_refuses_a_bad_fd),
         Trial::test(
             "ch_api_socket_fd_serves_an_inherited_listener",

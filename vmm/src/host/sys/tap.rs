@@ -227,6 +227,12 @@ impl Tap {
         Ok(Self { file, name })
     }
 
+    /// The attached descriptor, given away (e.g. to a child process that takes the tap as
+    /// `--net fd=N`).
+    pub fn into_fd(self) -> std::os::fd::OwnedFd {
+        self.file.into()
+    }
+
     /// The tap's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -90,6 +90,22 @@ pub fn add_net_with_fds(
     Ok((status, body))
 }
 
+/// Once the guest runs (its timers fire), its one net must be on `tap` with `mac`.
+fn expect_one_net(socket: &Path, tap: &str, mac: &str) -> Result<(), Failed> {
+    let mut go = GoClient::connect(socket)?;
+    wait_guest_timers(&mut go, 1)?;
+    let report = report_from(&go.expect("GET", "vm.counters", None, 200)?)?;
+    let nets: Vec<(&str, &str)> = report
+        .nets
+        .iter()
+        .map(|n| (n.tap.as_str(), n.mac.as_str()))
+        .collect();
+    if nets != [(tap, mac)] {
+        return Err(format!("the running VM's nets: {nets:?}").into());
+    }
+    Ok(())
+}
+
 /// Kata's sequence (kata-containers src/runtime/virtcontainers/clh.go: vm.create, then each
 /// network endpoint's tap fd sent with vm.add-net, then vm.boot): the VM boots with a
 /// virtio-net device on the tap behind the fd.
@@ -120,17 +136,7 @@ pub fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
         return Err(format!("vm.info after vm.add-net: {info}").into());
     }
     expect(&ch.socket, "PUT", "vm.boot", None, 204)?;
-    let mut go = GoClient::connect(&ch.socket)?;
-    wait_guest_timers(&mut go, 1)?;
-    let report = report_from(&go.expect("GET", "vm.counters", None, 200)?)?;
-    let nets: Vec<(&str, &str)> = report
-        .nets
-        .iter()
-        .map(|n| (n.tap.as_str(), n.mac.as_str()))
-        .collect();
-    if nets != [(tap.0.as_str(), "52:54:00:00:00:42")] {
-        return Err(format!("the running VM's nets: {nets:?}").into());
-    }
+    expect_one_net(&ch.socket, &tap.0, "52:54:00:00:00:42")?;
     // No hotplug: after boot, vm.add-net is refused.
     let (status, _) = add_net_with_fds(&ch.socket, body, &[])?;
     if status != 405 {
@@ -171,17 +177,7 @@ pub fn inherited_tap_fd_backs_the_vm_s_net() -> Result<(), Failed> {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut go = GoClient::connect(&socket)?;
-        wait_guest_timers(&mut go, 1)?;
-        let report = report_from(&go.expect("GET", "vm.counters", None, 200)?)?;
-        let nets: Vec<(&str, &str)> = report
-            .nets
-            .iter()
-            .map(|n| (n.tap.as_str(), n.mac.as_str()))
-            .collect();
-        if nets != [(tap.0.as_str(), "52:54:00:00:00:44")] {
-            return Err(format!("the VM's nets: {nets:?}").into());
-        }
+        expect_one_net(&socket, &tap.0, "52:54:00:00:00:44")?;
         expect(&socket, "PUT", "vmm.shutdown", None, 204)?;
         Ch::wait(&mut child)
     })();

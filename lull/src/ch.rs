@@ -77,9 +77,17 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         Ok(ChCommand::Launch(launch)) => launch,
         Err(e) => return refused(&e),
     };
-    let mut cfg = launch.config;
+    let cli::ChLaunch {
+        config: mut cfg,
+        boots,
+        api_socket,
+        log_file,
+        verbose,
+        net_fds,
+        notes,
+    } = *launch;
     // `--net fd=N`: the tap behind each inherited fd, checked now, after the named taps.
-    for net in &launch.net_fds {
+    for net in &net_fds {
         let TapSource::Fd(fd) = net.source else {
             continue;
         };
@@ -103,22 +111,27 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
         return crate::status(exit_code::VMM_FAILURE);
     }
-    if let Err(e) = crate::init_logging(launch.verbose, launch.log_file.as_deref()) {
+    if let Err(e) = crate::init_logging(verbose, log_file.as_deref()) {
         eprintln!("lull: cannot open the log file: {e}");
         return crate::status(exit_code::BAD_INPUT);
     }
-    for note in &launch.notes {
+    for note in &notes {
         tracing::info!("accepted without effect: {note}");
     }
-    match launch.api_socket {
+    match api_socket {
         Some(socket) => {
-            let initial = launch.boots.then_some(cfg);
+            let initial = boots.then_some(cfg);
             let socket = match &socket {
                 ApiSocketArg::Path(path) => crate::Socket::Path(path),
                 ApiSocketArg::Fd(fd) => crate::Socket::Fd(*fd),
             };
             crate::serve(socket, initial, None, true)
         }
+        // As Cloud Hypervisor: with neither, there is nothing to run (`lull run` would boot
+        // the kit's guest, which a caller of `cloud-hypervisor` never asked for).
+        None if !boots => refused(&ChError::Missing(
+            "--kernel (the VM to run) or --api-socket (to create it through the API)",
+        )),
         None => crate::run_vm(
             &cfg,
             OtherPaths {

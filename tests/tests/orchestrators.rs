@@ -210,6 +210,7 @@ fn refused_flags_exit_2_naming_them() -> Result<(), Failed> {
             &["--device", "path=/sys/bus/pci/devices/0000:00:01.0"],
             "--device",
         ),
+        (&["--cpus", "boot=1"], "--kernel"),
     ] {
         let mut argv = vec!["ch"];
         argv.extend_from_slice(args);

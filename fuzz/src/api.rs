@@ -12,7 +12,9 @@
 //! is a sequence of well-formed HTTP/1.1 answers, each with the Content-Length of its body,
 //! one per request handed out plus at most one refusal, the last of them the only one that
 //! may say `Connection: close`; it hands out at most `MAX_REQUESTS` requests and none after
-//! it closes.
+//! it closes. The bytes are also taken as a `vm.create` body (lull's configuration or Cloud
+//! Hypervisor's `VmConfig`) and a `vm.add-net` body: a configuration that validates and names
+//! no fd, or a client error.
 
 use std::time::Instant;
 
@@ -21,7 +23,7 @@ use vmm::api::http::{self, Request, Response};
 use vmm::api::routes::{self, ApiRequest};
 use vmm::api::ApiError;
 
-const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+const CONTINUE: &[u8] = b"HTTP/1.1 100 \r\n\r\n";
 
 /// A refusal must be a client error.
 fn check_refusal(e: &ApiError) {
@@ -44,7 +46,7 @@ struct Outcome {
 /// The answer a request gets here: its routing refusal, or 204 (the controller is not run).
 fn answer_to(request: &Request) -> Response {
     match routes::route(request) {
-        Ok(ApiRequest::VmCreate(cfg)) => {
+        Ok(ApiRequest::VmCreate(cfg) | ApiRequest::VmCreateCh(cfg, _)) => {
             if let Err(e) = cfg.validate() {
                 panic!("vm.create routed an invalid configuration ({e}): {cfg:?}");
             }
@@ -133,10 +135,13 @@ fn answers(written: &[u8]) -> Vec<(u16, bool)> {
             .expect("an answer's head ends with a blank line")
             + 4;
         let head = std::str::from_utf8(&rest[..end]).expect("answer heads are UTF-8");
+        // As Cloud Hypervisor's api_client (ch-remote) reads it: all of the status line after
+        // the version, trimmed, is the number.
         let status: u16 = head
-            .strip_prefix("HTTP/1.1 ")
-            .and_then(|s| s.get(..3))
-            .and_then(|s| s.parse().ok())
+            .split('\r')
+            .next()
+            .and_then(|line| line.strip_prefix("HTTP/1.1 "))
+            .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| panic!("not an HTTP/1.1 status line: {head}"));
         let length = head
             .split("\r\n")
@@ -149,6 +154,7 @@ fn answers(written: &[u8]) -> Vec<(u16, bool)> {
             (_, None) => panic!("no Content-Length: {head}"),
         };
         let body = &rest[end..end + length];
+        assert!(body.is_ascii(), "a body that is not ASCII: {body:?}");
         if status >= 400 {
             let messages: Vec<String> =
                 serde_json::from_slice(body).expect("an error body is an array of messages");
@@ -212,8 +218,54 @@ pub fn run(data: &[u8]) {
     }
     // Routing of the first request alone.
     match routes::decode(data) {
-        Ok(Some(ApiRequest::VmCreate(cfg))) => assert!(cfg.validate().is_ok()),
+        Ok(Some(ApiRequest::VmCreate(cfg) | ApiRequest::VmCreateCh(cfg, _))) => {
+            assert!(cfg.validate().is_ok())
+        }
         Ok(_) => {}
         Err(e) => check_refusal(&e),
+    }
+    bodies(data);
+}
+
+/// `data` as the body of `vm.create` (lull's configuration or Cloud Hypervisor's
+/// `VmConfig`) and of `vm.add-net`: routed to a configuration that validates, or refused with
+/// a client error whose messages are not empty. A JSON object with one of Cloud Hypervisor's
+/// fields goes through its mapping (`config::ch::json`), which must agree with the route.
+fn bodies(data: &[u8]) {
+    for endpoint in ["vm.create", "vm.add-net"] {
+        let request = Request {
+            method: "PUT".into(),
+            path: format!("{}{endpoint}", routes::ROOT),
+            body: data.to_vec(),
+        };
+        match routes::route(&request) {
+            Ok(ApiRequest::VmCreate(cfg) | ApiRequest::VmCreateCh(cfg, _)) => {
+                assert!(
+                    cfg.validate().is_ok(),
+                    "{endpoint} routed an invalid {cfg:?}"
+                )
+            }
+            Ok(ApiRequest::VmAddNet(net)) => {
+                if let Some(tap) = &net.tap {
+                    assert!(!tap.is_empty(), "vm.add-net routed an empty tap name");
+                }
+            }
+            Ok(other) => panic!("{endpoint} routed to {other:?}"),
+            Err(e) => {
+                check_refusal(&e);
+                assert!(e.messages().iter().all(|m| !m.is_empty()));
+            }
+        }
+    }
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(data) {
+        if vmm::config::ch::json::is_ch_shape(&fields) {
+            if let Ok((cfg, _)) = vmm::config::ch::json::to_config(&fields) {
+                assert!(cfg.validate().is_ok());
+                assert!(
+                    cfg.nets.iter().all(|n| n.fd.is_none()),
+                    "a body named an fd"
+                );
+            }
+        }
     }
 }

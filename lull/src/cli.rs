@@ -59,7 +59,8 @@ pub struct RunArgs {
     pub vm: VmArgs,
 
     /// Serve the management API (a subset of Cloud Hypervisor's REST API: vmm.ping,
-    /// vm.create, vm.boot, vm.info, vm.counters, vm.shutdown, vmm.shutdown) on a Unix socket
+    /// vm.create, vm.boot, vm.info, vm.counters, vm.shutdown, vm.delete, vm.reboot,
+    /// vm.add-net, vmm.shutdown; see docs/ORCHESTRATION.md for lull as `cloud-hypervisor`) on a Unix socket
     /// created at PATH with owner-only permissions, instead of booting at once. VM flags or
     /// --config given with it form the created VM (boot it with vm.boot); without them, the
     /// VM comes from vm.create, which checks the kernel, initramfs, disks, taps and output

@@ -14,21 +14,37 @@ use vmm::exit_code;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
 
+mod ch;
 mod cli;
 
-fn init_logging(verbose: u8) {
+/// Logs to stderr, or appended to `file` (Cloud Hypervisor's `--log-file`).
+fn init_logging(verbose: u8, file: Option<&std::path::Path>) -> std::io::Result<()> {
     let default = match verbose {
         0 => "warn,vmm=info",
         1 => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logger = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+        .with_target(false);
+    match file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            logger
+                .with_writer(std::sync::Mutex::new(file))
+                .with_ansi(false)
+                .init();
+        }
+        None => logger
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init(),
+    }
+    Ok(())
 }
 
 /// `e` and its causes, each said once: lull's messages already name their direct cause, so a
@@ -74,16 +90,50 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     } else {
         None
     };
+    serve(
+        Socket::Path(socket),
+        initial,
+        args.vm.config.as_deref(),
+        false,
+    )
+}
+
+/// Where the API socket comes from.
+#[derive(Clone, Copy)]
+enum Socket<'a> {
+    /// Created at this path.
+    Path(&'a std::path::Path),
+    /// Inherited, listening (`cloud-hypervisor --api-socket fd=N`).
+    Fd(std::os::fd::RawFd),
+}
+
+/// Serves the API on `socket`, with `initial` created (and booted at once if `boot`).
+fn serve(
+    socket: Socket<'_>,
+    initial: Option<vmm::config::VmConfig>,
+    config_file: Option<&std::path::Path>,
+    boot: bool,
+) -> ExitCode {
     if let Some(cfg) = &initial {
         let other = OtherPaths {
-            config: args.vm.config.as_deref(),
-            api_socket: Some(socket),
+            config: config_file,
+            api_socket: match socket {
+                Socket::Path(path) => Some(path),
+                Socket::Fd(_) => None,
+            },
         };
         if let Err(e) = vmm::vm::inputs::check(cfg, other) {
             return vm_failed(&e);
         }
     }
-    match vmm::api::serve(socket, initial) {
+    let bound = match socket {
+        Socket::Path(path) => vmm::api::ApiSocket::bind(path),
+        Socket::Fd(fd) => vmm::api::ApiSocket::inherit(fd),
+    };
+    // Only a VM the command line described boots at once.
+    let boot = boot && initial.is_some();
+    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, boot));
+    match served {
         Ok(code) => status(code),
         Err(e) => {
             eprintln!("lull: {}", error_chain(&e));
@@ -98,6 +148,9 @@ fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
 
 fn main() -> ExitCode {
     let started = Instant::now();
+    if let Some(args) = ch::invoked_as_cloud_hypervisor() {
+        return ch::main(&args, started);
+    }
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Run(args) => args,
@@ -111,7 +164,9 @@ fn main() -> ExitCode {
     // Before anything starts a thread (see `move_own_text_to_huge_pages`).
     let huge_text = (args.huge_text == Some(Switch::On))
         .then(vmm::host::sys::huge_text::move_own_text_to_huge_pages);
-    init_logging(args.verbose);
+    if let Err(e) = init_logging(args.verbose, None) {
+        eprintln!("lull: cannot start logging: {e}");
+    }
     match huge_text {
         Some(Ok(bytes)) => tracing::debug!("lull's text: {} KiB on 2 MiB pages", bytes >> 10),
         Some(Err(e)) => tracing::warn!("--huge-text on: lull's text stays on small pages: {e}"),
@@ -131,7 +186,12 @@ fn main() -> ExitCode {
         config: args.vm.config.as_deref(),
         api_socket: None,
     };
-    match vmm::vm::run(&cfg, other, started) {
+    run_vm(&cfg, other, started)
+}
+
+/// Runs the VM of `cfg` to its end; lull's exit status.
+fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: Instant) -> ExitCode {
+    match vmm::vm::run(cfg, other, started) {
         Ok(mut outcome) => {
             let code = exit_code::for_stop(&outcome.reason);
             outcome.report.exit_status = code;

@@ -15,6 +15,7 @@ use crate::config::knobs::{
 use crate::size::ByteSize;
 
 mod args;
+pub mod ch;
 mod disk;
 mod error;
 mod file;

@@ -6,6 +6,8 @@
 //!                             │  └──┘ boot failed: stays Created (500 with the reason)
 //!                             └─ vm.create again, once a boot has failed
 //! ```
+//! `vm.delete` takes any created VM back to `NotCreated` (stopping it if it runs);
+//! `vm.reboot` takes a running VM through `Shutdown` and `Created` back to `Running`.
 //! `vm.create` checks the configuration as `lull run` does (`vm::inputs::check`: kernel,
 //! initramfs, disks, taps, output paths) and answers 400 with the reason, so a VM that cannot
 //! be built is never created. Each request either moves the state or is refused with the state
@@ -14,6 +16,8 @@
 //! created again (with a corrected configuration). A stopped VM stays `Shutdown` with its final report: lull runs one
 //! VM per process.
 
+use std::os::fd::{AsRawFd, OwnedFd};
+
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -21,8 +25,11 @@ use super::error::ApiError;
 use super::http::Response;
 use super::routes::ApiRequest;
 use super::runner::{self, RunningVm};
-use crate::config::VmConfig;
+use crate::config::ch::json::AddNet;
+use crate::config::ch::{options, ChError};
+use crate::config::{NetConfig, VmConfig};
 use crate::exit_code;
+use crate::host::sys::tap::Tap;
 use crate::metrics::RunReport;
 use crate::state::StopReason;
 use crate::vm::report;
@@ -77,10 +84,11 @@ struct Ping {
     features: [&'static str; 0],
 }
 
-/// `vm.info`'s answer (Cloud Hypervisor's `VmInfo`, plus why a stopped VM stopped).
+/// `vm.info`'s answer (Cloud Hypervisor's `VmInfo`, plus why a stopped VM stopped): the
+/// configuration in the shape it was given in.
 #[derive(Serialize)]
-struct Info<'a> {
-    config: &'a VmConfig,
+struct Info {
+    config: serde_json::Value,
     state: &'static str,
     memory_actual_size: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -90,6 +98,14 @@ struct Info<'a> {
 /// The VM behind the API and what the API does with it.
 pub struct Controller {
     state: VmState,
+    /// The `vm.create` body of the VM, if it was Cloud Hypervisor's `VmConfig`.
+    ch_config: Option<Box<serde_json::Value>>,
+    /// Tap fds received with `vm.add-net`, open for as long as the VM's configuration names
+    /// them (`NetConfig::fd`).
+    net_fds: Vec<OwnedFd>,
+    /// A run ended and no other has started since: the server must take the SIGINT/SIGTERM
+    /// handlers back (see [`Controller::take_run_ended`]).
+    run_ended: bool,
     /// Written by the VM thread when its run ends.
     ended: EventFd,
 }
@@ -102,6 +118,9 @@ impl Controller {
                 cfg: Box::new(cfg),
                 boot_failed: false,
             }),
+            ch_config: None,
+            run_ended: false,
+            net_fds: Vec::new(),
             ended,
         }
     }
@@ -113,6 +132,12 @@ impl Controller {
 
     /// Answers one request.
     pub fn handle(&mut self, request: ApiRequest) -> (Response, Next) {
+        self.handle_with_fds(request, Vec::new())
+    }
+
+    /// Answers one request that came with `fds` (SCM_RIGHTS): `vm.add-net` takes them, any
+    /// other request closes them.
+    pub fn handle_with_fds(&mut self, request: ApiRequest, fds: Vec<OwnedFd>) -> (Response, Next) {
         // A run that ended by itself is taken note of first; if a signal ended it, lull ends
         // after this answer.
         let then = self.poll_vm().map_or(Next::Serve, Next::Exit);
@@ -123,11 +148,16 @@ impl Controller {
                 pid: std::process::id(),
                 features: [],
             }),
-            ApiRequest::VmCreate(cfg) => self.create(cfg),
+            ApiRequest::VmCreate(cfg) => self.create(cfg, None),
+            ApiRequest::VmCreateCh(cfg, given) => self.create(cfg, Some(given)),
             ApiRequest::VmBoot => self.boot(),
             ApiRequest::VmInfo => self.info(),
             ApiRequest::VmCounters => self.counters(),
             ApiRequest::VmShutdown => self.shutdown(),
+            ApiRequest::VmDelete => self.delete(),
+            ApiRequest::VmReboot => self.reboot(),
+            ApiRequest::VmPowerButton => Err(ApiError::NoPowerButton),
+            ApiRequest::VmAddNet(net) => self.add_net(*net, fds),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -138,7 +168,11 @@ impl Controller {
         (answer.unwrap_or_else(|e| Response::error(&e)), then)
     }
 
-    fn create(&mut self, cfg: Box<VmConfig>) -> Result<Response, ApiError> {
+    fn create(
+        &mut self,
+        cfg: Box<VmConfig>,
+        ch_config: Option<Box<serde_json::Value>>,
+    ) -> Result<Response, ApiError> {
         match self.state {
             VmState::NotCreated
             | VmState::Created {
@@ -150,10 +184,17 @@ impl Controller {
                     cfg,
                     boot_failed: false,
                 };
+                self.ch_config = ch_config;
+                self.net_fds.clear();
                 Ok(Response::no_content())
             }
             _ => Err(ApiError::VmAlreadyCreated),
         }
+    }
+
+    /// Boots the VM the command line created, before the API serves (a failure ends lull).
+    pub fn boot_at_start(&mut self) -> Result<(), ApiError> {
+        self.boot().map(|_| ())
     }
 
     fn boot(&mut self) -> Result<Response, ApiError> {
@@ -169,6 +210,8 @@ impl Controller {
             }
         })?;
         tracing::info!("VM booted through the API");
+        // The new run's event loop has the signal handlers now.
+        self.run_ended = false;
         self.state = VmState::Running { cfg, vm };
         Ok(Response::no_content())
     }
@@ -180,8 +223,12 @@ impl Controller {
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
+        let shown = match &self.ch_config {
+            Some(given) => (**given).clone(),
+            None => serde_json::to_value(config).map_err(ApiError::Encode)?,
+        };
         Response::json(&Info {
-            config,
+            config: shown,
             state,
             memory_actual_size: config.memory.0,
             stop_reason,
@@ -214,6 +261,97 @@ impl Controller {
                 Ok(Response::no_content())
             }
         }
+    }
+
+    /// `vm.add-net` before boot: a virtio-net device on the named tap, or on the tap fd sent
+    /// with the request (checked to be a tap; kept open for the VM's life).
+    fn add_net(&mut self, net: AddNet, fds: Vec<OwnedFd>) -> Result<Response, ApiError> {
+        let VmState::Created { cfg, boot_failed } = &self.state else {
+            return Err(match self.state {
+                VmState::NotCreated => ApiError::VmNotCreated,
+                _ => ApiError::AddNetAfterBoot,
+            });
+        };
+        let device = match (fds.as_slice(), &net.tap) {
+            ([], _) if net.body_fds => return Err(ApiError::AddNetBodyFds),
+            ([], None) => return Err(ApiError::AddNetNoTap),
+            ([], Some(tap)) => {
+                let device: NetConfig = format!("tap={tap}")
+                    .parse()
+                    .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
+                NetConfig {
+                    mac: net.mac,
+                    ..device
+                }
+            }
+            ([fd], _) => {
+                let raw = fd.as_raw_fd();
+                let tap = Tap::from_fd(raw).map_err(ApiError::AddNetFd)?;
+                options::fd_net(raw, tap.name(), net.mac).map_err(ApiError::ChConfig)?
+            }
+            (many, _) => return Err(ApiError::AddNetFds(many.len())),
+        };
+        let mut with = (**cfg).clone();
+        let boot_failed = *boot_failed;
+        with.nets.push(device.clone());
+        with.validate().map_err(ApiError::ConfigInvalid)?;
+        crate::vm::inputs::check(&with, crate::vm::inputs::OtherPaths::default())
+            .map_err(ApiError::ConfigInputs)?;
+        if let Some(serde_json::Value::Object(given)) = self.ch_config.as_deref_mut() {
+            let shown = serde_json::json!({"tap": device.tap, "mac": device.mac().to_string()});
+            match given
+                .get_mut("net")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                Some(nets) => nets.push(shown),
+                None => {
+                    given.insert("net".into(), serde_json::Value::Array(vec![shown]));
+                }
+            }
+        }
+        self.net_fds.extend(fds);
+        self.state = VmState::Created {
+            cfg: Box::new(with),
+            boot_failed,
+        };
+        tracing::info!("vm.add-net: {device}");
+        Ok(Response::no_content())
+    }
+
+    /// `vm.delete`: stops the VM if it runs, then forgets it.
+    fn delete(&mut self) -> Result<Response, ApiError> {
+        if matches!(self.state, VmState::NotCreated) {
+            return Err(ApiError::VmNotCreated);
+        }
+        self.stop(StopReason::Api)?;
+        self.state = VmState::NotCreated;
+        self.ch_config = None;
+        self.net_fds.clear();
+        tracing::info!("VM deleted through the API");
+        Ok(Response::no_content())
+    }
+
+    /// `vm.reboot`: stops the running VM and boots it again from its kernel, with the same
+    /// configuration (a new run: its counters start again).
+    fn reboot(&mut self) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => return Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
+            VmState::Running { .. } => {}
+        }
+        self.stop(StopReason::Api)?;
+        let VmState::Shutdown { cfg, .. } = &self.state else {
+            return Err(ApiError::RunnerLost);
+        };
+        let cfg = cfg.clone();
+        self.state = VmState::Created {
+            cfg,
+            boot_failed: false,
+        };
+        self.boot()?;
+        tracing::info!("VM rebooted through the API");
+        Ok(Response::no_content())
     }
 
     /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:
@@ -277,6 +415,14 @@ impl Controller {
         }
     }
 
+    /// True once after a run has ended (and no other started): the server takes the
+    /// SIGINT/SIGTERM handlers back then, before it answers, so that a client that signals
+    /// lull after `vm.shutdown`'s answer (the Nomad drivers do) reaches the server, not the
+    /// ended run.
+    pub fn take_run_ended(&mut self) -> bool {
+        std::mem::take(&mut self.run_ended)
+    }
+
     /// Moves a run that ended to `Shutdown` and writes its `--metrics` file.
     fn finish(&mut self, result: Result<crate::vm::RunOutcome, ApiError>) {
         let state = std::mem::replace(&mut self.state, VmState::NotCreated);
@@ -308,6 +454,7 @@ impl Controller {
             }
         };
         self.state = VmState::Shutdown { cfg, ended };
+        self.run_ended = true;
     }
 }
 
@@ -384,6 +531,43 @@ mod tests {
         assert_eq!(info["config"]["cpus"], 3);
         assert_eq!(info["memory_actual_size"], 256 << 20);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn vm_info_answers_in_the_shape_the_config_was_given_in() {
+        let mut c = controller(None);
+        let dir = std::env::temp_dir().join(format!("lull-controller-ch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kernel = dir.join("vmlinux");
+        std::fs::write(&kernel, [0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).unwrap();
+        let given = serde_json::json!({"payload": {"kernel": kernel}});
+        let cfg = Box::new(VmConfig {
+            kernel: Some(kernel),
+            ..VmConfig::default()
+        });
+        let created = c.handle(ApiRequest::VmCreateCh(cfg, Box::new(given.clone())));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(created.0.status, 204);
+        let info = body(&mut c, ApiRequest::VmInfo);
+        assert_eq!(info["config"], given);
+        assert_eq!(info["state"], "Created");
+        let ping = body(&mut c, ApiRequest::VmmPing);
+        let version = ping["version"].as_str().unwrap();
+        let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts.len(), 3, "{version}");
+    }
+
+    #[test]
+    fn a_deleted_vm_can_be_created_again_and_the_power_button_is_refused() {
+        let mut c = controller(Some(VmConfig::default()));
+        assert_eq!(status(&mut c, ApiRequest::VmPowerButton), 405);
+        assert_eq!(status(&mut c, ApiRequest::VmReboot), 405);
+        assert_eq!(status(&mut c, ApiRequest::VmDelete), 204);
+        assert_eq!(status(&mut c, ApiRequest::VmInfo), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmDelete), 404);
+        assert_eq!(status(&mut c, ApiRequest::VmReboot), 404);
+        let why = body(&mut c, ApiRequest::VmPowerButton);
+        assert!(why[0].as_str().unwrap().contains("vm.shutdown"), "{why}");
     }
 
     #[test]

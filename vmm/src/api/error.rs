@@ -18,6 +18,9 @@ pub enum ApiError {
         /// Why.
         source: std::io::Error,
     },
+    /// The inherited API socket (`--api-socket fd=N`) cannot serve.
+    #[error("--api-socket: {0}")]
+    Inherited(#[source] crate::host::sys::listener::ListenerError),
     /// Something is already at the socket's path.
     #[error("{0} already exists: remove it if no lull serves it, or choose another path")]
     SocketExists(PathBuf),
@@ -91,6 +94,9 @@ pub enum ApiError {
     /// The configuration is out of range.
     #[error("The VM configuration is not valid: {0}")]
     ConfigInvalid(#[source] ConfigError),
+    /// The body is Cloud Hypervisor's `VmConfig` and asks for what lull does not have.
+    #[error("The body is Cloud Hypervisor's VmConfig, and lull cannot take it as it is")]
+    ChConfig(#[source] crate::config::ch::ChError),
     /// The configuration names a kernel, initramfs, disk, tap or path lull cannot use.
     #[error("The VM configuration cannot be used")]
     ConfigInputs(#[source] VmError),
@@ -109,8 +115,31 @@ pub enum ApiError {
     /// `vm.shutdown` when the VM has already stopped.
     #[error("The VM is not running: it has stopped")]
     VmNotRunning,
+    /// `vm.add-net` once the VM has booted.
+    #[error("lull adds a net only before vm.boot (no hotplug): vm.delete, vm.create, vm.add-net, vm.boot")]
+    AddNetAfterBoot,
+    /// `vm.add-net` with neither a tap name nor an fd.
+    #[error(
+        "vm.add-net needs a tap: name it (\"tap\") or send its fd with the request (SCM_RIGHTS)"
+    )]
+    AddNetNoTap,
+    /// `vm.add-net` with fd numbers in its body and none sent with the request.
+    #[error("vm.add-net: lull takes a tap fd only sent with the request (SCM_RIGHTS), never a number in the body")]
+    AddNetBodyFds,
+    /// `vm.add-net` with more than one fd.
+    #[error("vm.add-net: lull takes one tap fd (one queue pair) per device; {0} were sent")]
+    AddNetFds(usize),
+    /// The fd sent with `vm.add-net` is not a usable tap.
+    #[error("vm.add-net: the fd sent is not a usable tap")]
+    AddNetFd(#[source] crate::host::sys::tap::TapError),
+    /// `vm.power-button`: lull's machine has no ACPI.
+    #[error(
+        "lull's machine has no ACPI power button, so the guest cannot be asked to power off: \
+         use vm.shutdown (lull stops the VM), or have the guest power off itself"
+    )]
+    NoPowerButton,
     /// `vm.boot` after the VM ran and stopped.
-    #[error("The VM has already run: lull runs one VM per process; start another lull")]
+    #[error("The VM has already run: vm.delete it and vm.create another, or start another lull")]
     VmAlreadyRan,
     /// The VM could not be built or started.
     #[error("Cannot boot the VM")]
@@ -140,15 +169,25 @@ impl ApiError {
             | Self::MissingConfig
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_)
+            | Self::ChConfig(_)
+            | Self::AddNetNoTap
+            | Self::AddNetBodyFds
+            | Self::AddNetFds(_)
+            | Self::AddNetFd(_)
             | Self::ConfigInputs(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
-            Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,
+            Self::MethodNotAllowed { .. }
+            | Self::VmNotBooted
+            | Self::VmNotRunning
+            | Self::AddNetAfterBoot
+            | Self::NoPowerButton => 405,
             Self::Timeout => 408,
             Self::BodyTooLarge(_) => 413,
             Self::HeadTooLarge => 431,
             Self::TransferEncoding => 501,
             Self::Socket { .. }
             | Self::SocketExists(_)
+            | Self::Inherited(_)
             | Self::Host { .. }
             | Self::Seccomp(_)
             | Self::Connection(_)
@@ -167,7 +206,9 @@ impl ApiError {
     /// lull's exit status when the API cannot be served at all (see [`crate::exit_code`]).
     pub fn exit_status(&self) -> i32 {
         match self {
-            Self::Socket { .. } | Self::SocketExists(_) => crate::exit_code::BAD_INPUT,
+            Self::Socket { .. } | Self::SocketExists(_) | Self::Inherited(_) => {
+                crate::exit_code::BAD_INPUT
+            }
             _ => crate::exit_code::VMM_FAILURE,
         }
     }

@@ -183,7 +183,9 @@ impl Response {
     pub fn json<T: serde::Serialize>(value: &T) -> Result<Self, ApiError> {
         Ok(Self {
             status: 200,
-            body: Some(serde_json::to_vec(value).map_err(ApiError::Encode)?),
+            body: Some(ascii_json(
+                serde_json::to_vec(value).map_err(ApiError::Encode)?,
+            )),
             allow: None,
         })
     }
@@ -195,8 +197,10 @@ impl Response {
             ApiError::MethodNotAllowed { allowed, .. } => Some(*allowed),
             _ => None,
         };
-        let body = serde_json::to_vec(&error.messages())
-            .unwrap_or_else(|_| b"[\"lull could not encode the error\"]".to_vec());
+        let body = serde_json::to_vec(&error.messages()).map_or_else(
+            |_| b"[\"lull could not encode the error\"]".to_vec(),
+            ascii_json,
+        );
         Self {
             status: error.status(),
             body: Some(body),
@@ -204,15 +208,16 @@ impl Response {
         }
     }
 
-    /// The response as HTTP/1.1 bytes; `close`: the connection closes after it (said with
-    /// `Connection: close`; otherwise it persists, HTTP/1.1's default). Every answer but a 204
-    /// carries a Content-Length, so a client on a persistent connection knows where it ends.
+    /// The response as HTTP/1.1 bytes, written as Cloud Hypervisor's server (`micro_http`)
+    /// writes them; `close`: the connection closes after it (said with `Connection: close`;
+    /// otherwise it persists, HTTP/1.1's default). The status line has no reason phrase
+    /// (`HTTP/1.1 204 \r\n`): Cloud Hypervisor's `api_client` (ch-remote) parses everything
+    /// from after `HTTP/1.1 ` to the line's end as the number, and fails on `204 No Content`.
+    /// Every answer but a 204 carries `Content-Length: N` (that spelling: the same client
+    /// looks for it case-sensitively), so a client on a persistent connection knows where it
+    /// ends.
     pub fn to_bytes(&self, close: bool) -> Vec<u8> {
-        let mut out = format!(
-            "HTTP/1.1 {} {}\r\nServer: lull API\r\n",
-            self.status,
-            reason_phrase(self.status)
-        );
+        let mut out = format!("{}Server: lull API\r\n", status_line(self.status));
         if close {
             out.push_str("Connection: close\r\n");
         }
@@ -233,20 +238,36 @@ impl Response {
     }
 }
 
-/// The reason phrase of the statuses this server sends.
-fn reason_phrase(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        204 => "No Content",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        413 => "Payload Too Large",
-        431 => "Request Header Fields Too Large",
-        501 => "Not Implemented",
-        _ => "Internal Server Error",
+/// The status line of `status`, with its CRLF: `HTTP/1.1 200 \r\n` (see
+/// [`Response::to_bytes`]; an empty reason phrase is valid HTTP/1.1, RFC 9112 4).
+pub fn status_line(status: u16) -> String {
+    format!("HTTP/1.1 {status} \r\n")
+}
+
+/// `json` with every non-ASCII character escaped (`\uXXXX`, surrogate pairs above U+FFFF):
+/// the same document, in bytes any client can cut anywhere. Cloud Hypervisor's `api_client`
+/// reads an answer in 256-byte pieces and panics on a piece that is not whole UTF-8. Outside
+/// strings, serde_json writes ASCII only, so every escape lands inside a string.
+fn ascii_json(json: Vec<u8>) -> Vec<u8> {
+    let Ok(text) = String::from_utf8(json) else {
+        // serde_json writes UTF-8; nothing else reaches here.
+        return b"[\"lull could not encode the answer\"]".to_vec();
+    };
+    if text.is_ascii() {
+        return text.into_bytes();
     }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out.into_bytes()
 }
 
 #[cfg(test)]
@@ -300,7 +321,7 @@ mod tests {
     #[test]
     fn responses_follow_http_1_1() {
         let text = String::from_utf8(Response::no_content().to_bytes(true)).unwrap();
-        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"));
+        assert!(text.starts_with("HTTP/1.1 204 \r\n"), "{text}");
         assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
         assert!(!text.contains("Content-Length"), "{text}");
         let err = ApiError::MethodNotAllowed {
@@ -309,12 +330,62 @@ mod tests {
             allowed: "GET",
         };
         let text = String::from_utf8(Response::error(&err).to_bytes(false)).unwrap();
-        assert!(text.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"));
+        assert!(text.starts_with("HTTP/1.1 405 \r\n"), "{text}");
         assert!(!text.contains("Connection:"), "{text}");
         assert!(text.contains("\r\nAllow: GET\r\n"));
         let body = text.split("\r\n\r\n").nth(1).unwrap();
         let messages: Vec<String> = serde_json::from_str(body).unwrap();
         assert_eq!(messages, vec![err.to_string()]);
         assert!(text.contains(&format!("Content-Length: {}\r\n", body.len())));
+    }
+
+    fn ch_client_read(answer: &[u8]) -> Result<(u16, Option<String>), String> {
+        super::super::ch_client::read_answer(&mut std::io::Cursor::new(answer))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cloud_hypervisor_s_client_reads_every_answer() {
+        let info = serde_json::json!({"state": "Running", "note": "µs — naïve 🙂"});
+        let long = serde_json::json!({"pad": "é".repeat(300)});
+        let error = ApiError::NotFound("/api/v1/vm.nothing".into());
+        let not_allowed = ApiError::MethodNotAllowed {
+            endpoint: "vm.info",
+            method: "PUT".into(),
+            allowed: "GET",
+        };
+        for response in [
+            Response::no_content(),
+            Response::json(&info).unwrap(),
+            Response::json(&long).unwrap(),
+            Response::error(&error),
+            Response::error(&not_allowed),
+        ] {
+            for close in [false, true] {
+                let bytes = response.to_bytes(close);
+                let (status, body) = ch_client_read(&bytes).unwrap();
+                assert_eq!(status, response.status);
+                let sent = response
+                    .body
+                    .as_deref()
+                    .map(|b| String::from_utf8(b.to_vec()));
+                assert_eq!(body, sent.transpose().unwrap());
+            }
+        }
+        // The escapes keep the document: the same value comes back.
+        let body = Response::json(&long).unwrap().body.unwrap();
+        assert!(body.is_ascii());
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            long
+        );
+        let body = Response::json(&info).unwrap().body.unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap(),
+            info
+        );
+        // What today's lull sent before: ch-remote failed on the reason phrase.
+        let old = b"HTTP/1.1 204 No Content\r\nServer: lull API\r\n\r\n";
+        assert!(ch_client_read(old).unwrap_err().contains("invalid digit"));
     }
 }

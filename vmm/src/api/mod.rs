@@ -33,6 +33,7 @@
 //! method the endpoint does not take or a VM not booted, 500 for everything else (creating
 //! twice, booting twice, a boot that fails). See `docs/API.md`.
 
+pub mod ch_client;
 pub mod conn;
 pub mod controller;
 mod error;
@@ -43,4 +44,4 @@ pub mod runner;
 pub mod server;
 
 pub use error::ApiError;
-pub use server::serve;
+pub use server::{serve, serve_on, ApiSocket};

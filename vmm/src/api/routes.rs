@@ -5,6 +5,7 @@
 
 use super::error::ApiError;
 use super::http::{self, Request};
+use crate::config::ch::json as ch;
 use crate::config::VmConfig;
 
 /// Where every endpoint lives.
@@ -19,6 +20,9 @@ pub enum ApiRequest {
     VmmShutdown,
     /// `vm.create`: remember this (validated) configuration.
     VmCreate(Box<VmConfig>),
+    /// `vm.create` with Cloud Hypervisor's `VmConfig`: lull's configuration mapped from it,
+    /// and the body as given (`vm.info` answers with it).
+    VmCreateCh(Box<VmConfig>, Box<serde_json::Value>),
     /// `vm.boot`: build and start the created VM.
     VmBoot,
     /// `vm.info`: the VM's state and configuration.
@@ -27,11 +31,20 @@ pub enum ApiRequest {
     VmCounters,
     /// `vm.shutdown`: stop the running VM.
     VmShutdown,
+    /// `vm.delete`: drop the VM (stopping it if it runs); a new `vm.create` may follow.
+    VmDelete,
+    /// `vm.reboot`: stop the running VM and boot it again with the same configuration.
+    VmReboot,
+    /// `vm.power-button`: refused, lull's machine has no ACPI power button.
+    VmPowerButton,
+    /// `vm.add-net` (before boot): a virtio-net device on a named tap or on the tap fd sent
+    /// with the request.
+    VmAddNet(Box<ch::AddNet>),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 11] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -39,6 +52,10 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
     ("vm.info", "GET", Some(ApiRequest::VmInfo)),
     ("vm.counters", "GET", Some(ApiRequest::VmCounters)),
     ("vm.shutdown", "PUT", Some(ApiRequest::VmShutdown)),
+    ("vm.delete", "PUT", Some(ApiRequest::VmDelete)),
+    ("vm.reboot", "PUT", Some(ApiRequest::VmReboot)),
+    ("vm.power-button", "PUT", Some(ApiRequest::VmPowerButton)),
+    ("vm.add-net", "PUT", None),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -56,21 +73,42 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
         });
     }
     match request {
+        None if name == "vm.add-net" => add_net(&req.body),
         None => create(&req.body),
         Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
         Some(request) => Ok(request),
     }
 }
 
-/// `vm.create`: the body is the JSON of `--config`, checked as the command line is.
+/// `vm.create`: the body is the JSON of `--config`, or Cloud Hypervisor's `VmConfig` (told
+/// apart by its fields: `config::ch::json`), checked as the command line is.
 fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     if body.is_empty() {
         return Err(ApiError::MissingConfig);
     }
     json_object(body, "vm.create", "the VM configuration, as in --config")?;
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(body) {
+        if ch::is_ch_shape(&fields) {
+            let (cfg, notes) = ch::to_config(&fields).map_err(ApiError::ChConfig)?;
+            for note in notes {
+                tracing::info!("vm.create: accepted without effect: {note}");
+            }
+            let given = serde_json::Value::Object(fields);
+            return Ok(ApiRequest::VmCreateCh(Box::new(cfg), Box::new(given)));
+        }
+    }
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
+}
+
+/// `vm.add-net`: the body is Cloud Hypervisor's `NetConfig`.
+fn add_net(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    json_object(body, "vm.add-net", "Cloud Hypervisor's NetConfig")?;
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
+    let net = ch::add_net(&fields).map_err(ApiError::ChConfig)?;
+    Ok(ApiRequest::VmAddNet(Box::new(net)))
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
@@ -125,6 +163,9 @@ mod tests {
             ("vm.info", "GET", ApiRequest::VmInfo),
             ("vm.counters", "GET", ApiRequest::VmCounters),
             ("vm.shutdown", "PUT", ApiRequest::VmShutdown),
+            ("vm.delete", "PUT", ApiRequest::VmDelete),
+            ("vm.reboot", "PUT", ApiRequest::VmReboot),
+            ("vm.power-button", "PUT", ApiRequest::VmPowerButton),
         ] {
             let path = format!("{ROOT}{path}");
             assert_eq!(route(&request(method, &path, "")).unwrap(), want);
@@ -162,11 +203,39 @@ mod tests {
     }
 
     #[test]
+    fn create_takes_cloud_hypervisor_s_config_and_names_what_it_refuses() {
+        let path = "/api/v1/vm.create";
+        let body = r#"{"payload": {"kernel": "/k"}, "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+            "memory": {"size": 134217728, "shared": true}, "console": {"mode": "Off"}}"#;
+        let Ok(ApiRequest::VmCreateCh(cfg, given)) = route(&request("PUT", path, body)) else {
+            panic!("Cloud Hypervisor's VmConfig should route");
+        };
+        assert_eq!((cfg.cpus, cfg.memory.0), (2, 128 << 20));
+        assert_eq!(given["cpus"]["boot_vcpus"], 2);
+        let Ok(ApiRequest::VmAddNet(net)) = route(&request(
+            "PUT",
+            "/api/v1/vm.add-net",
+            r#"{"mac": "52:54:00:00:00:05", "num_queues": 2, "fds": [9]}"#,
+        )) else {
+            panic!("vm.add-net should route");
+        };
+        assert_eq!((net.tap, net.body_fds), (None, true));
+        let err = route(&request("PUT", "/api/v1/vm.add-net", r#"{"mtu": 9000}"#)).unwrap_err();
+        assert_eq!(err.status(), 400);
+        let refused = r#"{"payload": {"kernel": "/k"}, "vsock": {"cid": 3, "socket": "/v"}}"#;
+        let err = route(&request("PUT", path, refused)).unwrap_err();
+        assert_eq!(err.status(), 400);
+        let messages = err.messages();
+        assert_eq!(messages.len(), 2, "{messages:?}");
+        assert!(messages[1].contains("vsock="), "{messages:?}");
+    }
+
+    #[test]
     fn unknown_paths_and_stray_bodies_are_refused() {
         for path in [
             "/",
             "/api/v1/",
-            "/api/v1/vm.delete",
+            "/api/v1/vm.resize",
             "/api/v2/vm.info",
             "vm.info",
         ] {

@@ -24,11 +24,13 @@
 //! runs, its own event loop has installed them and takes the signal (the run ends with
 //! `StopReason::Signal`, which ends lull too); once a run ends, the server installs them again
 //! for itself. A signal in the moment between the end of a run and that re-installation is
-//! lost (it reaches the ended run's eventfd).
+//! lost (it reaches the ended run's eventfd); a run stopped by a request (vm.shutdown,
+//! vm.reboot, vm.delete) gives the handlers back before that request is answered, so a
+//! client that signals lull after the answer is heard.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -44,12 +46,13 @@ use super::http::{self, Response};
 use super::routes;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
-use crate::host::sys::stop_signals;
+use crate::host::sys::{listener, scm, stop_signals};
 
-/// The listening socket; its file is removed when it is dropped.
+/// The listening socket; its file (if lull created it) is removed when it is dropped.
 pub struct ApiSocket {
     listener: UnixListener,
-    path: PathBuf,
+    /// The file lull bound, or `None` for an inherited socket (its owner removes its file).
+    path: Option<PathBuf>,
 }
 
 impl ApiSocket {
@@ -88,14 +91,32 @@ impl ApiSocket {
         listener.set_nonblocking(true).map_err(fail)?;
         Ok(Self {
             listener,
-            path: path.to_path_buf(),
+            path: Some(path.to_path_buf()),
         })
+    }
+
+    /// The listening socket `fd` lull was started with (`--api-socket fd=N`), taken over.
+    pub fn inherit(fd: std::os::fd::RawFd) -> Result<Self, ApiError> {
+        Ok(Self {
+            listener: listener::inherited_listener(fd).map_err(ApiError::Inherited)?,
+            path: None,
+        })
+    }
+
+    /// How the log names the socket.
+    fn describe(&self) -> String {
+        match &self.path {
+            Some(path) => path.display().to_string(),
+            None => format!("fd {}", self.listener.as_raw_fd()),
+        }
     }
 }
 
 impl Drop for ApiSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(path) = &self.path {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -157,6 +178,9 @@ struct Client {
     stream: UnixStream,
     conn: Conn,
     watching: EventSet,
+    /// Descriptors sent with the bytes read (SCM_RIGHTS), for the next request answered
+    /// (a client sends them with its request's first write); at most `scm::MAX_FDS`.
+    fds: Vec<OwnedFd>,
 }
 
 /// The open connections, by epoll token.
@@ -206,6 +230,7 @@ impl Clients {
             stream,
             conn: Conn::new(Instant::now()),
             watching: EventSet::IN,
+            fds: Vec::new(),
         };
         self.open.insert(token, client);
         Ok(())
@@ -235,15 +260,19 @@ impl Clients {
         &mut self,
         token: u64,
         set: EventSet,
-        events: &Events,
+        events: &mut Events,
         controller: &mut Controller,
     ) -> Option<i32> {
         let client = self.open.get_mut(&token)?;
         let readable = set.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR);
         if readable && client.watching == EventSet::IN {
-            match client.stream.read(&mut self.chunk) {
-                Ok(0) => client.conn.end_of_stream(),
-                Ok(n) => client.conn.received(&self.chunk[..n]),
+            match scm::recv_with_fds(&client.stream, &mut self.chunk) {
+                Ok((0, _)) => client.conn.end_of_stream(),
+                Ok((n, fds)) => {
+                    client.conn.received(&self.chunk[..n]);
+                    client.fds.extend(fds);
+                    client.fds.truncate(scm::MAX_FDS);
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -260,12 +289,25 @@ impl Clients {
     }
 
     /// Runs `token`'s state machine as far as it goes without waiting.
-    fn drive(&mut self, token: u64, events: &Events, controller: &mut Controller) -> Option<i32> {
+    fn drive(
+        &mut self,
+        token: u64,
+        events: &mut Events,
+        controller: &mut Controller,
+    ) -> Option<i32> {
         let client = self.open.get_mut(&token)?;
         let want = loop {
             match client.conn.step() {
                 Step::Answer(request) => {
-                    let (response, next) = handle(request, controller);
+                    let fds = std::mem::take(&mut client.fds);
+                    let (response, next) = handle(request, fds, controller);
+                    if controller.take_run_ended() {
+                        // Before the answer: a signal sent after it must reach the server.
+                        if let Err(e) = events.reinstall_signals() {
+                            tracing::error!("{e}");
+                            return Some(crate::exit_code::VMM_FAILURE);
+                        }
+                    }
                     client.conn.answer(&response);
                     if let Next::Exit(code) = next {
                         // lull ends: one attempt at the answer (a few bytes, the socket takes
@@ -315,7 +357,7 @@ impl Clients {
     }
 
     /// Expires every connection past its deadline.
-    fn expire(&mut self, now: Instant, events: &Events, controller: &mut Controller) {
+    fn expire(&mut self, now: Instant, events: &mut Events, controller: &mut Controller) {
         let due: Vec<u64> = self
             .open
             .iter()
@@ -332,11 +374,15 @@ impl Clients {
     }
 }
 
-/// Routes and answers one request.
-fn handle(request: http::Request, controller: &mut Controller) -> (Response, Next) {
+/// Routes and answers one request (and the fds sent with it).
+fn handle(
+    request: http::Request,
+    fds: Vec<OwnedFd>,
+    controller: &mut Controller,
+) -> (Response, Next) {
     tracing::debug!(method = request.method, path = request.path, "API request");
     match routes::route(&request) {
-        Ok(request) => controller.handle(request),
+        Ok(request) => controller.handle_with_fds(request, fds),
         Err(e) => {
             tracing::debug!("API request refused: {e}");
             (Response::error(&e), Next::Serve)
@@ -353,9 +399,15 @@ fn seccomp_mode(initial: Option<&VmConfig>) -> SeccompMode {
 /// Serves the API on `path` until `vmm.shutdown` or a signal; returns lull's exit status.
 /// `initial` is the VM the command line described, if it described one.
 pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
+    serve_on(ApiSocket::bind(path)?, initial, false)
+}
+
+/// Serves the API on `socket` (bound, or inherited), with `initial` created, and booted
+/// first if `boot` (Cloud Hypervisor's command line with both `--api-socket` and `--kernel`:
+/// the VM runs at once; `boot` needs `initial`); returns lull's exit status.
+pub fn serve_on(socket: ApiSocket, initial: Option<VmConfig>, boot: bool) -> Result<i32, ApiError> {
     let filter = seccomp::program(ThreadKind::Api, seccomp_mode(initial.as_ref()))
         .map_err(ApiError::Seccomp)?;
-    let socket = ApiSocket::bind(path)?;
     let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
     let mut controller = Controller::new(initial, ended);
@@ -369,7 +421,10 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
     if let Some(filter) = &filter {
         seccomp::apply_api(filter).map_err(ApiError::Seccomp)?;
     }
-    tracing::info!("management API on {}", path.display());
+    if boot {
+        controller.boot_at_start()?;
+    }
+    tracing::info!("management API on {}", socket.describe());
     let mut clients = Clients::new();
     let mut ready = vec![EpollEvent::default(); MAX_CONNECTIONS + 4];
     loop {
@@ -388,7 +443,7 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
                 VM_ENDED => {
                     let _ = controller.ended_event().read();
                     let exit = controller.poll_vm();
-                    if exit.is_none() {
+                    if exit.is_none() && controller.take_run_ended() {
                         events.reinstall_signals()?;
                     }
                     exit
@@ -398,12 +453,12 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
                     let signal = stop_signals::last_signal().unwrap_or(libc::SIGTERM);
                     Some(controller.on_signal(signal))
                 }
-                token => clients.ready(token, event.event_set(), &events, &mut controller),
+                token => clients.ready(token, event.event_set(), &mut events, &mut controller),
             };
             if let Some(code) = exit {
                 return Ok(code);
             }
         }
-        clients.expire(Instant::now(), &events, &mut controller);
+        clients.expire(Instant::now(), &mut events, &mut controller);
     }
 }

@@ -72,6 +72,11 @@ pub struct NetConfig {
     pub mac: Option<MacAddr>,
     /// Rate limit of the frames the guest sends (`bandwidth=`, `ops=`, `burst=`, `refill=`).
     pub rate: RateLimit,
+    /// An open descriptor of the tap, already attached (`--net fd=N` of the
+    /// `cloud-hypervisor` command line, or an fd sent with `vm.add-net`), which lull uses
+    /// instead of attaching to `tap` by name. Never read from a `--net` value or a JSON
+    /// configuration (a client could name any of lull's descriptors); shown as `fd=N`.
+    pub fd: Option<i32>,
 }
 
 impl NetConfig {
@@ -99,6 +104,12 @@ pub enum NetConfigError {
          bandwidth=BYTES (a second), ops=N (a second), burst=BYTES and refill=DURATION"
     )]
     UnknownOption(String),
+    /// `fd=` in a `--net` value or a configuration.
+    #[error(
+        "--net fd=N is taken only on the cloud-hypervisor command line and from fds sent \
+         with vm.add-net: name the tap (tap=NAME)"
+    )]
+    FdNotHere,
     /// A bad `mac=`.
     #[error("--net: {0}")]
     Mac(#[from] MacAddrError),
@@ -132,6 +143,7 @@ impl FromStr for NetConfig {
                 continue;
             }
             match key {
+                "fd" => return Err(NetConfigError::FdNotHere),
                 "tap" if valid_tap_name(value) => tap = Some(value.to_string()),
                 "tap" => return Err(NetConfigError::BadTapName(value.to_string())),
                 "mac" => mac = Some(value.parse()?),
@@ -139,7 +151,12 @@ impl FromStr for NetConfig {
             }
         }
         match tap {
-            Some(tap) => Ok(Self { tap, mac, rate }),
+            Some(tap) => Ok(Self {
+                tap,
+                mac,
+                rate,
+                fd: None,
+            }),
             None => Err(NetConfigError::NoTap(s.to_string())),
         }
     }
@@ -150,6 +167,9 @@ impl fmt::Display for NetConfig {
         write!(f, "tap={}", self.tap)?;
         if let Some(mac) = self.mac {
             write!(f, ",mac={mac}")?;
+        }
+        if let Some(fd) = self.fd {
+            write!(f, ",fd={fd}")?;
         }
         write!(f, "{}", self.rate)
     }
@@ -188,6 +208,7 @@ mod tests {
             NetConfigError::UnknownOption(_)
         ));
         assert!(matches!(bad("tap=t,ops=x"), NetConfigError::Rate(_)));
+        assert_eq!(bad("tap=t,fd=3"), NetConfigError::FdNotHere);
         for mac in [
             "52:54:00:00:00",
             "52:54:00:00:00:00:00",

@@ -39,7 +39,9 @@
 //!   sets, signal handlers, starting threads (`clone` with `CLONE_THREAD` only; `clone3`,
 //!   whose flags a filter cannot see, fails with `ENOSYS` so glibc falls back to `clone`),
 //!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own.
-//!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom` on the connections,
+//!   A tap given as an fd is checked with `TUNGETIFF`.
+//!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
+//!   a request) on the connections,
 //!   `FIONBIO`, and `unlink` (the socket's file, at exit).
 //!
 //! No thread may `execve`, `fork`, open sockets (but the API server's datagram one above), `ptrace`, signal other processes,
@@ -128,6 +130,8 @@ const TCSETS: u64 = 0x5402;
 const FIONBIO: u64 = 0x5421;
 /// `TUNSETIFF` (`_IOW('T', 202, int)`): a virtio-net device's tap attached.
 const TUNSETIFF: u64 = 0x4004_54ca;
+/// `TUNGETIFF` (`_IOR('T', 210, int)`): a tap fd received or inherited is checked.
+const TUNGETIFF: u64 = 0x8004_54d2;
 /// `SIOCGIFINDEX`: glibc's `if_nametoindex` (is a tap that cannot be attached there at all?).
 const SIOCGIFINDEX: u64 = 0x8933;
 /// `KVM_IRQ_LINE` (`_IOW(KVMIO, 0x61, struct kvm_irq_level)`): a disk's refill timer fired on
@@ -315,6 +319,8 @@ fn api_rules(
         libc::SYS_accept4,
         libc::SYS_sendto,
         libc::SYS_recvfrom,
+        // Requests with fds (SCM_RIGHTS: vm.add-net's tap).
+        libc::SYS_recvmsg,
         libc::SYS_unlink,
         // Building a VM and starting its threads; its disk images are locked for its life.
         libc::SYS_flock,
@@ -361,7 +367,7 @@ fn api_rules(
             cond(1, SeccompCmpOp::Eq, datagram)?,
         ])?],
     );
-    for request in [FIONBIO, TUNSETIFF, SIOCGIFINDEX] {
+    for request in [FIONBIO, TUNSETIFF, TUNGETIFF, SIOCGIFINDEX] {
         ioctls.push(cond(1, SeccompCmpOp::Eq, request)?);
     }
     for flags in [

@@ -54,7 +54,13 @@ pub struct OpenNets(Vec<(Tap, NetConfig)>);
 /// Attaches to every tap (early, so that a bad `--net` fails before KVM is touched).
 pub fn open(nets: &[NetConfig]) -> Result<OpenNets, TapError> {
     nets.iter()
-        .map(|n| Ok((Tap::open(&n.tap)?, n.clone())))
+        .map(|n| {
+            let tap = match n.fd {
+                Some(fd) => Tap::from_fd(fd)?,
+                None => Tap::open(&n.tap)?,
+            };
+            Ok((tap, n.clone()))
+        })
         .collect::<Result<_, _>>()
         .map(OpenNets)
 }

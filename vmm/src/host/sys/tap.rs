@@ -60,6 +60,32 @@ pub enum TapError {
         /// The interface.
         name: String,
     },
+    /// A file descriptor given for a tap is not open.
+    #[error("File descriptor {fd} is not open: pass the tap's fd to lull (keep it open, without close-on-exec)")]
+    BadFd {
+        /// The descriptor.
+        fd: RawFd,
+    },
+    /// A file descriptor given for a tap is not a tap (`TUNGETIFF` refuses it, or its
+    /// device is a tun).
+    #[error("File descriptor {fd} is not a tap: give the fd of /dev/net/tun attached to a tap (IFF_TAP)")]
+    FdNotATap {
+        /// The descriptor.
+        fd: RawFd,
+    },
+    /// A tap fd whose frames carry a packet-information or virtio-net header.
+    #[error(
+        "The tap of file descriptor {fd} ({name}) was attached with {flag}: lull's virtio-net \
+         needs whole Ethernet frames (IFF_TAP | IFF_NO_PI, no IFF_VNET_HDR)"
+    )]
+    FdFraming {
+        /// The descriptor.
+        fd: RawFd,
+        /// The tap.
+        name: String,
+        /// The flag in the way.
+        flag: &'static str,
+    },
     /// Any other refusal of `TUNSETIFF`.
     #[error("Cannot attach to tap {name}: {source}")]
     Attach {
@@ -133,6 +159,80 @@ impl Tap {
         })
     }
 
+    /// The tap already attached behind the open descriptor `fd` (inherited with `--net fd=N`,
+    /// or received over the API socket and kept open by the caller): a duplicate of it,
+    /// non-blocking, once `TUNGETIFF` says it is a tap that hands over whole Ethernet frames.
+    pub fn from_fd(fd: RawFd) -> Result<Self, TapError> {
+        // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if `fd` is
+        // not open, and nothing is done with `fd` then.
+        if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(TapError::BadFd { fd });
+        }
+        // SAFETY: `fd` is open (above) and is only borrowed for the dup below, within this
+        // call; the caller keeps it open (its documented contract).
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let file = File::from(
+            borrowed
+                .try_clone_to_owned()
+                .map_err(|_| TapError::BadFd { fd })?,
+        );
+        let mut ifr = libc::ifreq {
+            ifr_name: [0; libc::IFNAMSIZ],
+            ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_flags: 0 },
+        };
+        // SAFETY: TUNGETIFF writes one `struct ifreq`, which `ifr` is and which outlives the
+        // call; on any other file than a tun/tap it fails (EBADFD, ENOTTY, EINVAL).
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::TUNGETIFF,
+                std::ptr::addr_of_mut!(ifr),
+            )
+        };
+        // SAFETY: TUNGETIFF succeeded and set the flags member of the union.
+        let flags = libc::c_int::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        if rc != 0 || flags & libc::IFF_TAP == 0 {
+            return Err(TapError::FdNotATap { fd });
+        }
+        let name: String = ifr
+            .ifr_name
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| char::from(c.to_ne_bytes()[0]))
+            .collect();
+        let framing = |flag| TapError::FdFraming {
+            fd,
+            name: name.clone(),
+            flag,
+        };
+        if flags & libc::IFF_NO_PI == 0 {
+            return Err(framing("packet information (no IFF_NO_PI)"));
+        }
+        if flags & libc::IFF_VNET_HDR != 0 {
+            return Err(framing("IFF_VNET_HDR"));
+        }
+        // SAFETY: F_GETFL/F_SETFL read and set the status flags of `file`'s descriptor (shared
+        // with the original: the sender's copy becomes non-blocking too, as in Cloud
+        // Hypervisor).
+        let nonblocking = unsafe {
+            let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+            fl >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        if !nonblocking {
+            return Err(TapError::Attach {
+                name,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(Self { file, name })
+    }
+
+    /// The attached descriptor, given away (e.g. to a child process that takes the tap as
+    /// `--net fd=N`).
+    pub fn into_fd(self) -> std::os::fd::OwnedFd {
+        self.file.into()
+    }
+
     /// The tap's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -187,6 +287,17 @@ impl NetBackend for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_fd_that_is_not_an_open_tap_is_refused() {
+        assert!(matches!(Tap::from_fd(-1), Err(TapError::BadFd { fd: -1 })));
+        let file = File::open("/dev/null").unwrap();
+        let raw = file.as_raw_fd();
+        let e = Tap::from_fd(raw).unwrap_err();
+        assert!(matches!(e, TapError::FdNotATap { .. }), "{e}");
+        drop(file);
+        assert!(matches!(Tap::from_fd(raw), Err(TapError::BadFd { .. })));
+    }
 
     #[test]
     fn a_missing_tap_is_refused_before_tun_is_touched() {

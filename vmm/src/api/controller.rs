@@ -2,7 +2,9 @@
 //!
 //! ```text
 //!  NotCreated ──vm.create──► Created ──vm.boot──► Running ──vm.shutdown, vmm.shutdown, ──► Shutdown
-//!                             ▲  ▲  │                      a signal, or the guest's own stop
+//!                             ▲  ▲  │              vm.pause │ ▲ vm.resume   a signal, or the
+//!                             │  │  │                       ▼ │             guest's own stop
+//!                             │  │  │                     Paused ── (stops as Running does)
 //!                             │  └──┘ boot failed: stays Created (500 with the reason)
 //!                             └─ vm.create again, once a boot has failed
 //! ```
@@ -128,6 +130,8 @@ impl Controller {
             ApiRequest::VmInfo => self.info(),
             ApiRequest::VmCounters => self.counters(),
             ApiRequest::VmShutdown => self.shutdown(),
+            ApiRequest::VmPause => self.pause_or_resume("pause"),
+            ApiRequest::VmResume => self.pause_or_resume("resume"),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -177,6 +181,7 @@ impl Controller {
         let (config, state, stop_reason) = match &self.state {
             VmState::NotCreated => return Err(ApiError::VmNotCreated),
             VmState::Created { cfg, .. } => (cfg, "Created", None),
+            VmState::Running { cfg, vm } if vm.live().is_paused() => (cfg, "Paused", None),
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
@@ -214,6 +219,22 @@ impl Controller {
                 Ok(Response::no_content())
             }
         }
+    }
+
+    /// `vm.pause` or `vm.resume` (`action`) of the running VM.
+    fn pause_or_resume(&mut self, action: &'static str) -> Result<Response, ApiError> {
+        let vm = match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => return Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
+            VmState::Running { vm, .. } => vm.live(),
+        };
+        let done = match action {
+            "pause" => vm.pause(),
+            _ => vm.resume().map(drop),
+        };
+        done.map_err(|source| ApiError::Pause { action, source })?;
+        Ok(Response::no_content())
     }
 
     /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:

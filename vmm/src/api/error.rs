@@ -124,6 +124,15 @@ pub enum ApiError {
     /// The VM thread ended without saying how (a lull bug).
     #[error("The VM thread ended without a result")]
     RunnerLost,
+    /// `vm.pause` or `vm.resume` refused or failed (paused twice, not paused, a vCPU that
+    /// did not stop).
+    #[error("Cannot {action} the VM")]
+    Pause {
+        /// `pause` or `resume`.
+        action: &'static str,
+        /// Why.
+        source: crate::vm::pause::PauseError,
+    },
     /// A response body could not be encoded (a lull bug).
     #[error("Cannot encode the response: {0}")]
     Encode(#[source] serde_json::Error),
@@ -160,6 +169,7 @@ impl ApiError {
             | Self::RunFailed(_)
             | Self::StopTimeout
             | Self::RunnerLost
+            | Self::Pause { .. }
             | Self::Encode(_) => 500,
         }
     }

@@ -27,11 +27,15 @@ pub enum ApiRequest {
     VmCounters,
     /// `vm.shutdown`: stop the running VM.
     VmShutdown,
+    /// `vm.pause`: stop every vCPU, and the guest's time with them.
+    VmPause,
+    /// `vm.resume`: run a paused VM again.
+    VmResume,
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 9] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -39,6 +43,8 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 7] = [
     ("vm.info", "GET", Some(ApiRequest::VmInfo)),
     ("vm.counters", "GET", Some(ApiRequest::VmCounters)),
     ("vm.shutdown", "PUT", Some(ApiRequest::VmShutdown)),
+    ("vm.pause", "PUT", Some(ApiRequest::VmPause)),
+    ("vm.resume", "PUT", Some(ApiRequest::VmResume)),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -125,6 +131,8 @@ mod tests {
             ("vm.info", "GET", ApiRequest::VmInfo),
             ("vm.counters", "GET", ApiRequest::VmCounters),
             ("vm.shutdown", "PUT", ApiRequest::VmShutdown),
+            ("vm.pause", "PUT", ApiRequest::VmPause),
+            ("vm.resume", "PUT", ApiRequest::VmResume),
         ] {
             let path = format!("{ROOT}{path}");
             assert_eq!(route(&request(method, &path, "")).unwrap(), want);

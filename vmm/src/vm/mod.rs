@@ -10,7 +10,8 @@
 //! interrupts or idling (that is the irqchip's and the idle core's).
 //!
 //! [`run_observed`] also hands a [`LiveVm`] to its caller once every thread runs: the
-//! management API reads live counters through it and asks the VM to stop.
+//! management API reads live counters through it, pauses and resumes the VM ([`pause`]) and
+//! asks it to stop.
 
 pub mod devices;
 pub mod disks;
@@ -23,6 +24,7 @@ pub mod kvm;
 mod live;
 pub mod nets;
 pub mod paths;
+pub mod pause;
 pub mod report;
 mod run_stats;
 pub mod test_devices;
@@ -134,6 +136,7 @@ pub fn run_observed(
     let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image)?;
     let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
+    let tsc_movable = vcpus.tsc_movable;
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
@@ -174,6 +177,8 @@ pub fn run_observed(
         stats,
         chip: chip.clone(),
         serial: serial_counters,
+        vm: loaded.vm.clone(),
+        pause: pause::not_paused(tsc_movable),
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {
@@ -236,6 +241,7 @@ fn finish(
     console: &devices::ConsoleParts,
 ) -> RunReport {
     let host = report::host_facts(live);
+    live.shared.pause.stop();
     live.chip.kick_all();
     disks::sync(disk_files);
     let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
@@ -254,6 +260,7 @@ fn stop_started(shared: &VcpuShared, chip: &dyn IrqChip, why: &VmError) {
     shared
         .stop
         .request(StopReason::VmmError(format!("start failed: {why}")));
+    shared.pause.stop();
     chip.kick_all();
 }
 

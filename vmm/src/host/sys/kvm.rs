@@ -1,6 +1,6 @@
 //! KVM calls that need `unsafe`: the ioctls kvm-ioctls does not wrap (KVM_INTERRUPT,
-//! KVM_GET_STATS_FD, a vCPU's KVM_GET_DEVICE_ATTR), memory-slot registration, and reading
-//! the internal-error member of the exit union.
+//! KVM_GET_STATS_FD, a vCPU's KVM_GET_DEVICE_ATTR and KVM_SET_DEVICE_ATTR for its TSC
+//! offset), memory-slot registration, and reading the internal-error member of the exit union.
 
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
@@ -26,6 +26,12 @@ mod nr {
         KVM_GET_DEVICE_ATTR,
         KVMIO,
         0xe2,
+        kvm_bindings::kvm_device_attr
+    );
+    ioctl_iow_nr!(
+        KVM_SET_DEVICE_ATTR,
+        KVMIO,
+        0xe1,
         kvm_bindings::kvm_device_attr
     );
 }
@@ -61,6 +67,25 @@ pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
     let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_GET_DEVICE_ATTR(), &attr) };
     if rc == 0 {
         Ok(offset)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Sets the TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+):
+/// how lull moves a vCPU's TSC back by the time the VM was paused.
+pub fn set_tsc_offset(vcpu: &VcpuFd, offset: u64) -> std::io::Result<()> {
+    let attr = kvm_device_attr {
+        flags: 0,
+        group: KVM_VCPU_TSC_CTRL,
+        attr: u64::from(KVM_VCPU_TSC_OFFSET),
+        addr: std::ptr::addr_of!(offset) as u64,
+    };
+    // SAFETY: KVM_SET_DEVICE_ATTR reads `attr` and one u64 (the offset) from `attr.addr`,
+    // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
+    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_SET_DEVICE_ATTR(), &attr) };
+    if rc == 0 {
+        Ok(())
     } else {
         Err(std::io::Error::last_os_error())
     }

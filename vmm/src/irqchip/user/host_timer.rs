@@ -2,15 +2,18 @@
 //! the kick signal to the vCPU's own thread, armed at absolute CLOCK_MONOTONIC deadlines and
 //! created on first use by that thread; a blocked vCPU waits on its wake-up timerfd (which the
 //! timer model re-arms from any thread without waking it), and the `central` model's thread
-//! waits on a timerfd too.
+//! waits on a timerfd too. Each remembers the VM-clock deadline it is armed for and registers
+//! with the clock, which re-arms it when the VM resumes from a pause (`irqchip::clock`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use timer::{HostTimer, HostTimerError, Nanos};
 
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
-use crate::irqchip::clock::VmClock;
+use crate::irqchip::clock::{Rearm, VmClock};
+use crate::state::lock;
 
 fn host_err(e: std::io::Error) -> HostTimerError {
     HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(
@@ -18,34 +21,63 @@ fn host_err(e: std::io::Error) -> HostTimerError {
     ))
 }
 
+/// No deadline armed.
+const DISARMED: Nanos = Nanos::MAX;
+
 /// A vCPU thread's host tick: a POSIX timer created by the thread that first arms it.
 pub struct ThreadTickTimer {
     clock: VmClock,
-    timer: Option<PosixTimer>,
+    tick: Arc<Tick>,
+}
+
+/// The POSIX timer (once created) and the VM-clock deadline it is armed for, which a thaw of
+/// the clock re-arms from the resuming thread.
+struct Tick {
+    timer: Mutex<Option<PosixTimer>>,
+    deadline: AtomicU64,
 }
 
 impl ThreadTickTimer {
     /// A timer on `clock`'s time base, not yet created.
     pub fn new(clock: VmClock) -> Self {
-        Self { clock, timer: None }
+        let tick = Arc::new(Tick {
+            timer: Mutex::new(None),
+            deadline: AtomicU64::new(DISARMED),
+        });
+        clock.on_thaw(Arc::downgrade(&(tick.clone() as Arc<dyn Rearm>)));
+        Self { clock, tick }
     }
+}
 
-    fn timer(&mut self) -> Result<&mut PosixTimer, HostTimerError> {
-        match &mut self.timer {
-            Some(t) => Ok(t),
-            slot @ None => Ok(slot.insert(PosixTimer::for_current_thread().map_err(host_err)?)),
+impl Rearm for Tick {
+    fn rearm(&self, clock: &VmClock) {
+        let deadline = self.deadline.load(Ordering::Acquire);
+        if deadline == DISARMED {
+            return;
+        }
+        if let Some(t) = lock(&self.timer).as_mut() {
+            if let Err(e) = t.arm_at(clock.to_monotonic(deadline)) {
+                tracing::warn!("cannot re-arm a vCPU's host tick after a pause: {e}");
+            }
         }
     }
 }
 
 impl HostTimer for ThreadTickTimer {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
-        let at = self.clock.to_monotonic(deadline);
-        self.timer()?.arm_at(at).map_err(host_err)
+        let mut timer = lock(&self.tick.timer);
+        let t = match &mut *timer {
+            Some(t) => t,
+            slot @ None => slot.insert(PosixTimer::for_current_thread().map_err(host_err)?),
+        };
+        self.tick.deadline.store(deadline, Ordering::Release);
+        t.arm_at(self.clock.to_monotonic(deadline))
+            .map_err(host_err)
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
-        match &mut self.timer {
+        self.tick.deadline.store(DISARMED, Ordering::Release);
+        match lock(&self.tick.timer).as_mut() {
             Some(t) => t.disarm().map_err(host_err),
             None => Ok(()),
         }
@@ -56,23 +88,29 @@ impl HostTimer for ThreadTickTimer {
 pub struct SharedTimerFd {
     fd: TimerFd,
     clock: VmClock,
+    /// The VM-clock deadline armed (a thaw of the clock re-arms it).
+    deadline: AtomicU64,
 }
 
 impl SharedTimerFd {
     /// A disarmed timerfd on `clock`'s time base whose reads block (the central thread's).
-    pub fn new(clock: VmClock) -> std::io::Result<Self> {
-        Ok(Self {
-            fd: TimerFd::new()?,
-            clock,
-        })
+    pub fn new(clock: VmClock) -> std::io::Result<Arc<Self>> {
+        Ok(Self::registered(TimerFd::new()?, clock))
     }
 
     /// A disarmed timerfd on `clock`'s time base to wait on with poll (a vCPU's wake-up).
-    pub fn for_poll(clock: VmClock) -> std::io::Result<Self> {
-        Ok(Self {
-            fd: TimerFd::nonblocking()?,
-            clock,
-        })
+    pub fn for_poll(clock: VmClock) -> std::io::Result<Arc<Self>> {
+        Ok(Self::registered(TimerFd::nonblocking()?, clock))
+    }
+
+    fn registered(fd: TimerFd, clock: VmClock) -> Arc<Self> {
+        let this = Arc::new(Self {
+            fd,
+            clock: clock.clone(),
+            deadline: AtomicU64::new(DISARMED),
+        });
+        clock.on_thaw(Arc::downgrade(&(this.clone() as Arc<dyn Rearm>)));
+        this
     }
 
     /// The fd, to poll.
@@ -82,6 +120,7 @@ impl SharedTimerFd {
 
     /// Arms for an absolute VM-clock deadline.
     pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        self.deadline.store(deadline, Ordering::Release);
         self.fd
             .arm_at(self.clock.to_monotonic(deadline))
             .map_err(host_err)
@@ -89,12 +128,25 @@ impl SharedTimerFd {
 
     /// Disarms.
     pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        self.deadline.store(DISARMED, Ordering::Release);
         self.fd.disarm().map_err(host_err)
     }
 
     /// Blocks until the timer expires.
     pub fn wait(&self) -> std::io::Result<u64> {
         self.fd.wait()
+    }
+}
+
+impl Rearm for SharedTimerFd {
+    fn rearm(&self, clock: &VmClock) {
+        let deadline = self.deadline.load(Ordering::Acquire);
+        if deadline == DISARMED {
+            return;
+        }
+        if let Err(e) = self.fd.arm_at(clock.to_monotonic(deadline)) {
+            tracing::warn!("cannot re-arm a timerfd after a pause: {e}");
+        }
     }
 }
 

@@ -1,0 +1,260 @@
+//! Pause and resume through the management API (`vm.pause`, `vm.resume`), with the
+//! `pause-timers` guest: every vCPU runs TSC-deadline, one-shot and periodic LAPIC timers and
+//! counts each interrupt. The VM is paused in the middle (also for longer than its longest
+//! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
+//! early and none twice, and lull's counters show that no vCPU ran while the VM was paused.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lull_schema::RunReport;
+use lull_tests::{
+    api_call, kit_file, kvm_trial, report_from, start_api_server, temp_path, Arguments, Failed,
+};
+
+/// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
+const LONG_PAUSE: Duration = Duration::from_millis(300);
+/// lull's exit status for a guest that passed ((0 << 1) | 1).
+const GUEST_PASS: i32 = 1;
+
+/// A lull serving the API with `pause-timers` created; killed if the test fails early.
+struct PausedVm {
+    child: Option<Child>,
+    socket: PathBuf,
+    serial: PathBuf,
+    log: mpsc::Receiver<String>,
+}
+
+impl PausedVm {
+    /// Starts lull with the guest (`count` timers per phase) on 2 vCPUs, `extra` flags.
+    fn start(name: &str, count: u32, extra: &[&str]) -> Result<Self, Failed> {
+        let kernel = kit_file("guests/pause-timers.elf")?;
+        let serial = temp_path(&format!("{name}.serial"));
+        let _ = std::fs::remove_file(&serial);
+        let cmdline = format!("count={count} ns=10000000 spread_ns=1000000");
+        let serial_flag = format!("file={}", serial.display());
+        let kernel = kernel.display().to_string();
+        let mut args = vec![
+            "--kernel",
+            &kernel,
+            "--cpus",
+            "2",
+            "--cmdline",
+            &cmdline,
+            "--serial",
+            &serial_flag,
+        ];
+        args.extend_from_slice(extra);
+        let server = start_api_server(name, &args)?;
+        Ok(Self {
+            child: Some(server.child),
+            socket: server.socket,
+            serial,
+            log: server.log,
+        })
+    }
+
+    /// Fails unless `method endpoint` answers `want`; the body.
+    fn expect(&self, method: &str, endpoint: &str, want: u16) -> Result<String, Failed> {
+        let (status, body) = api_call(&self.socket, method, endpoint, "")?;
+        if status != want {
+            return Err(
+                format!("{method} {endpoint}: status {status}, want {want}: {body}").into(),
+            );
+        }
+        Ok(body)
+    }
+
+    fn info(&self) -> Result<serde_json::Value, Failed> {
+        let body = self.expect("GET", "vm.info", 200)?;
+        serde_json::from_str(&body).map_err(|e| format!("vm.info: {e}: {body}").into())
+    }
+
+    fn counters(&self) -> Result<RunReport, Failed> {
+        let body = self.expect("GET", "vm.counters", 200)?;
+        report_from(&body).map_err(|e| format!("vm.counters: {e}").into())
+    }
+
+    fn serial_text(&self) -> String {
+        std::fs::read_to_string(&self.serial).unwrap_or_default()
+    }
+
+    /// Waits up to 60 s for the guest's console to show `line`.
+    fn wait_for_line(&self, line: &str) -> Result<(), Failed> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.serial_text().contains(line) {
+            if Instant::now() > deadline {
+                return Err(format!("no {line:?} on the console: {}", self.serial_text()).into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Pauses for `length`: the state says `Paused`, and no vCPU exits or takes a timer
+    /// meanwhile (the counters at the start and the end of the pause are equal).
+    fn pause_for(&self, length: Duration) -> Result<(), Failed> {
+        self.expect("PUT", "vm.pause", 204)?;
+        let state = self.info()?["state"].clone();
+        if state != "Paused" {
+            return Err(format!("vm.info state {state} after vm.pause").into());
+        }
+        let before = activity(&self.counters()?);
+        std::thread::sleep(length);
+        let after = activity(&self.counters()?);
+        if before != after {
+            return Err(format!("the vCPUs ran while paused: {before:?} -> {after:?}").into());
+        }
+        self.expect("PUT", "vm.resume", 204)?;
+        Ok(())
+    }
+
+    /// Waits up to 120 s for the guest to end; fails unless it passed. Returns its console.
+    fn guest_passes(&self) -> Result<String, Failed> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let info = self.info()?;
+            if info["state"] == "Shutdown" {
+                let text = self.serial_text();
+                if info["stop_reason"] != "guest test exit (status 1)"
+                    || !text.contains("pause-timers: PASS")
+                {
+                    return Err(format!("the guest did not pass: {info}\n{text}").into());
+                }
+                return Ok(text);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the guest did not end: {}", self.serial_text()).into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `vmm.shutdown`; lull must exit with the guest's status.
+    fn finish(mut self) -> Result<(), Failed> {
+        self.expect("PUT", "vmm.shutdown", 204)?;
+        let mut child = self.child.take().ok_or("already finished")?;
+        let status = child.wait().map_err(|e| e.to_string())?;
+        match status.code() {
+            Some(GUEST_PASS) => Ok(()),
+            code => Err(format!("lull exited with {code:?}, want {GUEST_PASS}").into()),
+        }
+    }
+
+    /// Whether lull said guest time stood still over its pauses (KVM could move the TSC).
+    fn time_stood_still(&self) -> bool {
+        self.log
+            .try_iter()
+            .any(|l| l.contains("guest time stood still"))
+    }
+}
+
+impl Drop for PausedVm {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.serial);
+    }
+}
+
+/// Everything a vCPU does that lull counts: it must not change while the VM is paused.
+fn activity(report: &RunReport) -> Vec<[u64; 8]> {
+    report
+        .vcpus
+        .iter()
+        .map(|v| {
+            [
+                v.io_in,
+                v.io_out,
+                v.mmio_read,
+                v.mmio_write,
+                v.hlt,
+                v.msr,
+                v.injected,
+                v.lapic_timer_fires,
+            ]
+        })
+        .collect()
+}
+
+/// The guest's `max_late_ns` over all its timers.
+fn max_lateness_ns(console: &str) -> Option<i64> {
+    console
+        .lines()
+        .find(|l| l.starts_with("pause-timers: timers "))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// State errors first (as Cloud Hypervisor answers them), then pauses in the middle of the
+/// guest's timers, one longer than its longest timer; the guest counts every timer.
+fn pauses_keep_every_timer(extra: &[&str], name: &str) -> Result<(), Failed> {
+    let vm = PausedVm::start(name, 20, extra)?;
+    vm.expect("PUT", "vm.pause", 405)?;
+    vm.expect("PUT", "vm.resume", 405)?;
+    vm.expect("PUT", "vm.boot", 204)?;
+    vm.expect("PUT", "vm.resume", 500)?;
+    vm.wait_for_line("pause-timers: running")?;
+    vm.pause_for(Duration::from_millis(20))?;
+    vm.expect("PUT", "vm.pause", 204)?;
+    vm.expect("PUT", "vm.pause", 500)?;
+    vm.expect("PUT", "vm.resume", 204)?;
+    vm.pause_for(LONG_PAUSE)?;
+    vm.pause_for(LONG_PAUSE)?;
+    let console = vm.guest_passes()?;
+    if vm.time_stood_still() {
+        // Guest time did not run while paused: no timer can be as late as a pause.
+        let late = max_lateness_ns(&console).ok_or("no max_late_ns line")?;
+        if late >= i64::try_from(LONG_PAUSE.as_nanos()).unwrap_or(i64::MAX) {
+            return Err(format!("a timer was {late} ns late: guest time ran while paused").into());
+        }
+    }
+    vm.expect("PUT", "vm.pause", 405)?;
+    vm.finish()
+}
+
+/// Pause and resume `cycles` times in a row while the guest's timers run: none lost, none
+/// early, none twice.
+fn many_pauses_lose_nothing(cycles: u32) -> Result<(), Failed> {
+    let vm = PausedVm::start("pause-loop", 400, &[])?;
+    vm.expect("PUT", "vm.boot", 204)?;
+    vm.wait_for_line("pause-timers: running")?;
+    for i in 0..cycles {
+        let (status, body) = api_call(&vm.socket, "PUT", "vm.pause", "")?;
+        if status != 204 {
+            return Err(
+                format!("pause {i}: status {status}: {body} (the guest ended first?)").into(),
+            );
+        }
+        vm.expect("PUT", "vm.resume", 204)?;
+    }
+    if vm.serial_text().contains("pause-timers: timers ") {
+        return Err("the guest finished before the pauses did: make it run longer".into());
+    }
+    vm.guest_passes()?;
+    vm.finish()
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        kvm_trial("pause_user_irqchip_keeps_every_timer", || {
+            pauses_keep_every_timer(&[], "pause-user")
+        }),
+        kvm_trial("pause_central_timer_thread_keeps_every_timer", || {
+            pauses_keep_every_timer(&["--timer-model", "central"], "pause-central")
+        }),
+        kvm_trial("pause_kernel_irqchip_keeps_every_timer", || {
+            pauses_keep_every_timer(&["--irqchip", "kernel"], "pause-kernel")
+        }),
+        kvm_trial("pause_a_thousand_times_loses_nothing", || {
+            many_pauses_lose_nothing(1000)
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

@@ -16,6 +16,8 @@
 //! (`vm::pause`): guest time then runs on through the pause, and timers that came due while
 //! paused fire at the resume, each once and late, never early.
 
+use std::sync::atomic::Ordering;
+
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuFd;
 
@@ -41,7 +43,13 @@ pub fn park(port: &mut KvmPort, shared: &VcpuShared) -> Result<(), StopReason> {
         |what: &str, e: std::io::Error| StopReason::VmmError(format!("{what} on vCPU {id}: {e}"));
     let deadline = take_kernel_deadline(&port.fd)
         .map_err(|e| failed("disarming KVM's TSC deadline for a pause", e))?;
+    let parked_at = sys::clock::monotonic_ns();
     let paused_ns = shared.pause.park();
+    // Parked is blocked: not lull's exit handling.
+    if let Some(c) = shared.counters(id) {
+        let parked = sys::clock::monotonic_ns().saturating_sub(parked_at);
+        c.blocked_ns.fetch_add(parked, Ordering::Relaxed);
+    }
     if paused_ns > 0 {
         let khz = port
             .fd

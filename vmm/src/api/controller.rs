@@ -132,6 +132,7 @@ impl Controller {
             ApiRequest::VmShutdown => self.shutdown(),
             ApiRequest::VmPause => self.pause_or_resume("pause"),
             ApiRequest::VmResume => self.pause_or_resume("resume"),
+            ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -235,6 +236,19 @@ impl Controller {
         };
         done.map_err(|source| ApiError::Pause { action, source })?;
         Ok(Response::no_content())
+    }
+
+    /// `vm.snapshot` of the paused VM into `dir`.
+    fn snapshot(&self, dir: &std::path::Path) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
+            VmState::Running { vm, cfg } => {
+                vm.live().snapshot(cfg, dir).map_err(ApiError::Snapshot)?;
+                Ok(Response::no_content())
+            }
+        }
     }
 
     /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:

@@ -133,6 +133,15 @@ pub enum ApiError {
         /// Why.
         source: crate::vm::pause::PauseError,
     },
+    /// The `vm.snapshot` body is not `{"destination_url": "file:///DIR"}`.
+    #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}}: {0}")]
+    SnapshotJson(#[source] serde_json::Error),
+    /// The destination is not a `file:///DIR` URL.
+    #[error("Bad snapshot destination")]
+    SnapshotUrl(#[source] crate::snapshot::SnapshotError),
+    /// The snapshot could not be taken.
+    #[error("Cannot snapshot the VM")]
+    Snapshot(#[source] crate::vm::snapshot::TakeError),
     /// A response body could not be encoded (a lull bug).
     #[error("Cannot encode the response: {0}")]
     Encode(#[source] serde_json::Error),
@@ -149,7 +158,9 @@ impl ApiError {
             | Self::MissingConfig
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_)
-            | Self::ConfigInputs(_) => 400,
+            | Self::ConfigInputs(_)
+            | Self::SnapshotJson(_)
+            | Self::SnapshotUrl(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
             Self::MethodNotAllowed { .. } | Self::VmNotBooted | Self::VmNotRunning => 405,
             Self::Timeout => 408,
@@ -170,6 +181,7 @@ impl ApiError {
             | Self::StopTimeout
             | Self::RunnerLost
             | Self::Pause { .. }
+            | Self::Snapshot(_)
             | Self::Encode(_) => 500,
         }
     }

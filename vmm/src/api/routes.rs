@@ -31,11 +31,13 @@ pub enum ApiRequest {
     VmPause,
     /// `vm.resume`: run a paused VM again.
     VmResume,
+    /// `vm.snapshot`: write the paused VM to this directory (`file:///DIR`).
+    VmSnapshot(std::path::PathBuf),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 9] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -45,6 +47,7 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 9] = [
     ("vm.shutdown", "PUT", Some(ApiRequest::VmShutdown)),
     ("vm.pause", "PUT", Some(ApiRequest::VmPause)),
     ("vm.resume", "PUT", Some(ApiRequest::VmResume)),
+    ("vm.snapshot", "PUT", None),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -62,6 +65,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
         });
     }
     match request {
+        None if name == "vm.snapshot" => snapshot(&req.body),
         None => create(&req.body),
         Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
         Some(request) => Ok(request),
@@ -77,6 +81,21 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
+}
+
+/// `vm.snapshot`'s body (Cloud Hypervisor's `VmSnapshotConfig`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotBody {
+    destination_url: String,
+}
+
+/// `vm.snapshot`: the body names the directory as a `file:///DIR` URL.
+fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    json_object(body, "vm.snapshot", r#"{"destination_url": "file:///DIR"}"#)?;
+    let b: SnapshotBody = serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
+    let dir = crate::snapshot::dir_of_url(&b.destination_url).map_err(ApiError::SnapshotUrl)?;
+    Ok(ApiRequest::VmSnapshot(dir))
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
@@ -166,6 +185,26 @@ mod tests {
         ] {
             let err = route(&request("PUT", path, body)).unwrap_err();
             assert_eq!(err.status(), status, "{body:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn snapshot_takes_a_file_url() {
+        let path = "/api/v1/vm.snapshot";
+        let body = r#"{"destination_url": "file:///tmp/s"}"#;
+        assert_eq!(
+            route(&request("PUT", path, body)).unwrap(),
+            ApiRequest::VmSnapshot("/tmp/s".into())
+        );
+        for bad in [
+            "",
+            "[]",
+            r#"{"destination_url": "/tmp/s"}"#,
+            r#"{"destination_url": 5}"#,
+            r#"{"url": "file:///tmp/s"}"#,
+        ] {
+            let err = route(&request("PUT", path, bad)).unwrap_err();
+            assert_eq!(err.status(), 400, "{bad}: {err}");
         }
     }
 

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! A halted vCPU stays halted and a vCPU waiting for SIPI keeps waiting: the loop parks at
-//! its top and then goes back to the state it was in. A stop request releases parked vCPUs
+//! its top and then goes back to the state it was in. While parked, a vCPU hands its state to
+//! each [`PauseGate::save_all`] (a snapshot): only its own thread can read its vCPU. A stop request releases parked vCPUs
 //! (they then stop) and ends [`PauseGate::wait_parked`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,10 @@ pub enum PauseWaitError {
     },
 }
 
+/// What one parked vCPU handed to [`PauseGate::save_all`]: its id and its state (or why it
+/// could not read it).
+pub type SavedState = (u32, Result<Vec<u8>, String>);
+
 #[derive(Debug, Default)]
 struct GateState {
     /// vCPU threads inside their run loop.
@@ -54,6 +59,10 @@ struct GateState {
     paused_ns: u64,
     /// A stop was requested: nobody waits any more.
     stopping: bool,
+    /// Bumped by every request for the parked vCPUs' state (a snapshot).
+    save_generation: u64,
+    /// What each parked vCPU handed back for the last such request: (vCPU, its state).
+    saved: Vec<SavedState>,
 }
 
 /// Where vCPU threads wait while the VM is paused. One per VM, in [`super::VcpuShared`].
@@ -132,17 +141,62 @@ impl PauseGate {
         self.changed.notify_all();
     }
 
-    /// On a vCPU thread: waits until the pause ends; how long the VM was paused (0 if it
-    /// stops, or if the pause ended before this thread got here).
-    pub fn park(&self) -> u64 {
+    /// Asks every parked vCPU for its state (`save` of [`Self::park`]) and waits up to
+    /// `timeout` for all of them; the states by vCPU.
+    pub fn save_all(&self, timeout: Duration) -> Result<Vec<SavedState>, PauseWaitError> {
+        self.wait_parked(timeout)?;
+        let end = Instant::now() + timeout;
+        let mut s = lock(&self.state);
+        s.saved.clear();
+        s.save_generation = s.save_generation.wrapping_add(1);
+        self.changed.notify_all();
+        loop {
+            if s.stopping {
+                return Err(PauseWaitError::Stopping);
+            }
+            if s.saved.len() >= usize::try_from(s.running).unwrap_or(usize::MAX) {
+                let mut saved = std::mem::take(&mut s.saved);
+                saved.sort_by_key(|(id, _)| *id);
+                return Ok(saved);
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PauseWaitError::Timeout {
+                    parked: u32::try_from(s.saved.len()).unwrap_or(u32::MAX),
+                    running: s.running,
+                    timeout_ms: timeout.as_millis(),
+                });
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// On vCPU thread `id`: waits until the pause ends, handing its state (`save`) to every
+    /// [`Self::save_all`] meanwhile; how long the VM was paused (0 if it stops, or if the pause
+    /// ended before this thread got here).
+    pub fn park(&self, id: u32, save: &mut dyn FnMut() -> Result<Vec<u8>, String>) -> u64 {
         let mut s = lock(&self.state);
         if !self.is_requested() || s.stopping {
             return 0;
         }
         let generation = s.generation;
+        let mut saved_for = s.save_generation;
         s.parked += 1;
         self.changed.notify_all();
         while s.generation == generation && !s.stopping {
+            if s.save_generation != saved_for {
+                saved_for = s.save_generation;
+                drop(s);
+                let state = save();
+                s = lock(&self.state);
+                s.saved.push((id, state));
+                self.changed.notify_all();
+                continue;
+            }
             s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
         s.parked -= 1;
@@ -170,7 +224,7 @@ mod tests {
                     while !g.is_requested() {
                         std::thread::yield_now();
                     }
-                    g.park()
+                    g.park(0, &mut || Ok(Vec::new()))
                 })
             })
             .collect();
@@ -189,10 +243,44 @@ mod tests {
     fn a_thread_that_is_not_asked_does_not_park() {
         let gate = PauseGate::default();
         gate.thread_started();
-        assert_eq!(gate.park(), 0);
+        assert_eq!(gate.park(0, &mut || Ok(Vec::new())), 0);
         gate.request();
         gate.release(5);
-        assert_eq!(gate.park(), 0, "the pause already ended");
+        assert_eq!(
+            gate.park(0, &mut || Ok(Vec::new())),
+            0,
+            "the pause already ended"
+        );
+    }
+
+    #[test]
+    fn parked_threads_hand_their_state_to_each_save() {
+        let gate = Arc::new(PauseGate::default());
+        let threads: Vec<_> = (0..2u32)
+            .map(|id| {
+                gate.thread_started();
+                let g = gate.clone();
+                std::thread::spawn(move || {
+                    while !g.is_requested() {
+                        std::thread::yield_now();
+                    }
+                    let mut saves = 0u8;
+                    g.park(id, &mut || {
+                        saves += 1;
+                        Ok(vec![u8::try_from(id).unwrap_or(0), saves])
+                    })
+                })
+            })
+            .collect();
+        gate.request();
+        let first = gate.save_all(Duration::from_secs(30)).unwrap();
+        let second = gate.save_all(Duration::from_secs(30)).unwrap();
+        assert_eq!(first, vec![(0, Ok(vec![0, 1])), (1, Ok(vec![1, 1]))]);
+        assert_eq!(second, vec![(0, Ok(vec![0, 2])), (1, Ok(vec![1, 2]))]);
+        gate.release(7);
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 7, "still parked after the saves");
+        }
     }
 
     #[test]
@@ -213,7 +301,7 @@ mod tests {
         gate.wait_parked(Duration::from_millis(1)).unwrap();
         gate.thread_started();
         let g = gate.clone();
-        let parked = std::thread::spawn(move || g.park());
+        let parked = std::thread::spawn(move || g.park(0, &mut || Ok(Vec::new())));
         gate.wait_parked(Duration::from_secs(30)).unwrap();
         gate.stop();
         assert_eq!(parked.join().unwrap(), 0, "a stop releases with 0");

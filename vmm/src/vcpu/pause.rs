@@ -22,6 +22,7 @@ use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuFd;
 
 use super::kvm_port::KvmPort;
+use super::state::VcpuKvmState;
 use crate::host::sys;
 use crate::state::{StopReason, VcpuShared};
 
@@ -44,7 +45,12 @@ pub fn park(port: &mut KvmPort, shared: &VcpuShared) -> Result<(), StopReason> {
     let deadline = take_kernel_deadline(&port.fd)
         .map_err(|e| failed("disarming KVM's TSC deadline for a pause", e))?;
     let parked_at = sys::clock::monotonic_ns();
-    let paused_ns = shared.pause.park();
+    let fd = &port.fd;
+    let mut save = || {
+        let state = VcpuKvmState::capture(id, fd).map_err(|e| e.to_string())?;
+        serde_json::to_vec(&state).map_err(|e| e.to_string())
+    };
+    let paused_ns = shared.pause.park(id, &mut save);
     // Parked is blocked: not lull's exit handling.
     if let Some(c) = shared.counters(id) {
         let parked = sys::clock::monotonic_ns().saturating_sub(parked_at);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use ::devices::serial::SerialCounters;
 use kvm_ioctls::VmFd;
+use vm_memory::GuestMemoryMmap;
 
 use super::pause::PauseState;
 use super::run_stats::RunStats;
@@ -22,6 +23,7 @@ pub struct LiveVm {
     pub(super) serial: Arc<SerialCounters>,
     pub(super) vm: Arc<VmFd>,
     pub(super) pause: Arc<PauseState>,
+    pub(super) mem: Arc<GuestMemoryMmap>,
 }
 
 impl LiveVm {

@@ -27,6 +27,7 @@ pub mod paths;
 pub mod pause;
 pub mod report;
 mod run_stats;
+pub mod snapshot;
 pub mod test_devices;
 pub mod vcpus;
 
@@ -179,6 +180,7 @@ pub fn run_observed(
         serial: serial_counters,
         vm: loaded.vm.clone(),
         pause: pause::not_paused(tsc_movable),
+        mem: loaded.mem.clone(),
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {

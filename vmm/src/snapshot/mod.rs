@@ -1,0 +1,278 @@
+//! Snapshots of a paused VM (`vm.snapshot {"destination_url": "file:///DIR"}`): a directory
+//! lull writes and reads back, versioned, checked on the way in.
+//!
+//! ```text
+//!  DIR/manifest.json   format version, lull's version, the host's CPU vendor, the VM's
+//!                      configuration (disks by path and size), the memory file's regions and
+//!                      size, each vCPU file's size and FNV-1a checksum
+//!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
+//!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`)
+//! ```
+//!
+//! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
+//! format or lull version, a snapshot from a CPU of another vendor, a memory file whose size is
+//! not the manifest's (truncated or replaced), a vCPU file whose checksum or content is wrong,
+//! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
+//! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
+//!
+//! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
+//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations, and
+//! with `--irqchip kernel` KVM's LAPIC, IRQCHIP, PIT and clock. The manifest lists what it
+//! holds in `contents`.
+
+pub mod manifest;
+pub mod memory;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION};
+
+use crate::vcpu::state::VcpuKvmState;
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The memory file's name.
+pub const MEMORY: &str = "memory";
+/// The most a manifest or a vCPU file may hold.
+pub const MAX_SMALL_FILE: u64 = 1 << 20;
+
+/// Why a snapshot cannot be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The URL is not `file:///absolute/dir`.
+    #[error(
+        "{0:?} is not a file:///DIR URL: give the snapshot directory as file:///absolute/path"
+    )]
+    NotFileUrl(String),
+    /// A file could not be read or written.
+    #[error("Cannot {what} {path}: {source}")]
+    Io {
+        /// What lull did.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A manifest or vCPU file is larger than any lull writes.
+    #[error("{path} is {bytes} bytes, more than a snapshot's {max} allows: not a lull snapshot file", max = MAX_SMALL_FILE)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// The manifest is not JSON of a lull snapshot.
+    #[error("The manifest is not a lull snapshot manifest (corrupt or not lull's): {0}")]
+    ManifestJson(#[source] serde_json::Error),
+    /// The snapshot's format is not this lull's.
+    #[error("The snapshot's format is version {found}; this lull reads version {supported}: restore it with the lull that made it ({lull})")]
+    FormatVersion {
+        /// The snapshot's.
+        found: u32,
+        /// This lull's.
+        supported: u32,
+        /// The lull version that wrote it.
+        lull: String,
+    },
+    /// The snapshot was made by another lull version.
+    #[error("The snapshot was made by lull {found}; this is lull {running}: restore it with lull {found}")]
+    LullVersion {
+        /// The snapshot's.
+        found: String,
+        /// This lull's.
+        running: &'static str,
+    },
+    /// The snapshot was made on a CPU of another vendor.
+    #[error("The snapshot was made on a {found} CPU; this host's is {host}: restore it on a {found} host")]
+    CpuVendor {
+        /// The snapshot's.
+        found: String,
+        /// This host's.
+        host: String,
+    },
+    /// The memory file's size is not the manifest's.
+    #[error("{path} is {found} bytes; the manifest says {want}: the memory file is truncated or not this snapshot's")]
+    MemorySize {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        found: u64,
+        /// The manifest's.
+        want: u64,
+    },
+    /// The manifest's memory regions do not add up to its memory size.
+    #[error("The manifest's memory regions do not fill its {0} bytes of memory: corrupt manifest")]
+    MemoryRegions(u64),
+    /// The manifest's vCPU list does not match its VM.
+    #[error(
+        "The manifest lists {found} vCPU file(s) for a VM of {want} vCPU(s): corrupt manifest"
+    )]
+    VcpuCount {
+        /// Listed.
+        found: usize,
+        /// In the configuration.
+        want: u32,
+    },
+    /// A vCPU file is not what the manifest says.
+    #[error("{path} does not match the manifest's checksum: the vCPU state is corrupt")]
+    VcpuChecksum {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A vCPU file is not a vCPU's state.
+    #[error("{path} is not a vCPU state of this lull: {source}")]
+    VcpuJson {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A vCPU file holds another vCPU's state.
+    #[error("vCPU file {index} holds the state of vCPU {found}: corrupt snapshot")]
+    VcpuId {
+        /// Its place in the manifest.
+        index: usize,
+        /// The vCPU it holds.
+        found: u32,
+    },
+    /// The manifest names a vCPU file lull would not write (`vcpu-N.json` in vCPU order).
+    #[error("The manifest names vCPU file {0:?}, not one of lull's: corrupt manifest")]
+    VcpuFileName(String),
+    /// A vCPU could not read its state.
+    #[error("vCPU {id} could not read its state: {why}")]
+    Save {
+        /// The vCPU.
+        id: u32,
+        /// Why.
+        why: String,
+    },
+}
+
+/// A snapshot read back and checked.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Each vCPU's KVM state, in vCPU order.
+    pub vcpus: Vec<VcpuKvmState>,
+    /// The memory file.
+    pub memory: PathBuf,
+}
+
+/// The directory of a `file:///DIR` URL.
+pub fn dir_of_url(url: &str) -> Result<PathBuf, SnapshotError> {
+    url.strip_prefix("file://")
+        .filter(|p| p.starts_with('/'))
+        .map(PathBuf::from)
+        .ok_or_else(|| SnapshotError::NotFileUrl(url.to_string()))
+}
+
+/// 64-bit FNV-1a of `bytes`: a check against corruption, not against tampering.
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The host CPU's vendor (`vendor_id` of /proc/cpuinfo), or "unknown".
+pub fn host_cpu_vendor() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("vendor_id"))
+                .and_then(|rest| rest.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// Reads a small file (a manifest, a vCPU's state), refusing one over [`MAX_SMALL_FILE`].
+fn read_small(path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    let io = |what| {
+        move |source| SnapshotError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let file = std::fs::File::open(path).map_err(io("open"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SMALL_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io("read"))?;
+    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if len > MAX_SMALL_FILE {
+        return Err(SnapshotError::TooLarge {
+            path: path.to_path_buf(),
+            bytes: len,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Checks one vCPU file's bytes against the manifest's entry `index` and parses them.
+pub fn parse_vcpu(
+    index: usize,
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<VcpuKvmState, SnapshotError> {
+    if u64::try_from(bytes.len()).ok() != Some(entry.bytes) || fnv64(bytes) != entry.fnv64 {
+        return Err(SnapshotError::VcpuChecksum {
+            path: path.to_path_buf(),
+        });
+    }
+    let state: VcpuKvmState =
+        serde_json::from_slice(bytes).map_err(|source| SnapshotError::VcpuJson {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if usize::try_from(state.id).ok() != Some(index) {
+        return Err(SnapshotError::VcpuId {
+            index,
+            found: state.id,
+        });
+    }
+    Ok(state)
+}
+
+/// Parses and checks a manifest (versions first, so that another format gets that error).
+pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
+    Manifest::parse(bytes, &host_cpu_vendor())
+}
+
+/// Reads the snapshot in `dir` and checks every file against its manifest.
+pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
+    let manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
+    let memory = dir.join(MEMORY);
+    let found = std::fs::metadata(&memory)
+        .map_err(|source| SnapshotError::Io {
+            what: "read the size of",
+            path: memory.clone(),
+            source,
+        })?
+        .len();
+    if found != manifest.memory_bytes {
+        return Err(SnapshotError::MemorySize {
+            path: memory,
+            found,
+            want: manifest.memory_bytes,
+        });
+    }
+    let mut vcpus = Vec::new();
+    for (index, entry) in manifest.vcpus.iter().enumerate() {
+        let path = dir.join(&entry.file);
+        vcpus.push(parse_vcpu(index, entry, &path, &read_small(&path)?)?);
+    }
+    Ok(Snapshot {
+        manifest,
+        vcpus,
+        memory,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,7 @@
 //! counts each interrupt. The VM is paused in the middle (also for longer than its longest
 //! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
 //! early and none twice, and lull's counters show that no vCPU ran while the VM was paused.
+//! A snapshot of the paused VM is written and the guest runs on unharmed.
 
 use std::path::PathBuf;
 use std::process::Child;
@@ -240,6 +241,54 @@ fn many_pauses_lose_nothing(cycles: u32) -> Result<(), Failed> {
     vm.finish()
 }
 
+/// `vm.snapshot` of a paused VM mid-flight: refused while it runs, then a snapshot directory
+/// with a manifest of this format, the memory file at the VM's size and one state file per
+/// vCPU; the guest then runs on and still counts every timer.
+fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
+    let vm = PausedVm::start("snapshot", 20, &[])?;
+    let dir = temp_path("snapshot-dir");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+    let snapshot = |want: u16| -> Result<(), Failed> {
+        let (status, text) = api_call(&vm.socket, "PUT", "vm.snapshot", &body)?;
+        if status != want {
+            return Err(format!("vm.snapshot: status {status}, want {want}: {text}").into());
+        }
+        Ok(())
+    };
+    snapshot(405)?;
+    vm.expect("PUT", "vm.boot", 204)?;
+    vm.wait_for_line("pause-timers: running")?;
+    snapshot(500)?;
+    vm.expect("PUT", "vm.pause", 204)?;
+    let before = activity(&vm.counters()?);
+    snapshot(204)?;
+    if activity(&vm.counters()?) != before {
+        return Err("the vCPUs ran during the snapshot".into());
+    }
+    vm.expect("PUT", "vm.resume", 204)?;
+    let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
+    let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let memory = std::fs::metadata(dir.join("memory")).map_err(|e| e.to_string())?;
+    if manifest["format_version"] != 1
+        || manifest["config"]["cpus"] != 2
+        || manifest["memory_bytes"] != 256u64 << 20
+        || memory.len() != 256 << 20
+    {
+        return Err(format!("manifest {manifest}, memory file {} bytes", memory.len()).into());
+    }
+    for i in 0..2 {
+        let vcpu = std::fs::read(dir.join(format!("vcpu-{i}.json"))).map_err(|e| e.to_string())?;
+        if u64::try_from(vcpu.len()).ok() != manifest["vcpus"][i]["bytes"].as_u64() {
+            return Err(format!("vcpu-{i}.json is not the manifest's size").into());
+        }
+    }
+    vm.guest_passes()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    vm.finish()
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -252,6 +301,10 @@ fn main() {
         kvm_trial("pause_kernel_irqchip_keeps_every_timer", || {
             pauses_keep_every_timer(&["--irqchip", "kernel"], "pause-kernel")
         }),
+        kvm_trial(
+            "snapshot_of_a_paused_vm_holds_memory_and_vcpus",
+            snapshot_of_a_paused_vm,
+        ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {
             many_pauses_lose_nothing(1000)
         }),

@@ -21,6 +21,15 @@ pub struct Region {
     pub bytes: u64,
 }
 
+/// A disk the VM had: its image is not copied, only named and measured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskRecord {
+    /// The image file.
+    pub path: std::path::PathBuf,
+    /// Its size when the snapshot was taken.
+    pub bytes: u64,
+}
+
 /// One vCPU's state file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuFile {
@@ -52,6 +61,8 @@ pub struct Manifest {
     pub regions: Vec<Region>,
     /// One per vCPU, in vCPU order.
     pub vcpus: Vec<VcpuFile>,
+    /// The disks, in `--disk` order.
+    pub disks: Vec<DiskRecord>,
 }
 
 /// The two fields read before anything else, so that another format is told as such.
@@ -73,7 +84,7 @@ impl Manifest {
                 lull: v.lull_version,
             });
         }
-        let running = env!("CARGO_PKG_VERSION");
+        let running = super::LULL_VERSION;
         if v.lull_version != running {
             return Err(SnapshotError::LullVersion {
                 found: v.lull_version,
@@ -108,6 +119,47 @@ impl Manifest {
         }
         Ok(m)
     }
+}
+
+impl Manifest {
+    /// Fails unless every disk is where it was, with the size it had.
+    pub fn check_disks(&self) -> Result<(), SnapshotError> {
+        for d in &self.disks {
+            let found = std::fs::metadata(&d.path)
+                .map_err(|source| SnapshotError::DiskMissing {
+                    path: d.path.clone(),
+                    source,
+                })?
+                .len();
+            if found != d.bytes {
+                return Err(SnapshotError::DiskResized {
+                    path: d.path.clone(),
+                    found,
+                    want: d.bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The disks of `cfg` as a snapshot records them.
+pub fn disk_records(cfg: &VmConfig) -> Result<Vec<DiskRecord>, SnapshotError> {
+    cfg.disks
+        .iter()
+        .map(|d| {
+            let bytes = std::fs::metadata(&d.path)
+                .map_err(|source| SnapshotError::DiskMissing {
+                    path: d.path.clone(),
+                    source,
+                })?
+                .len();
+            Ok(DiskRecord {
+                path: d.path.clone(),
+                bytes,
+            })
+        })
+        .collect()
 }
 
 /// The file name of vCPU `index`'s state.

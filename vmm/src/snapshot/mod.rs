@@ -3,15 +3,17 @@
 //!
 //! ```text
 //!  DIR/manifest.json   format version, lull's version, the host's CPU vendor, the VM's
-//!                      configuration (disks by path and size), the memory file's regions and
-//!                      size, each vCPU file's size and FNV-1a checksum
+//!                      configuration, its disks by path and size (images are not copied),
+//!                      the memory file's regions and size, each vCPU file's size and FNV-1a
+//!                      checksum
 //!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
 //!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`)
 //! ```
 //!
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
 //! format or lull version, a snapshot from a CPU of another vendor, a memory file whose size is
-//! not the manifest's (truncated or replaced), a vCPU file whose checksum or content is wrong,
+//! not the manifest's (truncated or replaced), a disk missing or resized since, a vCPU file
+//! whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
 //! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
 //!
@@ -30,6 +32,8 @@ pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION};
 
 use crate::vcpu::state::VcpuKvmState;
 
+/// lull's version as a snapshot records it (all of lull's crates share the workspace's).
+pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The manifest's file name.
 pub const MANIFEST: &str = "manifest.json";
 /// The memory file's name.
@@ -140,6 +144,24 @@ pub enum SnapshotError {
     /// The manifest names a vCPU file lull would not write (`vcpu-N.json` in vCPU order).
     #[error("The manifest names vCPU file {0:?}, not one of lull's: corrupt manifest")]
     VcpuFileName(String),
+    /// A disk of the VM is missing.
+    #[error("The VM's disk {path} cannot be found ({source}): put the image back where it was")]
+    DiskMissing {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A disk of the VM changed size.
+    #[error("The VM's disk {path} is {found} bytes; it was {want} at the snapshot: restore the image the snapshot was taken with")]
+    DiskResized {
+        /// The image.
+        path: PathBuf,
+        /// Its size now.
+        found: u64,
+        /// Its size then.
+        want: u64,
+    },
     /// A vCPU could not read its state.
     #[error("vCPU {id} could not read its state: {why}")]
     Save {
@@ -262,6 +284,7 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
             want: manifest.memory_bytes,
         });
     }
+    manifest.check_disks()?;
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {
         let path = dir.join(&entry.file);

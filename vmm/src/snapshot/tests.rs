@@ -25,6 +25,7 @@ fn manifest(cpus: u32) -> Manifest {
                 fnv64: 0,
             })
             .collect(),
+        disks: Vec::new(),
     }
 }
 
@@ -151,6 +152,38 @@ fn memory_goes_to_a_sparse_file_and_back() {
     back.read_slice(&mut word[..3], GuestAddress((1 << 30) + 100))
         .unwrap();
     assert_eq!(&word[..3], b"end");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_missing_or_resized_disk_is_refused() {
+    let dir = std::env::temp_dir().join(format!("lull-snapshot-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 1024]).unwrap();
+    let mut m = manifest(1);
+    m.disks = vec![manifest::DiskRecord {
+        path: image.clone(),
+        bytes: 1024,
+    }];
+    m.check_disks().unwrap();
+    std::fs::write(&image, vec![0u8; 512]).unwrap();
+    let err = m.check_disks().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SnapshotError::DiskResized {
+                found: 512,
+                want: 1024,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    std::fs::remove_file(&image).unwrap();
+    let err = m.check_disks().unwrap_err();
+    assert!(matches!(err, SnapshotError::DiskMissing { .. }), "{err}");
+    assert!(err.to_string().contains("put the image back"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::live::LiveVm;
 use super::pause::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
-use crate::snapshot::manifest::{vcpu_file_name, CONTENTS};
+use crate::snapshot::manifest::{disk_records, vcpu_file_name, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
 use crate::state::pause::PauseWaitError;
 
@@ -60,13 +60,14 @@ impl LiveVm {
             snapshot::memory::write(&self.mem, &dir.join(snapshot::MEMORY))?;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
-            lull_version: env!("CARGO_PKG_VERSION").to_string(),
+            lull_version: snapshot::LULL_VERSION.to_string(),
             cpu_vendor: snapshot::host_cpu_vendor(),
             contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
             config: cfg.clone(),
             memory_bytes,
             regions,
             vcpus,
+            disks: disk_records(cfg)?,
         };
         let path = dir.join(snapshot::MANIFEST);
         let text = serde_json::to_vec_pretty(&manifest).map_err(SnapshotError::ManifestJson)?;

@@ -2,7 +2,8 @@
 //! `pause-timers` guest: every vCPU runs TSC-deadline, one-shot and periodic LAPIC timers and
 //! counts each interrupt. The VM is paused in the middle (also for longer than its longest
 //! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
-//! early and none twice, and lull's counters show that no vCPU ran while the VM was paused.
+//! early and none twice, and lull's counters show that no vCPU ran and no timer fired (lull's
+//! global timers included) while the VM was paused, and that global timers fire again after.
 //! A snapshot of the paused VM is written and the guest runs on unharmed.
 
 use std::path::PathBuf;
@@ -164,7 +165,7 @@ impl Drop for PausedVm {
 }
 
 /// Everything a vCPU does that lull counts: it must not change while the VM is paused.
-fn activity(report: &RunReport) -> Vec<[u64; 8]> {
+fn activity(report: &RunReport) -> Vec<[u64; 9]> {
     report
         .vcpus
         .iter()
@@ -178,6 +179,7 @@ fn activity(report: &RunReport) -> Vec<[u64; 8]> {
                 v.msr,
                 v.injected,
                 v.lapic_timer_fires,
+                v.global_timer_fires,
             ]
         })
         .collect()
@@ -207,7 +209,12 @@ fn pauses_keep_every_timer(extra: &[&str], name: &str) -> Result<(), Failed> {
     vm.expect("PUT", "vm.resume", 204)?;
     vm.pause_for(LONG_PAUSE)?;
     vm.pause_for(LONG_PAUSE)?;
+    let globals = |r: &RunReport| r.vcpus.iter().map(|v| v.global_timer_fires).sum::<u64>();
+    let at_last_resume = globals(&vm.counters()?);
     let console = vm.guest_passes()?;
+    if extra.contains(&"--global-timers") && globals(&vm.counters()?) <= at_last_resume {
+        return Err("the global timers did not fire again after the resume".into());
+    }
     if vm.time_stood_still() {
         // Guest time did not run while paused: no timer can be as late as a pause.
         let late = max_lateness_ns(&console).ok_or("no max_late_ns line")?;
@@ -293,7 +300,7 @@ fn main() {
     let args = Arguments::from_args();
     let trials = vec![
         kvm_trial("pause_user_irqchip_keeps_every_timer", || {
-            pauses_keep_every_timer(&[], "pause-user")
+            pauses_keep_every_timer(&["--global-timers", "4,period=5"], "pause-user")
         }),
         kvm_trial("pause_central_timer_thread_keeps_every_timer", || {
             pauses_keep_every_timer(&["--timer-model", "central"], "pause-central")

@@ -20,6 +20,10 @@ use lull_tests::{
 const LONG_PAUSE: Duration = Duration::from_millis(300);
 /// lull's exit status for a guest that passed ((0 << 1) | 1).
 const GUEST_PASS: i32 = 1;
+/// lull's exit status for a VM stopped through the API.
+const API_STOP: i32 = 14;
+/// lull's exit status for a VM stopped by SIGTERM.
+const USER_STOP: i32 = 12;
 
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {
@@ -296,6 +300,54 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
     vm.finish()
 }
 
+/// A VM paused at once after its boot (its APs may still wait for their SIPI) resumes and
+/// pauses again, then stops while paused: by `vm.shutdown` (lull then exits 14 at
+/// `vmm.shutdown`) or by SIGTERM (lull exits 12).
+fn a_paused_vm_stops(by_signal: bool) -> Result<(), Failed> {
+    let mut vm = PausedVm::start(
+        if by_signal {
+            "pause-sigterm"
+        } else {
+            "pause-stop"
+        },
+        20,
+        &[],
+    )?;
+    vm.expect("PUT", "vm.boot", 204)?;
+    vm.expect("PUT", "vm.pause", 204)?;
+    vm.expect("PUT", "vm.resume", 204)?;
+    vm.expect("PUT", "vm.pause", 204)?;
+    let mut child = vm.child.take().ok_or("no lull")?;
+    let want = if by_signal {
+        let pid = child.id().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !killed.success() {
+            return Err("kill -TERM failed".into());
+        }
+        USER_STOP
+    } else {
+        vm.expect("PUT", "vm.shutdown", 204)?;
+        let state = vm.info()?["state"].clone();
+        if state != "Shutdown" {
+            return Err(format!("state {state} after vm.shutdown of a paused VM").into());
+        }
+        vm.expect("PUT", "vmm.shutdown", 204)?;
+        API_STOP
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(Ok(status)) if status.code() == Some(want) => Ok(()),
+        Ok(status) => Err(format!("lull ended with {status:?}, want {want}").into()),
+        Err(_) => Err("a paused lull did not stop within 30 s".into()),
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -312,6 +364,12 @@ fn main() {
             "snapshot_of_a_paused_vm_holds_memory_and_vcpus",
             snapshot_of_a_paused_vm,
         ),
+        kvm_trial("pause_then_vm_shutdown_stops_the_paused_vm", || {
+            a_paused_vm_stops(false)
+        }),
+        kvm_trial("pause_then_sigterm_stops_the_paused_vm", || {
+            a_paused_vm_stops(true)
+        }),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {
             many_pauses_lose_nothing(1000)
         }),

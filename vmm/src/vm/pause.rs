@@ -72,6 +72,7 @@ impl LiveVm {
         if state.is_some() {
             return Err(PauseError::AlreadyPaused);
         }
+        let asked = monotonic_ns();
         let gate = &self.shared.pause;
         gate.request();
         self.chip.kick_to_pause();
@@ -94,7 +95,10 @@ impl LiveVm {
             monotonic,
             kvm_clock,
         });
-        tracing::info!("VM paused");
+        tracing::info!(
+            "VM paused: every vCPU stopped {} us after the request",
+            monotonic.saturating_sub(asked) / 1_000
+        );
         Ok(())
     }
 

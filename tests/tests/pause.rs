@@ -289,10 +289,18 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
     {
         return Err(format!("manifest {manifest}, memory file {} bytes", memory.len()).into());
     }
-    for i in 0..2 {
-        let vcpu = std::fs::read(dir.join(format!("vcpu-{i}.json"))).map_err(|e| e.to_string())?;
-        if u64::try_from(vcpu.len()).ok() != manifest["vcpus"][i]["bytes"].as_u64() {
-            return Err(format!("vcpu-{i}.json is not the manifest's size").into());
+    let entries = [
+        &manifest["vcpus"][0],
+        &manifest["vcpus"][1],
+        &manifest["kvm_vm"],
+    ];
+    for entry in entries {
+        let name = entry["file"]
+            .as_str()
+            .ok_or("a state file without a name")?;
+        let bytes = std::fs::read(dir.join(name)).map_err(|e| format!("{name}: {e}"))?;
+        if u64::try_from(bytes.len()).ok() != entry["bytes"].as_u64() {
+            return Err(format!("{name} is not the manifest's size").into());
         }
     }
     vm.guest_passes()?;

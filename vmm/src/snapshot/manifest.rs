@@ -10,7 +10,7 @@ use crate::config::VmConfig;
 pub const FORMAT_VERSION: u32 = 1;
 
 /// What a snapshot holds in this format version (the manifest's `contents`).
-pub const CONTENTS: [&str; 2] = ["memory", "vcpu-kvm-state"];
+pub const CONTENTS: [&str; 3] = ["memory", "vcpu-kvm-state", "kvm-vm-state"];
 
 /// One region of guest memory, in the memory file in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +30,7 @@ pub struct DiskRecord {
     pub bytes: u64,
 }
 
-/// One vCPU's state file.
+/// One state file (a vCPU's, the VM's KVM state).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuFile {
     /// Its name in the snapshot directory (`vcpu-N.json`).
@@ -63,6 +63,8 @@ pub struct Manifest {
     pub vcpus: Vec<VcpuFile>,
     /// The disks, in `--disk` order.
     pub disks: Vec<DiskRecord>,
+    /// The VM's KVM state (`kvm-vm.json`).
+    pub kvm_vm: VcpuFile,
 }
 
 /// The two fields read before anything else, so that another format is told as such.
@@ -116,6 +118,9 @@ impl Manifest {
             if v.file != vcpu_file_name(i) {
                 return Err(SnapshotError::VcpuFileName(v.file.clone()));
             }
+        }
+        if m.kvm_vm.file != super::kvm_vm::FILE {
+            return Err(SnapshotError::VcpuFileName(m.kvm_vm.file.clone()));
         }
         Ok(m)
     }

@@ -7,7 +7,10 @@
 //!                      the memory file's regions and size, each vCPU file's size and FNV-1a
 //!                      checksum
 //!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
-//!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`)
+//!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
+//!                      `--irqchip kernel`)
+//!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
+//!                      `--irqchip kernel`, kvmclock at the pause)
 //! ```
 //!
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
@@ -18,10 +21,10 @@
 //! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
 //!
 //! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
-//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations, and
-//! with `--irqchip kernel` KVM's LAPIC, IRQCHIP, PIT and clock. The manifest lists what it
-//! holds in `contents`.
+//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations. The
+//! manifest lists what it holds in `contents`.
 
+pub mod kvm_vm;
 pub mod manifest;
 pub mod memory;
 
@@ -119,14 +122,14 @@ pub enum SnapshotError {
         /// In the configuration.
         want: u32,
     },
-    /// A vCPU file is not what the manifest says.
-    #[error("{path} does not match the manifest's checksum: the vCPU state is corrupt")]
+    /// A state file is not what the manifest says.
+    #[error("{path} does not match the manifest's checksum: the saved state is corrupt")]
     VcpuChecksum {
         /// The file.
         path: PathBuf,
     },
-    /// A vCPU file is not a vCPU's state.
-    #[error("{path} is not a vCPU state of this lull: {source}")]
+    /// A state file does not hold the state it should.
+    #[error("{path} is not a saved state of this lull: {source}")]
     VcpuJson {
         /// The file.
         path: PathBuf,
@@ -141,8 +144,9 @@ pub enum SnapshotError {
         /// The vCPU it holds.
         found: u32,
     },
-    /// The manifest names a vCPU file lull would not write (`vcpu-N.json` in vCPU order).
-    #[error("The manifest names vCPU file {0:?}, not one of lull's: corrupt manifest")]
+    /// The manifest names a state file lull would not write (`vcpu-N.json` in vCPU order,
+    /// `kvm-vm.json`).
+    #[error("The manifest names state file {0:?}, not one of lull's: corrupt manifest")]
     VcpuFileName(String),
     /// A disk of the VM is missing.
     #[error("The VM's disk {path} cannot be found ({source}): put the image back where it was")]
@@ -179,6 +183,8 @@ pub struct Snapshot {
     pub manifest: Manifest,
     /// Each vCPU's KVM state, in vCPU order.
     pub vcpus: Vec<VcpuKvmState>,
+    /// The VM's KVM state.
+    pub kvm_vm: kvm_vm::KvmVmState,
     /// The memory file.
     pub memory: PathBuf,
 }
@@ -235,6 +241,32 @@ fn read_small(path: &Path) -> Result<Vec<u8>, SnapshotError> {
     Ok(bytes)
 }
 
+/// Checks a state file's bytes against its manifest entry and parses them.
+fn parse_state<T: serde::de::DeserializeOwned>(
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<T, SnapshotError> {
+    if u64::try_from(bytes.len()).ok() != Some(entry.bytes) || fnv64(bytes) != entry.fnv64 {
+        return Err(SnapshotError::VcpuChecksum {
+            path: path.to_path_buf(),
+        });
+    }
+    serde_json::from_slice(bytes).map_err(|source| SnapshotError::VcpuJson {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Checks the VM state file's bytes against the manifest's entry and parses them.
+pub fn parse_kvm_vm(
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<kvm_vm::KvmVmState, SnapshotError> {
+    parse_state(entry, path, bytes)
+}
+
 /// Checks one vCPU file's bytes against the manifest's entry `index` and parses them.
 pub fn parse_vcpu(
     index: usize,
@@ -242,16 +274,7 @@ pub fn parse_vcpu(
     path: &Path,
     bytes: &[u8],
 ) -> Result<VcpuKvmState, SnapshotError> {
-    if u64::try_from(bytes.len()).ok() != Some(entry.bytes) || fnv64(bytes) != entry.fnv64 {
-        return Err(SnapshotError::VcpuChecksum {
-            path: path.to_path_buf(),
-        });
-    }
-    let state: VcpuKvmState =
-        serde_json::from_slice(bytes).map_err(|source| SnapshotError::VcpuJson {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let state: VcpuKvmState = parse_state(entry, path, bytes)?;
     if usize::try_from(state.id).ok() != Some(index) {
         return Err(SnapshotError::VcpuId {
             index,
@@ -290,9 +313,12 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
         let path = dir.join(&entry.file);
         vcpus.push(parse_vcpu(index, entry, &path, &read_small(&path)?)?);
     }
+    let path = dir.join(&manifest.kvm_vm.file);
+    let kvm_vm = parse_kvm_vm(&manifest.kvm_vm, &path, &read_small(&path)?)?;
     Ok(Snapshot {
         manifest,
         vcpus,
+        kvm_vm,
         memory,
     })
 }

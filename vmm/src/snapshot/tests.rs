@@ -26,6 +26,11 @@ fn manifest(cpus: u32) -> Manifest {
             })
             .collect(),
         disks: Vec::new(),
+        kvm_vm: VcpuFile {
+            file: kvm_vm::FILE.to_string(),
+            bytes: 0,
+            fnv64: 0,
+        },
     }
 }
 
@@ -70,6 +75,12 @@ fn a_manifest_goes_through_and_mismatches_are_refused_by_name() {
     escape.vcpus[1].file = "../../etc/passwd".into();
     assert!(matches!(
         parse(&escape, "GenuineIntel"),
+        Err(SnapshotError::VcpuFileName(_))
+    ));
+    let mut other_vm_file = m.clone();
+    other_vm_file.kvm_vm.file = "/etc/shadow".into();
+    assert!(matches!(
+        parse(&other_vm_file, "GenuineIntel"),
         Err(SnapshotError::VcpuFileName(_))
     ));
     let one = Manifest {

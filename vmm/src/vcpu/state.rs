@@ -1,11 +1,12 @@
 //! A vCPU's state as KVM holds it, read by the vCPU's own thread while the VM is paused (the
 //! part of a snapshot only KVM knows): registers, special registers, FPU/SSE/AVX through
-//! XSAVE, XCRs, debug registers, pending events, MP state and the MSRs a guest changes.
+//! XSAVE, XCRs, debug registers, pending events, MP state, the MSRs a guest changes, and with
+//! `--irqchip kernel` KVM's LAPIC.
 //! Order matters on the way back (`KVM_SET_*`): see [`VcpuKvmState`].
 
 use kvm_bindings::{
-    kvm_debugregs, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
-    kvm_xsave, Msrs,
+    kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
 };
 use kvm_ioctls::VcpuFd;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,9 @@ pub struct VcpuKvmState {
     pub mp_state: kvm_mp_state,
     /// The [`SAVED_MSRS`] KVM answered for, as (index, value).
     pub msrs: Vec<(u32, u64)>,
+    /// KVM's LAPIC registers (`--irqchip kernel`; `None` without an in-kernel LAPIC). KVM
+    /// stores the timer's current count in them, so a one-shot keeps what it had left.
+    pub lapic: Option<kvm_lapic_state>,
 }
 
 /// Why a vCPU's state could not be read.
@@ -89,6 +93,7 @@ impl VcpuKvmState {
             events: fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
             mp_state: fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?,
             msrs: read_msrs(fd),
+            lapic: fd.get_lapic().ok(),
         })
     }
 }
@@ -129,6 +134,7 @@ pub mod tests_support {
             events: kvm_vcpu_events::default(),
             mp_state: kvm_mp_state::default(),
             msrs: Vec::new(),
+            lapic: None,
         }
     }
 }

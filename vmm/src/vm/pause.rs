@@ -65,6 +65,11 @@ impl LiveVm {
         lock(&self.pause.paused).is_some()
     }
 
+    /// kvmclock as it was when the VM paused (`None` if it is not paused or KVM would not tell).
+    pub fn kvm_clock_at_pause(&self) -> Option<kvm_clock_data> {
+        lock(&self.pause.paused).and_then(|p| p.kvm_clock)
+    }
+
     /// Pauses the VM: returns once every vCPU thread is parked outside KVM_RUN and the VM's
     /// clocks stand still.
     pub fn pause(&self) -> Result<(), PauseError> {

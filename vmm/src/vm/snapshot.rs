@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::live::LiveVm;
 use super::pause::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
+use crate::snapshot::kvm_vm::{self, KvmVmState};
 use crate::snapshot::manifest::{disk_records, vcpu_file_name, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
 use crate::state::pause::PauseWaitError;
@@ -56,6 +57,15 @@ impl LiveVm {
                 fnv64: fnv64(&bytes),
             });
         }
+        let kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
+        let kvm_vm_bytes = serde_json::to_vec(&kvm_vm).map_err(SnapshotError::ManifestJson)?;
+        let path = dir.join(kvm_vm::FILE);
+        std::fs::write(&path, &kvm_vm_bytes).map_err(io("write", &path))?;
+        let kvm_vm = VcpuFile {
+            file: kvm_vm::FILE.to_string(),
+            bytes: u64::try_from(kvm_vm_bytes.len()).unwrap_or(u64::MAX),
+            fnv64: fnv64(&kvm_vm_bytes),
+        };
         let (regions, memory_bytes) =
             snapshot::memory::write(&self.mem, &dir.join(snapshot::MEMORY))?;
         let manifest = Manifest {
@@ -68,6 +78,7 @@ impl LiveVm {
             regions,
             vcpus,
             disks: disk_records(cfg)?,
+            kvm_vm,
         };
         let path = dir.join(snapshot::MANIFEST);
         let text = serde_json::to_vec_pretty(&manifest).map_err(SnapshotError::ManifestJson)?;

@@ -336,17 +336,22 @@ pub fn api_call(
     endpoint: &str,
     body: &str,
 ) -> Result<(u16, String), Failed> {
+    let request = format!(
+        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    api_raw(socket, request.as_bytes())
+}
+
+/// Sends `bytes` as they are to a lull API socket and reads the answer until lull closes the
+/// connection (up to 60 s): the status and the body.
+pub fn api_raw(socket: &Path, bytes: &[u8]) -> Result<(u16, String), Failed> {
     use std::io::Write;
     let mut conn = std::os::unix::net::UnixStream::connect(socket)
         .map_err(|e| format!("connect to {}: {e}", socket.display()))?;
     conn.set_read_timeout(Some(Duration::from_secs(60)))
         .map_err(|e| e.to_string())?;
-    let request = format!(
-        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(request.as_bytes())
-        .map_err(|e| format!("send: {e}"))?;
+    conn.write_all(bytes).map_err(|e| format!("send: {e}"))?;
     let mut answer = String::new();
     conn.read_to_string(&mut answer)
         .map_err(|e| format!("receive: {e}"))?;

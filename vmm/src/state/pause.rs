@@ -18,7 +18,7 @@
 //! (they then stop) and ends [`PauseGate::wait_parked`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::lock;
@@ -100,19 +100,30 @@ impl PauseGate {
 
     /// Waits until every running vCPU thread is parked, for at most `timeout`.
     pub fn wait_parked(&self, timeout: Duration) -> Result<(), PauseWaitError> {
+        let s = lock(&self.state);
+        self.wait_for_all(s, timeout, |s| s.parked).map(drop)
+    }
+
+    /// Waits (up to `timeout`, from `s`) until `count` of the state reaches the number of
+    /// running vCPU threads; fails if the VM stops first. The state, locked.
+    fn wait_for_all<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, GateState>,
+        timeout: Duration,
+        count: impl Fn(&GateState) -> u32,
+    ) -> Result<MutexGuard<'a, GateState>, PauseWaitError> {
         let end = Instant::now() + timeout;
-        let mut s = lock(&self.state);
         loop {
             if s.stopping {
                 return Err(PauseWaitError::Stopping);
             }
-            if s.parked >= s.running {
-                return Ok(());
+            if count(&s) >= s.running {
+                return Ok(s);
             }
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(PauseWaitError::Timeout {
-                    parked: s.parked,
+                    parked: count(&s),
                     running: s.running,
                     timeout_ms: timeout.as_millis(),
                 });
@@ -145,34 +156,15 @@ impl PauseGate {
     /// `timeout` for all of them; the states by vCPU.
     pub fn save_all(&self, timeout: Duration) -> Result<Vec<SavedState>, PauseWaitError> {
         self.wait_parked(timeout)?;
-        let end = Instant::now() + timeout;
         let mut s = lock(&self.state);
         s.saved.clear();
         s.save_generation = s.save_generation.wrapping_add(1);
         self.changed.notify_all();
-        loop {
-            if s.stopping {
-                return Err(PauseWaitError::Stopping);
-            }
-            if s.saved.len() >= usize::try_from(s.running).unwrap_or(usize::MAX) {
-                let mut saved = std::mem::take(&mut s.saved);
-                saved.sort_by_key(|(id, _)| *id);
-                return Ok(saved);
-            }
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(PauseWaitError::Timeout {
-                    parked: u32::try_from(s.saved.len()).unwrap_or(u32::MAX),
-                    running: s.running,
-                    timeout_ms: timeout.as_millis(),
-                });
-            }
-            s = self
-                .changed
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let saved = |s: &GateState| u32::try_from(s.saved.len()).unwrap_or(u32::MAX);
+        let mut s = self.wait_for_all(s, timeout, saved)?;
+        let mut saved = std::mem::take(&mut s.saved);
+        saved.sort_by_key(|(id, _)| *id);
+        Ok(saved)
     }
 
     /// On vCPU thread `id`: waits until the pause ends, handing its state (`save`) to every

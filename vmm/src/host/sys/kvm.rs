@@ -44,29 +44,34 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> std::io::Result<()> {
     };
     // SAFETY: KVM_INTERRUPT reads one kvm_interrupt from `irq`, which outlives the call;
     // `vcpu` is a live vCPU fd.
-    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_INTERRUPT(), &irq) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    errno_result(unsafe { ioctl_with_ref(vcpu, nr::KVM_INTERRUPT(), &irq) })
 }
 
 /// The TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+): the
 /// guest TSC is the host TSC plus this (wrapping), unless KVM scales the guest's TSC.
 pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
     let mut offset: u64 = 0;
-    let attr = kvm_device_attr {
-        flags: 0,
-        group: KVM_VCPU_TSC_CTRL,
-        attr: u64::from(KVM_VCPU_TSC_OFFSET),
-        addr: std::ptr::addr_of_mut!(offset) as u64,
-    };
+    let attr = tsc_offset_attr(std::ptr::addr_of_mut!(offset) as u64);
     // SAFETY: KVM_GET_DEVICE_ATTR reads `attr` and writes one u64 (the offset) to `attr.addr`,
     // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
     let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_GET_DEVICE_ATTR(), &attr) };
+    errno_result(rc).map(|()| offset)
+}
+
+/// The device attribute of a vCPU's TSC offset, its value at `addr`.
+fn tsc_offset_attr(addr: u64) -> kvm_device_attr {
+    kvm_device_attr {
+        flags: 0,
+        group: KVM_VCPU_TSC_CTRL,
+        attr: u64::from(KVM_VCPU_TSC_OFFSET),
+        addr,
+    }
+}
+
+/// An ioctl's return code as a result.
+fn errno_result(rc: i32) -> std::io::Result<()> {
     if rc == 0 {
-        Ok(offset)
+        Ok(())
     } else {
         Err(std::io::Error::last_os_error())
     }
@@ -75,20 +80,10 @@ pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
 /// Sets the TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+):
 /// how lull moves a vCPU's TSC back by the time the VM was paused.
 pub fn set_tsc_offset(vcpu: &VcpuFd, offset: u64) -> std::io::Result<()> {
-    let attr = kvm_device_attr {
-        flags: 0,
-        group: KVM_VCPU_TSC_CTRL,
-        attr: u64::from(KVM_VCPU_TSC_OFFSET),
-        addr: std::ptr::addr_of!(offset) as u64,
-    };
+    let attr = tsc_offset_attr(std::ptr::addr_of!(offset) as u64);
     // SAFETY: KVM_SET_DEVICE_ATTR reads `attr` and one u64 (the offset) from `attr.addr`,
     // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
-    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_SET_DEVICE_ATTR(), &attr) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    errno_result(unsafe { ioctl_with_ref(vcpu, nr::KVM_SET_DEVICE_ATTR(), &attr) })
 }
 
 /// A binary statistics fd for a VM or vCPU fd (Linux 5.14+); `None` where KVM has none.

@@ -2,8 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::SnapshotError;
+use super::error::SnapshotError;
 use crate::config::VmConfig;
+
+/// lull's version as a snapshot records it (all of lull's crates share the workspace's).
+pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The snapshot format this lull writes and reads. Any change to what a snapshot holds or how
 /// bumps it.
@@ -86,7 +89,7 @@ impl Manifest {
                 lull: v.lull_version,
             });
         }
-        let running = super::LULL_VERSION;
+        let running = LULL_VERSION;
         if v.lull_version != running {
             return Err(SnapshotError::LullVersion {
                 found: v.lull_version,

@@ -8,8 +8,8 @@ use std::path::Path;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
+use super::error::SnapshotError;
 use super::manifest::Region;
-use super::SnapshotError;
 
 /// The unit of the zero check.
 const PAGE: usize = 4096;

@@ -6,7 +6,7 @@ use ::devices::serial::SerialCounters;
 use kvm_ioctls::VmFd;
 use vm_memory::GuestMemoryMmap;
 
-use super::pause::PauseState;
+use super::pause_state::PauseState;
 use super::run_stats::RunStats;
 use crate::irqchip::IrqChip;
 use crate::state::{StopReason, VcpuShared};

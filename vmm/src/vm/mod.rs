@@ -25,6 +25,7 @@ mod live;
 pub mod nets;
 pub mod paths;
 pub mod pause;
+mod pause_state;
 pub mod report;
 mod run_stats;
 pub mod snapshot;
@@ -179,7 +180,7 @@ pub fn run_observed(
         chip: chip.clone(),
         serial: serial_counters,
         vm: loaded.vm.clone(),
-        pause: pause::not_paused(tsc_movable),
+        pause: pause_state::not_paused(tsc_movable),
         mem: loaded.mem.clone(),
     };
     on_running(live.clone());

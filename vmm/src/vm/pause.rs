@@ -17,12 +17,12 @@
 //! guest time has run on; what came due meanwhile fires at once, each timer once, none early.
 //! See `docs/API.md` ("Pause and resume") for what a guest sees.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvm_bindings::kvm_clock_data;
 
 use super::live::LiveVm;
+use super::pause_state::Paused;
 use crate::host::sys::clock::monotonic_ns;
 use crate::state::lock;
 use crate::state::pause::PauseWaitError;
@@ -42,21 +42,6 @@ pub enum PauseError {
     /// The vCPUs could not all be stopped.
     #[error("Cannot pause the VM: {0}")]
     Wait(#[from] PauseWaitError),
-}
-
-/// A pause in progress: when it began, and kvmclock then.
-#[derive(Debug, Clone, Copy)]
-struct Paused {
-    monotonic: u64,
-    kvm_clock: Option<kvm_clock_data>,
-}
-
-/// Whether the VM is paused (shared by every clone of its [`LiveVm`]), and whether KVM can
-/// move its TSC back by a pause.
-#[derive(Debug, Default)]
-pub struct PauseState {
-    paused: Mutex<Option<Paused>>,
-    tsc_movable: bool,
 }
 
 impl LiveVm {
@@ -145,12 +130,4 @@ impl LiveVm {
         );
         Ok((paused_for, frozen))
     }
-}
-
-/// A fresh "not paused" state for a new [`LiveVm`]; `tsc_movable`: KVM can move its TSC.
-pub fn not_paused(tsc_movable: bool) -> Arc<PauseState> {
-    Arc::new(PauseState {
-        paused: Mutex::new(None),
-        tsc_movable,
-    })
 }

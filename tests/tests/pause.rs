@@ -4,9 +4,10 @@
 //! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
 //! early and none twice, and lull's counters show that no vCPU ran and no timer fired (lull's
 //! global timers included) while the VM was paused, and that global timers fire again after.
-//! A snapshot of the paused VM is written and the guest runs on unharmed.
+//! A snapshot of the paused VM is written and the guest runs on unharmed; with `--irqchip
+//! kernel` it is restored into a new lull, where the guest finishes its timers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -356,6 +357,94 @@ fn a_paused_vm_stops(by_signal: bool) -> Result<(), Failed> {
     }
 }
 
+/// Takes a snapshot of `vm` (paused, then left paused) into a fresh directory named `name`.
+fn snapshot_into(vm: &PausedVm, name: &str) -> Result<PathBuf, Failed> {
+    let dir = temp_path(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+    let (status, text) = api_call(&vm.socket, "PUT", "vm.snapshot", &body)?;
+    if status != 204 {
+        return Err(format!("vm.snapshot: status {status}: {text}").into());
+    }
+    Ok(dir)
+}
+
+/// `vm.restore` of `dir` on a new lull: the status and the body; the lull.
+fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, String), Failed> {
+    let server = start_api_server(name, &[])?;
+    let vm = PausedVm {
+        child: Some(server.child),
+        socket: server.socket,
+        serial: PathBuf::new(),
+        log: server.log,
+    };
+    let body = format!(r#"{{"source_url": "file://{}"}}"#, dir.display());
+    let (status, text) = api_call(&vm.socket, "PUT", "vm.restore", &body)?;
+    Ok((vm, status, text))
+}
+
+/// `--irqchip kernel`: `pause-timers` snapshotted mid-flight, its lull ended, and restored
+/// into a new lull: it starts paused, and once resumed the guest finishes its timers, every
+/// one once and none early (its console is the same file). A damaged snapshot, or one of a
+/// `--irqchip user` VM, is refused with a reason and leaves the new lull without a VM.
+fn restore_finishes_the_timers() -> Result<(), Failed> {
+    let first = PausedVm::start("restore-1", 20, &["--irqchip", "kernel"])?;
+    first.expect("PUT", "vm.boot", 204)?;
+    first.wait_for_line("pause-timers: running")?;
+    first.expect("PUT", "vm.pause", 204)?;
+    let dir = snapshot_into(&first, "restore-snapshot")?;
+    let serial = first.serial.clone();
+    first.expect("PUT", "vmm.shutdown", 204)?;
+    drop(first);
+    let (mut second, status, text) = restore_into_new_lull("restore-2", &dir)?;
+    if status != 204 {
+        return Err(format!("vm.restore: status {status}: {text}").into());
+    }
+    second.serial = serial;
+    if second.info()?["state"] != "Paused" {
+        return Err(format!("a restored VM is not paused: {}", second.info()?).into());
+    }
+    let again = format!(r#"{{"source_url": "file://{}"}}"#, dir.display());
+    let (status, text) = api_call(&second.socket, "PUT", "vm.restore", &again)?;
+    if status != 500 {
+        return Err(format!("vm.restore on a lull with a VM: status {status}: {text}").into());
+    }
+    second.expect("PUT", "vm.resume", 204)?;
+    second.guest_passes()?;
+    second.finish()?;
+
+    // Damaged: the memory file one page short.
+    let memory = dir.join("memory");
+    let len = std::fs::metadata(&memory).map_err(|e| e.to_string())?.len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&memory)
+        .and_then(|f| f.set_len(len - 4096))
+        .map_err(|e| e.to_string())?;
+    let (third, status, text) = restore_into_new_lull("restore-3", &dir)?;
+    if status != 500 || !text.contains("truncated") {
+        return Err(format!("a truncated snapshot: status {status}: {text}").into());
+    }
+    third.expect("GET", "vm.info", 404)?;
+    drop(third);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // An --irqchip user VM's snapshot.
+    let user = PausedVm::start("restore-user", 20, &[])?;
+    user.expect("PUT", "vm.boot", 204)?;
+    user.expect("PUT", "vm.pause", 204)?;
+    let dir = snapshot_into(&user, "restore-user-snapshot")?;
+    drop(user);
+    let (fourth, status, text) = restore_into_new_lull("restore-4", &dir)?;
+    if status != 500 || !text.contains("--irqchip user") {
+        return Err(format!("a user-irqchip snapshot: status {status}: {text}").into());
+    }
+    fourth.expect("GET", "vm.info", 404)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
@@ -378,6 +467,10 @@ fn main() {
         kvm_trial("pause_then_sigterm_stops_the_paused_vm", || {
             a_paused_vm_stops(true)
         }),
+        kvm_trial(
+            "restore_of_a_kernel_irqchip_snapshot_finishes_its_timers",
+            restore_finishes_the_timers,
+        ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {
             many_pauses_lose_nothing(1000)
         }),

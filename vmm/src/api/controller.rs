@@ -133,6 +133,7 @@ impl Controller {
             ApiRequest::VmPause => self.pause_or_resume("pause"),
             ApiRequest::VmResume => self.pause_or_resume("resume"),
             ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
+            ApiRequest::VmRestore(dir) => self.restore(&dir),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -249,6 +250,23 @@ impl Controller {
                 Ok(Response::no_content())
             }
         }
+    }
+
+    /// `vm.restore` of the snapshot in `dir` on a lull with no VM: the VM runs, paused.
+    fn restore(&mut self, dir: &std::path::Path) -> Result<Response, ApiError> {
+        if !matches!(self.state, VmState::NotCreated) {
+            return Err(ApiError::VmAlreadyCreated);
+        }
+        let snapshot = crate::snapshot::read(dir)
+            .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
+        let cfg = Box::new(snapshot.manifest.config.clone());
+        let vm = runner::restore(snapshot, &self.ended).map_err(|e| match e {
+            ApiError::Boot(e) => ApiError::Restore(e),
+            other => other,
+        })?;
+        tracing::info!("VM restored from {} (paused)", dir.display());
+        self.state = VmState::Running { cfg, vm };
+        Ok(Response::no_content())
     }
 
     /// Stops the VM if it runs (for `reason`) and waits for it; returns lull's exit status:

@@ -133,12 +133,15 @@ pub enum ApiError {
         /// Why.
         source: crate::vm::pause::PauseError,
     },
-    /// The `vm.snapshot` body is not `{"destination_url": "file:///DIR"}`.
-    #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}}: {0}")]
+    /// The `vm.snapshot` or `vm.restore` body is not the object the endpoint takes.
+    #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}} and vm.restore {{\"source_url\": \"file:///DIR\"}}: {0}")]
     SnapshotJson(#[source] serde_json::Error),
     /// The destination is not a `file:///DIR` URL.
     #[error("Bad snapshot destination")]
     SnapshotUrl(#[source] crate::snapshot::SnapshotError),
+    /// The snapshot could not be restored (read, refused, or built).
+    #[error("Cannot restore the VM")]
+    Restore(#[source] VmError),
     /// The snapshot could not be taken.
     #[error("Cannot snapshot the VM")]
     Snapshot(#[source] crate::vm::snapshot::TakeError),
@@ -182,6 +185,7 @@ impl ApiError {
             | Self::RunnerLost
             | Self::Pause { .. }
             | Self::Snapshot(_)
+            | Self::Restore(_)
             | Self::Encode(_) => 500,
         }
     }

@@ -33,11 +33,13 @@ pub enum ApiRequest {
     VmResume,
     /// `vm.snapshot`: write the paused VM to this directory (`file:///DIR`).
     VmSnapshot(std::path::PathBuf),
+    /// `vm.restore`: build the VM of the snapshot in this directory, paused.
+    VmRestore(std::path::PathBuf),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 11] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -48,6 +50,7 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 10] = [
     ("vm.pause", "PUT", Some(ApiRequest::VmPause)),
     ("vm.resume", "PUT", Some(ApiRequest::VmResume)),
     ("vm.snapshot", "PUT", None),
+    ("vm.restore", "PUT", None),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -66,6 +69,7 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
     }
     match request {
         None if name == "vm.snapshot" => snapshot(&req.body),
+        None if name == "vm.restore" => restore(&req.body),
         None => create(&req.body),
         Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
         Some(request) => Ok(request),
@@ -96,6 +100,21 @@ fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
     let b: SnapshotBody = serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
     let dir = crate::snapshot::dir_of_url(&b.destination_url).map_err(ApiError::SnapshotUrl)?;
     Ok(ApiRequest::VmSnapshot(dir))
+}
+
+/// `vm.restore`'s body (Cloud Hypervisor's `RestoreConfig`, its `source_url`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestoreBody {
+    source_url: String,
+}
+
+/// `vm.restore`: the body names the snapshot's directory as a `file:///DIR` URL.
+fn restore(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    json_object(body, "vm.restore", r#"{"source_url": "file:///DIR"}"#)?;
+    let b: RestoreBody = serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
+    let dir = crate::snapshot::dir_of_url(&b.source_url).map_err(ApiError::SnapshotUrl)?;
+    Ok(ApiRequest::VmRestore(dir))
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
@@ -195,6 +214,11 @@ mod tests {
         assert_eq!(
             route(&request("PUT", path, body)).unwrap(),
             ApiRequest::VmSnapshot("/tmp/s".into())
+        );
+        let restore = r#"{"source_url": "file:///tmp/s"}"#;
+        assert_eq!(
+            route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
+            ApiRequest::VmRestore("/tmp/s".into())
         );
         for bad in [
             "",

@@ -47,4 +47,22 @@ impl KvmVmState {
             clock,
         }
     }
+
+    /// Gives `vm` these chips and this kvmclock; the KVM call that failed, if one did.
+    pub fn restore(&self, vm: &VmFd) -> Result<(), (&'static str, kvm_ioctls::Error)> {
+        for chip in &self.irqchips {
+            vm.set_irqchip(chip).map_err(|e| ("KVM_SET_IRQCHIP", e))?;
+        }
+        if let Some(pit) = &self.pit {
+            vm.set_pit2(pit).map_err(|e| ("KVM_SET_PIT2", e))?;
+        }
+        if let Some(clock) = &self.clock {
+            let again = kvm_clock_data {
+                clock: clock.clock,
+                ..Default::default()
+            };
+            vm.set_clock(&again).map_err(|e| ("KVM_SET_CLOCK", e))?;
+        }
+        Ok(())
+    }
 }

@@ -47,7 +47,11 @@ pub fn park(port: &mut KvmPort, shared: &VcpuShared) -> Result<(), StopReason> {
     let parked_at = sys::clock::monotonic_ns();
     let fd = &port.fd;
     let mut save = || {
-        let state = VcpuKvmState::capture(id, fd).map_err(|e| e.to_string())?;
+        let mut state = VcpuKvmState::capture(id, fd).map_err(|e| e.to_string())?;
+        // The deadline disarmed for the pause is the vCPU's, not the 0 KVM holds meanwhile.
+        if let Some(d) = deadline {
+            state.set_msr(MSR_IA32_TSC_DEADLINE, d);
+        }
         serde_json::to_vec(&state).map_err(|e| e.to_string())
     };
     let paused_ns = shared.pause.park(id, &mut save);

@@ -98,6 +98,47 @@ impl VcpuKvmState {
     }
 }
 
+impl VcpuKvmState {
+    /// Sets MSR `index` to `data` in this state.
+    pub fn set_msr(&mut self, index: u32, data: u64) {
+        match self.msrs.iter_mut().find(|(i, _)| *i == index) {
+            Some(entry) => entry.1 = data,
+            None => self.msrs.push((index, data)),
+        }
+    }
+
+    /// Gives vCPU `fd` this state, in the order KVM needs (see [`VcpuKvmState`]).
+    pub fn restore(&self, fd: &VcpuFd) -> Result<(), VcpuStateError> {
+        let id = self.id;
+        let kvm = |call| move |source| VcpuStateError { id, call, source };
+        fd.set_sregs(&self.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        fd.set_regs(&self.regs).map_err(kvm("KVM_SET_REGS"))?;
+        crate::host::sys::kvm::set_xsave(fd, &self.xsave).map_err(kvm("KVM_SET_XSAVE"))?;
+        if let Some(xcrs) = &self.xcrs {
+            fd.set_xcrs(xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+        }
+        fd.set_debug_regs(&self.debugregs)
+            .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        if let Some(lapic) = &self.lapic {
+            fd.set_lapic(lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+        }
+        for &(index, data) in &self.msrs {
+            let entry = kvm_msr_entry {
+                index,
+                data,
+                ..Default::default()
+            };
+            let msrs = Msrs::from_entries(&[entry])
+                .map_err(|_| kvm("KVM_SET_MSRS")(kvm_ioctls::Error::new(libc::E2BIG)))?;
+            fd.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+        }
+        fd.set_vcpu_events(&self.events)
+            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        fd.set_mp_state(self.mp_state)
+            .map_err(kvm("KVM_SET_MP_STATE"))
+    }
+}
+
 /// The [`SAVED_MSRS`] KVM answers for (each asked alone: KVM stops a list at the first MSR it
 /// does not know).
 fn read_msrs(fd: &VcpuFd) -> Vec<(u32, u64)> {

@@ -27,3 +27,19 @@ pub fn not_paused(tsc_movable: bool) -> Arc<PauseState> {
         tsc_movable,
     })
 }
+
+/// The state of a VM restored from a snapshot: paused since `monotonic`, with kvmclock at
+/// `kvm_clock` (the snapshot's), so that `vm.resume` starts it where the snapshot left it.
+pub fn paused_since(
+    tsc_movable: bool,
+    monotonic: u64,
+    kvm_clock: Option<kvm_clock_data>,
+) -> Arc<PauseState> {
+    Arc::new(PauseState {
+        paused: Mutex::new(Some(Paused {
+            monotonic,
+            kvm_clock,
+        })),
+        tsc_movable,
+    })
+}

@@ -86,6 +86,13 @@ pub fn set_tsc_offset(vcpu: &VcpuFd, offset: u64) -> std::io::Result<()> {
     errno_result(unsafe { ioctl_with_ref(vcpu, nr::KVM_SET_DEVICE_ATTR(), &attr) })
 }
 
+/// KVM_SET_XSAVE: gives `vcpu` the FPU/SSE/AVX state of a snapshot.
+pub fn set_xsave(vcpu: &VcpuFd, xsave: &kvm_bindings::kvm_xsave) -> Result<(), kvm_ioctls::Error> {
+    // SAFETY: `xsave` is a whole kvm_xsave (4 KiB, what KVM_GET_XSAVE filled in), so KVM reads
+    // no more than the struct holds; `vcpu` is a live vCPU fd.
+    unsafe { vcpu.set_xsave(xsave) }
+}
+
 /// A binary statistics fd for a VM or vCPU fd (Linux 5.14+); `None` where KVM has none.
 pub fn stats_fd(fd: &impl AsRawFd) -> Option<std::fs::File> {
     // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1; `fd` is a live

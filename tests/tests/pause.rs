@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use lull_schema::RunReport;
 use lull_tests::{
-    api_call, kit_file, kvm_trial, report_from, start_api_server, temp_path, Arguments, Failed,
+    api_call, kit_file, kvm_trial, report_from, run_lull, start_api_server, temp_path, Arguments,
+    Failed,
 };
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
@@ -25,6 +26,8 @@ const GUEST_PASS: i32 = 1;
 const API_STOP: i32 = 14;
 /// lull's exit status for a VM stopped by SIGTERM.
 const USER_STOP: i32 = 12;
+/// lull's exit status for input it refuses.
+const BAD_INPUT: i32 = 4;
 
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {
@@ -412,7 +415,24 @@ fn restore_finishes_the_timers() -> Result<(), Failed> {
     }
     second.expect("PUT", "vm.resume", 204)?;
     second.guest_passes()?;
+    let serial = second.serial.clone();
+    // Ends that lull and removes its console file: what the file holds next is the next run's.
     second.finish()?;
+
+    // The same snapshot with `lull run --restore DIR --resume` (no API): the guest passes
+    // again; without --resume lull refuses (a VM nobody could resume).
+    let dir_arg = dir.display().to_string();
+    run_lull(&["run", "--restore", &dir_arg], Duration::from_secs(60))?.expect_code(BAD_INPUT)?;
+    let run = run_lull(
+        &["run", "--restore", &dir_arg, "--resume"],
+        Duration::from_secs(120),
+    )?;
+    run.expect_code(GUEST_PASS)?;
+    let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
+    if !text.contains("pause-timers: PASS") {
+        return Err(format!("lull run --restore: the guest did not pass again:\n{text}").into());
+    }
+    let _ = std::fs::remove_file(&serial);
 
     // Damaged: the memory file one page short.
     let memory = dir.join("memory");

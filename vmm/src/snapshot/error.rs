@@ -128,6 +128,9 @@ pub enum SnapshotError {
         /// Its size then.
         want: u64,
     },
+    /// The snapshot is of an `--irqchip user` VM, which this format cannot restore yet.
+    #[error("The snapshot is of an --irqchip user VM, whose LAPICs, IOAPIC and timers this snapshot format does not hold yet: only snapshots of --irqchip kernel VMs can be restored")]
+    UserIrqchip,
     /// A vCPU could not read its state.
     #[error("vCPU {id} could not read its state: {why}")]
     Save {

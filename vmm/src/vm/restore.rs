@@ -12,17 +12,13 @@ use kvm_ioctls::VmFd;
 
 use super::error::VmError;
 use crate::config::IrqchipMode;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, SnapshotError};
 use crate::vcpu::KvmPort;
 
 /// Fails unless this lull can restore `snapshot`.
 pub fn check(snapshot: &Snapshot) -> Result<(), VmError> {
     if snapshot.manifest.config.irqchip != IrqchipMode::Kernel {
-        return Err(VmError::Restore(
-            "it is of an --irqchip user VM, whose LAPICs, IOAPIC and timers this snapshot \
-             format does not hold yet: take snapshots of --irqchip kernel VMs to restore them"
-                .to_string(),
-        ));
+        return Err(SnapshotError::UserIrqchip.into());
     }
     if snapshot.vcpus.len() != snapshot.manifest.vcpus.len() {
         return Err(VmError::Restore(

@@ -87,34 +87,36 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
 }
 
-/// `vm.snapshot`'s body (Cloud Hypervisor's `VmSnapshotConfig`).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnapshotBody {
-    destination_url: String,
-}
-
-/// `vm.snapshot`: the body names the directory as a `file:///DIR` URL.
+/// `vm.snapshot`: the body names the directory, `{"destination_url": "file:///DIR"}` (Cloud
+/// Hypervisor's `VmSnapshotConfig`).
 fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
-    json_object(body, "vm.snapshot", r#"{"destination_url": "file:///DIR"}"#)?;
-    let b: SnapshotBody = serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
-    let dir = crate::snapshot::dir_of_url(&b.destination_url).map_err(ApiError::SnapshotUrl)?;
-    Ok(ApiRequest::VmSnapshot(dir))
+    dir_body(body, "vm.snapshot", "destination_url").map(ApiRequest::VmSnapshot)
 }
 
-/// `vm.restore`'s body (Cloud Hypervisor's `RestoreConfig`, its `source_url`).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RestoreBody {
-    source_url: String,
-}
-
-/// `vm.restore`: the body names the snapshot's directory as a `file:///DIR` URL.
+/// `vm.restore`: the body names the snapshot, `{"source_url": "file:///DIR"}` (Cloud
+/// Hypervisor's `RestoreConfig`).
 fn restore(body: &[u8]) -> Result<ApiRequest, ApiError> {
-    json_object(body, "vm.restore", r#"{"source_url": "file:///DIR"}"#)?;
-    let b: RestoreBody = serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
-    let dir = crate::snapshot::dir_of_url(&b.source_url).map_err(ApiError::SnapshotUrl)?;
-    Ok(ApiRequest::VmRestore(dir))
+    dir_body(body, "vm.restore", "source_url").map(ApiRequest::VmRestore)
+}
+
+/// A body that is the object `{field: "file:///DIR"}` and nothing else: the directory.
+fn dir_body(
+    body: &[u8],
+    endpoint: &'static str,
+    field: &'static str,
+) -> Result<std::path::PathBuf, ApiError> {
+    json_object(body, endpoint, "{\"...\": \"file:///DIR\"}")?;
+    let mut fields: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
+    let url = fields
+        .remove(field)
+        .filter(|_| fields.is_empty())
+        .ok_or_else(|| {
+            ApiError::SnapshotJson(<serde_json::Error as serde::de::Error>::custom(format!(
+                "{endpoint} takes exactly one field, {field}"
+            )))
+        })?;
+    crate::snapshot::dir_of_url(&url).map_err(ApiError::SnapshotUrl)
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field

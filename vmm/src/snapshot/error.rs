@@ -61,6 +61,14 @@ pub enum SnapshotError {
         /// This host's.
         host: String,
     },
+    /// This host's CPU lacks features the snapshot's had.
+    #[error("This host's CPU lacks {count} feature(s) the snapshot's CPU had ({missing}): restore it on a host with them")]
+    CpuFeatures {
+        /// How many are missing.
+        count: usize,
+        /// The first of them.
+        missing: String,
+    },
     /// The memory file's size is not the manifest's.
     #[error("{path} is {found} bytes; the manifest says {want}: the memory file is truncated or not this snapshot's")]
     MemorySize {

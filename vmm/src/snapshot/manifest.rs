@@ -54,6 +54,8 @@ pub struct Manifest {
     pub lull_version: String,
     /// The host CPU's vendor (`GenuineIntel`, `AuthenticAMD`, ...).
     pub cpu_vendor: String,
+    /// The host CPU's feature flags (`flags` of /proc/cpuinfo).
+    pub cpu_flags: Vec<String>,
     /// What the snapshot holds ([`CONTENTS`]).
     pub contents: Vec<String>,
     /// The VM's configuration (disks and taps by name: their contents are not copied).
@@ -130,6 +132,29 @@ impl Manifest {
 }
 
 impl Manifest {
+    /// Fails unless the host's CPU, with `host_flags`, has every feature the snapshot's had
+    /// (what KVM offered the guest came from them).
+    pub fn check_cpu_flags(&self, host_flags: &[String]) -> Result<(), SnapshotError> {
+        let missing: Vec<&str> = self
+            .cpu_flags
+            .iter()
+            .filter(|f| !host_flags.contains(f))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(SnapshotError::CpuFeatures {
+            count: missing.len(),
+            missing: missing
+                .iter()
+                .take(8)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" "),
+        })
+    }
+
     /// Fails unless every disk is where it was, with the size it had.
     pub fn check_disks(&self) -> Result<(), SnapshotError> {
         for d in &self.disks {

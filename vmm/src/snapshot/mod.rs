@@ -14,7 +14,8 @@
 //! ```
 //!
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
-//! format or lull version, a snapshot from a CPU of another vendor, a memory file whose size is
+//! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
+//! host lacks, a memory file whose size is
 //! not the manifest's (truncated or replaced), a disk missing or resized since, a vCPU file
 //! whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
@@ -71,17 +72,29 @@ pub fn fnv64(bytes: &[u8]) -> u64 {
     })
 }
 
+/// The value of the first `key` line of /proc/cpuinfo (`vendor_id`, `flags`).
+fn cpuinfo(key: &str) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().to_string())
+}
+
 /// The host CPU's vendor (`vendor_id` of /proc/cpuinfo), or "unknown".
 pub fn host_cpu_vendor() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("vendor_id"))
-                .and_then(|rest| rest.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".to_string())
+    cpuinfo("vendor_id").unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The host CPU's feature flags (`flags` of /proc/cpuinfo), sorted.
+pub fn host_cpu_flags() -> Vec<String> {
+    let mut flags: Vec<String> = cpuinfo("flags")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    flags.sort();
+    flags
 }
 
 /// Reads a small file (a manifest, a vCPU's state), refusing one over [`MAX_SMALL_FILE`].
@@ -174,6 +187,7 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
             want: manifest.memory_bytes,
         });
     }
+    manifest.check_cpu_flags(&host_cpu_flags())?;
     manifest.check_disks()?;
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {

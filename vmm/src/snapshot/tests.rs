@@ -8,6 +8,7 @@ fn manifest(cpus: u32) -> Manifest {
         format_version: FORMAT_VERSION,
         lull_version: env!("CARGO_PKG_VERSION").to_string(),
         cpu_vendor: "GenuineIntel".to_string(),
+        cpu_flags: vec!["fpu".to_string(), "sse2".to_string()],
         contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
         config: VmConfig {
             cpus,
@@ -164,6 +165,22 @@ fn memory_goes_to_a_sparse_file_and_back() {
         .unwrap();
     assert_eq!(&word[..3], b"end");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_host_without_the_snapshots_cpu_features_is_refused() {
+    let m = manifest(1);
+    let flags = |list: &[&str]| list.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+    m.check_cpu_flags(&flags(&["fpu", "sse2", "avx"])).unwrap();
+    let err = m.check_cpu_flags(&flags(&["fpu"])).unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::CpuFeatures { count: 1, missing } if missing == "sse2"),
+        "{err}"
+    );
+    assert!(
+        host_cpu_flags().iter().any(|f| f == "fpu"),
+        "this host has an FPU"
+    );
 }
 
 #[test]

@@ -72,6 +72,7 @@ impl LiveVm {
             format_version: FORMAT_VERSION,
             lull_version: snapshot::LULL_VERSION.to_string(),
             cpu_vendor: snapshot::host_cpu_vendor(),
+            cpu_flags: snapshot::host_cpu_flags(),
             contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
             config: cfg.clone(),
             memory_bytes,

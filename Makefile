@@ -121,7 +121,7 @@ clean-kit:
 FUZZ_TIME          ?= 600
 FUZZ_SMOKE_TIME    ?= 20
 FUZZ_INPUT_TIMEOUT ?= 30
-FUZZ_TARGETS       ?= lapic lapic_idle ioapic serial timer loader cli api virtio_blk virtio_net
+FUZZ_TARGETS       ?= lapic lapic_idle ioapic serial timer loader cli api virtio_blk virtio_net snapshot
 FUZZ_ENV        := RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR=$(CURDIR)/target/fuzz
 
 .PHONY: fuzz fuzz-smoke fuzz-tool

@@ -14,6 +14,7 @@
 //! | `virtio_blk` | `devices::virtio` (virtio-blk on a memory disk behind the virtio-mmio transport and its bus adapter) on a `GuestMemoryMmap`: register accesses, descriptor tables, rings and raw bytes from the input | no panic; the line is high iff InterruptStatus is not zero, and only changes level; FEATURES_OK only for an offered set with VERSION_1; the disk keeps its size, a read-only disk its contents; a notification serves at most the queue's size of chains |
 //! | `virtio_net` | `devices::virtio` (virtio-net on an in-memory backend behind the virtio-mmio transport and its bus adapter) on a `GuestMemoryMmap`: register accesses, both queues' descriptor tables and rings, raw bytes, frames of any length from the host, VMM polls, transmit rate limit | no panic; the line is high iff InterruptStatus is not zero, and only changes level; FEATURES_OK only for an offered set with VERSION_1; every received frame delivered, dropped (counted) or waiting; sent frames reach the backend whole, of valid length, as counted; a pass serves at most a queue's worth of chains; the `ops=` limit holds |
 //! | `api`    | one client connection of the management API: `vmm::api::conn::Conn` (incremental HTTP framing, keep-alive, limits) over `http` and `routes`, on pipelined requests split at arbitrary points | no panic; refusals are 4xx/501; a prefix parses to "need more" or the same request; fed in pieces (input-sized, bytewise) equals fed whole; answers are well-formed HTTP/1.1 with Content-Length, one per request (plus at most one refusal), only the last says close; at most MAX_REQUESTS; a routed `vm.create` validates |
+//! | `snapshot` | a snapshot's manifest and a vCPU state file (`vmm::snapshot`'s reader) | no panic; an accepted manifest is of this format and lull version, its regions fill its memory, its vCPU files are lull's names in order; an accepted vCPU file has the manifest's size and checksum and holds its own vCPU |
 //!
 //! `chip` builds the real irqchip the `lapic` and `serial` targets drive, so a bug in lull's
 //! glue (what `vmm` does between a KVM exit and the devices) shows in them, not only a bug in
@@ -32,6 +33,7 @@ pub mod ioapic;
 pub mod lapic;
 pub mod loader;
 pub mod serial;
+pub mod snapshot;
 pub mod timer_model;
 pub mod virtio_blk;
 pub mod virtio_mmio_driver;

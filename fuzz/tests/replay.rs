@@ -36,7 +36,7 @@ fn replay(target: &str, run: Driver) {
 }
 
 /// Every target's driver, by the name of its `fuzz_targets/` file.
-const TARGETS: [(&str, Driver); 10] = [
+const TARGETS: [(&str, Driver); 11] = [
     ("lapic", lull_fuzz::lapic::run),
     ("lapic_idle", lull_fuzz::lapic::run_idle),
     ("ioapic", lull_fuzz::ioapic::run),
@@ -47,6 +47,7 @@ const TARGETS: [(&str, Driver); 10] = [
     ("api", lull_fuzz::api::run),
     ("virtio_blk", lull_fuzz::virtio_blk::run),
     ("virtio_net", lull_fuzz::virtio_net::run),
+    ("snapshot", lull_fuzz::snapshot::run),
 ];
 
 #[test]

@@ -69,6 +69,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
+    /// Build the VM from the snapshot in DIR (written by vm.snapshot; `--irqchip kernel` VMs
+    /// only) instead of booting a guest; the VM flags are the snapshot's. The restored VM
+    /// starts paused: give --resume to run it (without --api-socket, lull needs it). With
+    /// --api-socket, restore through vm.restore instead. See docs/API.md ("Snapshots").
+    #[arg(long, value_name = "DIR", conflicts_with = "api_socket")]
+    pub restore: Option<PathBuf>,
+
+    /// With --restore: run the restored VM at once.
+    #[arg(long, requires = "restore")]
+    pub resume: bool,
+
     /// lull's own machine code on 2 MiB pages: `on` copies lull's text into transparent huge
     /// pages at start-up, which cuts the TLB misses of a vCPU thread waking from a long sleep:
     /// 2-3 us less of lull's handling per timer event on our hosts, 1-4% of an event's CPU,

@@ -175,6 +175,9 @@ fn main() -> ExitCode {
     if let Some(socket) = &args.api_socket {
         return serve_api(&args, socket);
     }
+    if let Some(dir) = &args.restore {
+        return restore(dir, args.resume, started);
+    }
     let cfg = match args.vm.to_config() {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -191,7 +194,37 @@ fn main() -> ExitCode {
 
 /// Runs the VM of `cfg` to its end; lull's exit status.
 fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: Instant) -> ExitCode {
-    match vmm::vm::run(cfg, other, started) {
+    finish_run(cfg, vmm::vm::run(cfg, other, started))
+}
+
+/// `lull run --restore DIR --resume`: the snapshot's VM, resumed at once, run to its end.
+fn restore(dir: &std::path::Path, resume: bool, started: Instant) -> ExitCode {
+    if !resume {
+        eprintln!(
+            "lull: a restored VM starts paused: give --resume, or restore it with vm.restore \
+             on an --api-socket to resume it later"
+        );
+        return status(exit_code::BAD_INPUT);
+    }
+    let snapshot = match vmm::snapshot::read(dir) {
+        Ok(s) => s,
+        Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
+    };
+    let cfg = snapshot.manifest.config.clone();
+    let result = vmm::vm::restore_observed(&snapshot, started, |live| {
+        if let Err(e) = live.resume() {
+            tracing::error!("cannot resume the restored VM: {e}");
+        }
+    });
+    finish_run(&cfg, result)
+}
+
+/// lull's exit after a run of the VM of `cfg`: its status, the stop said, `--metrics` written.
+fn finish_run(
+    cfg: &vmm::config::VmConfig,
+    result: Result<vmm::vm::RunOutcome, vmm::vm::VmError>,
+) -> ExitCode {
+    match result {
         Ok(mut outcome) => {
             let code = exit_code::for_stop(&outcome.reason);
             outcome.report.exit_status = code;

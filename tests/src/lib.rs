@@ -328,3 +328,41 @@ pub fn start_api_server(name: &str, args: &[&str]) -> Result<ApiServer, Failed> 
         }
     }
 }
+
+/// One request to a lull API socket (`Connection: close`): the status and the body.
+pub fn api_call(
+    socket: &Path,
+    method: &str,
+    endpoint: &str,
+    body: &str,
+) -> Result<(u16, String), Failed> {
+    let request = format!(
+        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    api_raw(socket, request.as_bytes())
+}
+
+/// Sends `bytes` as they are to a lull API socket and reads the answer until lull closes the
+/// connection (up to 60 s): the status and the body.
+pub fn api_raw(socket: &Path, bytes: &[u8]) -> Result<(u16, String), Failed> {
+    use std::io::Write;
+    let mut conn = std::os::unix::net::UnixStream::connect(socket)
+        .map_err(|e| format!("connect to {}: {e}", socket.display()))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(bytes).map_err(|e| format!("send: {e}"))?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)
+        .map_err(|e| format!("receive: {e}"))?;
+    let status = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}

@@ -4,7 +4,7 @@
 //! error bodies, that bad requests leave the VM running, the socket's permissions, and how
 //! lull ends (vmm.shutdown, SIGTERM) with which exit status.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use lull_schema::{RunReport, VcpuSnapshot};
 use lull_tests::{
-    kit_file, kvm_trial, lull_bin, report_from, start_api_server, temp_path, Arguments, Failed,
-    Trial,
+    api_raw, kit_file, kvm_trial, lull_bin, report_from, start_api_server, temp_path, Arguments,
+    Failed, Trial,
 };
 use serde_json::Value;
 
@@ -79,23 +79,7 @@ impl Lull {
 
     /// Sends `bytes` as they are and reads the answer until lull closes the connection.
     fn raw(&self, bytes: &[u8]) -> Result<(u16, String), Failed> {
-        let mut conn = UnixStream::connect(&self.socket).map_err(|e| format!("connect: {e}"))?;
-        conn.set_read_timeout(Some(Duration::from_secs(60)))
-            .map_err(|e| e.to_string())?;
-        conn.write_all(bytes).map_err(|e| format!("send: {e}"))?;
-        let mut answer = String::new();
-        conn.read_to_string(&mut answer)
-            .map_err(|e| format!("receive: {e}"))?;
-        let status = answer
-            .strip_prefix("HTTP/1.1 ")
-            .and_then(|rest| rest.get(..3))
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((status, body))
+        api_raw(&self.socket, bytes)
     }
 
     /// Fails unless `method endpoint` answers `want` (with an error body of messages for a 4xx

@@ -18,16 +18,15 @@
 //! Tests that boot need `/dev/kvm` and are reported as ignored where it is missing; the
 //! others need only the lull binary (lull refuses before it touches KVM).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lull_tests::{
-    kit_dir, kit_file, kvm_trial, lull_bin, run_lull, run_lull_in, start_api_server, take_metrics,
-    temp_path, Arguments, Failed, RunResult, Trial,
+    api_call as api, kit_dir, kit_file, kvm_trial, lull_bin, run_lull, run_lull_in,
+    start_api_server, take_metrics, temp_path, Arguments, Failed, RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -314,29 +313,6 @@ fn too_few_file_descriptors_is_bad_input_with_what_to_raise() -> Result<(), Fail
         DEADLINE,
     )?;
     refused(&r, &["Too many open files", "ulimit -n"])
-}
-
-/// One request to lull's API socket: (status, body).
-fn api(socket: &Path, method: &str, endpoint: &str, body: &str) -> Result<(u16, String), Failed> {
-    let mut conn = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(DEADLINE))
-        .map_err(|e| e.to_string())?;
-    let request = format!(
-        "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(request.as_bytes())
-        .map_err(|e| format!("send: {e}"))?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer)
-        .map_err(|e| format!("receive: {e}"))?;
-    let status = answer
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
-    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    Ok((status, body.unwrap_or_default()))
 }
 
 fn vm_create_checks_inputs_and_a_failed_boot_can_be_recreated() -> Result<(), Failed> {

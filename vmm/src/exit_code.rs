@@ -94,7 +94,8 @@ pub fn for_vm_error(e: &VmError) -> i32 {
         | VmError::SerialFile { .. }
         | VmError::MetricsFile { .. }
         | VmError::Disk(_)
-        | VmError::Net(_) => BAD_INPUT,
+        | VmError::Net(_)
+        | VmError::Snapshot(_) => BAD_INPUT,
         VmError::Kvm(k) if k.is_unavailable() => KVM_UNAVAILABLE,
         VmError::Kvm(KvmError::TooManyCpus { .. } | KvmError::AllocMemory { .. }) => BAD_INPUT,
         VmError::Kvm(_)
@@ -104,7 +105,8 @@ pub fn for_vm_error(e: &VmError) -> i32 {
         | VmError::MmioBus(_)
         | VmError::Host { .. }
         | VmError::EventLoop(_)
-        | VmError::Seccomp(_) => VMM_FAILURE,
+        | VmError::Seccomp(_)
+        | VmError::Restore(_) => VMM_FAILURE,
     }
 }
 

@@ -8,6 +8,7 @@
 //! ```text
 //!  api      --api-socket: the management API; vm.boot runs vm on a thread
 //!  vm       build, run and report one VM (disks, nets, devices, the VMM thread's loop)
+//!  snapshot the snapshot format: manifest, memory file, vCPU state files
 //!  vcpu     one vCPU's state machine, the KVM adapter, generic exits, the device buses
 //!  irqchip  IrqChip/VcpuIrq: kernel (KVM's LAPIC) | user (lull's LAPICs, IOAPIC, timers)
 //!  idle     the halt of a vCPU (halt.rs) and the pure decisions it carries out
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod ratelimit;
 pub mod setup;
 pub mod size;
+pub mod snapshot;
 pub mod state;
 pub mod sync;
 pub mod vcpu;

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //!  NotCreated ──vm.create──► Created ──vm.boot──► Running ──vm.shutdown, vmm.shutdown, ──► Shutdown
-//!                             ▲  ▲  │                      a signal, or the guest's own stop
+//!                             ▲  ▲  │              vm.pause │ ▲ vm.resume   a signal, or the
+//!                             │  │  │                       ▼ │             guest's own stop
+//!                             │  │  │                     Paused ── (stops as Running does)
 //!                             │  └──┘ boot failed: stays Created (500 with the reason)
 //!                             └─ vm.create again, once a boot has failed
 //! ```
@@ -158,6 +160,10 @@ impl Controller {
             ApiRequest::VmReboot => self.reboot(),
             ApiRequest::VmPowerButton => Err(ApiError::NoPowerButton),
             ApiRequest::VmAddNet(net) => self.add_net(*net, fds),
+            ApiRequest::VmPause => self.pause_or_resume("pause"),
+            ApiRequest::VmResume => self.pause_or_resume("resume"),
+            ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
+            ApiRequest::VmRestore(dir) => self.restore(&dir),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -220,6 +226,7 @@ impl Controller {
         let (config, state, stop_reason) = match &self.state {
             VmState::NotCreated => return Err(ApiError::VmNotCreated),
             VmState::Created { cfg, .. } => (cfg, "Created", None),
+            VmState::Running { cfg, vm } if vm.live().is_paused() => (cfg, "Paused", None),
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
@@ -351,6 +358,52 @@ impl Controller {
         };
         self.boot()?;
         tracing::info!("VM rebooted through the API");
+        Ok(Response::no_content())
+    }
+
+    /// `vm.pause` or `vm.resume` (`action`) of the running VM.
+    fn pause_or_resume(&mut self, action: &'static str) -> Result<Response, ApiError> {
+        let vm = match &self.state {
+            VmState::NotCreated => return Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => return Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
+            VmState::Running { vm, .. } => vm.live(),
+        };
+        let done = match action {
+            "pause" => vm.pause(),
+            _ => vm.resume().map(drop),
+        };
+        done.map_err(|source| ApiError::Pause { action, source })?;
+        Ok(Response::no_content())
+    }
+
+    /// `vm.snapshot` of the paused VM into `dir`.
+    fn snapshot(&self, dir: &std::path::Path) -> Result<Response, ApiError> {
+        match &self.state {
+            VmState::NotCreated => Err(ApiError::VmNotCreated),
+            VmState::Created { .. } => Err(ApiError::VmNotBooted),
+            VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
+            VmState::Running { vm, cfg } => {
+                vm.live().snapshot(cfg, dir).map_err(ApiError::Snapshot)?;
+                Ok(Response::no_content())
+            }
+        }
+    }
+
+    /// `vm.restore` of the snapshot in `dir` on a lull with no VM: the VM runs, paused.
+    fn restore(&mut self, dir: &std::path::Path) -> Result<Response, ApiError> {
+        if !matches!(self.state, VmState::NotCreated) {
+            return Err(ApiError::VmAlreadyCreated);
+        }
+        let snapshot = crate::snapshot::read(dir)
+            .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
+        let cfg = Box::new(snapshot.manifest.config.clone());
+        let vm = runner::restore(snapshot, &self.ended).map_err(|e| match e {
+            ApiError::Boot(e) => ApiError::Restore(e),
+            other => other,
+        })?;
+        tracing::info!("VM restored from {} (paused)", dir.display());
+        self.state = VmState::Running { cfg, vm };
         Ok(Response::no_content())
     }
 

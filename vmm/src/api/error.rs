@@ -153,6 +153,27 @@ pub enum ApiError {
     /// The VM thread ended without saying how (a lull bug).
     #[error("The VM thread ended without a result")]
     RunnerLost,
+    /// `vm.pause` or `vm.resume` refused or failed (paused twice, not paused, a vCPU that
+    /// did not stop).
+    #[error("Cannot {action} the VM")]
+    Pause {
+        /// `pause` or `resume`.
+        action: &'static str,
+        /// Why.
+        source: crate::vm::pause::PauseError,
+    },
+    /// The `vm.snapshot` or `vm.restore` body is not the object the endpoint takes.
+    #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}} and vm.restore {{\"source_url\": \"file:///DIR\"}}: {0}")]
+    SnapshotJson(#[source] serde_json::Error),
+    /// The destination is not a `file:///DIR` URL.
+    #[error("Bad snapshot destination")]
+    SnapshotUrl(#[source] crate::snapshot::SnapshotError),
+    /// The snapshot could not be restored (read, refused, or built).
+    #[error("Cannot restore the VM")]
+    Restore(#[source] VmError),
+    /// The snapshot could not be taken.
+    #[error("Cannot snapshot the VM")]
+    Snapshot(#[source] crate::vm::snapshot::TakeError),
     /// A response body could not be encoded (a lull bug).
     #[error("Cannot encode the response: {0}")]
     Encode(#[source] serde_json::Error),
@@ -174,7 +195,9 @@ impl ApiError {
             | Self::AddNetBodyFds
             | Self::AddNetFds(_)
             | Self::AddNetFd(_)
-            | Self::ConfigInputs(_) => 400,
+            | Self::ConfigInputs(_)
+            | Self::SnapshotJson(_)
+            | Self::SnapshotUrl(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
             Self::MethodNotAllowed { .. }
             | Self::VmNotBooted
@@ -199,6 +222,9 @@ impl ApiError {
             | Self::RunFailed(_)
             | Self::StopTimeout
             | Self::RunnerLost
+            | Self::Pause { .. }
+            | Self::Snapshot(_)
+            | Self::Restore(_)
             | Self::Encode(_) => 500,
         }
     }

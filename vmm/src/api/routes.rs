@@ -40,11 +40,19 @@ pub enum ApiRequest {
     /// `vm.add-net` (before boot): a virtio-net device on a named tap or on the tap fd sent
     /// with the request.
     VmAddNet(Box<ch::AddNet>),
+    /// `vm.pause`: stop every vCPU, and the guest's time with them.
+    VmPause,
+    /// `vm.resume`: run a paused VM again.
+    VmResume,
+    /// `vm.snapshot`: write the paused VM to this directory (`file:///DIR`).
+    VmSnapshot(std::path::PathBuf),
+    /// `vm.restore`: build the VM of the snapshot in this directory, paused.
+    VmRestore(std::path::PathBuf),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
 /// it makes (`None`: built from the body, for `vm.create`).
-const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 11] = [
+const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 15] = [
     ("vmm.ping", "GET, PUT", Some(ApiRequest::VmmPing)),
     ("vmm.shutdown", "PUT", Some(ApiRequest::VmmShutdown)),
     ("vm.create", "PUT", None),
@@ -56,6 +64,10 @@ const ENDPOINTS: [(&str, &str, Option<ApiRequest>); 11] = [
     ("vm.reboot", "PUT", Some(ApiRequest::VmReboot)),
     ("vm.power-button", "PUT", Some(ApiRequest::VmPowerButton)),
     ("vm.add-net", "PUT", None),
+    ("vm.pause", "PUT", Some(ApiRequest::VmPause)),
+    ("vm.resume", "PUT", Some(ApiRequest::VmResume)),
+    ("vm.snapshot", "PUT", None),
+    ("vm.restore", "PUT", None),
 ];
 
 /// The request `req` makes, or why it cannot be served.
@@ -74,6 +86,8 @@ pub fn route(req: &Request) -> Result<ApiRequest, ApiError> {
     }
     match request {
         None if name == "vm.add-net" => add_net(&req.body),
+        None if name == "vm.snapshot" => snapshot(&req.body),
+        None if name == "vm.restore" => restore(&req.body),
         None => create(&req.body),
         Some(_) if !req.body.is_empty() => Err(ApiError::UnexpectedBody(name)),
         Some(request) => Ok(request),
@@ -109,6 +123,38 @@ fn add_net(body: &[u8]) -> Result<ApiRequest, ApiError> {
         serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     let net = ch::add_net(&fields).map_err(ApiError::ChConfig)?;
     Ok(ApiRequest::VmAddNet(Box::new(net)))
+}
+
+/// `vm.snapshot`: the body names the directory, `{"destination_url": "file:///DIR"}` (Cloud
+/// Hypervisor's `VmSnapshotConfig`).
+fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    dir_body(body, "vm.snapshot", "destination_url").map(ApiRequest::VmSnapshot)
+}
+
+/// `vm.restore`: the body names the snapshot, `{"source_url": "file:///DIR"}` (Cloud
+/// Hypervisor's `RestoreConfig`).
+fn restore(body: &[u8]) -> Result<ApiRequest, ApiError> {
+    dir_body(body, "vm.restore", "source_url").map(ApiRequest::VmRestore)
+}
+
+/// A body that is the object `{field: "file:///DIR"}` and nothing else: the directory.
+fn dir_body(
+    body: &[u8],
+    endpoint: &'static str,
+    field: &'static str,
+) -> Result<std::path::PathBuf, ApiError> {
+    json_object(body, endpoint, "{\"...\": \"file:///DIR\"}")?;
+    let mut fields: std::collections::BTreeMap<String, String> =
+        serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
+    let url = fields
+        .remove(field)
+        .filter(|_| fields.is_empty())
+        .ok_or_else(|| {
+            ApiError::SnapshotJson(<serde_json::Error as serde::de::Error>::custom(format!(
+                "{endpoint} takes exactly one field, {field}"
+            )))
+        })?;
+    crate::snapshot::dir_of_url(&url).map_err(ApiError::SnapshotUrl)
 }
 
 /// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
@@ -166,6 +212,8 @@ mod tests {
             ("vm.delete", "PUT", ApiRequest::VmDelete),
             ("vm.reboot", "PUT", ApiRequest::VmReboot),
             ("vm.power-button", "PUT", ApiRequest::VmPowerButton),
+            ("vm.pause", "PUT", ApiRequest::VmPause),
+            ("vm.resume", "PUT", ApiRequest::VmResume),
         ] {
             let path = format!("{ROOT}{path}");
             assert_eq!(route(&request(method, &path, "")).unwrap(), want);
@@ -228,6 +276,31 @@ mod tests {
         let messages = err.messages();
         assert_eq!(messages.len(), 2, "{messages:?}");
         assert!(messages[1].contains("vsock="), "{messages:?}");
+    }
+
+    #[test]
+    fn snapshot_takes_a_file_url() {
+        let path = "/api/v1/vm.snapshot";
+        let body = r#"{"destination_url": "file:///tmp/s"}"#;
+        assert_eq!(
+            route(&request("PUT", path, body)).unwrap(),
+            ApiRequest::VmSnapshot("/tmp/s".into())
+        );
+        let restore = r#"{"source_url": "file:///tmp/s"}"#;
+        assert_eq!(
+            route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
+            ApiRequest::VmRestore("/tmp/s".into())
+        );
+        for bad in [
+            "",
+            "[]",
+            r#"{"destination_url": "/tmp/s"}"#,
+            r#"{"destination_url": 5}"#,
+            r#"{"url": "file:///tmp/s"}"#,
+        ] {
+            let err = route(&request("PUT", path, bad)).unwrap_err();
+            assert_eq!(err.status(), 400, "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::error::ApiError;
 use crate::config::VmConfig;
+use crate::snapshot::Snapshot;
 use crate::vm::{self, LiveVm, RunOutcome, VmError};
 
 pub use super::limits::STOP_TIMEOUT;
@@ -40,17 +41,34 @@ pub struct RunningVm {
 /// Builds and starts the VM of `cfg` on a new thread; returns once it runs, or with the reason
 /// it could not be built. `ended` is written when the run ends.
 pub fn start(cfg: &VmConfig, ended: &EventFd) -> Result<RunningVm, ApiError> {
+    let cfg = cfg.clone();
+    spawn(ended, move |on_running| {
+        vm::run_observed(&cfg, Default::default(), Instant::now(), on_running)
+    })
+}
+
+/// Builds the VM of `snapshot` on a new thread, paused; returns once its threads run.
+pub fn restore(snapshot: Snapshot, ended: &EventFd) -> Result<RunningVm, ApiError> {
+    spawn(ended, move |on_running| {
+        vm::restore_observed(&snapshot, Instant::now(), on_running)
+    })
+}
+
+/// Runs `run` on the `vm` thread, which hands the VM to the callback it gets once it runs.
+fn spawn(
+    ended: &EventFd,
+    run: impl FnOnce(Box<dyn FnOnce(LiveVm)>) -> Result<RunOutcome, VmError> + Send + 'static,
+) -> Result<RunningVm, ApiError> {
     let host = |what| move |source| ApiError::Host { what, source };
     let notify = ended.try_clone().map_err(host("the VM-ended eventfd"))?;
     let (tx, events) = mpsc::channel();
-    let cfg = cfg.clone();
     let thread = std::thread::Builder::new()
         .name("vm".to_string())
         .spawn(move || {
             let running = tx.clone();
-            let result = vm::run_observed(&cfg, Default::default(), Instant::now(), |live| {
+            let result = run(Box::new(move |live| {
                 let _ = running.send(RunEvent::Running(live));
-            });
+            }));
             // The server may have gone (lull is exiting); nobody is left to tell then.
             let _ = tx.send(RunEvent::Ended(Box::new(result)));
             let _ = notify.write(1);

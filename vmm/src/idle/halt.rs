@@ -39,6 +39,11 @@ use crate::state::counters::VcpuCounters;
 pub trait VmTime: Clock + Clone + 'static {
     /// The CLOCK_MONOTONIC value of VM-clock time `t`.
     fn to_monotonic(&self, t: Nanos) -> u64;
+    /// The VM is paused at CLOCK_MONOTONIC time `monotonic`: stop (the VM clock's
+    /// `freeze_at`; a fake clock stands still unless its test moves it).
+    fn freeze_at(&self, _monotonic: u64) {}
+    /// The VM resumes after `paused_ns`: go on from where the clock stopped.
+    fn thaw(&self, _paused_ns: u64) {}
 }
 
 /// Tests: the fake clock's zero is CLOCK_MONOTONIC's.

@@ -81,6 +81,15 @@ impl IrqChip for KernelIrqChip {
         }
     }
 
+    fn kick_to_pause(&self) {
+        self.kick_all();
+    }
+
+    // KVM's own clocks (its LAPIC timers, kvmclock) are the VM's business: `vm::pause`.
+    fn paused(&self, _monotonic: u64) {}
+
+    fn resuming(&self, _paused_ns: u64) {}
+
     fn report(&self, _report: &mut RunReport) {}
 }
 

@@ -10,6 +10,7 @@
 //!                  │                               lull's IOAPIC)
 //!                  ├─ start(): helper threads (the `central` model's timer thread)
 //!                  ├─ kick_all(): wake every vCPU so that it sees the stop
+//!                  ├─ kick_to_pause(), paused(), resuming(): pause and resume (`vm::pause`)
 //!                  └─ report(): the chip's part of the `--metrics` JSON
 //!
 //!  vCPU loop (vcpu::run):  before_entry ─► KVM_RUN ─► handle_exit (chip first, then generic)
@@ -176,6 +177,14 @@ pub trait IrqChip: Send + Sync {
     fn start(&self, shared: &Arc<VcpuShared>) -> Result<(), IrqChipError>;
     /// Wakes every vCPU (and helper thread) so that it sees the stop request.
     fn kick_all(&self);
+    /// Wakes every vCPU so that it sees the pause request (`state::pause`), leaving nothing
+    /// behind that would wake it again after the pause.
+    fn kick_to_pause(&self);
+    /// Every vCPU is parked at CLOCK_MONOTONIC time `monotonic`: the chip's clock stops there.
+    fn paused(&self, monotonic: u64);
+    /// The VM resumes after `paused_ns`: the chip's clock goes on from where it stopped and
+    /// its host timers are armed again (before the vCPUs are released).
+    fn resuming(&self, paused_ns: u64);
     /// Fills the chip's part of the run report.
     fn report(&self, report: &mut RunReport);
 }

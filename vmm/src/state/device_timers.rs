@@ -55,6 +55,9 @@ pub struct DeviceTimers {
     pending: Mutex<Vec<(u32, u64)>>,
     /// Timerfd mode: one per device.
     timerfds: Vec<TimerFd>,
+    /// Timerfd mode: each device's armed CLOCK_MONOTONIC deadline, 0 once it fired (what a
+    /// pause disarms and a resume arms again, later by the pause).
+    armed: Vec<AtomicU64>,
 }
 
 impl DeviceTimers {
@@ -72,6 +75,7 @@ impl DeviceTimers {
             counters: (0..count).map(|_| Counters::default()).collect(),
             vmm_thread_fires: (0..count).map(|_| AtomicU64::new(0)).collect(),
             pending: Mutex::new(Vec::new()),
+            armed: timerfds.iter().map(|_| AtomicU64::new(0)).collect(),
             timerfds,
         })
     }
@@ -85,6 +89,7 @@ impl DeviceTimers {
             vmm_thread_fires: Vec::new(),
             pending: Mutex::new(Vec::new()),
             timerfds: Vec::new(),
+            armed: Vec::new(),
         }
     }
 
@@ -119,7 +124,9 @@ impl DeviceTimers {
         match self.mode {
             DeviceTimerMode::Hierarchy => crate::sync::lock(&self.pending).push((id, deadline)),
             DeviceTimerMode::Timerfd => {
-                if let Some(fd) = usize::try_from(id).ok().and_then(|i| self.timerfds.get(i)) {
+                let i = usize::try_from(id).unwrap_or(usize::MAX);
+                if let (Some(fd), Some(armed)) = (self.timerfds.get(i), self.armed.get(i)) {
+                    armed.store(deadline.max(1), Ordering::Release);
                     if let Err(e) = fd.arm_at(deadline) {
                         tracing::warn!("cannot arm a device's refill timerfd: {e}");
                     }
@@ -167,10 +174,39 @@ impl DeviceTimers {
             return;
         };
         if self.timerfds.get(i).is_some_and(TimerFd::consume) {
+            if let Some(armed) = self.armed.get(i) {
+                armed.store(0, Ordering::Release);
+            }
             if let Some(n) = self.vmm_thread_fires.get(i) {
                 n.fetch_add(1, Ordering::Relaxed);
             }
             self.fire(id);
+        }
+    }
+
+    /// The VM is paused (timerfd mode): no refill fires while it is (hierarchy mode needs
+    /// nothing: its timers are on the VM clock, which stops).
+    pub fn pause(&self) {
+        for fd in &self.timerfds {
+            if let Err(e) = fd.disarm() {
+                tracing::warn!("cannot disarm a device's refill timerfd for a pause: {e}");
+            }
+        }
+    }
+
+    /// The VM resumes after `paused_ns`: every refill that had not fired is armed again, as
+    /// far ahead as it was when the VM paused (one that was due fires at once).
+    pub fn resume(&self, paused_ns: u64) {
+        for (fd, armed) in self.timerfds.iter().zip(&self.armed) {
+            let deadline = armed.load(Ordering::Acquire);
+            if deadline == 0 {
+                continue;
+            }
+            let later = deadline.saturating_add(paused_ns);
+            armed.store(later, Ordering::Release);
+            if let Err(e) = fd.arm_at(later) {
+                tracing::warn!("cannot re-arm a device's refill timerfd after a pause: {e}");
+            }
         }
     }
 
@@ -240,6 +276,35 @@ mod tests {
         assert_eq!(dev.lock().unwrap().0, 1);
         let r = t.report();
         assert_eq!((r[1].requested, r[1].fired, r[0].fired), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_paused_refill_waits_and_fires_once_after_the_resume() {
+        let t = Arc::new(DeviceTimers::new(DeviceTimerMode::Timerfd, 1).unwrap());
+        let dev = Arc::new(Mutex::new(Fires::default()));
+        t.set_devices(vec![dev.clone()]);
+        t.handle(0).request(1); // long past: due at once, but the VM pauses first
+        t.pause();
+        t.on_timerfd(0);
+        assert_eq!(dev.lock().unwrap().0, 0, "nothing fires while paused");
+        t.resume(1);
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while dev.lock().unwrap().0 == 0 && std::time::Instant::now() < give_up {
+            t.on_timerfd(0);
+        }
+        assert_eq!(
+            dev.lock().unwrap().0,
+            1,
+            "the refill fires after the resume"
+        );
+        t.pause();
+        t.resume(1);
+        t.on_timerfd(0);
+        assert_eq!(
+            dev.lock().unwrap().0,
+            1,
+            "a fired refill is not armed again"
+        );
     }
 
     #[test]

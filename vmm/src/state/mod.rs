@@ -20,6 +20,9 @@
 //!  device_timers       state::VcpuShared     vCPU threads, timer       the report (summary)
 //!                                            thread, VMM thread (fire,
 //!                                            arm, timerfds)
+//!  pause               state::VcpuShared     the API thread (request,  vCPU threads (each
+//!                                            release); vCPU threads    iteration; they park
+//!                                            (park)                    there)
 //!  started, booted     state::VcpuShared     the vCPU that sees the    the report
 //!                                            boot marker
 //!  ended_threads       state::VcpuShared     each vCPU thread on its   the report
@@ -41,6 +44,7 @@
 pub mod counters;
 pub mod device_timers;
 pub mod net_port;
+pub mod pause;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -50,6 +54,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::host::stats::{self, ThreadStat};
 use crate::state::counters::VcpuCounters;
 use crate::state::device_timers::DeviceTimers;
+use crate::state::pause::PauseGate;
 pub use crate::sync::lock;
 
 /// Why a VM stops.
@@ -153,6 +158,8 @@ pub struct VcpuShared {
     pub ended_threads: Mutex<Vec<ThreadStat>>,
     /// The refill timers of rate-limited devices; empty until the VM puts its devices there.
     pub device_timers: Arc<DeviceTimers>,
+    /// Where vCPU threads wait while the VM is paused.
+    pub pause: PauseGate,
 }
 
 impl VcpuShared {
@@ -165,6 +172,7 @@ impl VcpuShared {
             booted: OnceLock::new(),
             ended_threads: Mutex::new(Vec::new()),
             device_timers: Arc::new(DeviceTimers::none()),
+            pause: PauseGate::default(),
         })
     }
 

@@ -10,6 +10,8 @@
 //!  WaitingForSipi ─ SIPI ─► Runnable   ▼
 //!     (INIT state)                  Stopped ◄── stop requested anywhere
 //! ```
+//! A pause request parks the thread at the top of the loop, in whatever state it is
+//! ([`super::pause`]); it then carries on in that state.
 //!
 //! The irqchip ([`VcpuIrq`]) decides everything about interrupts, timers and idling; this loop
 //! only enters the guest, hands exits out (the chip first, then [`handle_exit`]) and turns
@@ -21,6 +23,7 @@ use kvm_ioctls::VcpuExit;
 
 use super::exit::{handle_exit, DeviceBuses, VcpuAction};
 use super::kvm_port::KvmPort;
+use super::pause;
 use crate::host::sys;
 use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
 use crate::state::{StopReason, VcpuShared};
@@ -99,12 +102,20 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
 /// Runs the vCPU until the VM stops, its exits reaching `buses`. The body of the vCPU's thread.
 pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, buses: &DeviceBuses) {
     irq.attach(&mut port);
+    shared.pause.thread_started();
     let mut state = VcpuState::Runnable;
     let mut exit_clock = ExitClock::default();
+    // The irqchip ends a halt, a wait for SIPI or an entry with `Stop` for a pause request
+    // too: then the vCPU parks at the top of the loop and goes back to the state it was in.
+    let stopping = || shared.stop.is_requested();
     let reason = loop {
         let event = match state {
             VcpuState::Stopped(reason) => break reason,
-            _ if shared.stop.is_requested() => VcpuEvent::StopRequested,
+            _ if stopping() => VcpuEvent::StopRequested,
+            _ if shared.pause.is_requested() => match pause::park(&mut port, shared) {
+                Ok(()) => continue,
+                Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
+            },
             VcpuState::Runnable => match irq.before_entry(&mut port) {
                 Entry::Enter => VcpuEvent::Exited(enter_guest(
                     &mut port,
@@ -113,10 +124,15 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, bu
                     buses,
                     &mut exit_clock,
                 )),
+                Entry::Stop if !stopping() => continue,
                 other => VcpuEvent::BeforeEntry(other),
             },
-            VcpuState::Halted => VcpuEvent::HaltEnded(irq.halted(&mut port)),
+            VcpuState::Halted => match irq.halted(&mut port) {
+                HaltEnd::Stop if !stopping() => continue,
+                end => VcpuEvent::HaltEnded(end),
+            },
             VcpuState::WaitingForSipi => match wait_for_sipi(&mut port, irq.as_mut()) {
+                Ok(false) if !stopping() => continue,
                 Ok(started) => VcpuEvent::SipiWaitEnded(started),
                 Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
             },
@@ -127,6 +143,7 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, bu
         state = next_state(event);
     };
     irq.detach(&mut port);
+    shared.pause.thread_ended();
     match reason {
         Some(reason) => shared.stop_from_thread(reason),
         None => shared.thread_ended(),

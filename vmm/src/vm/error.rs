@@ -77,4 +77,10 @@ pub enum VmError {
     /// A seccomp filter could not be built or installed.
     #[error(transparent)]
     Seccomp(#[from] crate::host::seccomp::SeccompError),
+    /// A snapshot cannot be read or is refused.
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
+    /// A snapshot this lull cannot restore, or a state KVM would not take back.
+    #[error("Cannot restore the snapshot: {0}")]
+    Restore(String),
 }

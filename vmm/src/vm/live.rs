@@ -3,14 +3,17 @@
 use std::sync::Arc;
 
 use ::devices::serial::SerialCounters;
+use kvm_ioctls::VmFd;
+use vm_memory::GuestMemoryMmap;
 
+use super::pause_state::PauseState;
 use super::run_stats::RunStats;
 use crate::irqchip::IrqChip;
 use crate::state::{StopReason, VcpuShared};
 use crate::vcpu::DeviceBuses;
 
 /// A running VM as another thread sees it: what it needs to read the VM's counters
-/// ([`super::report::live`]) and to ask it to stop.
+/// ([`super::report::live`]), to pause and resume it ([`super::pause`]) and to ask it to stop.
 #[derive(Clone)]
 pub struct LiveVm {
     pub(super) shared: Arc<VcpuShared>,
@@ -18,11 +21,16 @@ pub struct LiveVm {
     pub(super) stats: Arc<RunStats>,
     pub(super) chip: Arc<dyn IrqChip>,
     pub(super) serial: Arc<SerialCounters>,
+    pub(super) vm: Arc<VmFd>,
+    pub(super) pause: Arc<PauseState>,
+    pub(super) mem: Arc<GuestMemoryMmap>,
 }
 
 impl LiveVm {
     /// Asks the VM to stop (the first request wins); [`super::run`] then returns as for any stop.
     pub fn request_stop(&self, reason: StopReason) {
         self.shared.stop.request(reason);
+        // Paused vCPUs leave the gate and stop.
+        self.shared.pause.stop();
     }
 }

@@ -10,7 +10,8 @@
 //! interrupts or idling (that is the irqchip's and the idle core's).
 //!
 //! [`run_observed`] also hands a [`LiveVm`] to its caller once every thread runs: the
-//! management API reads live counters through it and asks the VM to stop.
+//! management API reads live counters through it, pauses and resumes the VM ([`pause`]) and
+//! asks it to stop.
 
 pub mod devices;
 pub mod disks;
@@ -23,8 +24,12 @@ pub mod kvm;
 mod live;
 pub mod nets;
 pub mod paths;
+pub mod pause;
+mod pause_state;
 pub mod report;
+mod restore;
 mod run_stats;
+pub mod snapshot;
 pub mod test_devices;
 pub mod vcpus;
 
@@ -39,6 +44,7 @@ use crate::host::console::SinkFailureHook;
 use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
 use crate::setup::boot::{self, BootSpec};
+use crate::snapshot::Snapshot;
 use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses};
@@ -64,8 +70,12 @@ struct LoadedVm {
     entry: boot::cpu_state::EntryMode,
 }
 
-/// Opens KVM, creates the VM and its memory, loads the guest.
-fn load(cfg: &VmConfig, image: &GuestImage) -> Result<LoadedVm, VmError> {
+/// Opens KVM, creates the VM and its memory, loads the guest (or the snapshot's memory).
+fn load(
+    cfg: &VmConfig,
+    image: &GuestImage,
+    snapshot: Option<&Snapshot>,
+) -> Result<LoadedVm, VmError> {
     let user = cfg.irqchip == IrqchipMode::User;
     let kvm = kvm::open_kvm(cfg.cpus)?;
     let mem: Arc<GuestMemoryMmap> = Arc::new(kvm::create_guest_memory(cfg.memory.0)?);
@@ -80,7 +90,11 @@ fn load(cfg: &VmConfig, image: &GuestImage) -> Result<LoadedVm, VmError> {
         cpus: cfg.cpus,
         memory: cfg.memory.0,
     };
+    // A restored vCPU's registers replace the boot state `entry` gives the boot CPU.
     let entry = boot::load(&mem, &spec)?;
+    if let Some(s) = snapshot {
+        crate::snapshot::memory::read_into(&mem, &s.memory, &s.manifest.regions)?;
+    }
     tracing::debug!(?image, ?entry, "guest loaded");
     Ok(LoadedVm {
         kvm,
@@ -124,6 +138,29 @@ pub fn run_observed(
     started: Instant,
     on_running: impl FnOnce(LiveVm),
 ) -> Result<RunOutcome, VmError> {
+    run_from(cfg, other, started, on_running, None)
+}
+
+/// Builds the VM of `snapshot` (`--irqchip kernel` only, see [`restore`]), hands it to
+/// `on_running` paused, and runs it to the end once resumed.
+pub fn restore_observed(
+    snapshot: &Snapshot,
+    started: Instant,
+    on_running: impl FnOnce(LiveVm),
+) -> Result<RunOutcome, VmError> {
+    let cfg = &snapshot.manifest.config;
+    restore::check(snapshot)?;
+    run_from(cfg, Default::default(), started, on_running, Some(snapshot))
+}
+
+/// [`run_observed`], booting the guest, or restoring `snapshot` (its VM starts paused).
+fn run_from(
+    cfg: &VmConfig,
+    other: inputs::OtherPaths<'_>,
+    started: Instant,
+    on_running: impl FnOnce(LiveVm),
+    snapshot: Option<&Snapshot>,
+) -> Result<RunOutcome, VmError> {
     let inputs::Inputs {
         image,
         disks: open_disks,
@@ -132,8 +169,12 @@ pub fn run_observed(
     check_metrics_path(cfg)?;
     let sink = devices::console_sink(&cfg.serial)?;
     let sink_failure = sink.failure_hook();
-    let loaded = load(cfg, &image)?;
+    let loaded = load(cfg, &image, snapshot)?;
     let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
+    let tsc_movable = vcpus.tsc_movable;
+    if let Some(s) = snapshot {
+        restore::apply(s, &loaded.vm, &vcpus.ports)?;
+    }
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
     let console = devices::console(chip.as_ref(), sink)?;
     let serial_counters = lock(&console.console).counters();
@@ -162,6 +203,10 @@ pub fn run_observed(
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::host::seccomp::prepare(cfg.seccomp)?;
+    if snapshot.is_some() {
+        // A restored VM starts paused: its vCPUs park before their first entry.
+        shared.pause.request();
+    }
     let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {
@@ -174,6 +219,16 @@ pub fn run_observed(
         stats,
         chip: chip.clone(),
         serial: serial_counters,
+        vm: loaded.vm.clone(),
+        pause: match snapshot {
+            None => pause_state::not_paused(tsc_movable),
+            Some(s) => pause_state::paused_since(
+                tsc_movable,
+                crate::host::sys::clock::monotonic_ns(),
+                s.kvm_vm.clock,
+            ),
+        },
+        mem: loaded.mem.clone(),
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {
@@ -236,6 +291,7 @@ fn finish(
     console: &devices::ConsoleParts,
 ) -> RunReport {
     let host = report::host_facts(live);
+    live.shared.pause.stop();
     live.chip.kick_all();
     disks::sync(disk_files);
     let shrunk = disks::shrink_error_total(&live.stats.disk_shrink_errors);
@@ -254,6 +310,7 @@ fn stop_started(shared: &VcpuShared, chip: &dyn IrqChip, why: &VmError) {
     shared
         .stop
         .request(StopReason::VmmError(format!("start failed: {why}")));
+    shared.pause.stop();
     chip.kick_all();
 }
 

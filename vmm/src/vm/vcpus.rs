@@ -32,6 +32,8 @@ pub struct CreatedVcpus {
     pub tsc_khz: u32,
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0], which lull passes through).
     pub max_phys_addr_bits: u8,
+    /// KVM can move the guest TSC back by a pause (`vcpu::pause::tsc_movable`).
+    pub tsc_movable: bool,
 }
 
 /// MAXPHYADDR as `cpuid` tells it to the guest: leaf 0x80000008 EAX[7:0], else 36.
@@ -82,10 +84,15 @@ pub fn create(
         let boot_entry = (port.id == 0).then_some(entry);
         vcpu::configure(&port.fd, port.id, &setup, boot_entry)?;
     }
+    let tsc_movable = ports
+        .first()
+        .is_some_and(|bsp| vcpu::pause::tsc_movable(&bsp.fd));
+    tracing::debug!(tsc_movable, "guest TSC can move back by a pause");
     Ok(CreatedVcpus {
         ports,
         tsc_khz,
         max_phys_addr_bits: max_phys_addr_bits(supported.as_slice()),
+        tsc_movable,
     })
 }
 

@@ -1,6 +1,6 @@
 //! KVM calls that need `unsafe`: the ioctls kvm-ioctls does not wrap (KVM_INTERRUPT,
-//! KVM_GET_STATS_FD, a vCPU's KVM_GET_DEVICE_ATTR), memory-slot registration, and reading
-//! the internal-error member of the exit union.
+//! KVM_GET_STATS_FD, a vCPU's KVM_GET_DEVICE_ATTR and KVM_SET_DEVICE_ATTR for its TSC
+//! offset), memory-slot registration, and reading the internal-error member of the exit union.
 
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
@@ -28,6 +28,12 @@ mod nr {
         0xe2,
         kvm_bindings::kvm_device_attr
     );
+    ioctl_iow_nr!(
+        KVM_SET_DEVICE_ATTR,
+        KVMIO,
+        0xe1,
+        kvm_bindings::kvm_device_attr
+    );
 }
 
 /// KVM_INTERRUPT: queues external interrupt `vector` for the next entry of `vcpu` (only
@@ -38,7 +44,32 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> std::io::Result<()> {
     };
     // SAFETY: KVM_INTERRUPT reads one kvm_interrupt from `irq`, which outlives the call;
     // `vcpu` is a live vCPU fd.
-    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_INTERRUPT(), &irq) };
+    errno_result(unsafe { ioctl_with_ref(vcpu, nr::KVM_INTERRUPT(), &irq) })
+}
+
+/// The TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+): the
+/// guest TSC is the host TSC plus this (wrapping), unless KVM scales the guest's TSC.
+pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
+    let mut offset: u64 = 0;
+    let attr = tsc_offset_attr(std::ptr::addr_of_mut!(offset) as u64);
+    // SAFETY: KVM_GET_DEVICE_ATTR reads `attr` and writes one u64 (the offset) to `attr.addr`,
+    // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
+    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_GET_DEVICE_ATTR(), &attr) };
+    errno_result(rc).map(|()| offset)
+}
+
+/// The device attribute of a vCPU's TSC offset, its value at `addr`.
+fn tsc_offset_attr(addr: u64) -> kvm_device_attr {
+    kvm_device_attr {
+        flags: 0,
+        group: KVM_VCPU_TSC_CTRL,
+        attr: u64::from(KVM_VCPU_TSC_OFFSET),
+        addr,
+    }
+}
+
+/// An ioctl's return code as a result.
+fn errno_result(rc: i32) -> std::io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
@@ -46,24 +77,20 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> std::io::Result<()> {
     }
 }
 
-/// The TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+): the
-/// guest TSC is the host TSC plus this (wrapping), unless KVM scales the guest's TSC.
-pub fn tsc_offset(vcpu: &VcpuFd) -> std::io::Result<u64> {
-    let mut offset: u64 = 0;
-    let attr = kvm_device_attr {
-        flags: 0,
-        group: KVM_VCPU_TSC_CTRL,
-        attr: u64::from(KVM_VCPU_TSC_OFFSET),
-        addr: std::ptr::addr_of_mut!(offset) as u64,
-    };
-    // SAFETY: KVM_GET_DEVICE_ATTR reads `attr` and writes one u64 (the offset) to `attr.addr`,
+/// Sets the TSC offset KVM adds to the host TSC for `vcpu` (KVM_VCPU_TSC_OFFSET, Linux 5.16+):
+/// how lull moves a vCPU's TSC back by the time the VM was paused.
+pub fn set_tsc_offset(vcpu: &VcpuFd, offset: u64) -> std::io::Result<()> {
+    let attr = tsc_offset_attr(std::ptr::addr_of!(offset) as u64);
+    // SAFETY: KVM_SET_DEVICE_ATTR reads `attr` and one u64 (the offset) from `attr.addr`,
     // which points at `offset`; both outlive the call. `vcpu` is a live vCPU fd.
-    let rc = unsafe { ioctl_with_ref(vcpu, nr::KVM_GET_DEVICE_ATTR(), &attr) };
-    if rc == 0 {
-        Ok(offset)
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    errno_result(unsafe { ioctl_with_ref(vcpu, nr::KVM_SET_DEVICE_ATTR(), &attr) })
+}
+
+/// KVM_SET_XSAVE: gives `vcpu` the FPU/SSE/AVX state of a snapshot.
+pub fn set_xsave(vcpu: &VcpuFd, xsave: &kvm_bindings::kvm_xsave) -> Result<(), kvm_ioctls::Error> {
+    // SAFETY: `xsave` is a whole kvm_xsave (4 KiB, what KVM_GET_XSAVE filled in), so KVM reads
+    // no more than the struct holds; `vcpu` is a live vCPU fd.
+    unsafe { vcpu.set_xsave(xsave) }
 }
 
 /// A binary statistics fd for a VM or vCPU fd (Linux 5.14+); `None` where KVM has none.

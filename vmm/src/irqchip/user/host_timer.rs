@@ -3,16 +3,20 @@
 //! created on first use by that thread; a blocked vCPU waits on its wake-up timerfd (which the
 //! timer model re-arms from any thread without waking it) or, with `--timer-slack`, on a
 //! ranged timeout with that timerfd as its doorbell (`ranged_wake.rs`), and the `central`
-//! model's thread waits on a timerfd too.
+//! model's thread waits on a timerfd too. Each remembers the VM-clock deadline it is armed for
+//! and registers with the clock, which re-arms it when the VM resumes from a pause
+//! (`irqchip::clock`).
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use timer::{HostTimer, HostTimerError, Nanos};
 
 use super::ranged_wake::RangedWake;
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
-use crate::irqchip::clock::VmClock;
+use crate::irqchip::clock::{Rearm, VmClock};
+use crate::state::lock;
 
 fn host_err(e: std::io::Error) -> HostTimerError {
     HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(
@@ -20,34 +24,63 @@ fn host_err(e: std::io::Error) -> HostTimerError {
     ))
 }
 
+/// No deadline armed.
+const DISARMED: Nanos = Nanos::MAX;
+
 /// A vCPU thread's host tick: a POSIX timer created by the thread that first arms it.
 pub struct ThreadTickTimer {
     clock: VmClock,
-    timer: Option<PosixTimer>,
+    tick: Arc<Tick>,
+}
+
+/// The POSIX timer (once created) and the VM-clock deadline it is armed for, which a thaw of
+/// the clock re-arms from the resuming thread.
+struct Tick {
+    timer: Mutex<Option<PosixTimer>>,
+    deadline: AtomicU64,
 }
 
 impl ThreadTickTimer {
     /// A timer on `clock`'s time base, not yet created.
     pub fn new(clock: VmClock) -> Self {
-        Self { clock, timer: None }
+        let tick = Arc::new(Tick {
+            timer: Mutex::new(None),
+            deadline: AtomicU64::new(DISARMED),
+        });
+        clock.on_thaw(Arc::downgrade(&(tick.clone() as Arc<dyn Rearm>)));
+        Self { clock, tick }
     }
+}
 
-    fn timer(&mut self) -> Result<&mut PosixTimer, HostTimerError> {
-        match &mut self.timer {
-            Some(t) => Ok(t),
-            slot @ None => Ok(slot.insert(PosixTimer::for_current_thread().map_err(host_err)?)),
+impl Rearm for Tick {
+    fn rearm(&self, clock: &VmClock) {
+        let deadline = self.deadline.load(Ordering::Acquire);
+        if deadline == DISARMED {
+            return;
+        }
+        if let Some(t) = lock(&self.timer).as_mut() {
+            if let Err(e) = t.arm_at(clock.to_monotonic(deadline)) {
+                tracing::warn!("cannot re-arm a vCPU's host tick after a pause: {e}");
+            }
         }
     }
 }
 
 impl HostTimer for ThreadTickTimer {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
-        let at = self.clock.to_monotonic(deadline);
-        self.timer()?.arm_at(at).map_err(host_err)
+        let mut timer = lock(&self.tick.timer);
+        let t = match &mut *timer {
+            Some(t) => t,
+            slot @ None => slot.insert(PosixTimer::for_current_thread().map_err(host_err)?),
+        };
+        self.tick.deadline.store(deadline, Ordering::Release);
+        t.arm_at(self.clock.to_monotonic(deadline))
+            .map_err(host_err)
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
-        match &mut self.timer {
+        self.tick.deadline.store(DISARMED, Ordering::Release);
+        match lock(&self.tick.timer).as_mut() {
             Some(t) => t.disarm().map_err(host_err),
             None => Ok(()),
         }
@@ -60,34 +93,40 @@ pub struct SharedTimerFd {
     fd: TimerFd,
     clock: VmClock,
     ranged: Option<RangedWake>,
+    /// The VM-clock deadline armed (a thaw of the clock re-arms it).
+    deadline: AtomicU64,
 }
 
 impl SharedTimerFd {
     /// A disarmed timerfd on `clock`'s time base whose reads block (the central thread's).
-    pub fn new(clock: VmClock) -> std::io::Result<Self> {
-        Ok(Self {
-            fd: TimerFd::new()?,
-            clock,
-            ranged: None,
-        })
+    pub fn new(clock: VmClock) -> std::io::Result<Arc<Self>> {
+        Ok(Self::registered(TimerFd::new()?, clock, None))
     }
 
     /// A disarmed timerfd on `clock`'s time base to wait on with poll (a vCPU's wake-up).
-    pub fn for_poll(clock: VmClock) -> std::io::Result<Self> {
-        Ok(Self {
-            fd: TimerFd::nonblocking()?,
-            clock,
-            ranged: None,
-        })
+    pub fn for_poll(clock: VmClock) -> std::io::Result<Arc<Self>> {
+        Ok(Self::registered(TimerFd::nonblocking()?, clock, None))
+    }
+
+    fn registered(fd: TimerFd, clock: VmClock, ranged: Option<RangedWake>) -> Arc<Self> {
+        let this = Arc::new(Self {
+            fd,
+            clock: clock.clone(),
+            ranged,
+            deadline: AtomicU64::new(DISARMED),
+        });
+        clock.on_thaw(Arc::downgrade(&(this.clone() as Arc<dyn Rearm>)));
+        this
     }
 
     /// A vCPU's ranged wake-up (`--timer-slack`): arms record the wake-up for the sleeper's
     /// timeout and program the timerfd only as its doorbell (see [`RangedWake`]).
-    pub fn ranged_for_poll(clock: VmClock) -> std::io::Result<Self> {
-        Ok(Self {
-            ranged: Some(RangedWake::default()),
-            ..Self::for_poll(clock)?
-        })
+    pub fn ranged_for_poll(clock: VmClock) -> std::io::Result<Arc<Self>> {
+        Ok(Self::registered(
+            TimerFd::nonblocking()?,
+            clock,
+            Some(RangedWake::default()),
+        ))
     }
 
     /// The ranged wake-up, if this is one.
@@ -111,6 +150,7 @@ impl SharedTimerFd {
     /// Arms for an absolute VM-clock deadline (ranged: rings the doorbell only if the sleeper
     /// waits for later).
     pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        self.deadline.store(deadline, Ordering::Release);
         if let Some(r) = &self.ranged {
             if !r.arm(deadline) {
                 return Ok(());
@@ -124,6 +164,7 @@ impl SharedTimerFd {
 
     /// Disarms (ranged: no system call; a doorbell still armed is cleared by the sleeper).
     pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        self.deadline.store(DISARMED, Ordering::Release);
         if let Some(r) = &self.ranged {
             r.disarm();
             return Ok(());
@@ -134,6 +175,19 @@ impl SharedTimerFd {
     /// Blocks until the timer expires.
     pub fn wait(&self) -> std::io::Result<u64> {
         self.fd.wait()
+    }
+}
+
+impl Rearm for SharedTimerFd {
+    fn rearm(&self, clock: &VmClock) {
+        let deadline = self.deadline.load(Ordering::Acquire);
+        // A ranged sleeper was woken for the pause and computes its timeout afresh.
+        if deadline == DISARMED || self.ranged.is_some() {
+            return;
+        }
+        if let Err(e) = self.fd.arm_at(clock.to_monotonic(deadline)) {
+            tracing::warn!("cannot re-arm a timerfd after a pause: {e}");
+        }
     }
 }
 

@@ -157,21 +157,23 @@ impl UserIrqChip<VmClock> {
         tracing::debug!("guest TSC map: TSC read within {} ns", sample.window());
         let tsc = (sample.tsc, sample.after);
         let central = match cfg.model {
-            ModelKind::Central => Some(Arc::new(SharedTimerFd::new(clock).map_err(|source| {
-                IrqChipError::Host {
-                    what: "the central timer thread's timerfd",
-                    source,
-                }
-            })?)),
+            ModelKind::Central => {
+                Some(
+                    SharedTimerFd::new(clock.clone()).map_err(|source| IrqChipError::Host {
+                        what: "the central timer thread's timerfd",
+                        source,
+                    })?,
+                )
+            }
             _ => None,
         };
         let mut host = |cpu: Option<usize>| -> Box<dyn HostTimer> {
             match (cpu, &central) {
                 (None, Some(fd)) => Box::new(SharedHostTimer(fd.clone())),
-                _ => Box::new(ThreadTickTimer::new(clock)),
+                _ => Box::new(ThreadTickTimer::new(clock.clone())),
             }
         };
-        let mut chip = Self::with_clock(cfg, mem, clock, tsc, &mut host)?;
+        let mut chip = Self::with_clock(cfg, mem, clock.clone(), tsc, &mut host)?;
         chip.central = central;
         chip.attach_wake_timers()?;
         Ok(chip)
@@ -180,18 +182,18 @@ impl UserIrqChip<VmClock> {
     /// Gives every vCPU's timers a wake-up timerfd on the VM clock, which its blocked thread
     /// waits on and other threads may re-arm (see `UserVcpuIrq::block_until`).
     fn attach_wake_timers(&mut self) -> Result<(), IrqChipError> {
-        let clock = self.clock;
+        let clock = self.clock.clone();
         let ranged = !crate::idle::slack::hard_wait(self.idle.timer_slack);
         for part in lock(&self.parts).iter_mut().flatten() {
             let fd = if ranged {
-                SharedTimerFd::ranged_for_poll(clock)
+                SharedTimerFd::ranged_for_poll(clock.clone())
             } else {
-                SharedTimerFd::for_poll(clock)
+                SharedTimerFd::for_poll(clock.clone())
             };
-            let wake = Arc::new(fd.map_err(|source| IrqChipError::Host {
+            let wake = fd.map_err(|source| IrqChipError::Host {
                 what: "a vCPU's wake-up timerfd",
                 source,
-            })?);
+            })?;
             part.1
                 .set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
             part.2 = Some(wake);
@@ -448,6 +450,24 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         for m in self.router.mailboxes() {
             m.flag_control();
         }
+        if let Some(fd) = &self.central {
+            let _ = fd.arm_at(0);
+        }
+    }
+
+    fn kick_to_pause(&self) {
+        for m in self.router.mailboxes() {
+            m.kick();
+        }
+    }
+
+    fn paused(&self, monotonic: u64) {
+        self.clock.freeze_at(monotonic);
+    }
+
+    fn resuming(&self, paused_ns: u64) {
+        self.clock.thaw(paused_ns);
+        // The central thread may be waiting on a deadline it armed while the clock stood.
         if let Some(fd) = &self.central {
             let _ = fd.arm_at(0);
         }

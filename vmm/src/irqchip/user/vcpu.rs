@@ -175,8 +175,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         &self.counters
     }
 
+    /// A stop or a pause: either way the vCPU leaves its halt or wait (`vcpu::run` tells them
+    /// apart and parks for a pause).
     fn stop_requested(&self) -> bool {
-        self.shared.stop.is_requested()
+        self.shared.stop.is_requested() || self.shared.pause.is_requested()
     }
 
     /// Drains the mailbox, runs due timers and the LAPIC timer, re-arms queued global timers.
@@ -471,7 +473,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             &self.clock,
             until,
             wake_on_work,
-            || shared.stop.is_requested(),
+            || shared.stop.is_requested() || shared.pause.is_requested(),
         );
         self.counters()
             .blocked_ns

@@ -1,0 +1,61 @@
+//! The `snapshot` target: arbitrary bytes as a snapshot's manifest and a state file (split at
+//! the first NUL byte), read as each vCPU's and as the VM's, through the reader's checks
+//! (`vmm::snapshot`).
+//!
+//! Checks: nothing panics; a manifest that is accepted is of this format and lull version,
+//! its regions add up to its memory size, it lists one `vcpu-N.json` per vCPU in order (so no
+//! name can leave the snapshot directory); a vCPU file that is accepted has the manifest's
+//! size and checksum and holds the state of the vCPU at its place; so does an accepted VM
+//! state file.
+
+use std::path::Path;
+
+use vmm::snapshot::manifest::vcpu_file_name;
+use vmm::snapshot::{fnv64, parse_kvm_vm, parse_vcpu, Manifest, FORMAT_VERSION};
+
+/// The host vendor the manifests are checked against.
+const VENDOR: &str = "GenuineIntel";
+
+/// Runs one input.
+pub fn run(data: &[u8]) {
+    let (manifest, vcpu) = match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(m) = Manifest::parse(manifest, VENDOR) else {
+        return;
+    };
+    assert_eq!(m.format_version, FORMAT_VERSION);
+    assert_eq!(m.lull_version, vmm_version());
+    assert_eq!(m.cpu_vendor, VENDOR);
+    let total = m
+        .regions
+        .iter()
+        .try_fold(0u64, |s, r| s.checked_add(r.bytes));
+    assert_eq!(total, Some(m.memory_bytes), "regions must fill the memory");
+    assert_eq!(usize::try_from(m.config.cpus).ok(), Some(m.vcpus.len()));
+    for (i, v) in m.vcpus.iter().enumerate() {
+        assert_eq!(
+            v.file,
+            vcpu_file_name(i),
+            "a vCPU file lull would not write"
+        );
+    }
+    for (i, entry) in m.vcpus.iter().enumerate() {
+        if let Ok(state) = parse_vcpu(i, entry, Path::new(&entry.file), vcpu) {
+            assert_eq!(usize::try_from(state.id).ok(), Some(i));
+            assert_eq!(u64::try_from(vcpu.len()).ok(), Some(entry.bytes));
+            assert_eq!(fnv64(vcpu), entry.fnv64);
+        }
+    }
+    let entry = &m.kvm_vm;
+    if parse_kvm_vm(entry, Path::new(&entry.file), vcpu).is_ok() {
+        assert_eq!(u64::try_from(vcpu.len()).ok(), Some(entry.bytes));
+        assert_eq!(fnv64(vcpu), entry.fnv64);
+    }
+}
+
+/// The version of the `vmm` crate the manifests must name (the workspace's).
+fn vmm_version() -> &'static str {
+    vmm::snapshot::LULL_VERSION
+}

@@ -1,0 +1,150 @@
+//! Why a snapshot cannot be written or read: one message per way it can go wrong, each saying
+//! what to do.
+
+use std::path::PathBuf;
+
+/// The most a manifest or a vCPU file may hold.
+pub const MAX_SMALL_FILE: u64 = 1 << 20;
+
+/// Why a snapshot cannot be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The URL is not `file:///absolute/dir`.
+    #[error(
+        "{0:?} is not a file:///DIR URL: give the snapshot directory as file:///absolute/path"
+    )]
+    NotFileUrl(String),
+    /// A file could not be read or written.
+    #[error("Cannot {what} {path}: {source}")]
+    Io {
+        /// What lull did.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A manifest or vCPU file is larger than any lull writes.
+    #[error("{path} is {bytes} bytes, more than a snapshot's {max} allows: not a lull snapshot file", max = MAX_SMALL_FILE)]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// The manifest is not JSON of a lull snapshot.
+    #[error("The manifest is not a lull snapshot manifest (corrupt or not lull's): {0}")]
+    ManifestJson(#[source] serde_json::Error),
+    /// The snapshot's format is not this lull's.
+    #[error("The snapshot's format is version {found}; this lull reads version {supported}: restore it with the lull that made it ({lull})")]
+    FormatVersion {
+        /// The snapshot's.
+        found: u32,
+        /// This lull's.
+        supported: u32,
+        /// The lull version that wrote it.
+        lull: String,
+    },
+    /// The snapshot was made by another lull version.
+    #[error("The snapshot was made by lull {found}; this is lull {running}: restore it with lull {found}")]
+    LullVersion {
+        /// The snapshot's.
+        found: String,
+        /// This lull's.
+        running: &'static str,
+    },
+    /// The snapshot was made on a CPU of another vendor.
+    #[error("The snapshot was made on a {found} CPU; this host's is {host}: restore it on a {found} host")]
+    CpuVendor {
+        /// The snapshot's.
+        found: String,
+        /// This host's.
+        host: String,
+    },
+    /// This host's CPU lacks features the snapshot's had.
+    #[error("This host's CPU lacks {count} feature(s) the snapshot's CPU had ({missing}): restore it on a host with them")]
+    CpuFeatures {
+        /// How many are missing.
+        count: usize,
+        /// The first of them.
+        missing: String,
+    },
+    /// The memory file's size is not the manifest's.
+    #[error("{path} is {found} bytes; the manifest says {want}: the memory file is truncated or not this snapshot's")]
+    MemorySize {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        found: u64,
+        /// The manifest's.
+        want: u64,
+    },
+    /// The manifest's memory regions do not add up to its memory size.
+    #[error("The manifest's memory regions do not fill its {0} bytes of memory: corrupt manifest")]
+    MemoryRegions(u64),
+    /// The manifest's vCPU list does not match its VM.
+    #[error(
+        "The manifest lists {found} vCPU file(s) for a VM of {want} vCPU(s): corrupt manifest"
+    )]
+    VcpuCount {
+        /// Listed.
+        found: usize,
+        /// In the configuration.
+        want: u32,
+    },
+    /// A state file is not what the manifest says.
+    #[error("{path} does not match the manifest's checksum: the saved state is corrupt")]
+    VcpuChecksum {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A state file does not hold the state it should.
+    #[error("{path} is not a saved state of this lull: {source}")]
+    VcpuJson {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// A vCPU file holds another vCPU's state.
+    #[error("vCPU file {index} holds the state of vCPU {found}: corrupt snapshot")]
+    VcpuId {
+        /// Its place in the manifest.
+        index: usize,
+        /// The vCPU it holds.
+        found: u32,
+    },
+    /// The manifest names a state file lull would not write (`vcpu-N.json` in vCPU order,
+    /// `kvm-vm.json`).
+    #[error("The manifest names state file {0:?}, not one of lull's: corrupt manifest")]
+    VcpuFileName(String),
+    /// A disk of the VM is missing.
+    #[error("The VM's disk {path} cannot be found ({source}): put the image back where it was")]
+    DiskMissing {
+        /// The image.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A disk of the VM changed size.
+    #[error("The VM's disk {path} is {found} bytes; it was {want} at the snapshot: restore the image the snapshot was taken with")]
+    DiskResized {
+        /// The image.
+        path: PathBuf,
+        /// Its size now.
+        found: u64,
+        /// Its size then.
+        want: u64,
+    },
+    /// The snapshot is of an `--irqchip user` VM, which this format cannot restore yet.
+    #[error("The snapshot is of an --irqchip user VM, whose LAPICs, IOAPIC and timers this snapshot format does not hold yet: only snapshots of --irqchip kernel VMs can be restored")]
+    UserIrqchip,
+    /// A vCPU could not read its state.
+    #[error("vCPU {id} could not read its state: {why}")]
+    Save {
+        /// The vCPU.
+        id: u32,
+        /// Why.
+        why: String,
+    },
+}

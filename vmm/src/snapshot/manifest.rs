@@ -1,0 +1,201 @@
+//! The snapshot's manifest: what the directory holds and what made it.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::SnapshotError;
+use crate::config::VmConfig;
+
+/// lull's version as a snapshot records it (all of lull's crates share the workspace's).
+pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The snapshot format this lull writes and reads. Any change to what a snapshot holds or how
+/// bumps it.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// What a snapshot holds in this format version (the manifest's `contents`).
+pub const CONTENTS: [&str; 3] = ["memory", "vcpu-kvm-state", "kvm-vm-state"];
+
+/// One region of guest memory, in the memory file in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Region {
+    /// Guest-physical start.
+    pub guest_addr: u64,
+    /// Length in bytes.
+    pub bytes: u64,
+}
+
+/// A disk the VM had: its image is not copied, only named and measured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskRecord {
+    /// The image file.
+    pub path: std::path::PathBuf,
+    /// Its size when the snapshot was taken.
+    pub bytes: u64,
+}
+
+/// One state file (a vCPU's, the VM's KVM state).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuFile {
+    /// Its name in the snapshot directory (`vcpu-N.json`).
+    pub file: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its FNV-1a checksum.
+    pub fnv64: u64,
+}
+
+/// The manifest (`manifest.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`] of the lull that wrote it.
+    pub format_version: u32,
+    /// That lull's version.
+    pub lull_version: String,
+    /// The host CPU's vendor (`GenuineIntel`, `AuthenticAMD`, ...).
+    pub cpu_vendor: String,
+    /// The host CPU's feature flags (`flags` of /proc/cpuinfo).
+    pub cpu_flags: Vec<String>,
+    /// What the snapshot holds ([`CONTENTS`]).
+    pub contents: Vec<String>,
+    /// The VM's configuration (disks and taps by name: their contents are not copied).
+    pub config: VmConfig,
+    /// Size of the memory file.
+    pub memory_bytes: u64,
+    /// Its regions, in file order.
+    pub regions: Vec<Region>,
+    /// One per vCPU, in vCPU order.
+    pub vcpus: Vec<VcpuFile>,
+    /// The disks, in `--disk` order.
+    pub disks: Vec<DiskRecord>,
+    /// The VM's KVM state (`kvm-vm.json`).
+    pub kvm_vm: VcpuFile,
+}
+
+/// The two fields read before anything else, so that another format is told as such.
+#[derive(Deserialize)]
+struct Versions {
+    format_version: u32,
+    lull_version: String,
+}
+
+impl Manifest {
+    /// Parses `bytes` and checks them against this lull and a host whose CPU vendor is
+    /// `host_vendor`.
+    pub fn parse(bytes: &[u8], host_vendor: &str) -> Result<Self, SnapshotError> {
+        let v: Versions = serde_json::from_slice(bytes).map_err(SnapshotError::ManifestJson)?;
+        if v.format_version != FORMAT_VERSION {
+            return Err(SnapshotError::FormatVersion {
+                found: v.format_version,
+                supported: FORMAT_VERSION,
+                lull: v.lull_version,
+            });
+        }
+        let running = LULL_VERSION;
+        if v.lull_version != running {
+            return Err(SnapshotError::LullVersion {
+                found: v.lull_version,
+                running,
+            });
+        }
+        let m: Manifest = serde_json::from_slice(bytes).map_err(SnapshotError::ManifestJson)?;
+        if m.cpu_vendor != host_vendor {
+            return Err(SnapshotError::CpuVendor {
+                found: m.cpu_vendor,
+                host: host_vendor.to_string(),
+            });
+        }
+        let total = m
+            .regions
+            .iter()
+            .try_fold(0u64, |sum, r| sum.checked_add(r.bytes));
+        if total != Some(m.memory_bytes) {
+            return Err(SnapshotError::MemoryRegions(m.memory_bytes));
+        }
+        if usize::try_from(m.config.cpus).ok() != Some(m.vcpus.len()) {
+            return Err(SnapshotError::VcpuCount {
+                found: m.vcpus.len(),
+                want: m.config.cpus,
+            });
+        }
+        // Names are lull's own: a manifest cannot point outside its directory.
+        for (i, v) in m.vcpus.iter().enumerate() {
+            if v.file != vcpu_file_name(i) {
+                return Err(SnapshotError::VcpuFileName(v.file.clone()));
+            }
+        }
+        if m.kvm_vm.file != super::kvm_vm::FILE {
+            return Err(SnapshotError::VcpuFileName(m.kvm_vm.file.clone()));
+        }
+        Ok(m)
+    }
+}
+
+impl Manifest {
+    /// Fails unless the host's CPU, with `host_flags`, has every feature the snapshot's had
+    /// (what KVM offered the guest came from them).
+    pub fn check_cpu_flags(&self, host_flags: &[String]) -> Result<(), SnapshotError> {
+        let missing: Vec<&str> = self
+            .cpu_flags
+            .iter()
+            .filter(|f| !host_flags.contains(f))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(SnapshotError::CpuFeatures {
+            count: missing.len(),
+            missing: missing
+                .iter()
+                .take(8)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" "),
+        })
+    }
+
+    /// Fails unless every disk is where it was, with the size it had.
+    pub fn check_disks(&self) -> Result<(), SnapshotError> {
+        for d in &self.disks {
+            let found = std::fs::metadata(&d.path)
+                .map_err(|source| SnapshotError::DiskMissing {
+                    path: d.path.clone(),
+                    source,
+                })?
+                .len();
+            if found != d.bytes {
+                return Err(SnapshotError::DiskResized {
+                    path: d.path.clone(),
+                    found,
+                    want: d.bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The disks of `cfg` as a snapshot records them.
+pub fn disk_records(cfg: &VmConfig) -> Result<Vec<DiskRecord>, SnapshotError> {
+    cfg.disks
+        .iter()
+        .map(|d| {
+            let bytes = std::fs::metadata(&d.path)
+                .map_err(|source| SnapshotError::DiskMissing {
+                    path: d.path.clone(),
+                    source,
+                })?
+                .len();
+            Ok(DiskRecord {
+                path: d.path.clone(),
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// The file name of vCPU `index`'s state.
+pub fn vcpu_file_name(index: usize) -> String {
+    format!("vcpu-{index}.json")
+}

@@ -1,0 +1,208 @@
+//! Snapshots of a paused VM (`vm.snapshot {"destination_url": "file:///DIR"}`): a directory
+//! lull writes and reads back, versioned, checked on the way in.
+//!
+//! ```text
+//!  DIR/manifest.json   format version, lull's version, the host's CPU vendor, the VM's
+//!                      configuration, its disks by path and size (images are not copied),
+//!                      the memory file's regions and size, each vCPU file's size and FNV-1a
+//!                      checksum
+//!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
+//!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
+//!                      `--irqchip kernel`)
+//!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
+//!                      `--irqchip kernel`, kvmclock at the pause)
+//! ```
+//!
+//! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
+//! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
+//! host lacks, a memory file whose size is
+//! not the manifest's (truncated or replaced), a disk missing or resized since, a vCPU file
+//! whose checksum or content is wrong,
+//! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
+//! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
+//!
+//! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
+//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations. The
+//! manifest lists what it holds in `contents`.
+
+mod error;
+pub mod kvm_vm;
+pub mod manifest;
+pub mod memory;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+pub use error::SnapshotError;
+pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION, LULL_VERSION};
+
+use crate::vcpu::state::VcpuKvmState;
+
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The memory file's name.
+pub const MEMORY: &str = "memory";
+pub use error::MAX_SMALL_FILE;
+
+/// A snapshot read back and checked.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Each vCPU's KVM state, in vCPU order.
+    pub vcpus: Vec<VcpuKvmState>,
+    /// The VM's KVM state.
+    pub kvm_vm: kvm_vm::KvmVmState,
+    /// The memory file.
+    pub memory: PathBuf,
+}
+
+/// The directory of a `file:///DIR` URL.
+pub fn dir_of_url(url: &str) -> Result<PathBuf, SnapshotError> {
+    url.strip_prefix("file://")
+        .filter(|p| p.starts_with('/'))
+        .map(PathBuf::from)
+        .ok_or_else(|| SnapshotError::NotFileUrl(url.to_string()))
+}
+
+/// 64-bit FNV-1a of `bytes`: a check against corruption, not against tampering.
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The value of the first `key` line of /proc/cpuinfo (`vendor_id`, `flags`).
+fn cpuinfo(key: &str) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// The host CPU's vendor (`vendor_id` of /proc/cpuinfo), or "unknown".
+pub fn host_cpu_vendor() -> String {
+    cpuinfo("vendor_id").unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The host CPU's feature flags (`flags` of /proc/cpuinfo), sorted.
+pub fn host_cpu_flags() -> Vec<String> {
+    let mut flags: Vec<String> = cpuinfo("flags")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    flags.sort();
+    flags
+}
+
+/// Reads a small file (a manifest, a vCPU's state), refusing one over [`MAX_SMALL_FILE`].
+fn read_small(path: &Path) -> Result<Vec<u8>, SnapshotError> {
+    let io = |what| {
+        move |source| SnapshotError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let file = std::fs::File::open(path).map_err(io("open"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SMALL_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io("read"))?;
+    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if len > MAX_SMALL_FILE {
+        return Err(SnapshotError::TooLarge {
+            path: path.to_path_buf(),
+            bytes: len,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Checks a state file's bytes against its manifest entry and parses them.
+fn parse_state<T: serde::de::DeserializeOwned>(
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<T, SnapshotError> {
+    if u64::try_from(bytes.len()).ok() != Some(entry.bytes) || fnv64(bytes) != entry.fnv64 {
+        return Err(SnapshotError::VcpuChecksum {
+            path: path.to_path_buf(),
+        });
+    }
+    serde_json::from_slice(bytes).map_err(|source| SnapshotError::VcpuJson {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Checks the VM state file's bytes against the manifest's entry and parses them.
+pub fn parse_kvm_vm(
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<kvm_vm::KvmVmState, SnapshotError> {
+    parse_state(entry, path, bytes)
+}
+
+/// Checks one vCPU file's bytes against the manifest's entry `index` and parses them.
+pub fn parse_vcpu(
+    index: usize,
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<VcpuKvmState, SnapshotError> {
+    let state: VcpuKvmState = parse_state(entry, path, bytes)?;
+    if usize::try_from(state.id).ok() != Some(index) {
+        return Err(SnapshotError::VcpuId {
+            index,
+            found: state.id,
+        });
+    }
+    Ok(state)
+}
+
+/// Parses and checks a manifest (versions first, so that another format gets that error).
+pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
+    Manifest::parse(bytes, &host_cpu_vendor())
+}
+
+/// Reads the snapshot in `dir` and checks every file against its manifest.
+pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
+    let manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
+    let memory = dir.join(MEMORY);
+    let found = std::fs::metadata(&memory)
+        .map_err(|source| SnapshotError::Io {
+            what: "read the size of",
+            path: memory.clone(),
+            source,
+        })?
+        .len();
+    if found != manifest.memory_bytes {
+        return Err(SnapshotError::MemorySize {
+            path: memory,
+            found,
+            want: manifest.memory_bytes,
+        });
+    }
+    manifest.check_cpu_flags(&host_cpu_flags())?;
+    manifest.check_disks()?;
+    let mut vcpus = Vec::new();
+    for (index, entry) in manifest.vcpus.iter().enumerate() {
+        let path = dir.join(&entry.file);
+        vcpus.push(parse_vcpu(index, entry, &path, &read_small(&path)?)?);
+    }
+    let path = dir.join(&manifest.kvm_vm.file);
+    let kvm_vm = parse_kvm_vm(&manifest.kvm_vm, &path, &read_small(&path)?)?;
+    Ok(Snapshot {
+        manifest,
+        vcpus,
+        kvm_vm,
+        memory,
+    })
+}
+
+#[cfg(test)]
+mod tests;

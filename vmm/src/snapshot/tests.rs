@@ -1,0 +1,227 @@
+use super::manifest::{vcpu_file_name, Region, CONTENTS};
+use super::*;
+use crate::config::VmConfig;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+fn manifest(cpus: u32) -> Manifest {
+    Manifest {
+        format_version: FORMAT_VERSION,
+        lull_version: env!("CARGO_PKG_VERSION").to_string(),
+        cpu_vendor: "GenuineIntel".to_string(),
+        cpu_flags: vec!["fpu".to_string(), "sse2".to_string()],
+        contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
+        config: VmConfig {
+            cpus,
+            ..VmConfig::default()
+        },
+        memory_bytes: 8192,
+        regions: vec![Region {
+            guest_addr: 0,
+            bytes: 8192,
+        }],
+        vcpus: (0..cpus)
+            .map(|i| VcpuFile {
+                file: vcpu_file_name(usize::try_from(i).unwrap()),
+                bytes: 0,
+                fnv64: 0,
+            })
+            .collect(),
+        disks: Vec::new(),
+        kvm_vm: VcpuFile {
+            file: kvm_vm::FILE.to_string(),
+            bytes: 0,
+            fnv64: 0,
+        },
+    }
+}
+
+fn parse(m: &Manifest, vendor: &str) -> Result<Manifest, SnapshotError> {
+    Manifest::parse(&serde_json::to_vec(m).unwrap(), vendor)
+}
+
+#[test]
+fn a_manifest_goes_through_and_mismatches_are_refused_by_name() {
+    let m = manifest(2);
+    assert_eq!(parse(&m, "GenuineIntel").unwrap().vcpus, m.vcpus);
+    let err = parse(&m, "AuthenticAMD").unwrap_err();
+    assert!(matches!(err, SnapshotError::CpuVendor { .. }), "{err}");
+    assert!(err
+        .to_string()
+        .contains("restore it on a GenuineIntel host"));
+
+    let newer = Manifest {
+        format_version: FORMAT_VERSION + 1,
+        lull_version: "9.9.9".into(),
+        ..m.clone()
+    };
+    let err = parse(&newer, "GenuineIntel").unwrap_err();
+    assert!(matches!(err, SnapshotError::FormatVersion { .. }), "{err}");
+    assert!(err.to_string().contains("9.9.9"), "{err}");
+    let other_lull = Manifest {
+        lull_version: "0.0.1-other".into(),
+        ..m.clone()
+    };
+    let err = parse(&other_lull, "GenuineIntel").unwrap_err();
+    assert!(matches!(err, SnapshotError::LullVersion { .. }), "{err}");
+
+    let short = Manifest {
+        memory_bytes: 4096,
+        ..m.clone()
+    };
+    assert!(matches!(
+        parse(&short, "GenuineIntel"),
+        Err(SnapshotError::MemoryRegions(4096))
+    ));
+    let mut escape = m.clone();
+    escape.vcpus[1].file = "../../etc/passwd".into();
+    assert!(matches!(
+        parse(&escape, "GenuineIntel"),
+        Err(SnapshotError::VcpuFileName(_))
+    ));
+    let mut other_vm_file = m.clone();
+    other_vm_file.kvm_vm.file = "/etc/shadow".into();
+    assert!(matches!(
+        parse(&other_vm_file, "GenuineIntel"),
+        Err(SnapshotError::VcpuFileName(_))
+    ));
+    let one = Manifest {
+        vcpus: m.vcpus[..1].to_vec(),
+        ..m.clone()
+    };
+    assert!(matches!(
+        parse(&one, "GenuineIntel"),
+        Err(SnapshotError::VcpuCount { found: 1, want: 2 })
+    ));
+    for junk in [
+        &b""[..],
+        b"{",
+        b"[]",
+        b"{\"format_version\": \"1\"}",
+        &[0xff; 16],
+    ] {
+        assert!(matches!(
+            Manifest::parse(junk, "GenuineIntel"),
+            Err(SnapshotError::ManifestJson(_))
+        ));
+    }
+}
+
+#[test]
+fn a_vcpu_file_must_match_its_checksum_and_its_place() {
+    let state = crate::vcpu::state::tests_support::blank(1);
+    let bytes = serde_json::to_vec(&state).unwrap();
+    let entry = VcpuFile {
+        file: vcpu_file_name(1),
+        bytes: u64::try_from(bytes.len()).unwrap(),
+        fnv64: fnv64(&bytes),
+    };
+    let path = Path::new("vcpu-1.json");
+    assert_eq!(parse_vcpu(1, &entry, path, &bytes).unwrap().id, 1);
+    assert!(matches!(
+        parse_vcpu(0, &entry, path, &bytes),
+        Err(SnapshotError::VcpuId { index: 0, found: 1 })
+    ));
+    let mut flipped = bytes.clone();
+    flipped[10] ^= 1;
+    assert!(matches!(
+        parse_vcpu(1, &entry, path, &flipped),
+        Err(SnapshotError::VcpuChecksum { .. })
+    ));
+    let truncated = &bytes[..bytes.len() - 1];
+    assert!(matches!(
+        parse_vcpu(1, &entry, path, truncated),
+        Err(SnapshotError::VcpuChecksum { .. })
+    ));
+}
+
+#[test]
+fn memory_goes_to_a_sparse_file_and_back() {
+    let dir = std::env::temp_dir().join(format!("lull-snapshot-mem-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(MEMORY);
+    let ranges = [
+        (GuestAddress(0), 1 << 20),
+        (GuestAddress(1 << 30), 64 << 10),
+    ];
+    let mem = GuestMemoryMmap::from_ranges(&ranges).unwrap();
+    mem.write_slice(b"lull", GuestAddress(0x1234)).unwrap();
+    mem.write_slice(b"end", GuestAddress((1 << 30) + 100))
+        .unwrap();
+    let (regions, bytes) = memory::write(&mem, &path).unwrap();
+    assert_eq!(bytes, (1 << 20) + (64 << 10));
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes);
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(&path).unwrap().blocks();
+    assert!(
+        blocks * 512 < bytes / 2,
+        "zero pages are holes: {blocks} blocks"
+    );
+    let back = GuestMemoryMmap::from_ranges(&ranges).unwrap();
+    memory::read_into(&back, &path, &regions).unwrap();
+    let mut word = [0u8; 4];
+    back.read_slice(&mut word, GuestAddress(0x1234)).unwrap();
+    assert_eq!(&word, b"lull");
+    back.read_slice(&mut word[..3], GuestAddress((1 << 30) + 100))
+        .unwrap();
+    assert_eq!(&word[..3], b"end");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_host_without_the_snapshots_cpu_features_is_refused() {
+    let m = manifest(1);
+    let flags = |list: &[&str]| list.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+    m.check_cpu_flags(&flags(&["fpu", "sse2", "avx"])).unwrap();
+    let err = m.check_cpu_flags(&flags(&["fpu"])).unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::CpuFeatures { count: 1, missing } if missing == "sse2"),
+        "{err}"
+    );
+    assert!(
+        host_cpu_flags().iter().any(|f| f == "fpu"),
+        "this host has an FPU"
+    );
+}
+
+#[test]
+fn a_missing_or_resized_disk_is_refused() {
+    let dir = std::env::temp_dir().join(format!("lull-snapshot-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("disk.img");
+    std::fs::write(&image, vec![0u8; 1024]).unwrap();
+    let mut m = manifest(1);
+    m.disks = vec![manifest::DiskRecord {
+        path: image.clone(),
+        bytes: 1024,
+    }];
+    m.check_disks().unwrap();
+    std::fs::write(&image, vec![0u8; 512]).unwrap();
+    let err = m.check_disks().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SnapshotError::DiskResized {
+                found: 512,
+                want: 1024,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    std::fs::remove_file(&image).unwrap();
+    let err = m.check_disks().unwrap_err();
+    assert!(matches!(err, SnapshotError::DiskMissing { .. }), "{err}");
+    assert!(err.to_string().contains("put the image back"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn urls_must_be_absolute_file_urls() {
+    assert_eq!(
+        dir_of_url("file:///tmp/snap").unwrap(),
+        PathBuf::from("/tmp/snap")
+    );
+    for bad in ["/tmp/snap", "file://tmp/snap", "http://x/y", ""] {
+        assert!(matches!(dir_of_url(bad), Err(SnapshotError::NotFileUrl(_))));
+    }
+}

@@ -1,0 +1,305 @@
+//! The pause gate: where every vCPU thread waits, outside `KVM_RUN`, while the VM is paused.
+//!
+//! ```text
+//!  controller (API thread)                 vCPU thread i (vcpu::run, each loop iteration)
+//!  ───────────────────────                 ──────────────────────────────────────────────
+//!  request()  ── flag set ──────────────►  is_requested()? ─ yes ─► park(): parked += 1
+//!  irqchip kick_all() ─ out of KVM_RUN,                              waits on the condvar
+//!                       out of a halt
+//!  wait_parked(): every vCPU parked ◄───────────────────────────── (notify)
+//!  ...paused: nothing runs guest code...
+//!  release(paused_ns) ── flag cleared, ──►  park() returns paused_ns: the vCPU shifts its
+//!                        notify all         TSC back by it, then carries on where it was
+//! ```
+//!
+//! A halted vCPU stays halted and a vCPU waiting for SIPI keeps waiting: the loop parks at
+//! its top and then goes back to the state it was in. While parked, a vCPU hands its state to
+//! each [`PauseGate::save_all`] (a snapshot): only its own thread can read its vCPU. A stop request releases parked vCPUs
+//! (they then stop) and ends [`PauseGate::wait_parked`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::lock;
+
+/// Why the vCPUs could not all be parked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PauseWaitError {
+    /// The VM stops (a stop request came while pausing).
+    #[error("The VM is stopping: there is nothing left to pause")]
+    Stopping,
+    /// Some vCPU did not reach the gate in time (a lull bug, or a host far too loaded).
+    #[error(
+        "Only {parked} of {running} vCPU(s) stopped within {timeout_ms} ms; the VM was resumed"
+    )]
+    Timeout {
+        /// vCPUs parked.
+        parked: u32,
+        /// vCPU threads running.
+        running: u32,
+        /// How long lull waited.
+        timeout_ms: u128,
+    },
+}
+
+/// What one parked vCPU handed to [`PauseGate::save_all`]: its id and its state (or why it
+/// could not read it).
+pub type SavedState = (u32, Result<Vec<u8>, String>);
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// vCPU threads inside their run loop.
+    running: u32,
+    /// vCPU threads waiting in the gate.
+    parked: u32,
+    /// Bumped by every release: a parked thread leaves when it changes.
+    generation: u64,
+    /// How long the last pause lasted (handed to the threads it releases).
+    paused_ns: u64,
+    /// A stop was requested: nobody waits any more.
+    stopping: bool,
+    /// Bumped by every request for the parked vCPUs' state (a snapshot).
+    save_generation: u64,
+    /// What each parked vCPU handed back for the last such request: (vCPU, its state).
+    saved: Vec<SavedState>,
+}
+
+/// Where vCPU threads wait while the VM is paused. One per VM, in [`super::VcpuShared`].
+#[derive(Debug, Default)]
+pub struct PauseGate {
+    requested: AtomicBool,
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+impl PauseGate {
+    /// Whether a pause is requested (read by each vCPU thread once per loop iteration).
+    pub fn is_requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// A vCPU thread enters its run loop.
+    pub fn thread_started(&self) {
+        lock(&self.state).running += 1;
+        self.changed.notify_all();
+    }
+
+    /// A vCPU thread leaves its run loop (it no longer counts for [`Self::wait_parked`]).
+    pub fn thread_ended(&self) {
+        let mut s = lock(&self.state);
+        s.running = s.running.saturating_sub(1);
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// Asks every vCPU thread to park; the caller then kicks them.
+    pub fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+    }
+
+    /// Waits until every running vCPU thread is parked, for at most `timeout`.
+    pub fn wait_parked(&self, timeout: Duration) -> Result<(), PauseWaitError> {
+        let s = lock(&self.state);
+        self.wait_for_all(s, timeout, |s| s.parked).map(drop)
+    }
+
+    /// Waits (up to `timeout`, from `s`) until `count` of the state reaches the number of
+    /// running vCPU threads; fails if the VM stops first. The state, locked.
+    fn wait_for_all<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, GateState>,
+        timeout: Duration,
+        count: impl Fn(&GateState) -> u32,
+    ) -> Result<MutexGuard<'a, GateState>, PauseWaitError> {
+        let end = Instant::now() + timeout;
+        loop {
+            if s.stopping {
+                return Err(PauseWaitError::Stopping);
+            }
+            if count(&s) >= s.running {
+                return Ok(s);
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PauseWaitError::Timeout {
+                    parked: count(&s),
+                    running: s.running,
+                    timeout_ms: timeout.as_millis(),
+                });
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Releases the parked vCPU threads; each gets `paused_ns`, how long the VM was paused.
+    pub fn release(&self, paused_ns: u64) {
+        let mut s = lock(&self.state);
+        self.requested.store(false, Ordering::Release);
+        s.generation = s.generation.wrapping_add(1);
+        s.paused_ns = paused_ns;
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// The VM stops: parked threads leave (with 0) and nobody waits for them any more.
+    pub fn stop(&self) {
+        lock(&self.state).stopping = true;
+        self.changed.notify_all();
+    }
+
+    /// Asks every parked vCPU for its state (`save` of [`Self::park`]) and waits up to
+    /// `timeout` for all of them; the states by vCPU.
+    pub fn save_all(&self, timeout: Duration) -> Result<Vec<SavedState>, PauseWaitError> {
+        self.wait_parked(timeout)?;
+        let mut s = lock(&self.state);
+        s.saved.clear();
+        s.save_generation = s.save_generation.wrapping_add(1);
+        self.changed.notify_all();
+        let saved = |s: &GateState| u32::try_from(s.saved.len()).unwrap_or(u32::MAX);
+        let mut s = self.wait_for_all(s, timeout, saved)?;
+        let mut saved = std::mem::take(&mut s.saved);
+        saved.sort_by_key(|(id, _)| *id);
+        Ok(saved)
+    }
+
+    /// On vCPU thread `id`: waits until the pause ends, handing its state (`save`) to every
+    /// [`Self::save_all`] meanwhile; how long the VM was paused (0 if it stops, or if the pause
+    /// ended before this thread got here).
+    pub fn park(&self, id: u32, save: &mut dyn FnMut() -> Result<Vec<u8>, String>) -> u64 {
+        let mut s = lock(&self.state);
+        if !self.is_requested() || s.stopping {
+            return 0;
+        }
+        let generation = s.generation;
+        let mut saved_for = s.save_generation;
+        s.parked += 1;
+        self.changed.notify_all();
+        while s.generation == generation && !s.stopping {
+            if s.save_generation != saved_for {
+                saved_for = s.save_generation;
+                drop(s);
+                let state = save();
+                s = lock(&self.state);
+                s.saved.push((id, state));
+                self.changed.notify_all();
+                continue;
+            }
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        s.parked -= 1;
+        if s.stopping {
+            0
+        } else {
+            s.paused_ns
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn every_running_thread_parks_and_leaves_with_the_pause_length() {
+        let gate = Arc::new(PauseGate::default());
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                gate.thread_started();
+                let g = gate.clone();
+                std::thread::spawn(move || {
+                    while !g.is_requested() {
+                        std::thread::yield_now();
+                    }
+                    g.park(0, &mut || Ok(Vec::new()))
+                })
+            })
+            .collect();
+        gate.request();
+        gate.wait_parked(Duration::from_secs(30)).unwrap();
+        assert_eq!(lock(&gate.state).parked, 3);
+        gate.release(1234);
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 1234);
+        }
+        assert_eq!(lock(&gate.state).parked, 0);
+        assert!(!gate.is_requested());
+    }
+
+    #[test]
+    fn a_thread_that_is_not_asked_does_not_park() {
+        let gate = PauseGate::default();
+        gate.thread_started();
+        assert_eq!(gate.park(0, &mut || Ok(Vec::new())), 0);
+        gate.request();
+        gate.release(5);
+        assert_eq!(
+            gate.park(0, &mut || Ok(Vec::new())),
+            0,
+            "the pause already ended"
+        );
+    }
+
+    #[test]
+    fn parked_threads_hand_their_state_to_each_save() {
+        let gate = Arc::new(PauseGate::default());
+        let threads: Vec<_> = (0..2u32)
+            .map(|id| {
+                gate.thread_started();
+                let g = gate.clone();
+                std::thread::spawn(move || {
+                    while !g.is_requested() {
+                        std::thread::yield_now();
+                    }
+                    let mut saves = 0u8;
+                    g.park(id, &mut || {
+                        saves += 1;
+                        Ok(vec![u8::try_from(id).unwrap_or(0), saves])
+                    })
+                })
+            })
+            .collect();
+        gate.request();
+        let first = gate.save_all(Duration::from_secs(30)).unwrap();
+        let second = gate.save_all(Duration::from_secs(30)).unwrap();
+        assert_eq!(first, vec![(0, Ok(vec![0, 1])), (1, Ok(vec![1, 1]))]);
+        assert_eq!(second, vec![(0, Ok(vec![0, 2])), (1, Ok(vec![1, 2]))]);
+        gate.release(7);
+        for t in threads {
+            assert_eq!(t.join().unwrap(), 7, "still parked after the saves");
+        }
+    }
+
+    #[test]
+    fn a_missing_thread_times_out_and_a_stop_ends_the_wait() {
+        let gate = Arc::new(PauseGate::default());
+        gate.thread_started();
+        gate.request();
+        let err = gate.wait_parked(Duration::from_millis(1)).unwrap_err();
+        assert!(matches!(
+            err,
+            PauseWaitError::Timeout {
+                parked: 0,
+                running: 1,
+                ..
+            }
+        ));
+        gate.thread_ended();
+        gate.wait_parked(Duration::from_millis(1)).unwrap();
+        gate.thread_started();
+        let g = gate.clone();
+        let parked = std::thread::spawn(move || g.park(0, &mut || Ok(Vec::new())));
+        gate.wait_parked(Duration::from_secs(30)).unwrap();
+        gate.stop();
+        assert_eq!(parked.join().unwrap(), 0, "a stop releases with 0");
+        assert_eq!(
+            gate.wait_parked(Duration::from_secs(1)),
+            Err(PauseWaitError::Stopping)
+        );
+    }
+}

@@ -18,7 +18,7 @@ fn ranged_vcpu(clock: VmClock) -> (Box<dyn CpuTimers<VcpuTimer>>, VcpuWait, Arc<
     let model =
         timer::build::<VcpuTimer>(ModelKind::Pull, &[0], &mut host, Arc::new(|_| {})).unwrap();
     let mut timers = model.cpus.into_iter().next().unwrap();
-    let wake = Arc::new(SharedTimerFd::ranged_for_poll(clock).unwrap());
+    let wake = SharedTimerFd::ranged_for_poll(clock).unwrap();
     timers.set_wake_timer(Box::new(SharedHostTimer(wake.clone())));
     let wait = VcpuWait {
         mailbox: Arc::new(Mailbox::new().unwrap()),
@@ -31,7 +31,7 @@ fn ranged_vcpu(clock: VmClock) -> (Box<dyn CpuTimers<VcpuTimer>>, VcpuWait, Arc<
 fn a_ranged_wait_ends_at_or_after_its_own_deadline() {
     crate::host::sys::thread::set_timer_slack(200_000).unwrap();
     let clock = VmClock::new();
-    let (mut timers, wait, _) = ranged_vcpu(clock);
+    let (mut timers, wait, _) = ranged_vcpu(clock.clone());
     for _ in 0..20 {
         let deadline = clock.now() + 300_000;
         timers.arm(TimerKind::Pinned, deadline, VcpuTimer::Lapic);
@@ -51,7 +51,7 @@ fn a_ranged_wait_ends_at_or_after_its_own_deadline() {
 fn a_wake_up_moved_earlier_during_the_wait_rings_the_doorbell() {
     crate::host::sys::thread::set_timer_slack(1_000).unwrap();
     let clock = VmClock::new();
-    let (mut timers, wait, wake) = ranged_vcpu(clock);
+    let (mut timers, wait, wake) = ranged_vcpu(clock.clone());
     // Its own timer is far away: only the doorbell can end the wait in time.
     let far = clock.now() + 30_000_000_000;
     timers.arm(TimerKind::Pinned, far, VcpuTimer::Lapic);

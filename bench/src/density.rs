@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
+use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmSpec, Watch};
 use super::guest_output::{parse_idle_sim, Histogram};
@@ -16,7 +17,6 @@ use super::power_args::PowerArgs;
 use super::report::{self, DensityParams, DensityReport, DensityRow, SkippedMode};
 use super::slo::Slo;
 use super::units::{parse_duration, parse_size};
-use super::{density_power, density_slack};
 use super::{plot, qemu};
 
 /// How a VM of the density experiment runs.
@@ -140,7 +140,7 @@ pub struct DensityArgs {
     /// Timer slacks, comma-separated (`off` or a duration up to 10ms, e.g. off,100us,1ms):
     /// each user-irqchip mode runs once per value, as `lull run --timer-slack VALUE`, one row
     /// each (`pull@1ms`), side by side in one run; the kernel and QEMU modes run once.
-    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = density_slack::parse_slack)]
+    #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = super::units::parse_slack)]
     pub timer_slack: Vec<String>,
     /// Results, lull binary, kit and logs.
     #[command(flatten)]

@@ -2,17 +2,6 @@
 //! row each (`pull@1ms`); the kernel and QEMU modes once.
 
 use super::density::{DensityArgs, Mode};
-use super::units::parse_duration;
-
-/// Reads one value of `--timer-slack`: `off` or a duration (lull checks its bound).
-pub(crate) fn parse_slack(s: &str) -> Result<String, String> {
-    if s == "off" {
-        return Ok(s.into());
-    }
-    parse_duration(s)
-        .map(|_| s.to_string())
-        .map_err(|e| format!("{e} (a timer slack is off or a duration such as 100us)"))
-}
 
 impl DensityArgs {
     /// The slacks `mode` runs with: each of `--timer-slack` for a user-irqchip mode, else

@@ -37,6 +37,16 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
         .map_err(|_| UnitError::Size(s.to_string()))
 }
 
+/// Reads one value of `--timer-slack`: `off` or a duration (lull checks its bound).
+pub(crate) fn parse_slack(s: &str) -> Result<String, String> {
+    if s == "off" {
+        return Ok(s.into());
+    }
+    parse_duration(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e} (a timer slack is off or a duration such as 100us)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

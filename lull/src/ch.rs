@@ -54,7 +54,7 @@ pub fn invoked_as_cloud_hypervisor() -> Option<Vec<String>> {
 /// The exit status of a command line lull refuses.
 fn refused(e: &ChError) -> ExitCode {
     eprintln!("lull: {e}");
-    crate::status(match e {
+    crate::run::status(match e {
         ChError::Config(c) => exit_code::for_config_error(&c.0),
         _ => exit_code::USAGE,
     })
@@ -95,7 +95,7 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
             Ok(tap) => tap,
             Err(e) => {
                 eprintln!("lull: --net fd={fd}: {e}");
-                return crate::status(exit_code::BAD_INPUT);
+                return crate::run::status(exit_code::BAD_INPUT);
             }
         };
         match options::fd_net(fd, tap.name(), net.mac) {
@@ -105,15 +105,15 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
     }
     if let Err(e) = cfg.validate() {
         eprintln!("lull: {e}");
-        return crate::status(exit_code::for_config_error(&e));
+        return crate::run::status(exit_code::for_config_error(&e));
     }
     if let Err(e) = vmm::host::sys::stop_signals::install_early() {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
-        return crate::status(exit_code::VMM_FAILURE);
+        return crate::run::status(exit_code::VMM_FAILURE);
     }
-    if let Err(e) = crate::init_logging(verbose, log_file.as_deref()) {
+    if let Err(e) = crate::run::init_logging(verbose, log_file.as_deref()) {
         eprintln!("lull: cannot open the log file: {e}");
-        return crate::status(exit_code::BAD_INPUT);
+        return crate::run::status(exit_code::BAD_INPUT);
     }
     for note in &notes {
         tracing::info!("accepted without effect: {note}");
@@ -122,17 +122,17 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         Some(socket) => {
             let initial = boots.then_some(cfg);
             let socket = match &socket {
-                ApiSocketArg::Path(path) => crate::Socket::Path(path),
-                ApiSocketArg::Fd(fd) => crate::Socket::Fd(*fd),
+                ApiSocketArg::Path(path) => crate::run::Socket::Path(path),
+                ApiSocketArg::Fd(fd) => crate::run::Socket::Fd(*fd),
             };
-            crate::serve(socket, initial, None, true)
+            crate::run::serve(socket, initial, None, true)
         }
         // As Cloud Hypervisor: with neither, there is nothing to run (`lull run` would boot
         // the kit's guest, which a caller of `cloud-hypervisor` never asked for).
         None if !boots => refused(&ChError::Missing(
             "--kernel (the VM to run) or --api-socket (to create it through the API)",
         )),
-        None => crate::run_vm(
+        None => crate::run::run_vm(
             &cfg,
             OtherPaths {
                 config: None,

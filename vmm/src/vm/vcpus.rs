@@ -164,7 +164,9 @@ pub fn irqchip(
         None => read_msr(),
     };
     let mut chip = UserIrqChip::new(&chip_cfg, mem.clone(), read_tsc)?;
-    if let Some(offset) = offset {
+    // Re-anchoring reads the guest TSC with the offset of now: only where a pause cannot move
+    // it (`vcpu::pause`), else a map made after a resume would be early by the pause.
+    if let Some(offset) = offset.filter(|_| !vcpus.tsc_movable) {
         chip.reanchor_tsc_with(Arc::new(move || {
             sys::clock::host_tsc().wrapping_add(offset)
         }));

@@ -13,18 +13,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lull_schema::{RunReport, VcpuSnapshot};
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, USER_STOP};
 use lull_tests::{
     api_raw, kit_file, kvm_trial, lull_bin, report_from, start_api_server, temp_path, Arguments,
     Failed, Trial,
 };
 use serde_json::Value;
-
-/// Exit status of a VM stopped through the API (`exit_code::API_STOP`).
-const API_STOP: i32 = 14;
-/// Exit status of a VM stopped by SIGTERM.
-const USER_STOP: i32 = 12;
-/// Bad input (here: the socket path exists).
-const BAD_INPUT: i32 = 4;
 
 /// A lull serving the API; killed if the test fails before it exits.
 struct Lull {

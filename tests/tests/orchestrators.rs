@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use lull_tests::exit_status::{API_STOP, USAGE};
 use lull_tests::{kit_file, kvm_trial, run_lull, temp_path, Arguments, Failed, Trial};
 use serde_json::{json, Value};
 
@@ -36,11 +37,6 @@ use client::{
     bare_form, cloud_hypervisor, expect, image, path_form, shutdown_vmm, wait_guest_timers,
     wait_state, Ch, GoClient,
 };
-
-/// Exit status of a VM stopped through the API.
-const API_STOP: i32 = 14;
-/// Exit status of a refused command line.
-const USAGE: i32 = 2;
 
 /// The Nomad driver's VmConfig (ccheshirecat/nomad-driver-ch, buildVMConfig): the kit's
 /// idle-sim as the kernel, its base image and a read-only cloud-init disk with a serial,

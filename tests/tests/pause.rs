@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lull_schema::RunReport;
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USER_STOP};
 use lull_tests::{
     api_call, kit_file, kvm_trial, report_from, run_lull, start_api_server, temp_path, Arguments,
     Failed,
@@ -20,14 +21,6 @@ use lull_tests::{
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
 const LONG_PAUSE: Duration = Duration::from_millis(300);
-/// lull's exit status for a guest that passed ((0 << 1) | 1).
-const GUEST_PASS: i32 = 1;
-/// lull's exit status for a VM stopped through the API.
-const API_STOP: i32 = 14;
-/// lull's exit status for a VM stopped by SIGTERM.
-const USER_STOP: i32 = 12;
-/// lull's exit status for input it refuses.
-const BAD_INPUT: i32 = 4;
 
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {

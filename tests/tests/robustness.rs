@@ -24,14 +24,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lull_tests::exit_status::{BAD_INPUT, USER_STOP};
 use lull_tests::{
     api_call as api, kit_dir, kit_file, kvm_trial, lull_bin, run_lull, run_lull_in,
     start_api_server, take_metrics, temp_path, Arguments, Failed, RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
-const BAD_INPUT: i32 = 4;
-const USER_STOP: i32 = 12;
 
 fn arg(p: &Path) -> String {
     p.display().to_string()

@@ -20,6 +20,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use lull_schema::RunReport;
+use lull_tests::exit_status::{BAD_INPUT, USER_STOP};
 use lull_tests::{
     kit_file, kvm_trial, linux_cmdline, lull_bin, run_lull, temp_path, Arguments, Failed,
     RunResult, Trial,
@@ -32,10 +33,6 @@ const LINUX_DEADLINE: Duration = Duration::from_secs(600);
 const EXT4_MOUNT_COUNT: usize = 1024 + 0x34;
 /// Sectors of the writable image (the guest needs at least 536).
 const SECTORS: usize = 2048;
-/// Exit status of a run stopped by SIGTERM.
-const USER_STOP: i32 = 12;
-/// Exit status for bad input.
-const BAD_INPUT: i32 = 4;
 /// What the read-only image holds (and must still hold after the guest tried to write).
 const RO_FILL: u8 = 0xa5;
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use lull_tests::exit_status::{BAD_INPUT, USAGE};
 use lull_tests::{
     kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, temp_path,
     Arguments, Completion, Failed, Trial,
@@ -28,10 +29,6 @@ use lull_tests::{
 const DEADLINE: Duration = Duration::from_secs(60);
 /// The tiny Linux kernel needs ~0.5-3 minutes to boot on a PVM host; allow 10.
 const LINUX_DEADLINE: Duration = Duration::from_secs(600);
-/// Exit status for bad input.
-const BAD_INPUT: i32 = 4;
-/// Exit status for a bad command line.
-const USAGE: i32 = 2;
 /// The tap inside each namespace.
 const TAP: &str = "lulltap0";
 

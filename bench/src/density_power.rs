@@ -276,9 +276,24 @@ pub fn notes(report: &DensityReport) -> Vec<String> {
     let Some(base) = &report.power_baseline else {
         return Vec::new();
     };
-    let mut lines = vec![match &base.value {
+    let mut lines = vec![baseline_line(base)];
+    let powers = report.results.iter().filter_map(|r| r.power.as_ref());
+    lines.extend(missing_reasons(powers.flat_map(|p| {
+        [
+            ("idlx/v/s", &p.idle_exits_per_vcpu_s),
+            ("W/VM", &p.watts_per_vm),
+            ("hwk/tev", &p.host_wakeups_per_timer_event),
+        ]
+    })));
+    lines
+}
+
+/// The line that states the no-VM baseline under a table (or why there is none).
+pub(crate) fn baseline_line(base: &Reading<PowerWindow>) -> String {
+    match &base.value {
         Some(b) => format!(
-            "power baseline (no VM, {:.1} s): host idle exits {}/s, LOC {}/s, RES {}/s, package {} W",
+            "power baseline (no VM, {:.1} s): host idle exits {}/s, LOC {}/s, RES {}/s, \
+             package {} W",
             b.seconds,
             opt(Some(&b.idle_exits_per_s), 0),
             opt(Some(&b.local_timer_irqs_per_s), 0),
@@ -289,23 +304,23 @@ pub fn notes(report: &DensityReport) -> Vec<String> {
             "power baseline: none ({})",
             base.reason.as_deref().unwrap_or("")
         ),
-    }];
-    let mut reasons: Vec<String> = Vec::new();
-    for p in report.results.iter().filter_map(|r| r.power.as_ref()) {
-        for (what, r) in [
-            ("idlx/v/s", &p.idle_exits_per_vcpu_s),
-            ("W/VM", &p.watts_per_vm),
-            ("hwk/tev", &p.host_wakeups_per_timer_event),
-        ] {
-            if let Some(why) = &r.reason {
-                let line = format!("{what} missing: {why}");
-                if !reasons.contains(&line) {
-                    reasons.push(line);
-                }
+    }
+}
+
+/// `COLUMN missing: REASON` for every reading of a table column that has no value, each line
+/// once, in the order met.
+pub(crate) fn missing_reasons<'a>(
+    readings: impl IntoIterator<Item = (&'a str, &'a Reading<f64>)>,
+) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for (what, r) in readings {
+        if let Some(why) = &r.reason {
+            let line = format!("{what} missing: {why}");
+            if !lines.contains(&line) {
+                lines.push(line);
             }
         }
     }
-    lines.extend(reasons);
     lines
 }
 

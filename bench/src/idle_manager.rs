@@ -382,21 +382,10 @@ fn quota_line(r: &QuotaRow) -> String {
 
 /// The baseline line and why a power column is empty, under both tables.
 fn power_notes(report: &IdleManagerReport) {
-    match &report.power_baseline.value {
-        Some(b) => println!(
-            "power baseline (no VM, {:.1} s): host idle exits {}/s, package {} W",
-            b.seconds,
-            b.idle_exits_per_s
-                .value
-                .map_or_else(|| "-".into(), |x| format!("{x:.0}")),
-            super::density_power::package(b)
-                .map_or_else(|_| "-".into(), |(w, _)| format!("{w:.1}")),
-        ),
-        None => println!(
-            "power baseline: none ({})",
-            report.power_baseline.reason.as_deref().unwrap_or("")
-        ),
-    }
+    println!(
+        "{}",
+        super::density_power::baseline_line(&report.power_baseline)
+    );
     let runs = report
         .base_power
         .iter()

@@ -16,11 +16,9 @@
 //! share above the baseline is reported beside it). A figure that cannot be had is a
 //! [`Reading`] with its reason, never a 0.
 
-use std::fmt::Write as _;
-
 use serde::{Deserialize, Serialize};
 
-use super::density_power::package;
+use super::density_power::{missing_reasons, package};
 use super::power::{PowerWindow, Reading};
 
 /// Why a figure of a run is missing.
@@ -188,24 +186,14 @@ pub fn columns(p: Option<&RunPower>) -> String {
 
 /// Why a power column of `runs` is empty, each reason once.
 pub fn notes<'a>(runs: impl IntoIterator<Item = &'a RunPower>) -> Vec<String> {
-    let mut lines: Vec<String> = Vec::new();
-    for p in runs {
-        for (what, r) in [
+    missing_reasons(runs.into_iter().flat_map(|p| {
+        [
             ("W", &p.package_watts),
             ("W>base", &p.watts_above_baseline),
             ("it/CPU-s", &p.iterations_per_cpu_second),
             ("idlx/s", &p.idle_exits_per_s),
-        ] {
-            if let Some(why) = &r.reason {
-                let mut line = String::new();
-                let _ = write!(line, "{what} missing: {why}");
-                if !lines.contains(&line) {
-                    lines.push(line);
-                }
-            }
-        }
-    }
-    lines
+        ]
+    }))
 }
 
 #[cfg(test)]

@@ -402,17 +402,21 @@ pub fn run(args: &IdleManagerArgs) -> Result<bool, BenchError> {
     if period_ms < 2 {
         return Err(BenchError::Period(args.period));
     }
-    let mut plan = Plan {
-        lull: lull_binary(args.common.lull.as_ref())?,
-        guest: guest_path("spin", args.common.kit.as_ref())?,
-        work: work_dir(args.common.work_dir.as_ref())?,
+    let (lull, guest) = (
+        lull_binary(args.common.lull.as_ref())?,
+        guest_path("spin", args.common.kit.as_ref())?,
+    );
+    let work = work_dir(args.common.work_dir.as_ref())?;
+    eprintln!("bench: idle-manager, logs in {}", work.display());
+    eprintln!("bench: power baseline, no VM");
+    let plan = Plan {
+        lull,
+        guest,
+        work,
         ms: u64::try_from(args.duration.as_millis()).unwrap_or(u64::MAX),
         power: args.power.clone(),
-        baseline: Reading::missing("not measured yet"),
+        baseline: args.power.baseline(args.duration),
     };
-    eprintln!("bench: idle-manager, logs in {}", plan.work.display());
-    eprintln!("bench: power baseline, no VM");
-    plan.baseline = args.power.baseline(args.duration);
     let mut report = IdleManagerReport {
         schema: IDLE_MANAGER_SCHEMA.into(),
         host: host::host_info(),

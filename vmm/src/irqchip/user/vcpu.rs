@@ -10,11 +10,13 @@
 //! equal to the TPR. The clock is a type parameter and the vCPU is reached only through
 //! [`CpuPort`], so all of this runs in tests without KVM.
 
+mod lapic_timer;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use devices::lapic::regs::MSR_TSC_DEADLINE;
-use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents, LapicTimerChange};
+use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::VcpuExit;
 use timer::{CpuTimers, Nanos, TimerHandle, TimerKind};
 use vm_memory::GuestMemoryMmap;
@@ -32,7 +34,7 @@ use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
 use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
-use crate::idle::slack::{advance_latency, split_lateness, thread_slack_ns};
+use crate::idle::slack::thread_slack_ns;
 use crate::idle::tick_defer::TickDefer;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
@@ -296,99 +298,6 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         !pending.is_empty()
     }
 
-    /// Arms the LAPIC timer's host timer for `deadline`, early by the learned advance.
-    fn arm_lapic_timer(&mut self, deadline: Nanos) {
-        self.tick_defer.clear();
-        self.arm_lapic_host_timer(self.advance.arm_at(deadline));
-    }
-
-    /// A deadline the guest armed at an exit where it could (`interruptible`) or could not
-    /// take interrupts: its host tick deferred past it (see `idle/tick_defer.rs`) or as usual.
-    fn arm_lapic_timer_for_guest(&mut self, deadline: Nanos, interruptible: bool) {
-        let now = self.clock.now();
-        match self.tick_defer.arm(now, deadline, interruptible) {
-            Some(at) => {
-                self.counters.ticks_deferred.fetch_add(1, Ordering::Relaxed);
-                self.arm_lapic_host_timer(at);
-            }
-            None => self.arm_lapic_timer(deadline),
-        }
-    }
-
-    /// The guest halts, or exited able to take interrupts, at `now`: a deferred tick goes
-    /// back to its usual time (the next timer pass handles it at once if that has come).
-    /// Not when the deferred tick itself is due: that exit is its doing, a miss.
-    fn end_tick_deferral(&mut self, now: Nanos) {
-        if !self.tick_defer.guest_exited(now) {
-            return;
-        }
-        if let Some(deadline) = self.lapic.timer_deadline() {
-            self.arm_lapic_timer(deadline);
-            if self.lapic_armed_at.is_some_and(|at| at <= now) {
-                // Due at this exit, which the guest chose: no host wake-up latency to learn.
-                self.lapic_armed_at = None;
-            }
-        }
-    }
-
-    /// Arms the LAPIC timer's host timer at `at`.
-    fn arm_lapic_host_timer(&mut self, at: Nanos) {
-        self.lapic_armed_at = Some(at);
-        if let Some(h) = self.lapic_timer {
-            if self.timers.rearm(h, at) {
-                return;
-            }
-        }
-        self.lapic_timer = Some(self.timers.arm(TimerKind::Pinned, at, VcpuTimer::Lapic));
-    }
-
-    /// The LAPIC timer's host timer fired (noticed at `now`): learns the advance, waits for
-    /// the deadline if it came early enough to, records the lateness; returns the time the
-    /// expiry is handled at.
-    fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
-        self.lapic_timer = None;
-        if self.tick_defer.fired() {
-            // The guest ran on past the deadline without an exit: it backs off (no advance
-            // to learn from a tick armed after the deadline).
-            self.lapic_armed_at = None;
-            self.counters
-                .ticks_deferred_missed
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        let Some(deadline) = self.lapic.timer_deadline() else {
-            return now;
-        };
-        let slack = self.idle.timer_slack;
-        let mut advance_ns = 0;
-        if let Some(armed_at) = self.lapic_armed_at.take() {
-            advance_ns = deadline.saturating_sub(armed_at);
-            // With slack the advance learns the host's delay past the range, not the slack.
-            let latency = advance_latency(armed_at, now, slack);
-            self.advance
-                .learn(armed_at, armed_at.saturating_add(latency));
-            self.counters
-                .timer_advance_ns
-                .store(self.advance.advance_ns(), Ordering::Relaxed);
-        }
-        let mut now = now;
-        if let Some(until) = self.advance.wait_until(deadline, now) {
-            let start = now;
-            while now < until {
-                std::hint::spin_loop();
-                now = self.clock.now();
-            }
-            self.counters
-                .advance_wait_ns
-                .fetch_add(now - start, Ordering::Relaxed);
-        }
-        if deadline <= now {
-            self.counters().record_lateness(now - deadline);
-            let late = split_lateness(deadline, advance_ns, slack, now);
-            self.counters().record_late_past_range(late.host_ns);
-        }
-        now
-    }
-
     /// Applies what a LAPIC access asks for.
     fn apply(&mut self, effects: LapicEffects, cpu: &mut dyn CpuPort) {
         let interruptible = cpu.interrupts_enabled();
@@ -411,30 +320,6 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             if eoi.level_triggered {
                 self.router.end_of_interrupt(eoi.vector);
             }
-        }
-    }
-
-    /// Follows a change of the LAPIC timer.
-    /// Carries out a LAPIC write's timer change. An expiry at the write itself (`expired`: a
-    /// deadline already past, a settled expiry) is counted as a fire delivered with no delay
-    /// of lull's: no host timer reports it, and every expiry must be accounted for.
-    /// `interruptible`: whether the guest could take interrupts at the access.
-    fn apply_timer(&mut self, change: LapicTimerChange, expired: bool, interruptible: bool) {
-        if expired {
-            self.counters().record_lateness(0);
-            self.counters().record_late_past_range(0);
-        }
-        match change {
-            LapicTimerChange::Arm { deadline_ns } => {
-                self.arm_lapic_timer_for_guest(deadline_ns, interruptible);
-            }
-            LapicTimerChange::Cancel => {
-                self.tick_defer.clear();
-                if let Some(h) = self.lapic_timer.take() {
-                    self.timers.cancel(h);
-                }
-            }
-            LapicTimerChange::Unchanged => {}
         }
     }
 

@@ -291,47 +291,38 @@ impl ModeRun<'_> {
         read_through(&memory).map_err(|e| BenchError::Io(memory.clone(), e))?;
         let (mut api, mut calls, mut cli) = (Vec::new(), Vec::new(), Vec::new());
         let mut refused = None;
-        for i in 0..self.args.restores {
-            let passes_before = console_text(console).matches("pause-timers: PASS").count();
-            row.restores_run += 1;
-            match self.restore_api(snapshot, console, i, passes_before) {
-                Ok(Restored::Ran {
+        'restores: for i in 0..self.args.restores {
+            for path in ["API", "CLI"] {
+                let passes_before = console_text(console).matches("pause-timers: PASS").count();
+                let result = if path == "API" {
+                    self.restore_api(snapshot, console, i, passes_before)
+                } else {
+                    self.restore_cli(snapshot, console, i, passes_before)
+                };
+                let Ran {
                     total,
                     call,
                     passed,
-                }) => {
-                    api.push(total);
-                    calls.push(call);
-                    row.restores_passed += u32::from(passed);
-                    if !passed {
-                        row.failures
-                            .push(format!("API restore {i}: the guest did not pass"));
+                } = match result {
+                    Ok(Restored::Ran(ran)) => ran,
+                    Ok(Restored::Refused(why)) => {
+                        refused = Some(why);
+                        break 'restores;
                     }
-                }
-                Ok(Restored::Refused(why)) => {
-                    row.restores_run -= 1;
-                    refused = Some(why);
-                    break;
-                }
-                Err(e) => row.failures.push(format!("API restore {i}: {e}")),
-            }
-            let passes_before = console_text(console).matches("pause-timers: PASS").count();
-            row.restores_run += 1;
-            match self.restore_cli(snapshot, console, i, passes_before) {
-                Ok(Restored::Ran { total, passed, .. }) => {
-                    cli.push(total);
-                    row.restores_passed += u32::from(passed);
-                    if !passed {
-                        row.failures
-                            .push(format!("CLI restore {i}: the guest did not pass"));
+                    Err(e) => {
+                        row.restores_run += 1;
+                        row.failures.push(format!("{path} restore {i}: {e}"));
+                        continue;
                     }
+                };
+                row.restores_run += 1;
+                row.restores_passed += u32::from(passed);
+                if !passed {
+                    row.failures
+                        .push(format!("{path} restore {i}: the guest did not pass"));
                 }
-                Ok(Restored::Refused(why)) => {
-                    row.restores_run -= 1;
-                    refused = Some(why);
-                    break;
-                }
-                Err(e) => row.failures.push(format!("CLI restore {i}: {e}")),
+                if path == "API" { &mut api } else { &mut cli }.push(total);
+                calls.extend(call);
             }
         }
         row.restore_api_ms = Spread::of(api);
@@ -384,11 +375,11 @@ impl ModeRun<'_> {
         let passed = guest_ends_passing(&socket, console, passes_before + 1)?;
         call(&socket, "PUT", "vmm.shutdown", "")?;
         let _ = lull.0.wait();
-        Ok(Restored::Ran {
+        Ok(Restored::Ran(Ran {
             total,
-            call: call_ms,
+            call: Some(call_ms),
             passed,
-        })
+        }))
     }
 
     /// `lull run --restore DIR --resume`, run to its end: spawn -> its "VM resumed" line.
@@ -425,18 +416,28 @@ impl ModeRun<'_> {
         let passes = console_text(console).matches("pause-timers: PASS").count();
         // lull exits with 1 when its guest passes through the test port.
         let passed = status == Some(1) && passes == passes_before + 1;
-        Ok(Restored::Ran {
+        Ok(Restored::Ran(Ran {
             total,
-            call: 0.0,
+            call: None,
             passed,
-        })
+        }))
     }
+}
+
+/// A restore that ran.
+struct Ran {
+    /// ms from the spawn to running.
+    total: f64,
+    /// ms of the `vm.restore` call (API only).
+    call: Option<f64>,
+    /// Whether its guest passed.
+    passed: bool,
 }
 
 /// What a restore did.
 enum Restored {
-    /// It ran: ms to running, ms of the restore call (API only), whether the guest passed.
-    Ran { total: f64, call: f64, passed: bool },
+    /// It ran.
+    Ran(Ran),
     /// lull refused the snapshot, with its reason.
     Refused(String),
 }

@@ -289,18 +289,18 @@ mod tests {
     #[test]
     fn a_pause_right_after_a_release_waits_for_every_thread_again() {
         let gate = Arc::new(PauseGate::default());
-        let threads: Vec<_> = (0..2u32)
+        let threads: Vec<_> = [0u8, 1]
+            .into_iter()
             .map(|id| {
                 gate.thread_started();
                 let g = gate.clone();
+                // Parks at each of the two pauses, then ends.
                 std::thread::spawn(move || {
-                    let mut pauses = 0;
-                    while pauses < 2 {
-                        if g.is_requested() {
-                            g.park(id, &mut || Ok(vec![u8::try_from(id).unwrap_or(0)]));
-                            pauses += 1;
+                    for _ in 0..2 {
+                        while !g.is_requested() {
+                            std::thread::yield_now();
                         }
-                        std::thread::yield_now();
+                        g.park(id.into(), &mut || Ok(vec![id]));
                     }
                 })
             })

@@ -58,6 +58,7 @@ mod report;
 mod single_run;
 mod slo;
 mod snapshot;
+mod snapshot_log;
 mod snapshot_report;
 mod timer_modes;
 mod units;

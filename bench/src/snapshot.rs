@@ -295,10 +295,16 @@ impl ModeRun<'_> {
         'restores: for i in 0..self.args.restores {
             for path in ["API", "CLI"] {
                 let passes_before = console_text(console).matches("pause-timers: PASS").count();
+                let run = RestoreRun {
+                    snapshot,
+                    console,
+                    i,
+                    passes_before,
+                };
                 let result = if path == "API" {
-                    self.restore_api(snapshot, console, i, passes_before)
+                    self.restore_api(&run)
                 } else {
-                    self.restore_cli(snapshot, console, i, passes_before)
+                    self.restore_cli(&run)
                 };
                 let Ran {
                     total,
@@ -346,13 +352,8 @@ impl ModeRun<'_> {
     }
 
     /// A new `lull run --api-socket`: vm.restore, vm.resume, then the guest to its end.
-    fn restore_api(
-        &self,
-        snapshot: &Path,
-        console: &Path,
-        i: u32,
-        passes_before: usize,
-    ) -> Result<Restored, String> {
+    fn restore_api(&self, r: &RestoreRun) -> Result<Restored, String> {
+        let (snapshot, console, i) = (r.snapshot, r.console, r.i);
         let socket = self.path(&format!("restore-{i}.sock"));
         let _ = std::fs::remove_file(&socket);
         let socket_arg = socket.display().to_string();
@@ -373,7 +374,7 @@ impl ModeRun<'_> {
         }
         call(&socket, "PUT", "vm.resume", "")?;
         let total = ms(start.elapsed());
-        let passed = guest_ends_passing(&socket, console, passes_before + 1)?;
+        let passed = guest_ends_passing(&socket, console, r.passes_before + 1)?;
         call(&socket, "PUT", "vmm.shutdown", "")?;
         let _ = lull.0.wait();
         Ok(Restored::Ran(Ran {
@@ -384,13 +385,8 @@ impl ModeRun<'_> {
     }
 
     /// `lull run --restore DIR --resume`, run to its end: spawn -> its "VM resumed" line.
-    fn restore_cli(
-        &self,
-        snapshot: &Path,
-        console: &Path,
-        i: u32,
-        passes_before: usize,
-    ) -> Result<Restored, String> {
+    fn restore_cli(&self, r: &RestoreRun) -> Result<Restored, String> {
+        let (snapshot, console, i) = (r.snapshot, r.console, r.i);
         let stderr = self.path(&format!("restore-cli-{i}.stderr"));
         let dir = snapshot.display().to_string();
         let spawned = SystemTime::now();
@@ -416,13 +412,22 @@ impl ModeRun<'_> {
         let total = since_time_of_day(spawned, resumed);
         let passes = console_text(console).matches("pause-timers: PASS").count();
         // lull exits with 1 when its guest passes through the test port.
-        let passed = status == Some(1) && passes == passes_before + 1;
+        let passed = status == Some(1) && passes == r.passes_before + 1;
         Ok(Restored::Ran(Ran {
             total,
             call: None,
             passed,
         }))
     }
+}
+
+/// One restore to run: of which snapshot, the console its guest appends to, its number, and
+/// how many PASS lines the console held before it.
+struct RestoreRun<'a> {
+    snapshot: &'a Path,
+    console: &'a Path,
+    i: u32,
+    passes_before: usize,
 }
 
 /// A restore that ran.

@@ -20,7 +20,7 @@ help:
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
-	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux  the other lull bench experiments"
+	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot  the other lull bench experiments"
 	@echo "make bench-floor    the least a user-space LAPIC's timer event and IPI wake-up cost here, against KVM's"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
@@ -158,7 +158,7 @@ bench: build-release guests
 	    | tee docs/bench/wakeup.txt
 
 # The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
-.PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux
+.PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux bench-snapshot
 bench-timer-modes: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
@@ -180,6 +180,15 @@ bench-boot: build-release kit
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench boot --reps 5 --linux-reps 3 \
 	    --json docs/bench/boot.json | tee docs/bench/boot.txt
+
+# Pause/resume latency, snapshot time and size, restore-to-running (issue 31's figures): 2 vCPUs,
+# 256 MiB, 1,000 pause/resume cycles and 5 restores per path; each restored guest runs to its
+# end (about 10 s each: 2-3 minutes per mode with a restore, less without).
+bench-snapshot: build-release guests
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench snapshot --cpus 2 --memory 256M --reps 1000 \
+	    --restores 5 --count 300 --modes kernel,pull,central \
+	    --json docs/bench/snapshot.json | tee docs/bench/snapshot.txt
 
 # The floor: a timer event and an IPI wake-up with the LAPIC in user space at their cheapest
 # (no VMM: resources/bench/floor.c), against KVM's LAPIC, interleaved (about 8 minutes with the

@@ -59,13 +59,26 @@ pub fn parse_response(raw: &str) -> Option<Answer> {
 
 /// Sends `method` to `endpoint` (under `/api/v1/`), without a body.
 pub fn request(socket: &Path, method: &str, endpoint: &str) -> Result<Answer, ApiClientError> {
+    request_with_body(socket, method, endpoint, "", TIMEOUT)
+}
+
+/// Sends `method` to `endpoint` with a JSON `body`; waits up to `timeout` for each read and
+/// write (a snapshot of a large VM takes longer than [`TIMEOUT`]).
+pub fn request_with_body(
+    socket: &Path,
+    method: &str,
+    endpoint: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<Answer, ApiClientError> {
     let io = |e| ApiClientError::Io(socket.to_path_buf(), e);
     let mut stream = UnixStream::connect(socket).map_err(io)?;
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io)?;
     let req = format!(
         "{method} /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-         Content-Length: 0\r\n\r\n"
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
     );
     stream.write_all(req.as_bytes()).map_err(io)?;
     let mut raw = Vec::new();

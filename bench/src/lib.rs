@@ -17,6 +17,9 @@
 //! boot:         hello and the kit's Linux, lull and QEMU alternating -> boot times, lull's RSS
 //! latency:      per rep, per pattern (halt, busy), per PV, per mode: idle-sim re-arming a
 //!               short TSC deadline from its handler -> lateness p50/p99 vs kernel, CPU/event
+//! snapshot:     per mode: pause-timers paused and resumed --reps times, snapshotted, run to
+//!               its end; restored --restores times (API, --restore --resume) -> latencies,
+//!               snapshot time and size, restore-to-running
 //! global-timers: per case (all vCPUs idle, one busy), per timer model: idle-sim with a
 //!               global-timer load -> global fires, who woke for them, empty wake-ups
 //! ```
@@ -54,6 +57,9 @@ mod qemu;
 mod report;
 mod single_run;
 mod slo;
+mod snapshot;
+mod snapshot_log;
+mod snapshot_report;
 mod timer_modes;
 mod units;
 mod wakeup;
@@ -78,6 +84,8 @@ pub use report::{
     DensityReport, DensityRow, TimerModesReport, TimerModesRow, WakeupReport, WakeupRow,
     DENSITY_SCHEMA, TIMER_MODES_SCHEMA, WAKEUP_SCHEMA,
 };
+pub use snapshot::SnapshotArgs;
+pub use snapshot_report::{SnapshotReport, SnapshotRow, SNAPSHOT_SCHEMA};
 pub use timer_modes::TimerModesArgs;
 pub use wakeup::{WakeMode, WakeupArgs};
 
@@ -155,6 +163,9 @@ pub enum Experiment {
     /// halted or busy in between, per mode, with and without PV EOI: p50/p99 and host CPU per
     /// event against `--irqchip kernel`.
     Latency(LatencyArgs),
+    /// Pause and resume latency, snapshot time and size, and restore-to-running time (API and
+    /// `--restore --resume`) of a VM whose vCPUs keep timers armed, per irqchip mode.
+    Snapshot(SnapshotArgs),
 }
 
 /// Runs `lull bench ...`; the return value is the process exit status.
@@ -176,6 +187,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::Boot(a) => boot::run(a),
         Experiment::GlobalTimers(a) => global_timers::run(a),
         Experiment::Latency(a) => latency::run(a),
+        Experiment::Snapshot(a) => snapshot::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),
@@ -252,6 +264,11 @@ mod tests {
                 && l.delta == 200_000 && l.patterns.len() == 2 && l.tail == 1
         ));
         assert!(parse(&["lull", "bench", "latency", "--tail", "2"]).is_err());
+        assert!(matches!(
+            parse(&["lull", "bench", "snapshot", "--modes", "kernel", "--reps", "5"]).unwrap(),
+            Experiment::Snapshot(s) if s.modes == vec![Mode::Kernel] && s.reps == 5
+                && s.cpus == 2 && s.memory == 256 << 20 && s.restores == 3
+        ));
         assert!(parse(&["lull", "bench", "latency", "--delta", "10"]).is_err());
         assert!(parse(&["lull", "bench", "density", "--duration", "10"]).is_err());
         assert!(parse(&["lull", "bench"]).is_err());
@@ -273,6 +290,7 @@ mod tests {
             "idle-manager",
             "boot",
             "latency",
+            "snapshot",
         ] {
             assert!(help.contains(experiment), "{help}");
         }

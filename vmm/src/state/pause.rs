@@ -51,7 +51,8 @@ pub type SavedState = (u32, Result<Vec<u8>, String>);
 struct GateState {
     /// vCPU threads inside their run loop.
     running: u32,
-    /// vCPU threads waiting in the gate.
+    /// vCPU threads parked in the gate in this generation (a release sets it to 0: a thread
+    /// it released that has not woken yet is not parked for the next pause).
     parked: u32,
     /// Bumped by every release: a parked thread leaves when it changes.
     generation: u64,
@@ -142,6 +143,10 @@ impl PauseGate {
         self.requested.store(false, Ordering::Release);
         s.generation = s.generation.wrapping_add(1);
         s.paused_ns = paused_ns;
+        // Every parked thread leaves. One that has not woken yet must not count for the next
+        // pause: its `save` would wait for a save generation it never sees (it re-parks with
+        // the current one), and the snapshot would time out.
+        s.parked = 0;
         drop(s);
         self.changed.notify_all();
     }
@@ -191,7 +196,10 @@ impl PauseGate {
             }
             s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        s.parked -= 1;
+        if s.generation == generation {
+            // Left for a stop: still counted in this generation.
+            s.parked -= 1;
+        }
         if s.stopping {
             0
         } else {
@@ -272,6 +280,45 @@ mod tests {
         gate.release(7);
         for t in threads {
             assert_eq!(t.join().unwrap(), 7, "still parked after the saves");
+        }
+    }
+
+    /// A pause right after a resume, before the released threads have woken: the gate does
+    /// not count them as parked, so the snapshot waits for them to park again and gets every
+    /// vCPU's state (they used to count, then re-park past the save request and never answer).
+    #[test]
+    fn a_pause_right_after_a_release_waits_for_every_thread_again() {
+        let gate = Arc::new(PauseGate::default());
+        let threads: Vec<_> = [0u8, 1]
+            .into_iter()
+            .map(|id| {
+                gate.thread_started();
+                let g = gate.clone();
+                // Parks at each of the two pauses, then ends.
+                std::thread::spawn(move || {
+                    for _ in 0..2 {
+                        while !g.is_requested() {
+                            std::thread::yield_now();
+                        }
+                        g.park(id.into(), &mut || Ok(vec![id]));
+                    }
+                })
+            })
+            .collect();
+        gate.request();
+        gate.wait_parked(Duration::from_secs(30)).unwrap();
+        gate.release(1);
+        assert_eq!(
+            lock(&gate.state).parked,
+            0,
+            "released threads are not parked"
+        );
+        gate.request();
+        let saved = gate.save_all(Duration::from_secs(30)).unwrap();
+        assert_eq!(saved, vec![(0, Ok(vec![0])), (1, Ok(vec![1]))]);
+        gate.release(1);
+        for t in threads {
+            t.join().unwrap();
         }
     }
 

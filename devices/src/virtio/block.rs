@@ -35,9 +35,11 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::GuestMemory;
 
 use super::disk::{Disk, SECTOR_SIZE};
-use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
+use super::throttle::{
+    pop_admitted, restore_optional, DeviceClock, Popped, Throttle, ThrottleState,
+};
 use super::VirtioDevice;
-use crate::rate_limiter::RateLimit;
+use crate::rate_limiter::{RateLimit, RateStateError};
 
 /// Size of the request queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -302,6 +304,14 @@ impl<D: Disk> VirtioDevice for Block<D> {
             any |= queue.add_used(mem, head, len).is_ok();
         }
         any
+    }
+
+    fn save_throttle(&self) -> Option<ThrottleState> {
+        self.throttle.as_ref().map(Throttle::save)
+    }
+
+    fn restore_throttle(&mut self, saved: Option<&ThrottleState>) -> Result<(), RateStateError> {
+        restore_optional(&mut self.throttle, saved)
     }
 
     fn take_timer_request(&mut self) -> Option<u64> {

@@ -31,6 +31,9 @@ use super::{DeviceTimer, VirtioDevice};
 use crate::mmio::MmioDevice;
 use crate::testdev::IrqLines;
 
+mod state;
+pub use state::{QueueSnapshot, TransportState, TransportStateError};
+
 /// "virt", little-endian.
 pub const MAGIC: u32 = 0x7472_6976;
 /// The non-legacy MMIO interface.
@@ -352,6 +355,21 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
         self.forward_timer_request(request);
     }
 
+    /// [`VirtioMmio::save`].
+    pub fn save(&self) -> TransportState {
+        self.transport.save()
+    }
+
+    /// [`VirtioMmio::restore`], then the interrupt line to the restored InterruptStatus and
+    /// the refill timer the device waited for asked for again.
+    pub fn restore(&mut self, s: &TransportState) -> Result<(), TransportStateError> {
+        self.transport.restore(s)?;
+        self.update_line();
+        let request = self.transport.take_timer_request();
+        self.forward_timer_request(request);
+        Ok(())
+    }
+
     fn update_line(&mut self) {
         let level = self.transport.interrupt_pending();
         if level != self.level {
@@ -371,6 +389,14 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
         self.update_line();
         let request = self.transport.take_timer_request();
         self.forward_timer_request(request);
+    }
+
+    fn save_virtio(&self) -> Option<TransportState> {
+        Some(self.save())
+    }
+
+    fn restore_virtio(&mut self, state: &TransportState) -> Result<(), TransportStateError> {
+        self.restore(state)
     }
 
     fn timer_fired(&mut self) {

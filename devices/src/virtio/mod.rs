@@ -33,6 +33,10 @@ pub mod throttle;
 mod net_tests;
 #[cfg(test)]
 mod proptests;
+// Test addresses and lengths are small: their casts are exact.
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
+mod state_tests;
 // The spec's constants come as u32 and the tests' addresses are small: their casts are exact.
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
@@ -63,6 +67,18 @@ pub trait VirtioDevice: Send {
     }
     /// The timer the device asked for fired: it may process its queues again.
     fn timer_fired(&mut self) {}
+    /// The device's rate limiter as a snapshot holds it (`None`: it has none).
+    fn save_throttle(&self) -> Option<throttle::ThrottleState> {
+        None
+    }
+    /// Restores the rate limiter saved by [`Self::save_throttle`]; a refill timer it waited
+    /// for is asked for again through [`Self::take_timer_request`].
+    fn restore_throttle(
+        &mut self,
+        saved: Option<&throttle::ThrottleState>,
+    ) -> Result<(), crate::rate_limiter::RateStateError> {
+        throttle::restore_optional(&mut None, saved)
+    }
 }
 
 /// Where a device's timer requests go: the VMM arms a timer for the device and, when it

@@ -44,9 +44,11 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemory;
 
-use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
+use super::throttle::{
+    pop_admitted, restore_optional, DeviceClock, Popped, Throttle, ThrottleState,
+};
 use super::VirtioDevice;
-use crate::rate_limiter::RateLimit;
+use crate::rate_limiter::{RateLimit, RateStateError};
 
 /// Size of each queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -299,6 +301,14 @@ impl<B: NetBackend> VirtioDevice for Net<B> {
             TX_QUEUE => self.transmit(queue, mem),
             _ => false,
         }
+    }
+
+    fn save_throttle(&self) -> Option<ThrottleState> {
+        self.throttle.as_ref().map(Throttle::save)
+    }
+
+    fn restore_throttle(&mut self, saved: Option<&ThrottleState>) -> Result<(), RateStateError> {
+        restore_optional(&mut self.throttle, saved)
     }
 
     fn take_timer_request(&mut self) -> Option<u64> {

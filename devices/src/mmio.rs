@@ -18,6 +18,10 @@ pub trait MmioDevice: Send {
     fn write(&mut self, offset: u64, data: &[u8]);
     /// A timer the device asked for (through its `virtio::DeviceTimer`) fired.
     fn timer_fired(&mut self) {}
+    /// While `on`, the device changes nothing on its own (a backend's poll, a timer): what
+    /// came meanwhile is served when it is turned off. A paused VM's devices are quiesced, so
+    /// that their state and guest memory stay as the snapshot takes them.
+    fn quiesce(&mut self, _on: bool) {}
     /// A virtio device's transport state for a snapshot; `None` for any other device.
     fn save_virtio(&self) -> Option<TransportState> {
         None

@@ -310,6 +310,12 @@ pub struct VirtioMmioDevice<D, M> {
     line: u32,
     level: bool,
     timer: Option<Arc<dyn DeviceTimer>>,
+    /// Quiesced ([`MmioDevice::quiesce`]): polls and timers wait.
+    quiesced: bool,
+    /// Queues polled while quiesced (bit n: queue n).
+    missed_polls: u64,
+    /// The timer fired while quiesced.
+    missed_timer: bool,
 }
 
 impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
@@ -321,6 +327,9 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
             line,
             level: false,
             timer: None,
+            quiesced: false,
+            missed_polls: 0,
+            missed_timer: false,
         }
     }
 
@@ -348,7 +357,12 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
 
     /// [`VirtioMmio::poll_queue`], then the line and the timer as after a guest access: called
     /// on the thread that learnt the backend is ready (lull's VMM thread for a tap).
+    /// While the device is quiesced the poll waits for the end of it.
     pub fn poll_queue(&mut self, index: u32) {
+        if self.quiesced {
+            self.missed_polls |= 1u64.checked_shl(index).unwrap_or(0);
+            return;
+        }
         self.transport.poll_queue(index);
         self.update_line();
         let request = self.transport.take_timer_request();
@@ -399,7 +413,25 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
         self.restore(state)
     }
 
+    fn quiesce(&mut self, on: bool) {
+        self.quiesced = on;
+        if on {
+            return;
+        }
+        if std::mem::take(&mut self.missed_timer) {
+            self.timer_fired();
+        }
+        let missed = std::mem::take(&mut self.missed_polls);
+        for index in (0..64u32).filter(|i| missed & (1 << i) != 0) {
+            self.poll_queue(index);
+        }
+    }
+
     fn timer_fired(&mut self) {
+        if self.quiesced {
+            self.missed_timer = true;
+            return;
+        }
         let request = self.transport.timer_fired();
         self.update_line();
         self.forward_timer_request(request);

@@ -396,6 +396,37 @@ fn a_poll_raises_the_line_and_a_throttled_frame_waits_for_its_refill() {
     );
 }
 
+#[test]
+fn a_quiesced_device_receives_nothing_until_it_is_released() {
+    let mut d = Driver::ready();
+    d.chain(RX_QUEUE, 0, &[(BUF, 1600, true)]);
+    d.post(RX_QUEUE, 0);
+    let mem = d.mem.clone();
+    let Driver { mmio, .. } = d;
+    let lines = Arc::new(Lines::default());
+    let mut dev = VirtioMmioDevice::new(mmio, lines.clone(), 9);
+    let used = || mem.read_obj::<u16>(GuestAddress(rings(0).2 + 2)).unwrap();
+    dev.quiesce(true);
+    let saved = dev.save();
+    dev.transport_mut()
+        .device_mut()
+        .backend_mut()
+        .incoming
+        .push_back(frame(60, 0));
+    dev.poll_queue(RX_QUEUE as u32);
+    dev.timer_fired();
+    assert_eq!(used(), 0, "a quiesced device took a frame");
+    assert_eq!(dev.save(), saved, "a quiesced device changed its state");
+    assert!(lines.0.lock().unwrap().is_empty());
+    dev.quiesce(false);
+    assert_eq!(
+        used(),
+        1,
+        "the poll missed while quiesced is served at the release"
+    );
+    assert_eq!(*lines.0.lock().unwrap(), vec![(9, true)]);
+}
+
 /// Addresses mostly in a small data area, sometimes anywhere (outside guest memory, near the
 /// top of the address space); never on the rings, so that used indexes stay the device's.
 fn addr() -> impl Strategy<Value = u64> {

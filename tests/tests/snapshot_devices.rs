@@ -35,8 +35,8 @@ const SNAP_SECTORS: std::ops::Range<usize> = 32..40;
 
 /// Byte `i` of sector `s` as the guest writes it (`pattern()` of virtio-blk.c).
 fn pattern(sector: usize, i: usize) -> u8 {
-    let v = (sector as u32).wrapping_mul(131).wrapping_add(i as u32) ^ 0x5a;
-    v as u8
+    // The guest computes in u32 and keeps the low byte, which wider arithmetic gives too.
+    ((sector * 131 + i) ^ 0x5a).to_le_bytes()[0]
 }
 
 /// Fails unless every sector in `sectors` of `image` holds the guest's pattern.

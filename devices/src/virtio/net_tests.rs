@@ -377,12 +377,7 @@ fn a_poll_raises_the_line_and_a_throttled_frame_waits_for_its_refill() {
     assert_eq!(*timers.0.lock().unwrap(), vec![100_000_000]);
     dev.write(u64::from(VIRTIO_MMIO_INTERRUPT_ACK), &1u32.to_le_bytes());
     // A received frame, polled for by the VMM: delivered, the line up again.
-    dev.transport_mut()
-        .device_mut()
-        .backend_mut()
-        .incoming
-        .push_back(frame(60, 0));
-    dev.poll_queue(RX_QUEUE as u32);
+    arrive_and_poll(&mut dev, frame(60, 0));
     assert_eq!(used(0), 1);
     dev.write(u64::from(VIRTIO_MMIO_INTERRUPT_ACK), &1u32.to_le_bytes());
     now.store(100_000_000, Ordering::Relaxed);
@@ -394,6 +389,17 @@ fn a_poll_raises_the_line_and_a_throttled_frame_waits_for_its_refill() {
         *lines.0.lock().unwrap(),
         vec![(9, true), (9, false), (9, true), (9, false), (9, true)]
     );
+}
+
+/// A frame arrives at the device's backend and the VMM polls the receive queue, as on a tap's
+/// readable edge.
+fn arrive_and_poll(dev: &mut VirtioMmioDevice<Net<MemBackend>, GuestMemoryMmap>, f: Vec<u8>) {
+    dev.transport_mut()
+        .device_mut()
+        .backend_mut()
+        .incoming
+        .push_back(f);
+    dev.poll_queue(RX_QUEUE as u32);
 }
 
 #[test]
@@ -408,12 +414,7 @@ fn a_quiesced_device_receives_nothing_until_it_is_released() {
     let used = || mem.read_obj::<u16>(GuestAddress(rings(0).2 + 2)).unwrap();
     dev.quiesce(true);
     let saved = dev.save();
-    dev.transport_mut()
-        .device_mut()
-        .backend_mut()
-        .incoming
-        .push_back(frame(60, 0));
-    dev.poll_queue(RX_QUEUE as u32);
+    arrive_and_poll(&mut dev, frame(60, 0));
     dev.timer_fired();
     assert_eq!(used(), 0, "a quiesced device took a frame");
     assert_eq!(dev.save(), saved, "a quiesced device changed its state");

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::virtio::mmio::{TransportState, TransportStateError};
+use crate::virtio::transport_state::{TransportState, TransportStateError};
 
 /// A device on the MMIO bus.
 pub trait MmioDevice: Send {

@@ -32,7 +32,7 @@ use crate::mmio::MmioDevice;
 use crate::testdev::IrqLines;
 
 mod state;
-pub use state::{QueueSnapshot, TransportState, TransportStateError};
+pub use super::transport_state::{QueueSnapshot, TransportState, TransportStateError};
 
 /// "virt", little-endian.
 pub const MAGIC: u32 = 0x7472_6976;

@@ -26,6 +26,7 @@ pub mod disk;
 pub mod mmio;
 pub mod net;
 pub mod throttle;
+pub mod transport_state;
 
 // Test addresses and lengths are small: their casts are exact.
 #[cfg(test)]

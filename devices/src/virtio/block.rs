@@ -306,6 +306,12 @@ impl<D: Disk> VirtioDevice for Block<D> {
         any
     }
 
+    fn freeze_throttle(&mut self, on: bool) {
+        if let Some(t) = &mut self.throttle {
+            t.freeze(on);
+        }
+    }
+
     fn save_throttle(&self) -> Option<ThrottleState> {
         self.throttle.as_ref().map(Throttle::save)
     }

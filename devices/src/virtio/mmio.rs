@@ -415,6 +415,7 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
 
     fn quiesce(&mut self, on: bool) {
         self.quiesced = on;
+        self.transport.device_mut().freeze_throttle(on);
         if on {
             return;
         }

@@ -68,6 +68,9 @@ pub trait VirtioDevice: Send {
     }
     /// The timer the device asked for fired: it may process its queues again.
     fn timer_fired(&mut self) {}
+    /// The device is quiesced (`on`) or released: its rate limiter's saved state is taken as
+    /// of the quiescing ([`throttle::Throttle::freeze`]).
+    fn freeze_throttle(&mut self, _on: bool) {}
     /// The device's rate limiter as a snapshot holds it (`None`: it has none).
     fn save_throttle(&self) -> Option<throttle::ThrottleState> {
         None

@@ -303,6 +303,12 @@ impl<B: NetBackend> VirtioDevice for Net<B> {
         }
     }
 
+    fn freeze_throttle(&mut self, on: bool) {
+        if let Some(t) = &mut self.throttle {
+            t.freeze(on);
+        }
+    }
+
     fn save_throttle(&self) -> Option<ThrottleState> {
         self.throttle.as_ref().map(Throttle::save)
     }

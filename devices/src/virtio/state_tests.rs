@@ -162,6 +162,23 @@ fn a_rate_limiter_keeps_its_buckets_and_asks_again_for_its_refill() {
     let saved = d.mmio.save();
     let throttle = saved.throttle.expect("a limited device saves its limiter");
     assert_eq!(throttle.waiting_ns, Some(400_000_000));
+    // Quiesced (a pause), the device's state is as of the quiescing however long it lasts.
+    let mut paused = VirtioMmioDevice::new(
+        Driver::raw_with(block(&now)).mmio,
+        Arc::new(Lines::default()),
+        5,
+    );
+    paused.restore(&saved).unwrap();
+    paused.quiesce(true);
+    now.fetch_add(250_000_000, Ordering::Relaxed);
+    let kept = paused.save().throttle.expect("still limited");
+    assert_eq!(kept.waiting_ns, Some(400_000_000));
+    assert_eq!(kept.limiter, throttle.limiter);
+    paused.quiesce(false);
+    assert_eq!(
+        paused.save().throttle.unwrap().waiting_ns,
+        Some(150_000_000)
+    );
     // Restored on a clock 7 s later: the refill is asked for 0.4 s from then.
     let later = Arc::new(AtomicU64::new(now.load(Ordering::Relaxed) + 7_000_000_000));
     let copy = Driver::raw_with(block(&later));

@@ -25,6 +25,9 @@ pub struct Throttle {
     waiting: Option<Nanos>,
     /// A timer to ask for, not yet taken by the transport.
     request: Option<Nanos>,
+    /// While the device is quiesced (a paused VM), the time it was quiesced: a snapshot
+    /// measures the buckets and the wait from there, as the pause keeps them.
+    frozen: Option<Nanos>,
 }
 
 impl Throttle {
@@ -36,6 +39,7 @@ impl Throttle {
             clock,
             waiting: None,
             request: None,
+            frozen: None,
         }
     }
 
@@ -77,9 +81,15 @@ pub struct ThrottleState {
 }
 
 impl Throttle {
-    /// The throttle as of now (its clock's).
+    /// The device is quiesced (`on`, from now) or released.
+    pub fn freeze(&mut self, on: bool) {
+        self.frozen = on.then(|| (self.clock)());
+    }
+
+    /// The throttle as of now (its clock's), or as of when the device was quiesced: what a
+    /// pause keeps (a refill waited for is re-armed on resume with the time it had left).
     pub fn save(&self) -> ThrottleState {
-        let now = (self.clock)();
+        let now = self.frozen.unwrap_or_else(|| (self.clock)());
         ThrottleState {
             limiter: self.limiter.save(now),
             waiting_ns: self

@@ -35,11 +35,9 @@ use vm_memory::bitmap::BitmapSlice;
 use vm_memory::GuestMemory;
 
 use super::disk::{Disk, SECTOR_SIZE};
-use super::throttle::{
-    pop_admitted, restore_optional, DeviceClock, Popped, Throttle, ThrottleState,
-};
+use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
 use super::VirtioDevice;
-use crate::rate_limiter::{RateLimit, RateStateError};
+use crate::rate_limiter::RateLimit;
 
 /// Size of the request queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -306,18 +304,12 @@ impl<D: Disk> VirtioDevice for Block<D> {
         any
     }
 
-    fn freeze_throttle(&mut self, on: bool) {
-        if let Some(t) = &mut self.throttle {
-            t.freeze(on);
-        }
+    fn throttle(&self) -> Option<&Throttle> {
+        self.throttle.as_ref()
     }
 
-    fn save_throttle(&self) -> Option<ThrottleState> {
-        self.throttle.as_ref().map(Throttle::save)
-    }
-
-    fn restore_throttle(&mut self, saved: Option<&ThrottleState>) -> Result<(), RateStateError> {
-        restore_optional(&mut self.throttle, saved)
+    fn throttle_mut(&mut self) -> Option<&mut Throttle> {
+        self.throttle.as_mut()
     }
 
     fn take_timer_request(&mut self) -> Option<u64> {

@@ -68,12 +68,24 @@ pub trait VirtioDevice: Send {
     }
     /// The timer the device asked for fired: it may process its queues again.
     fn timer_fired(&mut self) {}
+    /// The device's rate limiter, if it has one.
+    fn throttle(&self) -> Option<&throttle::Throttle> {
+        None
+    }
+    /// The same, to change.
+    fn throttle_mut(&mut self) -> Option<&mut throttle::Throttle> {
+        None
+    }
     /// The device is quiesced (`on`) or released: its rate limiter's saved state is taken as
     /// of the quiescing ([`throttle::Throttle::freeze`]).
-    fn freeze_throttle(&mut self, _on: bool) {}
+    fn freeze_throttle(&mut self, on: bool) {
+        if let Some(t) = self.throttle_mut() {
+            t.freeze(on);
+        }
+    }
     /// The device's rate limiter as a snapshot holds it (`None`: it has none).
     fn save_throttle(&self) -> Option<throttle::ThrottleState> {
-        None
+        self.throttle().map(throttle::Throttle::save)
     }
     /// Restores the rate limiter saved by [`Self::save_throttle`]; a refill timer it waited
     /// for is asked for again through [`Self::take_timer_request`].
@@ -81,7 +93,7 @@ pub trait VirtioDevice: Send {
         &mut self,
         saved: Option<&throttle::ThrottleState>,
     ) -> Result<(), crate::rate_limiter::RateStateError> {
-        throttle::restore_optional(&mut None, saved)
+        throttle::restore_optional(self.throttle_mut(), saved)
     }
 }
 

@@ -44,11 +44,9 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemory;
 
-use super::throttle::{
-    pop_admitted, restore_optional, DeviceClock, Popped, Throttle, ThrottleState,
-};
+use super::throttle::{pop_admitted, DeviceClock, Popped, Throttle};
 use super::VirtioDevice;
-use crate::rate_limiter::{RateLimit, RateStateError};
+use crate::rate_limiter::RateLimit;
 
 /// Size of each queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -303,18 +301,12 @@ impl<B: NetBackend> VirtioDevice for Net<B> {
         }
     }
 
-    fn freeze_throttle(&mut self, on: bool) {
-        if let Some(t) = &mut self.throttle {
-            t.freeze(on);
-        }
+    fn throttle(&self) -> Option<&Throttle> {
+        self.throttle.as_ref()
     }
 
-    fn save_throttle(&self) -> Option<ThrottleState> {
-        self.throttle.as_ref().map(Throttle::save)
-    }
-
-    fn restore_throttle(&mut self, saved: Option<&ThrottleState>) -> Result<(), RateStateError> {
-        restore_optional(&mut self.throttle, saved)
+    fn throttle_mut(&mut self) -> Option<&mut Throttle> {
+        self.throttle.as_mut()
     }
 
     fn take_timer_request(&mut self) -> Option<u64> {

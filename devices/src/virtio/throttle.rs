@@ -113,7 +113,7 @@ impl Throttle {
 /// Restores a device's optional throttle from its optional saved state; one without the
 /// other is a snapshot of another configuration.
 pub fn restore_optional(
-    throttle: &mut Option<Throttle>,
+    throttle: Option<&mut Throttle>,
     saved: Option<&ThrottleState>,
 ) -> Result<(), RateStateError> {
     match (throttle, saved) {

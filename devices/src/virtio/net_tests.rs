@@ -428,6 +428,49 @@ fn a_quiesced_device_receives_nothing_until_it_is_released() {
     assert_eq!(*lines.0.lock().unwrap(), vec![(9, true)]);
 }
 
+#[test]
+fn a_restored_device_receives_into_the_buffers_posted_before_the_save() {
+    let mut d = Driver::ready();
+    for (i, at) in [BUF, BUF + 0x1000].into_iter().enumerate() {
+        let head = u16::try_from(i).unwrap();
+        d.chain(RX_QUEUE, head, &[(at, 1600, true)]);
+        d.post(RX_QUEUE, head);
+    }
+    assert!(d
+        .send(&[(BUF + 0x4000, (HEADER_BYTES + 60) as u32, false)])
+        .is_some());
+    d.backend().incoming.push_back(frame(60, 1));
+    d.mmio.poll_queue(RX_QUEUE as u32);
+    assert_eq!(d.used_idx(RX_QUEUE), 1);
+    let text = serde_json::to_string(&d.mmio.save()).unwrap();
+    // A new device on a copy of guest memory, restored from the saved text.
+    let mut copy = Driver::raw();
+    copy.mem
+        .write_slice(&d.bytes(0, MEM_SIZE), GuestAddress(0))
+        .unwrap();
+    copy.avail_idx = d.avail_idx;
+    copy.mmio
+        .restore(&serde_json::from_str(&text).unwrap())
+        .unwrap();
+    for drv in [&mut d, &mut copy] {
+        drv.backend().incoming.push_back(frame(80, 7));
+        drv.mmio.poll_queue(RX_QUEUE as u32);
+        assert_eq!(
+            drv.used_idx(RX_QUEUE),
+            2,
+            "the second posted buffer took the frame"
+        );
+        assert!(drv
+            .send(&[(BUF + 0x4000, (HEADER_BYTES + 60) as u32, false)])
+            .is_some());
+    }
+    assert_eq!(copy.used_elem(RX_QUEUE, 1), d.used_elem(RX_QUEUE, 1));
+    assert_eq!(copy.bytes(BUF + 0x1000, 1600), d.bytes(BUF + 0x1000, 1600));
+    assert_eq!(copy.used_idx(TX_QUEUE), d.used_idx(TX_QUEUE));
+    assert_eq!(copy.backend().sent, d.backend().sent[1..]);
+    assert_eq!(copy.mmio.save(), d.mmio.save());
+}
+
 /// Addresses mostly in a small data area, sometimes anywhere (outside guest memory, near the
 /// top of the address space); never on the rings, so that used indexes stay the device's.
 fn addr() -> impl Strategy<Value = u64> {

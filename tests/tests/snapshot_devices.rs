@@ -9,7 +9,8 @@
 //! restored run did not boot again. With a rate-limited disk, the limiter's buckets travel too.
 //!
 //! The same snapshot, its manifest edited to name a tap this host lacks, is refused with exit
-//! status 4 (BAD_INPUT) and a message that names the tap.
+//! status 4 (BAD_INPUT) and a message that names the tap by `lull run --restore`, and with
+//! 500 and that message by `vm.restore`, which leaves the lull without a VM.
 //!
 //! Each case is a (irqchip, disk options) entry of `CASES`: `--irqchip user` restore is not in
 //! this lull yet (refused); add `("user", "")` there when it is.
@@ -191,6 +192,19 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
     refused.expect_code(BAD_INPUT)?;
     if !refused.stderr.contains("tap lullnotap9 does not exist") {
         return Err(refused.failure("the refusal does not name the missing tap"));
+    }
+    // Through the API: 500 with the reason, and the lull has no VM.
+    let server = start_api_server(&format!("{name}-refused"), &[])?;
+    let socket = server.socket.clone();
+    let _lull = Lull(Some(server.child));
+    let body = format!(r#"{{"source_url": "file://{}"}}"#, dir.display());
+    let (status, text) = api_call(&socket, "PUT", "vm.restore", &body)?;
+    if status != 500 || !text.contains("tap lullnotap9 does not exist") {
+        return Err(format!("vm.restore naming a missing tap: status {status}: {text}").into());
+    }
+    let (status, text) = api_call(&socket, "GET", "vm.info", "")?;
+    if status != 404 {
+        return Err(format!("vm.info after a refused restore: status {status}: {text}").into());
     }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&image);

@@ -8,7 +8,8 @@
 //!          (no tap poll or refill touches a queue)
 //!  resume: p = now - m ─► KVM_SET_CLOCK (kvmclock goes on from where it was) ─► device
 //!          refills re-armed p later, devices released ─► chip.resuming(p) (the VM clock
-//!          goes on, host timers re-armed) ─► gate.release(p): each vCPU moves its TSC back by p, then runs
+//!          goes on, host timers re-armed) ─► gate.release(p): each vCPU moves its TSC back
+//!          by p, then runs
 //! ```
 //! So every guest timer resumes with the guest time it had left: lull's LAPIC timers (one-shot,
 //! periodic, TSC-deadline, PV deadline), the global timers and the device refills are

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::virtio::transport_state::{TransportState, TransportStateError};
+
 /// A device on the MMIO bus.
 pub trait MmioDevice: Send {
     /// Guest read of `data.len()` bytes at `offset` from the start of the device's window.
@@ -16,6 +18,18 @@ pub trait MmioDevice: Send {
     fn write(&mut self, offset: u64, data: &[u8]);
     /// A timer the device asked for (through its `virtio::DeviceTimer`) fired.
     fn timer_fired(&mut self) {}
+    /// While `on`, the device changes nothing on its own (a backend's poll, a timer): what
+    /// came meanwhile is served when it is turned off. A paused VM's devices are quiesced, so
+    /// that their state and guest memory stay as the snapshot takes them.
+    fn quiesce(&mut self, _on: bool) {}
+    /// A virtio device's transport state for a snapshot; `None` for any other device.
+    fn save_virtio(&self) -> Option<TransportState> {
+        None
+    }
+    /// Restores what [`Self::save_virtio`] saved; a device that is not virtio refuses.
+    fn restore_virtio(&mut self, _state: &TransportState) -> Result<(), TransportStateError> {
+        Err(TransportStateError::NotVirtio)
+    }
 }
 
 /// A shared, lockable device on the bus.
@@ -78,6 +92,13 @@ impl MmioBus {
         let offset = addr - base;
         let end = offset.checked_add(u64::try_from(size).ok()?)?;
         (end <= *len).then_some((device, offset))
+    }
+
+    /// Every device, by window base, lowest first.
+    pub fn devices(&self) -> impl Iterator<Item = (u64, &SharedMmioDevice)> {
+        self.windows
+            .iter()
+            .map(|(&base, (_, device))| (base, device))
     }
 
     /// Guest read at `addr`; false if no device owns it (then `data` is all ones).

@@ -22,6 +22,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+mod state;
+pub use state::{BucketState, RateLimiterState, RateStateError};
+
 /// Nanoseconds on whatever monotonic clock the caller uses for every call.
 pub type Nanos = u64;
 

@@ -6,7 +6,9 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde::{Deserialize, Serialize};
 pub use vm_superio::serial::SerialEvents;
+use vm_superio::serial::SerialState;
 use vm_superio::Serial;
 pub use vm_superio::Trigger;
 
@@ -64,6 +66,47 @@ impl SerialEvents for SerialCounters {
     }
 }
 
+/// The UART's registers as a snapshot holds them (vm-superio's `SerialState`): the pending
+/// interrupt is the IIR, and input the guest has not read yet is `in_buffer`. The output is
+/// not state: it went to the sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialSnapshot {
+    /// DLL.
+    pub baud_divisor_low: u8,
+    /// DLM.
+    pub baud_divisor_high: u8,
+    /// IER.
+    pub interrupt_enable: u8,
+    /// IIR.
+    pub interrupt_identification: u8,
+    /// LCR.
+    pub line_control: u8,
+    /// LSR.
+    pub line_status: u8,
+    /// MCR.
+    pub modem_control: u8,
+    /// MSR.
+    pub modem_status: u8,
+    /// The scratch register.
+    pub scratch: u8,
+    /// Received bytes the guest has not read, first first.
+    pub in_buffer: Vec<u8>,
+}
+
+/// Why a saved serial port cannot be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialStateError {
+    /// More input than the receive FIFO holds.
+    #[error(
+        "The saved serial port holds {0} input bytes, more than its FIFO's 64: corrupt snapshot"
+    )]
+    FullFifo(usize),
+    /// The restored port's pending interrupt could not be raised.
+    #[error("Cannot raise the restored serial port's pending interrupt")]
+    Trigger,
+}
+
 /// A serial port whose interrupt is `T` and whose output goes to `W`.
 pub struct SerialPort<T: Trigger, W: Write> {
     uart: Serial<T, std::sync::Arc<SerialCounters>, W>,
@@ -77,6 +120,53 @@ impl<T: Trigger, W: Write> SerialPort<T, W> {
         Self {
             uart: Serial::with_events(interrupt, counters.clone(), out),
             counters,
+        }
+    }
+
+    /// A UART restored from `saved`, raising `interrupt` (at once if `saved` has an enabled
+    /// interrupt pending) and writing to `out`.
+    pub fn from_saved(
+        interrupt: T,
+        out: W,
+        saved: &SerialSnapshot,
+    ) -> Result<Self, SerialStateError> {
+        let counters = std::sync::Arc::new(SerialCounters::default());
+        let state = SerialState {
+            baud_divisor_low: saved.baud_divisor_low,
+            baud_divisor_high: saved.baud_divisor_high,
+            interrupt_enable: saved.interrupt_enable,
+            interrupt_identification: saved.interrupt_identification,
+            line_control: saved.line_control,
+            line_status: saved.line_status,
+            modem_control: saved.modem_control,
+            modem_status: saved.modem_status,
+            scratch: saved.scratch,
+            in_buffer: saved.in_buffer.clone(),
+        };
+        let uart =
+            Serial::from_state(&state, interrupt, counters.clone(), out).map_err(|e| match e {
+                vm_superio::serial::Error::FullFifo => {
+                    SerialStateError::FullFifo(saved.in_buffer.len())
+                }
+                _ => SerialStateError::Trigger,
+            })?;
+        Ok(Self { uart, counters })
+    }
+
+    /// The registers and unread input, for a snapshot.
+    pub fn save(&self) -> SerialSnapshot {
+        let s = self.uart.state();
+        SerialSnapshot {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
         }
     }
 
@@ -171,5 +261,46 @@ mod tests {
         let mut b = [0u8; 1];
         port.read(0, &mut b);
         assert_eq!(b, [b'a']);
+    }
+
+    #[test]
+    fn a_restored_port_reads_and_interrupts_as_the_saved_one() {
+        let mut port = SerialPort::new(CountingTrigger::default(), Vec::new());
+        port.write(3, &[0x80]); // LCR: DLAB
+        port.write(0, &[0x0c]); // DLL
+        port.write(1, &[0x01]); // DLM
+        port.write(3, &[0x03]); // LCR: 8N1
+        port.write(4, &[0x0b]); // MCR
+        port.write(7, &[0x5a]); // scratch
+        port.write(1, &[0x01]); // IER: received data
+        port.enqueue_input(b"xyz");
+        let text = serde_json::to_string(&port.save()).unwrap();
+        let trigger = CountingTrigger::default();
+        let saved: SerialSnapshot = serde_json::from_str(&text).unwrap();
+        let mut restored = SerialPort::from_saved(trigger.clone(), Vec::new(), &saved).unwrap();
+        assert_eq!(
+            trigger.0.load(Ordering::SeqCst),
+            1,
+            "pending input raises the line"
+        );
+        for reg in 0..8u16 {
+            let (mut a, mut b) = ([0u8], [0u8]);
+            port.read(reg, &mut a);
+            restored.read(reg, &mut b);
+            assert_eq!(a, b, "register {reg}");
+        }
+        let mut tail = [0u8];
+        restored.read(0, &mut tail);
+        assert_eq!(tail, [b'y']);
+    }
+
+    #[test]
+    fn a_saved_port_with_too_much_input_is_refused() {
+        let mut saved = SerialPort::new(CountingTrigger::default(), Vec::new()).save();
+        saved.in_buffer = vec![0; 65];
+        assert!(matches!(
+            SerialPort::from_saved(CountingTrigger::default(), Vec::new(), &saved),
+            Err(SerialStateError::FullFifo(65))
+        ));
     }
 }

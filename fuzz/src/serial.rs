@@ -161,7 +161,7 @@ impl<'a> Fuzz<'a> {
             ..VmConfig::default()
         };
         let out = ConsoleSink::from_file(sink.try_clone().ok()?, "fuzz-serial".into());
-        let parts = console(&fake.chip, out).ok()?;
+        let parts = console(&fake.chip, out, None).ok()?;
         let cmos = Cmos::new(Box::new(move || clock));
         let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)
             .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));

@@ -279,7 +279,7 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
     let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
     let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let memory = std::fs::metadata(dir.join("memory")).map_err(|e| e.to_string())?;
-    if manifest["format_version"] != 1
+    if manifest["format_version"] != 2
         || manifest["config"]["cpus"] != 2
         || manifest["memory_bytes"] != 256u64 << 20
         || memory.len() != 256 << 20
@@ -290,6 +290,7 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
         &manifest["vcpus"][0],
         &manifest["vcpus"][1],
         &manifest["kvm_vm"],
+        &manifest["devices"],
     ];
     for entry in entries {
         let name = entry["file"]

@@ -304,6 +304,14 @@ impl<D: Disk> VirtioDevice for Block<D> {
         any
     }
 
+    fn throttle(&self) -> Option<&Throttle> {
+        self.throttle.as_ref()
+    }
+
+    fn throttle_mut(&mut self) -> Option<&mut Throttle> {
+        self.throttle.as_mut()
+    }
+
     fn take_timer_request(&mut self) -> Option<u64> {
         self.throttle.as_mut().and_then(Throttle::take_request)
     }

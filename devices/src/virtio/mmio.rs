@@ -31,6 +31,9 @@ use super::{DeviceTimer, VirtioDevice};
 use crate::mmio::MmioDevice;
 use crate::testdev::IrqLines;
 
+mod state;
+pub use super::transport_state::{QueueSnapshot, TransportState, TransportStateError};
+
 /// "virt", little-endian.
 pub const MAGIC: u32 = 0x7472_6976;
 /// The non-legacy MMIO interface.
@@ -307,6 +310,12 @@ pub struct VirtioMmioDevice<D, M> {
     line: u32,
     level: bool,
     timer: Option<Arc<dyn DeviceTimer>>,
+    /// Quiesced ([`MmioDevice::quiesce`]): polls and timers wait.
+    quiesced: bool,
+    /// Queues polled while quiesced (bit n: queue n).
+    missed_polls: u64,
+    /// The timer fired while quiesced.
+    missed_timer: bool,
 }
 
 impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
@@ -318,6 +327,9 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
             line,
             level: false,
             timer: None,
+            quiesced: false,
+            missed_polls: 0,
+            missed_timer: false,
         }
     }
 
@@ -345,11 +357,31 @@ impl<D: VirtioDevice, M: GuestMemory> VirtioMmioDevice<D, M> {
 
     /// [`VirtioMmio::poll_queue`], then the line and the timer as after a guest access: called
     /// on the thread that learnt the backend is ready (lull's VMM thread for a tap).
+    /// While the device is quiesced the poll waits for the end of it.
     pub fn poll_queue(&mut self, index: u32) {
+        if self.quiesced {
+            self.missed_polls |= 1u64.checked_shl(index).unwrap_or(0);
+            return;
+        }
         self.transport.poll_queue(index);
         self.update_line();
         let request = self.transport.take_timer_request();
         self.forward_timer_request(request);
+    }
+
+    /// [`VirtioMmio::save`].
+    pub fn save(&self) -> TransportState {
+        self.transport.save()
+    }
+
+    /// [`VirtioMmio::restore`], then the interrupt line to the restored InterruptStatus and
+    /// the refill timer the device waited for asked for again.
+    pub fn restore(&mut self, s: &TransportState) -> Result<(), TransportStateError> {
+        self.transport.restore(s)?;
+        self.update_line();
+        let request = self.transport.take_timer_request();
+        self.forward_timer_request(request);
+        Ok(())
     }
 
     fn update_line(&mut self) {
@@ -373,7 +405,34 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
         self.forward_timer_request(request);
     }
 
+    fn save_virtio(&self) -> Option<TransportState> {
+        Some(self.save())
+    }
+
+    fn restore_virtio(&mut self, state: &TransportState) -> Result<(), TransportStateError> {
+        self.restore(state)
+    }
+
+    fn quiesce(&mut self, on: bool) {
+        self.quiesced = on;
+        self.transport.device_mut().freeze_throttle(on);
+        if on {
+            return;
+        }
+        if std::mem::take(&mut self.missed_timer) {
+            self.timer_fired();
+        }
+        let missed = std::mem::take(&mut self.missed_polls);
+        for index in (0..64u32).filter(|i| missed & (1 << i) != 0) {
+            self.poll_queue(index);
+        }
+    }
+
     fn timer_fired(&mut self) {
+        if self.quiesced {
+            self.missed_timer = true;
+            return;
+        }
         let request = self.transport.timer_fired();
         self.update_line();
         self.forward_timer_request(request);

@@ -26,6 +26,7 @@ pub mod disk;
 pub mod mmio;
 pub mod net;
 pub mod throttle;
+pub mod transport_state;
 
 // Test addresses and lengths are small: their casts are exact.
 #[cfg(test)]
@@ -33,6 +34,10 @@ pub mod throttle;
 mod net_tests;
 #[cfg(test)]
 mod proptests;
+// Test addresses and lengths are small: their casts are exact.
+#[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
+mod state_tests;
 // The spec's constants come as u32 and the tests' addresses are small: their casts are exact.
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation)]
@@ -63,6 +68,33 @@ pub trait VirtioDevice: Send {
     }
     /// The timer the device asked for fired: it may process its queues again.
     fn timer_fired(&mut self) {}
+    /// The device's rate limiter, if it has one.
+    fn throttle(&self) -> Option<&throttle::Throttle> {
+        None
+    }
+    /// The same, to change.
+    fn throttle_mut(&mut self) -> Option<&mut throttle::Throttle> {
+        None
+    }
+    /// The device is quiesced (`on`) or released: its rate limiter's saved state is taken as
+    /// of the quiescing ([`throttle::Throttle::freeze`]).
+    fn freeze_throttle(&mut self, on: bool) {
+        if let Some(t) = self.throttle_mut() {
+            t.freeze(on);
+        }
+    }
+    /// The device's rate limiter as a snapshot holds it (`None`: it has none).
+    fn save_throttle(&self) -> Option<throttle::ThrottleState> {
+        self.throttle().map(throttle::Throttle::save)
+    }
+    /// Restores the rate limiter saved by [`Self::save_throttle`]; a refill timer it waited
+    /// for is asked for again through [`Self::take_timer_request`].
+    fn restore_throttle(
+        &mut self,
+        saved: Option<&throttle::ThrottleState>,
+    ) -> Result<(), crate::rate_limiter::RateStateError> {
+        throttle::restore_optional(self.throttle_mut(), saved)
+    }
 }
 
 /// Where a device's timer requests go: the VMM arms a timer for the device and, when it

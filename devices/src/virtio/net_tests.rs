@@ -377,12 +377,7 @@ fn a_poll_raises_the_line_and_a_throttled_frame_waits_for_its_refill() {
     assert_eq!(*timers.0.lock().unwrap(), vec![100_000_000]);
     dev.write(u64::from(VIRTIO_MMIO_INTERRUPT_ACK), &1u32.to_le_bytes());
     // A received frame, polled for by the VMM: delivered, the line up again.
-    dev.transport_mut()
-        .device_mut()
-        .backend_mut()
-        .incoming
-        .push_back(frame(60, 0));
-    dev.poll_queue(RX_QUEUE as u32);
+    arrive_and_poll(&mut dev, frame(60, 0));
     assert_eq!(used(0), 1);
     dev.write(u64::from(VIRTIO_MMIO_INTERRUPT_ACK), &1u32.to_le_bytes());
     now.store(100_000_000, Ordering::Relaxed);
@@ -394,6 +389,86 @@ fn a_poll_raises_the_line_and_a_throttled_frame_waits_for_its_refill() {
         *lines.0.lock().unwrap(),
         vec![(9, true), (9, false), (9, true), (9, false), (9, true)]
     );
+}
+
+/// A frame arrives at the device's backend and the VMM polls the receive queue, as on a tap's
+/// readable edge.
+fn arrive_and_poll(dev: &mut VirtioMmioDevice<Net<MemBackend>, GuestMemoryMmap>, f: Vec<u8>) {
+    dev.transport_mut()
+        .device_mut()
+        .backend_mut()
+        .incoming
+        .push_back(f);
+    dev.poll_queue(RX_QUEUE as u32);
+}
+
+#[test]
+fn a_quiesced_device_receives_nothing_until_it_is_released() {
+    let mut d = Driver::ready();
+    d.chain(RX_QUEUE, 0, &[(BUF, 1600, true)]);
+    d.post(RX_QUEUE, 0);
+    let mem = d.mem.clone();
+    let Driver { mmio, .. } = d;
+    let lines = Arc::new(Lines::default());
+    let mut dev = VirtioMmioDevice::new(mmio, lines.clone(), 9);
+    let used = || mem.read_obj::<u16>(GuestAddress(rings(0).2 + 2)).unwrap();
+    dev.quiesce(true);
+    let saved = dev.save();
+    arrive_and_poll(&mut dev, frame(60, 0));
+    dev.timer_fired();
+    assert_eq!(used(), 0, "a quiesced device took a frame");
+    assert_eq!(dev.save(), saved, "a quiesced device changed its state");
+    assert!(lines.0.lock().unwrap().is_empty());
+    dev.quiesce(false);
+    assert_eq!(
+        used(),
+        1,
+        "the poll missed while quiesced is served at the release"
+    );
+    assert_eq!(*lines.0.lock().unwrap(), vec![(9, true)]);
+}
+
+#[test]
+fn a_restored_device_receives_into_the_buffers_posted_before_the_save() {
+    let mut d = Driver::ready();
+    for (i, at) in [BUF, BUF + 0x1000].into_iter().enumerate() {
+        let head = u16::try_from(i).unwrap();
+        d.chain(RX_QUEUE, head, &[(at, 1600, true)]);
+        d.post(RX_QUEUE, head);
+    }
+    assert!(d
+        .send(&[(BUF + 0x4000, (HEADER_BYTES + 60) as u32, false)])
+        .is_some());
+    d.backend().incoming.push_back(frame(60, 1));
+    d.mmio.poll_queue(RX_QUEUE as u32);
+    assert_eq!(d.used_idx(RX_QUEUE), 1);
+    let text = serde_json::to_string(&d.mmio.save()).unwrap();
+    // A new device on a copy of guest memory, restored from the saved text.
+    let mut copy = Driver::raw();
+    copy.mem
+        .write_slice(&d.bytes(0, MEM_SIZE), GuestAddress(0))
+        .unwrap();
+    copy.avail_idx = d.avail_idx;
+    copy.mmio
+        .restore(&serde_json::from_str(&text).unwrap())
+        .unwrap();
+    for drv in [&mut d, &mut copy] {
+        drv.backend().incoming.push_back(frame(80, 7));
+        drv.mmio.poll_queue(RX_QUEUE as u32);
+        assert_eq!(
+            drv.used_idx(RX_QUEUE),
+            2,
+            "the second posted buffer took the frame"
+        );
+        assert!(drv
+            .send(&[(BUF + 0x4000, (HEADER_BYTES + 60) as u32, false)])
+            .is_some());
+    }
+    assert_eq!(copy.used_elem(RX_QUEUE, 1), d.used_elem(RX_QUEUE, 1));
+    assert_eq!(copy.bytes(BUF + 0x1000, 1600), d.bytes(BUF + 0x1000, 1600));
+    assert_eq!(copy.used_idx(TX_QUEUE), d.used_idx(TX_QUEUE));
+    assert_eq!(copy.backend().sent, d.backend().sent[1..]);
+    assert_eq!(copy.mmio.save(), d.mmio.save());
 }
 
 /// Addresses mostly in a small data area, sometimes anywhere (outside guest memory, near the

@@ -24,9 +24,9 @@ pub(super) const DESC: u64 = 0x1000;
 pub(super) const AVAIL: u64 = 0x3000;
 pub(super) const USED: u64 = 0x4000;
 pub(super) const QSIZE: u16 = 16;
-const HDR: u64 = 0x10000;
-const DATA: u64 = 0x20000;
-const STATUS: u64 = 0x30000;
+pub(super) const HDR: u64 = 0x10000;
+pub(super) const DATA: u64 = 0x20000;
+pub(super) const STATUS: u64 = 0x30000;
 
 pub(super) type Transport = VirtioMmio<Block<MemDisk>, GuestMemoryMmap>;
 
@@ -34,7 +34,7 @@ pub(super) type Transport = VirtioMmio<Block<MemDisk>, GuestMemoryMmap>;
 pub(super) struct Driver {
     pub mmio: Transport,
     pub mem: Arc<GuestMemoryMmap>,
-    avail_idx: u16,
+    pub avail_idx: u16,
 }
 
 /// A descriptor: address, length, device-writable.
@@ -180,7 +180,7 @@ impl Driver {
 }
 
 /// Writes descriptor `i` of the table in `mem`.
-fn set_desc(mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+pub(super) fn set_desc(mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
     let at = GuestAddress(DESC + 16 * u64::from(i));
     mem.write_obj(addr, at).unwrap();
     mem.write_obj(len, at.unchecked_add(8)).unwrap();

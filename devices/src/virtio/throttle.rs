@@ -10,7 +10,9 @@ use std::sync::Arc;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::GuestMemory;
 
-use crate::rate_limiter::{Nanos, RateLimit, RateLimiter};
+use serde::{Deserialize, Serialize};
+
+use crate::rate_limiter::{Nanos, RateLimit, RateLimiter, RateLimiterState, RateStateError};
 
 /// The clock a throttled device reads (monotonic nanoseconds).
 pub type DeviceClock = Arc<dyn Fn() -> Nanos + Send + Sync>;
@@ -23,6 +25,9 @@ pub struct Throttle {
     waiting: Option<Nanos>,
     /// A timer to ask for, not yet taken by the transport.
     request: Option<Nanos>,
+    /// While the device is quiesced (a paused VM), the time it was quiesced: a snapshot
+    /// measures the buckets and the wait from there, as the pause keeps them.
+    frozen: Option<Nanos>,
 }
 
 impl Throttle {
@@ -34,6 +39,7 @@ impl Throttle {
             clock,
             waiting: None,
             request: None,
+            frozen: None,
         }
     }
 
@@ -60,6 +66,62 @@ impl Throttle {
     /// The timer to ask for, once.
     pub fn take_request(&mut self) -> Option<Nanos> {
         self.request.take()
+    }
+}
+
+/// A throttle as a snapshot holds it: the buckets, and the refill timer it waits for as the
+/// time left until it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleState {
+    /// The limiter's buckets.
+    pub limiter: RateLimiterState,
+    /// Nanoseconds left until the refill timer waited for (if any) fires.
+    pub waiting_ns: Option<u64>,
+}
+
+impl Throttle {
+    /// The device is quiesced (`on`, from now) or released.
+    pub fn freeze(&mut self, on: bool) {
+        self.frozen = on.then(|| (self.clock)());
+    }
+
+    /// The throttle as of now (its clock's), or as of when the device was quiesced: what a
+    /// pause keeps (a refill waited for is re-armed on resume with the time it had left).
+    pub fn save(&self) -> ThrottleState {
+        let now = self.frozen.unwrap_or_else(|| (self.clock)());
+        ThrottleState {
+            limiter: self.limiter.save(now),
+            waiting_ns: self
+                .waiting
+                .or(self.request)
+                .map(|at| at.saturating_sub(now)),
+        }
+    }
+
+    /// Puts `s` into this throttle (built from the same configuration); a refill timer it
+    /// waited for is asked for again, as far ahead as it was ([`Self::take_request`]).
+    pub fn restore(&mut self, s: &ThrottleState) -> Result<(), RateStateError> {
+        let now = (self.clock)();
+        self.limiter.restore(&s.limiter, now)?;
+        self.waiting = s.waiting_ns.map(|left| now.saturating_add(left));
+        self.request = self.waiting;
+        Ok(())
+    }
+}
+
+/// Restores a device's optional throttle from its optional saved state; one without the
+/// other is a snapshot of another configuration.
+pub fn restore_optional(
+    throttle: Option<&mut Throttle>,
+    saved: Option<&ThrottleState>,
+) -> Result<(), RateStateError> {
+    match (throttle, saved) {
+        (Some(t), Some(s)) => t.restore(s),
+        (None, None) => Ok(()),
+        _ => Err(RateStateError::Shape {
+            which: "rate limiter's",
+        }),
     }
 }
 

@@ -29,6 +29,12 @@
  *            "virtio-blk: rate <bytes> bytes in <ns> ns, <bytes/s> bytes/s, <n> requests".
  *            With ap=spin every AP spins (runs) meanwhile, with ap=idle every AP halts
  *            with interrupts off; the APs are not started otherwise.
+ *   snapshot_ms=MS  first (before the checks above) writes sectors 32-39 and flushes, prints
+ *            "virtio-blk: written and flushed, waiting for a snapshot", halts for MS ms of
+ *            guest TSC (woken by a periodic LAPIC timer every 10 ms) while the host pauses,
+ *            snapshots, ends lull and restores the VM in a new one, then reads sectors 32-39
+ *            back through the same queue (the device must continue at its saved indices),
+ *            compares, prints "virtio-blk: read back after the snapshot" and goes on
  *   idle=1   then writes sectors 16-23 WITHOUT a flush, prints "virtio-blk: idle after
  *            writes" and halts with interrupts off until the VMM stops it (the host checks
  *            that the data is in the file after SIGTERM)
@@ -316,6 +322,44 @@ static void bench(struct vdev *d, u32 count)
            count ? ns / count : 0);
 }
 
+static volatile u32 wait_ticks;
+
+static void on_wait_tick(struct trap_frame *f)
+{
+    (void)f;
+    wait_ticks++;
+    lapic_eoi();
+}
+
+#define WAIT_VEC 0x50
+
+/* Writes and flushes sectors 32-39, halts `ms` ms for the host's snapshot, reads them back. */
+static void across_snapshot(struct vdev *d, u64 ms)
+{
+    fill(buf, 32, 8);
+    expect("write sectors 32-39", rw(d, T_OUT, 32, buf, 4096), BLK_OK, 1);
+    expect("flush sectors 32-39", rw(d, T_FLUSH, 0, NULL, 0), BLK_OK, 1);
+    printf("virtio-blk: written and flushed, waiting for a snapshot\n");
+    rt_set_irq_handler(WAIT_VEC, on_wait_tick);
+    xapic_write(APIC_TIMER_DIV, 0xb); /* divide by 1 */
+    xapic_write(APIC_LVT_TIMER, WAIT_VEC | LVT_TIMER_PERIODIC);
+    xapic_write(APIC_TIMER_INIT, rt_bus_khz * 10);
+    u64 end = rdtsc() + ms * rt_tsc_khz;
+    while (rdtsc() < end) {
+        sti_hlt();
+        cli();
+    }
+    xapic_write(APIC_LVT_TIMER, LVT_MASKED);
+    memset(check_buf, 0, sizeof(check_buf));
+    expect("read sectors 32-39 after the snapshot", rw(d, T_IN, 32, check_buf, 4096), BLK_OK,
+           4097);
+    for (u32 i = 0; i < 4096; i++)
+        if (check_buf[i] != buf[i])
+            fail("after the snapshot, byte %u (sector %u) is 0x%x, wrote 0x%x", i, 32 + i / 512,
+                 check_buf[i], buf[i]);
+    printf("virtio-blk: read back after the snapshot (%u timer ticks)\n", wait_ticks);
+}
+
 int main(void)
 {
     find_devices();
@@ -329,6 +373,9 @@ int main(void)
     xapic_write(APIC_LVT_LINT0, LVT_MASKED);
     for (u32 i = 0; i < ndevs; i++)
         init_device(&devs[i], i);
+    u64 snapshot_ms = cmdline_u64("snapshot_ms", 0);
+    if (snapshot_ms)
+        across_snapshot(&devs[0], snapshot_ms);
     check_writable(&devs[0]);
     if (ndevs > 1)
         check_readonly(&devs[1]);

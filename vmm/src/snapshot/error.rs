@@ -147,4 +147,31 @@ pub enum SnapshotError {
         /// Why.
         why: String,
     },
+    /// The devices' state does not list the VM's devices.
+    #[error("The snapshot holds the state of {found} virtio device(s); its VM has {want}: corrupt snapshot")]
+    DeviceCount {
+        /// In the state file.
+        found: usize,
+        /// Disks and nets of the configuration.
+        want: usize,
+    },
+    /// A virtio device's saved state does not fit the device or guest memory.
+    #[error(
+        "Virtio device {index} (disks first, then nets) cannot take its saved state: {source}"
+    )]
+    Device {
+        /// Its place in window order.
+        index: usize,
+        /// Why.
+        source: devices::virtio::mmio::TransportStateError,
+    },
+    /// The serial port's saved state cannot be restored.
+    #[error(transparent)]
+    Serial(#[from] devices::serial::SerialStateError),
+    /// A tap the VM had is not on this host.
+    #[error("The VM's tap {name} does not exist on this host: create it (ip tuntap add {name} mode tap) before restoring")]
+    TapMissing {
+        /// The interface.
+        name: String,
+    },
 }

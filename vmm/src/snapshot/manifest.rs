@@ -10,10 +10,10 @@ pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The snapshot format this lull writes and reads. Any change to what a snapshot holds or how
 /// bumps it.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// What a snapshot holds in this format version (the manifest's `contents`).
-pub const CONTENTS: [&str; 3] = ["memory", "vcpu-kvm-state", "kvm-vm-state"];
+pub const CONTENTS: [&str; 4] = ["memory", "vcpu-kvm-state", "kvm-vm-state", "device-state"];
 
 /// One region of guest memory, in the memory file in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +70,8 @@ pub struct Manifest {
     pub disks: Vec<DiskRecord>,
     /// The VM's KVM state (`kvm-vm.json`).
     pub kvm_vm: VcpuFile,
+    /// The devices' state (`devices.json`).
+    pub devices: VcpuFile,
 }
 
 /// The two fields read before anything else, so that another format is told as such.
@@ -127,6 +129,9 @@ impl Manifest {
         if m.kvm_vm.file != super::kvm_vm::FILE {
             return Err(SnapshotError::VcpuFileName(m.kvm_vm.file.clone()));
         }
+        if m.devices.file != super::devices::FILE {
+            return Err(SnapshotError::VcpuFileName(m.devices.file.clone()));
+        }
         Ok(m)
     }
 }
@@ -174,6 +179,30 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+impl Manifest {
+    /// Fails unless every tap of the VM exists (`exists` says whether an interface does).
+    /// Restore attaches to each by name, fd-passed ones too (the snapshot's configuration
+    /// names the tap their descriptor was attached to).
+    pub fn check_taps(&self, exists: impl Fn(&str) -> bool) -> Result<(), SnapshotError> {
+        match self.config.nets.iter().find(|n| !exists(&n.tap)) {
+            Some(n) => Err(SnapshotError::TapMissing {
+                name: n.tap.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `cfg` as a snapshot's manifest records it: a net given as a descriptor is recorded by the
+/// name of its tap, to which a restore attaches (no other process has the descriptor).
+pub fn recorded_config(cfg: &VmConfig) -> VmConfig {
+    let mut cfg = cfg.clone();
+    for net in &mut cfg.nets {
+        net.fd = None;
+    }
+    cfg
 }
 
 /// The disks of `cfg` as a snapshot records them.

@@ -11,20 +11,28 @@
 //!                      `--irqchip kernel`)
 //!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
 //!                      `--irqchip kernel`, kvmclock at the pause)
+//!  DIR/devices.json    the devices' state ([`devices::DevicesState`]: the serial port's
+//!                      registers and unread input; each virtio-mmio device's registers,
+//!                      queues with their next available and used index, InterruptStatus and
+//!                      rate-limiter buckets)
 //! ```
 //!
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
 //! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
 //! host lacks, a memory file whose size is
-//! not the manifest's (truncated or replaced), a disk missing or resized since, a vCPU file
+//! not the manifest's (truncated or replaced), a disk missing or resized since, a tap that
+//! does not exist on this host (a restore attaches to each tap by name, also one the VM had
+//! as a passed descriptor: the manifest names its tap), a vCPU or device file
 //! whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
-//! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
+//! (the `snapshot` fuzz target feeds [`parse_manifest`], [`parse_vcpu`] and
+//! [`parse_devices`], and restores what the last accepts onto a virtio device).
 //!
 //! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
-//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations. The
+//! the timer queues, PV EOI and PV deadline registrations. The
 //! manifest lists what it holds in `contents`.
 
+pub mod devices;
 mod error;
 pub mod kvm_vm;
 pub mod manifest;
@@ -53,6 +61,8 @@ pub struct Snapshot {
     pub vcpus: Vec<VcpuKvmState>,
     /// The VM's KVM state.
     pub kvm_vm: kvm_vm::KvmVmState,
+    /// The devices' state.
+    pub devices: devices::DevicesState,
     /// The memory file.
     pub memory: PathBuf,
 }
@@ -147,6 +157,19 @@ pub fn parse_kvm_vm(
     parse_state(entry, path, bytes)
 }
 
+/// Checks the devices' state file's bytes against the manifest's entry and parses them,
+/// refusing a state that does not list one virtio device per disk and net of `cfg`.
+pub fn parse_devices(
+    entry: &VcpuFile,
+    path: &Path,
+    bytes: &[u8],
+    cfg: &crate::config::VmConfig,
+) -> Result<devices::DevicesState, SnapshotError> {
+    let state: devices::DevicesState = parse_state(entry, path, bytes)?;
+    state.check_count(cfg)?;
+    Ok(state)
+}
+
 /// Checks one vCPU file's bytes against the manifest's entry `index` and parses them.
 pub fn parse_vcpu(
     index: usize,
@@ -189,6 +212,7 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
     }
     manifest.check_cpu_flags(&host_cpu_flags())?;
     manifest.check_disks()?;
+    manifest.check_taps(crate::host::sys::tap::interface_exists)?;
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {
         let path = dir.join(&entry.file);
@@ -196,10 +220,18 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
     }
     let path = dir.join(&manifest.kvm_vm.file);
     let kvm_vm = parse_kvm_vm(&manifest.kvm_vm, &path, &read_small(&path)?)?;
+    let path = dir.join(&manifest.devices.file);
+    let devices = parse_devices(
+        &manifest.devices,
+        &path,
+        &read_small(&path)?,
+        &manifest.config,
+    )?;
     Ok(Snapshot {
         manifest,
         vcpus,
         kvm_vm,
+        devices,
         memory,
     })
 }

@@ -32,6 +32,11 @@ fn manifest(cpus: u32) -> Manifest {
             bytes: 0,
             fnv64: 0,
         },
+        devices: VcpuFile {
+            file: devices::FILE.to_string(),
+            bytes: 0,
+            fnv64: 0,
+        },
     }
 }
 
@@ -82,6 +87,12 @@ fn a_manifest_goes_through_and_mismatches_are_refused_by_name() {
     other_vm_file.kvm_vm.file = "/etc/shadow".into();
     assert!(matches!(
         parse(&other_vm_file, "GenuineIntel"),
+        Err(SnapshotError::VcpuFileName(_))
+    ));
+    let mut other_devices_file = m.clone();
+    other_devices_file.devices.file = "../devices.json".into();
+    assert!(matches!(
+        parse(&other_devices_file, "GenuineIntel"),
         Err(SnapshotError::VcpuFileName(_))
     ));
     let one = Manifest {
@@ -223,5 +234,78 @@ fn urls_must_be_absolute_file_urls() {
     );
     for bad in ["/tmp/snap", "file://tmp/snap", "http://x/y", ""] {
         assert!(matches!(dir_of_url(bad), Err(SnapshotError::NotFileUrl(_))));
+    }
+}
+
+#[test]
+fn a_missing_tap_is_refused_and_a_passed_tap_is_recorded_by_name() {
+    let mut m = manifest(1);
+    m.config.nets = vec![
+        "tap=lulltap0".parse().unwrap(),
+        "tap=lulltap1".parse().unwrap(),
+    ];
+    m.check_taps(|name| name == "lulltap0" || name == "lulltap1")
+        .unwrap();
+    let err = m.check_taps(|name| name == "lulltap0").unwrap_err();
+    assert!(
+        matches!(&err, SnapshotError::TapMissing { name } if name == "lulltap1"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ip tuntap add lulltap1"), "{err}");
+    m.config.nets[1].fd = Some(7);
+    let recorded = manifest::recorded_config(&m.config);
+    assert_eq!(recorded.nets[1].fd, None);
+    assert_eq!(recorded.nets[1].tap, "lulltap1");
+    // What a manifest holds parses back (an fd would not: no configuration may name one).
+    let back = parse(
+        &Manifest {
+            config: recorded,
+            ..m.clone()
+        },
+        "GenuineIntel",
+    )
+    .unwrap();
+    assert_eq!(back.config.nets[1].tap, "lulltap1");
+}
+
+#[test]
+fn a_devices_file_must_match_its_checksum_and_the_vms_devices() {
+    use ::devices::serial::SerialPort;
+    let serial = SerialPort::new(NoIrq, Vec::new()).save();
+    let state = devices::DevicesState {
+        serial,
+        virtio: Vec::new(),
+    };
+    let bytes = serde_json::to_vec(&state).unwrap();
+    let entry = VcpuFile {
+        file: devices::FILE.to_string(),
+        bytes: u64::try_from(bytes.len()).unwrap(),
+        fnv64: fnv64(&bytes),
+    };
+    let path = Path::new(devices::FILE);
+    let cfg = VmConfig::default();
+    assert_eq!(parse_devices(&entry, path, &bytes, &cfg).unwrap(), state);
+    let mut flipped = bytes.clone();
+    flipped[5] ^= 1;
+    assert!(matches!(
+        parse_devices(&entry, path, &flipped, &cfg),
+        Err(SnapshotError::VcpuChecksum { .. })
+    ));
+    let with_disk = VmConfig {
+        disks: vec!["path=/nonexistent.img".parse().unwrap()],
+        ..VmConfig::default()
+    };
+    assert!(matches!(
+        parse_devices(&entry, path, &bytes, &with_disk),
+        Err(SnapshotError::DeviceCount { found: 0, want: 1 })
+    ));
+}
+
+/// An interrupt that goes nowhere.
+struct NoIrq;
+impl ::devices::serial::Trigger for NoIrq {
+    type E = ();
+    fn trigger(&self) -> Result<(), ()> {
+        Ok(())
     }
 }

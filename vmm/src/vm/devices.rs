@@ -7,7 +7,7 @@ use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::i8042::{self, I8042};
 use devices::pio::{IgnoredPorts, PioBus, PioBusError};
 use devices::port92::{self, SystemControlA};
-use devices::serial::{SerialPort, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
+use devices::serial::{SerialPort, SerialSnapshot, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
 };
@@ -18,6 +18,7 @@ use super::test_devices;
 use crate::config::{SerialMode, VmConfig};
 use crate::host::console::ConsoleSink;
 use crate::irqchip::{EdgeIrq, IrqChip};
+use crate::snapshot::SnapshotError;
 use crate::state::lock;
 
 /// The serial console device.
@@ -43,10 +44,19 @@ pub fn console_sink(mode: &SerialMode) -> Result<ConsoleSink, VmError> {
     }
 }
 
-/// The serial console on COM1, its interrupt on `chip`.
-pub fn console(chip: &dyn IrqChip, sink: ConsoleSink) -> Result<ConsoleParts, VmError> {
+/// The serial console on COM1, its interrupt on `chip`; restored from `saved` if given (a
+/// snapshot's).
+pub fn console(
+    chip: &dyn IrqChip,
+    sink: ConsoleSink,
+    saved: Option<&SerialSnapshot>,
+) -> Result<ConsoleParts, VmError> {
     let irq = chip.edge_irq(COM1_IRQ)?;
-    let console = Arc::new(Mutex::new(SerialPort::new(irq, sink)));
+    let port = match saved {
+        None => SerialPort::new(irq, sink),
+        Some(s) => SerialPort::from_saved(irq, sink, s).map_err(SnapshotError::from)?,
+    };
+    let console = Arc::new(Mutex::new(port));
     let drained = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|source| VmError::Host {
         what: "the console's eventfd",
         source,

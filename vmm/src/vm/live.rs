@@ -24,6 +24,7 @@ pub struct LiveVm {
     pub(super) vm: Arc<VmFd>,
     pub(super) pause: Arc<PauseState>,
     pub(super) mem: Arc<GuestMemoryMmap>,
+    pub(super) console: Arc<std::sync::Mutex<super::devices::Console>>,
 }
 
 impl LiveVm {

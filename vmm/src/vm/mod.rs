@@ -176,7 +176,7 @@ fn run_from(
         restore::apply(s, &loaded.vm, &vcpus.ports)?;
     }
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
-    let console = devices::console(chip.as_ref(), sink)?;
+    let console = devices::console(chip.as_ref(), sink, snapshot.map(|s| &s.devices.serial))?;
     let serial_counters = lock(&console.console).counters();
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
     let (device_timers, mut disks, nets) =
@@ -192,6 +192,9 @@ fn run_from(
     })?;
     shared.device_timers = device_timers;
     let shared = Arc::new(shared);
+    if let Some(s) = snapshot {
+        s.devices.restore_virtio(&disks.bus)?;
+    }
     let buses = Arc::new(DeviceBuses::new(pio, disks.bus));
     let stats = Arc::new(RunStats {
         kvm_stats,
@@ -229,6 +232,7 @@ fn run_from(
             ),
         },
         mem: loaded.mem.clone(),
+        console: console.console.clone(),
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {

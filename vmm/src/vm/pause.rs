@@ -4,10 +4,12 @@
 //! ```text
 //!  pause:  gate.request ─► chip.kick_to_pause ─► gate.wait_parked (every vCPU thread out of
 //!          KVM_RUN, out of its halt, parked) ─► m = now: KVM_GET_CLOCK, chip.paused(m)
-//!          (the VM clock stops), device refill timerfds disarmed
+//!          (the VM clock stops), device refill timerfds disarmed, virtio devices quiesced
+//!          (no tap poll or refill touches a queue)
 //!  resume: p = now - m ─► KVM_SET_CLOCK (kvmclock goes on from where it was) ─► device
-//!          refills re-armed p later ─► chip.resuming(p) (the VM clock goes on, host timers
-//!          re-armed) ─► gate.release(p): each vCPU moves its TSC back by p, then runs
+//!          refills re-armed p later, devices released ─► chip.resuming(p) (the VM clock
+//!          goes on, host timers re-armed) ─► gate.release(p): each vCPU moves its TSC back
+//!          by p, then runs
 //! ```
 //! So every guest timer resumes with the guest time it had left: lull's LAPIC timers (one-shot,
 //! periodic, TSC-deadline, PV deadline), the global timers and the device refills are
@@ -81,6 +83,7 @@ impl LiveVm {
         };
         self.chip.paused(monotonic);
         self.shared.device_timers.pause();
+        crate::snapshot::devices::quiesce(&self.buses.mmio, true);
         *state = Some(Paused {
             monotonic,
             kvm_clock,
@@ -117,6 +120,7 @@ impl LiveVm {
             }
         }
         self.shared.device_timers.resume(paused_ns);
+        crate::snapshot::devices::quiesce(&self.buses.mmio, false);
         self.chip.resuming(paused_ns);
         self.shared.pause.release(paused_ns);
         let guest_time = if frozen {

@@ -5,8 +5,10 @@
 //! snapshot format does not hold them yet: such a snapshot is refused.
 //!
 //! Order: memory (read into the new VM's before the vCPUs exist), each vCPU's KVM state
-//! (`VcpuKvmState::restore`: KVM's LAPIC before the MSRs), then the VM's chips and kvmclock.
-//! The serial port and the virtio devices start from reset.
+//! (`VcpuKvmState::restore`: KVM's LAPIC before the MSRs), then the VM's chips and kvmclock;
+//! then, as the devices are built, the serial port from its saved registers and each virtio
+//! device from its saved transport, queues and rate limiter (`snapshot::devices`), quiesced
+//! until the resume.
 
 use kvm_ioctls::VmFd;
 

@@ -1,6 +1,7 @@
 //! `vm.snapshot` of a paused VM: every vCPU hands its KVM state over from its thread (the
-//! pause gate's `save_all`), guest memory goes to a sparse file, the manifest last (a
-//! directory without one is no snapshot). The format is `crate::snapshot`'s.
+//! pause gate's `save_all`), the devices hand over theirs (quiesced since the pause: see
+//! `snapshot::devices`), guest memory goes to a sparse file, the manifest last (a directory
+//! without one is no snapshot). The format is `crate::snapshot`'s.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -8,8 +9,9 @@ use std::time::{Duration, Instant};
 use super::live::LiveVm;
 use super::pause::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
+use crate::snapshot::devices::DevicesState;
 use crate::snapshot::kvm_vm::{self, KvmVmState};
-use crate::snapshot::manifest::{disk_records, vcpu_file_name, CONTENTS};
+use crate::snapshot::manifest::{disk_records, recorded_config, vcpu_file_name, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
 use crate::state::pause::PauseWaitError;
 
@@ -58,14 +60,9 @@ impl LiveVm {
             });
         }
         let kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
-        let kvm_vm_bytes = serde_json::to_vec(&kvm_vm).map_err(SnapshotError::ManifestJson)?;
-        let path = dir.join(kvm_vm::FILE);
-        std::fs::write(&path, &kvm_vm_bytes).map_err(io("write", &path))?;
-        let kvm_vm = VcpuFile {
-            file: kvm_vm::FILE.to_string(),
-            bytes: u64::try_from(kvm_vm_bytes.len()).unwrap_or(u64::MAX),
-            fnv64: fnv64(&kvm_vm_bytes),
-        };
+        let kvm_vm = write_state(dir, kvm_vm::FILE, &kvm_vm)?;
+        let devices = DevicesState::capture(&self.console, &self.buses.mmio);
+        let devices = write_state(dir, snapshot::devices::FILE, &devices)?;
         let (regions, memory_bytes) =
             snapshot::memory::write(&self.mem, &dir.join(snapshot::MEMORY))?;
         let manifest = Manifest {
@@ -74,12 +71,13 @@ impl LiveVm {
             cpu_vendor: snapshot::host_cpu_vendor(),
             cpu_flags: snapshot::host_cpu_flags(),
             contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
-            config: cfg.clone(),
+            config: recorded_config(cfg),
             memory_bytes,
             regions,
             vcpus,
             disks: disk_records(cfg)?,
             kvm_vm,
+            devices,
         };
         let path = dir.join(snapshot::MANIFEST);
         let text = serde_json::to_vec_pretty(&manifest).map_err(SnapshotError::ManifestJson)?;
@@ -94,4 +92,24 @@ impl LiveVm {
         );
         Ok(took)
     }
+}
+
+/// Writes `state` as JSON to `dir/file`; its manifest entry.
+fn write_state(
+    dir: &Path,
+    file: &str,
+    state: &impl serde::Serialize,
+) -> Result<VcpuFile, SnapshotError> {
+    let bytes = serde_json::to_vec(state).map_err(SnapshotError::ManifestJson)?;
+    let path = dir.join(file);
+    std::fs::write(&path, &bytes).map_err(|source| SnapshotError::Io {
+        what: "write",
+        path,
+        source,
+    })?;
+    Ok(VcpuFile {
+        file: file.to_string(),
+        bytes: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+        fnv64: fnv64(&bytes),
+    })
 }

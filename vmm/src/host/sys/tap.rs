@@ -245,7 +245,7 @@ fn short(flags: libc::c_int) -> libc::c_short {
 }
 
 /// Whether an interface named `name` exists in this network namespace.
-fn interface_exists(name: &str) -> bool {
+pub fn interface_exists(name: &str) -> bool {
     let Ok(c_name) = CString::new(name) else {
         return false;
     };

@@ -1,0 +1,88 @@
+//! The VM's devices in a snapshot (`devices.json`): the serial port's registers and unread
+//! input, and each virtio-mmio device's transport state (registers, each queue's
+//! configuration, next available and used index, InterruptStatus) with its rate limiter's
+//! buckets, in window order: the disks in `--disk` order, then the nets in `--net` order.
+//!
+//! Taken from a paused VM, whose devices are quiesced (`MmioDevice::quiesce`: no tap poll and
+//! no refill timer touches a queue while paused; virtio requests otherwise run inside the
+//! vCPUs' MMIO exits, and every vCPU is parked), so the queues and guest memory agree.
+//! Restored before the vCPUs start, onto the devices a VM built from the snapshot's
+//! configuration has: each state is checked against its device and the new guest memory
+//! (`VirtioMmio::restore`), and the first that does not fit refuses the restore.
+
+use std::sync::Mutex;
+
+use devices::mmio::MmioBus;
+use devices::serial::SerialSnapshot;
+use devices::virtio::mmio::TransportState;
+use serde::{Deserialize, Serialize};
+
+use super::SnapshotError;
+use crate::config::VmConfig;
+use crate::state::lock;
+use crate::vm::devices::Console;
+
+/// The file name of the devices' state.
+pub const FILE: &str = "devices.json";
+
+/// The devices' state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesState {
+    /// COM1.
+    pub serial: SerialSnapshot,
+    /// Each virtio device, in window order (disks, then nets).
+    pub virtio: Vec<TransportState>,
+}
+
+impl DevicesState {
+    /// The state of `console` and of every virtio device on `mmio`.
+    pub fn capture(console: &Mutex<Console>, mmio: &MmioBus) -> Self {
+        Self {
+            serial: lock(console).save(),
+            virtio: mmio
+                .devices()
+                .filter_map(|(_, device)| lock(device).save_virtio())
+                .collect(),
+        }
+    }
+
+    /// Fails unless there is one virtio state per disk and net of `cfg`.
+    pub fn check_count(&self, cfg: &VmConfig) -> Result<(), SnapshotError> {
+        let want = cfg.disks.len() + cfg.nets.len();
+        if self.virtio.len() != want {
+            return Err(SnapshotError::DeviceCount {
+                found: self.virtio.len(),
+                want,
+            });
+        }
+        Ok(())
+    }
+
+    /// Gives every virtio device on `mmio` its saved state, and quiesces it (the restored VM
+    /// starts paused; its resume releases them).
+    pub fn restore_virtio(&self, mmio: &MmioBus) -> Result<(), SnapshotError> {
+        let devices: Vec<_> = mmio.devices().collect();
+        if devices.len() != self.virtio.len() {
+            return Err(SnapshotError::DeviceCount {
+                found: self.virtio.len(),
+                want: devices.len(),
+            });
+        }
+        for (index, ((_, device), state)) in devices.into_iter().zip(&self.virtio).enumerate() {
+            let mut device = lock(device);
+            device.quiesce(true);
+            device
+                .restore_virtio(state)
+                .map_err(|source| SnapshotError::Device { index, source })?;
+        }
+        Ok(())
+    }
+}
+
+/// Quiesces (`on`) or releases every device on `mmio` (a pause and its resume).
+pub fn quiesce(mmio: &MmioBus, on: bool) {
+    for (_, device) in mmio.devices() {
+        lock(device).quiesce(on);
+    }
+}

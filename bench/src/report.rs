@@ -108,7 +108,8 @@ pub struct DensityRow {
     /// and on the `central` model's timer thread (`global_timers.timer_thread_fires`); `null`
     /// where lull reports neither.
     pub global_timer_fires: Option<u64>,
-    /// KVM exits (KVM's own `exits` counter) per vCPU per second of run time; `null` for QEMU.
+    /// KVM exits (KVM's own `exits` counter) less the port I/O exits (the guest's console) per
+    /// vCPU per second of run time; `null` for QEMU.
     pub vm_exits_per_vcpu_s: Option<f64>,
     /// Guest timer lateness over all VMs (TSC at the handler - deadline).
     pub lateness: LatencySummary,

@@ -440,6 +440,8 @@ fn row(
         timer_slack: slack.map(str::to_string),
         multi_expiry_wakeups: (!mode.is_qemu() && metrics.vm_reports > 0)
             .then_some(metrics.multi_expiry_wakeups),
+        coalesced_expiries: (!mode.is_qemu() && metrics.vm_reports > 0)
+            .then_some(metrics.coalesced_expiries),
     }
 }
 

@@ -324,6 +324,7 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         power: None,
         timer_slack: e.slack.clone(),
         multi_expiry_wakeups: None,
+        coalesced_expiries: None,
         lateness_past_slack: None,
     }
 }

@@ -39,6 +39,8 @@ pub struct MetricsSum {
     /// Wake-ups of blocked vCPUs that served more than one timer expiry
     /// (`vcpus[].wake_multi_expiry`).
     pub multi_expiry_wakeups: u64,
+    /// Expiries those wake-ups served beyond their first (`vcpus[].wake_coalesced`).
+    pub coalesced_expiries: u64,
 }
 
 fn add_opt(acc: &mut Option<u64>, v: Option<u64>) {
@@ -73,6 +75,7 @@ impl MetricsSum {
             self.lapic_timer_fires += v.lapic_timer_fires;
             self.injected += v.injected;
             self.multi_expiry_wakeups += v.wake_multi_expiry.unwrap_or(0);
+            self.coalesced_expiries += v.wake_coalesced.unwrap_or(0);
             self.port_io_exits += v.io_in + v.io_out;
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
@@ -105,6 +108,7 @@ impl MetricsSum {
         add_opt(&mut self.kvm_irq_injections, other.kvm_irq_injections);
         self.vcpu_seconds += other.vcpu_seconds;
         self.multi_expiry_wakeups += other.multi_expiry_wakeups;
+        self.coalesced_expiries += other.coalesced_expiries;
     }
 
     /// KVM exits per vCPU-second less the port I/O ones: the exits of the guest's timers and
@@ -145,6 +149,9 @@ impl MetricsSum {
             multi_expiry_wakeups: self
                 .multi_expiry_wakeups
                 .saturating_sub(earlier.multi_expiry_wakeups),
+            coalesced_expiries: self
+                .coalesced_expiries
+                .saturating_sub(earlier.coalesced_expiries),
         }
     }
 }
@@ -166,6 +173,8 @@ mod tests {
             serde_json::json!({
                 "wakeups": { "timer": 3, "global_timer": 1 },
                 "global_timer_fires": fires,
+                "wake_multi_expiry": 1,
+                "wake_coalesced": 3,
             })
         };
         let global = thread_fires.map_or(
@@ -194,6 +203,10 @@ mod tests {
         assert_eq!(central.global_timer_wakeups, Some(4));
         assert_eq!(central.halted_wakeups, 16);
         assert_eq!(central.kvm_exits, Some(200));
+        // Per vCPU one wake-up served 4 expiries: 3 coalesced.
+        assert_eq!((pull.multi_expiry_wakeups, pull.coalesced_expiries), (2, 6));
+        let none = MetricsSum::of(&report(serde_json::json!({ "vcpus": [{}] })));
+        assert_eq!((none.multi_expiry_wakeups, none.coalesced_expiries), (0, 0));
     }
 
     /// Two runs that differ only in the length of the guest's console report: the same exits

@@ -140,6 +140,11 @@ pub struct DensityRow {
     /// fleet (`vcpus[].wake_multi_expiry`); absent where lull does not report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_expiry_wakeups: Option<u64>,
+    /// Expiries those wake-ups served beyond their first, summed over the fleet
+    /// (`vcpus[].wake_coalesced`: k expiries count k - 1, the host wake-ups the VMs' own
+    /// coalescing saved); absent where lull does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesced_expiries: Option<u64>,
     /// With a timer slack S: guest timer lateness less S (the host's delay past the slack, 0
     /// within it), over all VMs (idle-sim's `past_slack`); absent without a slack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -632,6 +637,7 @@ pub(crate) mod tests {
             power: None,
             timer_slack: None,
             multi_expiry_wakeups: None,
+            coalesced_expiries: None,
             lateness_past_slack: None,
         }
     }

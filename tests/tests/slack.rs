@@ -192,6 +192,7 @@ fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
         if row["vms_ok"] != 1
             || row["early_interrupts"] != 0
             || (pull && !row["multi_expiry_wakeups"].is_u64())
+            || (pull && !row["coalesced_expiries"].is_u64())
             || !split
         {
             return Err(format!("row {row}").into());

@@ -31,6 +31,17 @@ struct Run {
     coalesced: u32,
 }
 
+/// Gives each CPU a fake wake timer (what a blocked vCPU waits on); returns them, by CPU.
+pub(super) fn fake_wake_timers<T: Send + 'static>(cpus: &mut [PullCpu<T>]) -> Vec<FakeHostTimer> {
+    cpus.iter_mut()
+        .map(|c| {
+            let t = FakeHostTimer::new();
+            c.set_wake_timer(Box::new(t.clone()));
+            t
+        })
+        .collect()
+}
+
 /// `timers[c]`: vCPU `c`'s timers as (deadline, pinned); every vCPU arms them, halts, and
 /// from then on wakes only for its wake-up (or a kick), expires what is due and halts again.
 fn simulate(timers: &[Vec<(Nanos, bool)>], slack: Nanos) -> Result<Run, TestCaseError> {
@@ -43,14 +54,7 @@ fn simulate(timers: &[Vec<(Nanos, bool)>], slack: Nanos) -> Result<Run, TestCase
     )
     .unwrap();
     model.set_global_slack(slack);
-    let wakes: Vec<FakeHostTimer> = cpus
-        .iter_mut()
-        .map(|c| {
-            let t = FakeHostTimer::new();
-            c.set_wake_timer(Box::new(t.clone()));
-            t
-        })
-        .collect();
+    let wakes = fake_wake_timers(&mut cpus);
     let mut payload = 0;
     for (c, list) in timers.iter().enumerate() {
         for &(deadline, pinned) in list {

@@ -125,6 +125,20 @@ fn every_timer_on_time_or_late(model: &str) -> Result<(), Failed> {
             )
             .into());
         }
+        // A wake-up that served k > 1 expiries counts k - 1 coalesced: at least one each.
+        let (multi, coalesced) = (
+            v.wake_multi_expiry.unwrap_or(0),
+            v.wake_coalesced.unwrap_or(0),
+        );
+        if v.wake_coalesced.is_none() || coalesced < multi || (multi == 0) != (coalesced == 0) {
+            return Err(format!(
+                "{model} vCPU {}: {multi} wake-ups served more than one expiry, {coalesced} \
+                 coalesced: {}",
+                v.vcpu,
+                show()
+            )
+            .into());
+        }
         // Each delivery's lateness was also split at the end of its range.
         if split != recorded {
             return Err(format!(

@@ -426,10 +426,7 @@ fn row(
         },
         global_timer_wakeups: metrics.global_timer_wakeups,
         global_timer_fires: metrics.global_timer_fires,
-        vm_exits_per_vcpu_s: metrics
-            .kvm_exits
-            .filter(|_| metrics.vcpu_seconds > 0.0)
-            .map(|e| e as f64 / metrics.vcpu_seconds),
+        vm_exits_per_vcpu_s: metrics.exits_per_vcpu_s(),
         lateness: lateness.summary(),
         ipi_latency: ipi.summary(),
         early_interrupts: early,
@@ -443,6 +440,8 @@ fn row(
         timer_slack: slack.map(str::to_string),
         multi_expiry_wakeups: (!mode.is_qemu() && metrics.vm_reports > 0)
             .then_some(metrics.multi_expiry_wakeups),
+        coalesced_expiries: (!mode.is_qemu() && metrics.vm_reports > 0)
+            .then_some(metrics.coalesced_expiries),
     }
 }
 

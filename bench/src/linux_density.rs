@@ -312,9 +312,7 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         halted_vcpu_wakeups_per_timer_event: r.halted_per_vcpu_s().and_then(|h| r.per_loc(h)),
         global_timer_wakeups: metrics.and_then(|m| m.global_timer_wakeups),
         global_timer_fires: metrics.and_then(|m| m.global_timer_fires),
-        vm_exits_per_vcpu_s: metrics
-            .filter(|m| m.vcpu_seconds > 0.0)
-            .and_then(|m| Some(m.kvm_exits? as f64 / m.vcpu_seconds)),
+        vm_exits_per_vcpu_s: metrics.and_then(MetricsSum::exits_per_vcpu_s),
         lateness: guest.lateness(false).unwrap_or_default(),
         ipi_latency: LatencySummary::default(),
         early_interrupts: 0,
@@ -326,6 +324,7 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         power: None,
         timer_slack: e.slack.clone(),
         multi_expiry_wakeups: None,
+        coalesced_expiries: None,
         lateness_past_slack: None,
     }
 }

@@ -25,6 +25,9 @@ pub struct MetricsSum {
     pub global_timer_fires: Option<u64>,
     /// KVM's `exits`, where readable.
     pub kvm_exits: Option<u64>,
+    /// Port I/O exits lull handled (`vcpus[].io_in` + `io_out`): with the kit's guests, their
+    /// console, whose report at the end is longer or shorter with the run's histograms.
+    pub port_io_exits: u64,
     /// LAPIC timer expiries of lull's LAPIC (`vcpus[].lapic_timer_fires`; 0 with the kernel's).
     pub lapic_timer_fires: u64,
     /// Interrupts lull injected (`vcpus[].injected`; 0 with the kernel irqchip).
@@ -36,6 +39,8 @@ pub struct MetricsSum {
     /// Wake-ups of blocked vCPUs that served more than one timer expiry
     /// (`vcpus[].wake_multi_expiry`).
     pub multi_expiry_wakeups: u64,
+    /// Expiries those wake-ups served beyond their first (`vcpus[].wake_coalesced`).
+    pub coalesced_expiries: u64,
 }
 
 fn add_opt(acc: &mut Option<u64>, v: Option<u64>) {
@@ -70,6 +75,8 @@ impl MetricsSum {
             self.lapic_timer_fires += v.lapic_timer_fires;
             self.injected += v.injected;
             self.multi_expiry_wakeups += v.wake_multi_expiry.unwrap_or(0);
+            self.coalesced_expiries += v.wake_coalesced.unwrap_or(0);
+            self.port_io_exits += v.io_in + v.io_out;
         }
         // The `central` model expires global timers on its own timer thread, not on a vCPU.
         add_opt(
@@ -95,11 +102,22 @@ impl MetricsSum {
         add_opt(&mut self.global_timer_wakeups, other.global_timer_wakeups);
         add_opt(&mut self.global_timer_fires, other.global_timer_fires);
         add_opt(&mut self.kvm_exits, other.kvm_exits);
+        self.port_io_exits += other.port_io_exits;
         self.lapic_timer_fires += other.lapic_timer_fires;
         self.injected += other.injected;
         add_opt(&mut self.kvm_irq_injections, other.kvm_irq_injections);
         self.vcpu_seconds += other.vcpu_seconds;
         self.multi_expiry_wakeups += other.multi_expiry_wakeups;
+        self.coalesced_expiries += other.coalesced_expiries;
+    }
+
+    /// KVM exits per vCPU-second less the port I/O ones: the exits of the guest's timers and
+    /// idle, not of its console (a kit guest prints its report at its end, after the measured
+    /// window, and a report with more histogram lines would count as more exits). `None`
+    /// without KVM's counter or run time.
+    pub fn exits_per_vcpu_s(&self) -> Option<f64> {
+        let exits = self.kvm_exits?.saturating_sub(self.port_io_exits);
+        (self.vcpu_seconds > 0.0).then(|| exits as f64 / self.vcpu_seconds)
     }
 
     /// What one VM counted between an `earlier` report and this one.
@@ -121,6 +139,7 @@ impl MetricsSum {
             global_timer_wakeups: sub_opt(self.global_timer_wakeups, earlier.global_timer_wakeups),
             global_timer_fires: sub_opt(self.global_timer_fires, earlier.global_timer_fires),
             kvm_exits: sub_opt(self.kvm_exits, earlier.kvm_exits),
+            port_io_exits: self.port_io_exits.saturating_sub(earlier.port_io_exits),
             lapic_timer_fires: self
                 .lapic_timer_fires
                 .saturating_sub(earlier.lapic_timer_fires),
@@ -130,6 +149,9 @@ impl MetricsSum {
             multi_expiry_wakeups: self
                 .multi_expiry_wakeups
                 .saturating_sub(earlier.multi_expiry_wakeups),
+            coalesced_expiries: self
+                .coalesced_expiries
+                .saturating_sub(earlier.coalesced_expiries),
         }
     }
 }
@@ -151,6 +173,8 @@ mod tests {
             serde_json::json!({
                 "wakeups": { "timer": 3, "global_timer": 1 },
                 "global_timer_fires": fires,
+                "wake_multi_expiry": 1,
+                "wake_coalesced": 3,
             })
         };
         let global = thread_fires.map_or(
@@ -179,6 +203,35 @@ mod tests {
         assert_eq!(central.global_timer_wakeups, Some(4));
         assert_eq!(central.halted_wakeups, 16);
         assert_eq!(central.kvm_exits, Some(200));
+        // Per vCPU one wake-up served 4 expiries: 3 coalesced.
+        assert_eq!((pull.multi_expiry_wakeups, pull.coalesced_expiries), (2, 6));
+        let none = MetricsSum::of(&report(serde_json::json!({ "vcpus": [{}] })));
+        assert_eq!((none.multi_expiry_wakeups, none.coalesced_expiries), (0, 0));
+    }
+
+    /// Two runs that differ only in the length of the guest's console report: the same exits
+    /// per vCPU-second once its port I/O exits are left out (a slack row's idle-sim prints a
+    /// `past_slack` histogram more; counting it made slack look like more exits).
+    #[test]
+    fn console_exits_are_not_counted_as_exits() {
+        let run = |console_bytes: u64| {
+            let vcpu = |io: u64| serde_json::json!({ "io_in": io, "io_out": io, "hlt": 40 });
+            MetricsSum::of(&report(serde_json::json!({
+                "run_time_ms": 4000,
+                "vcpus": [vcpu(console_bytes), vcpu(0)],
+                "kvm": { "exits": 300 + 2 * console_bytes },
+            })))
+        };
+        let (short, long) = (run(1_232), run(2_066));
+        assert_eq!(long.port_io_exits, 2 * 2_066);
+        assert_eq!(short.exits_per_vcpu_s(), Some(300.0 / 8.0));
+        assert_eq!(long.exits_per_vcpu_s(), short.exits_per_vcpu_s());
+        let mut fleet = short.clone();
+        fleet.merge(&long);
+        assert_eq!(fleet.exits_per_vcpu_s(), Some(600.0 / 16.0));
+        assert_eq!(long.since(&short).port_io_exits, 2 * (2_066 - 1_232));
+        let none = MetricsSum::of(&report(serde_json::json!({ "run_time_ms": 4000 })));
+        assert_eq!(none.exits_per_vcpu_s(), None);
     }
 
     /// A live report's counted parts, as `vm.counters` gives them (user irqchip, 2 vCPUs).

@@ -108,7 +108,8 @@ pub struct DensityRow {
     /// and on the `central` model's timer thread (`global_timers.timer_thread_fires`); `null`
     /// where lull reports neither.
     pub global_timer_fires: Option<u64>,
-    /// KVM exits (KVM's own `exits` counter) per vCPU per second of run time; `null` for QEMU.
+    /// KVM exits (KVM's own `exits` counter) less the port I/O exits (the guest's console) per
+    /// vCPU per second of run time; `null` for QEMU.
     pub vm_exits_per_vcpu_s: Option<f64>,
     /// Guest timer lateness over all VMs (TSC at the handler - deadline).
     pub lateness: LatencySummary,
@@ -139,6 +140,11 @@ pub struct DensityRow {
     /// fleet (`vcpus[].wake_multi_expiry`); absent where lull does not report it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_expiry_wakeups: Option<u64>,
+    /// Expiries those wake-ups served beyond their first, summed over the fleet
+    /// (`vcpus[].wake_coalesced`: k expiries count k - 1, the host wake-ups the VMs' own
+    /// coalescing saved); absent where lull does not report it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesced_expiries: Option<u64>,
     /// With a timer slack S: guest timer lateness less S (the host's delay past the slack, 0
     /// within it), over all VMs (idle-sim's `past_slack`); absent without a slack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -631,6 +637,7 @@ pub(crate) mod tests {
             power: None,
             timer_slack: None,
             multi_expiry_wakeups: None,
+            coalesced_expiries: None,
             lateness_past_slack: None,
         }
     }

@@ -83,6 +83,10 @@ pub struct VcpuSnapshot {
     /// in reports of a lull before `--timer-slack`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_multi_expiry: Option<u64>,
+    /// Expiries served by a wake-up from a block beyond its first (k expiries count k - 1):
+    /// the host wake-ups the VM's coalescing saved (absent in reports of a lull before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_coalesced: Option<u64>,
 }
 
 /// Wake placement's counters of one vCPU.

@@ -110,6 +110,35 @@ fn every_timer_on_time_or_late(model: &str) -> Result<(), Failed> {
             )
             .into());
         }
+        // A halted vCPU goes back to the guest only with an interrupt to inject: one woken
+        // early in its range (before the deadline) waits there rather than let the guest
+        // halt again, so every HLT but the guest's last is followed by an injection. Exact
+        // counts of one run, whatever the host's load.
+        if v.hlt > v.injected + 1 {
+            return Err(format!(
+                "{model} vCPU {}: {} HLT exits but {} interrupts injected: the vCPU re-entered \
+                 the guest with nothing to take, which halted again: {}",
+                v.vcpu,
+                v.hlt,
+                v.injected,
+                show()
+            )
+            .into());
+        }
+        // A wake-up that served k > 1 expiries counts k - 1 coalesced: at least one each.
+        let (multi, coalesced) = (
+            v.wake_multi_expiry.unwrap_or(0),
+            v.wake_coalesced.unwrap_or(0),
+        );
+        if v.wake_coalesced.is_none() || coalesced < multi || (multi == 0) != (coalesced == 0) {
+            return Err(format!(
+                "{model} vCPU {}: {multi} wake-ups served more than one expiry, {coalesced} \
+                 coalesced: {}",
+                v.vcpu,
+                show()
+            )
+            .into());
+        }
         // Each delivery's lateness was also split at the end of its range.
         if split != recorded {
             return Err(format!(
@@ -177,6 +206,7 @@ fn density_runs_each_slack_as_a_row() -> Result<(), Failed> {
         if row["vms_ok"] != 1
             || row["early_interrupts"] != 0
             || (pull && !row["multi_expiry_wakeups"].is_u64())
+            || (pull && !row["coalesced_expiries"].is_u64())
             || !split
         {
             return Err(format!("row {row}").into());

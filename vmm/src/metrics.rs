@@ -65,6 +65,7 @@ impl VcpuCounters {
             lateness_us_log2: self.lateness_us_log2.iter().map(g).collect(),
             late_past_range_us_log2: self.late_past_range_us_log2.iter().map(g).collect(),
             wake_multi_expiry: Some(g(&self.wake_multi_expiry)),
+            wake_coalesced: Some(g(&self.wake_coalesced)),
         }
     }
 }

@@ -35,6 +35,9 @@
 //! once for a deadline already past.
 
 mod central;
+#[cfg(test)]
+#[cfg(not(loom))]
+mod coalesce_tests;
 mod factory;
 mod pull;
 mod push;

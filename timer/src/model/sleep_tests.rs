@@ -89,14 +89,7 @@ impl Sim {
             Arc::new(move |c: CpuId| k.lock().unwrap().push(c)),
         )
         .unwrap();
-        let wakes: Vec<FakeHostTimer> = cpus
-            .iter_mut()
-            .map(|c| {
-                let t = FakeHostTimer::new();
-                c.set_wake_timer(Box::new(t.clone()));
-                t
-            })
-            .collect();
+        let wakes = super::coalesce_tests::fake_wake_timers(&mut cpus);
         Self {
             model,
             cpus,

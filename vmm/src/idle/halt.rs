@@ -336,6 +336,8 @@ impl<C: VmTime> VcpuIdle<C> {
         let c = &self.counters;
         if fired.total() > 1 {
             c.wake_multi_expiry.fetch_add(1, Ordering::Relaxed);
+            c.wake_coalesced
+                .fetch_add(u64::from(fired.total() - 1), Ordering::Relaxed);
         }
         let counter = match count {
             WakeCount::OwnTimer => &c.wake_timer,

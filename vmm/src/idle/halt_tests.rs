@@ -105,7 +105,12 @@ impl IdleChip for FakeChip {
             self.pending = true;
             fired.own_pinned += 1;
         }
-        self.timers.run(now, &mut |_| AfterFire::Done);
+        self.timers.run(now, &mut |f| {
+            if f.handle.kind() == timer::TimerKind::Global {
+                fired.own_global += 1;
+            }
+            AfterFire::Done
+        });
         fired
     }
 
@@ -404,4 +409,29 @@ fn an_injection_window_holds_the_vcpu_until_its_end_and_a_halt_cancels_the_next(
     assert_eq!(r.chip.waits.len(), 2);
     assert_eq!(r.chip.waits[1].timers_next, NEVER);
     assert_eq!(r.chip.waits[1].end, 700_000);
+}
+
+/// A wake-up that serves k expiries (its LAPIC timer and, in its range, global timers due
+/// since) is one wake-up with more than one expiry, and counts k - 1 coalesced.
+#[test]
+fn a_wake_up_serving_k_expiries_counts_k_minus_1_coalesced() {
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    for (at, slot) in [(600_000, 0), (650_000, 1)] {
+        r.chip
+            .timers
+            .arm(timer::TimerKind::Global, at, VcpuTimer::Global(slot));
+    }
+    r.chip.deadline = Some(700_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.now(), 700_000, "woke once, for its own timer");
+    assert_eq!(r.count(|c| &c.blocks), 1);
+    assert_eq!(r.count(|c| &c.wake_multi_expiry), 1);
+    assert_eq!(r.count(|c| &c.wake_coalesced), 2);
+    // A wake-up for one expiry coalesces nothing.
+    r.chip.pending = false;
+    r.chip.deadline = Some(900_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.count(|c| &c.blocks), 2);
+    assert_eq!(r.count(|c| &c.wake_multi_expiry), 1);
+    assert_eq!(r.count(|c| &c.wake_coalesced), 2);
 }

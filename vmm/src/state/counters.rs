@@ -96,6 +96,8 @@ pub struct VcpuCounters {
     pub late_past_range_us_log2: [AtomicU64; LATENESS_BUCKETS],
     /// Wake-ups from a block that served more than one timer expiry (own or global).
     pub wake_multi_expiry: AtomicU64,
+    /// Expiries served by a wake-up from a block beyond its first (k expiries count k - 1).
+    pub wake_coalesced: AtomicU64,
 }
 
 /// Buckets of the lateness histogram (the last one takes everything above ~0.5 s).

@@ -8,9 +8,11 @@
 //!                      checksum
 //!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
 //!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
-//!                      `--irqchip kernel`)
+//!                      `--irqchip kernel`, lull's LAPIC and PV EOI / PV deadline
+//!                      registrations with `--irqchip user`: `irqchip::user::saved`)
 //!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
-//!                      `--irqchip kernel`, kvmclock at the pause)
+//!                      `--irqchip kernel`, lull's IOAPIC with `--irqchip user`, kvmclock at
+//!                      the pause)
 //! ```
 //!
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
@@ -21,9 +23,14 @@
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
 //! (the `snapshot` fuzz target feeds [`parse_manifest`] and [`parse_vcpu`]).
 //!
-//! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
-//! serial and virtio-mmio state, the timer queues, PV EOI and PV deadline registrations. The
-//! manifest lists what it holds in `contents`.
+//! lull's LAPIC timers are held in guest time (a count's time left, a TSC deadline's value):
+//! the timer queues and hierarchy are not saved but rebuilt, each vCPU arming its restored
+//! LAPIC timer through the normal path. A saved LAPIC or IOAPIC is checked field by field when
+//! it is restored (`devices::lapic::LapicState`, `devices::ioapic::IoApicState`), and the
+//! fuzz target feeds those checks too.
+//!
+//! Not in this format yet: serial and virtio-mmio state. The manifest lists what it holds in
+//! `contents`.
 
 mod error;
 pub mod kvm_vm;

@@ -112,10 +112,12 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, bu
         let event = match state {
             VcpuState::Stopped(reason) => break reason,
             _ if stopping() => VcpuEvent::StopRequested,
-            _ if shared.pause.is_requested() => match pause::park(&mut port, shared) {
-                Ok(()) => continue,
-                Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
-            },
+            _ if shared.pause.is_requested() => {
+                match pause::park(&mut port, irq.as_mut(), shared) {
+                    Ok(()) => continue,
+                    Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
+                }
+            }
             VcpuState::Runnable => match irq.before_entry(&mut port) {
                 Entry::Enter => VcpuEvent::Exited(enter_guest(
                     &mut port,

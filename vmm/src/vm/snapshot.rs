@@ -57,7 +57,8 @@ impl LiveVm {
                 fnv64: fnv64(&bytes),
             });
         }
-        let kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
+        let mut kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
+        kvm_vm.user_ioapic = self.chip.save_ioapic();
         let kvm_vm_bytes = serde_json::to_vec(&kvm_vm).map_err(SnapshotError::ManifestJson)?;
         let path = dir.join(kvm_vm::FILE);
         std::fs::write(&path, &kvm_vm_bytes).map_err(io("write", &path))?;

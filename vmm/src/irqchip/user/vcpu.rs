@@ -11,6 +11,7 @@
 //! [`CpuPort`], so all of this runs in tests without KVM.
 
 mod lapic_timer;
+mod saved;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
 use super::pv_msr::PvMsrs;
 use super::router::InterruptRouter;
+use super::saved::UserVcpuState;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
@@ -444,6 +446,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             }
         }
         self.idle.attach();
+        self.chip.arm_restored();
         cpu.register_kick();
     }
 
@@ -501,6 +504,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
 
     fn detach(&mut self, cpu: &mut dyn CpuPort) {
         cpu.unregister_kick();
+    }
+
+    fn save(&mut self) -> Option<UserVcpuState> {
+        Some(self.save_chip())
+    }
+
+    fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
+        self.restore_chip(state)
     }
 }
 

@@ -590,5 +590,8 @@ impl<E: LapicEvents + Send, C: VmTime> IdleChip for ChipOnCpu<'_, E, C> {
 }
 
 #[cfg(test)]
+#[path = "vcpu/saved_tests.rs"]
+mod saved_tests;
+#[cfg(test)]
 #[path = "vcpu_tests.rs"]
 mod tests;

@@ -119,22 +119,24 @@ proptest! {
     ) {
         let mode = [TimerMode::OneShot, TimerMode::Periodic, TimerMode::TscDeadline][mode];
         let mut lapic = Lapic::new(config(TSC_BASE)).unwrap();
-        let mut state = lapic.save(0);
-        state.apic_base = apic_base;
-        state.ldr = ldr;
-        state.dfr = dfr;
-        state.svr = svr;
-        state.esr = esr;
-        state.icr = icr;
-        state.lvt = lvt;
-        state.irr = irr;
-        state.nmis_pending = nmis;
-        state.timer = LapicTimerState {
-            mode,
-            divide_config: divide,
-            initial_count: initial,
-            tsc_deadline,
-            remaining_ns: remaining,
+        let state = LapicState {
+            apic_base,
+            ldr,
+            dfr,
+            svr,
+            esr,
+            icr,
+            lvt,
+            irr,
+            nmis_pending: nmis,
+            timer: LapicTimerState {
+                mode,
+                divide_config: divide,
+                initial_count: initial,
+                tsc_deadline,
+                remaining_ns: remaining,
+            },
+            ..lapic.save(0)
         };
         let before = lapic.save(5);
         if lapic.restore(&state, 5).is_err() {

@@ -142,13 +142,18 @@ pub trait VcpuIrq: Send {
     /// lull's own interrupt state of this vCPU for a snapshot, taken on its thread while the
     /// VM is paused (interrupts posted to it are taken into its LAPIC first); `None` where KVM
     /// holds it (`--irqchip kernel`).
-    fn save(&mut self) -> Option<user::saved::UserVcpuState> {
+    /// `halted`: the vCPU is halted (kept, so that it halts again when restored).
+    fn save(&mut self, _halted: bool) -> Option<user::saved::UserVcpuState> {
         None
     }
     /// Takes a snapshot's [`Self::save`] before the vCPU's thread starts (its timer's host
     /// timer is armed at [`Self::attach`]); checks it first and changes nothing if it is bad.
     fn restore(&mut self, _state: &user::saved::UserVcpuState) -> Result<(), String> {
         Err("this irqchip keeps no interrupt state of its own: KVM holds it".to_string())
+    }
+    /// Whether a [`Self::restore`] left the vCPU halted: asked once, as its thread starts.
+    fn take_restored_halt(&mut self) -> bool {
+        false
     }
 }
 

@@ -39,11 +39,13 @@ pub fn paused_ticks(paused_ns: u64, tsc_khz: u32) -> u64 {
 }
 
 /// Parks the vCPU until the VM resumes (or stops), then moves its TSC back by the pause. A
-/// snapshot taken meanwhile gets its KVM state and `irq`'s own (`--irqchip user`).
+/// snapshot taken meanwhile gets its KVM state and `irq`'s own (`--irqchip user`; `halted`:
+/// the vCPU parked in its halt).
 pub fn park(
     port: &mut KvmPort,
     irq: &mut dyn VcpuIrq,
     shared: &VcpuShared,
+    halted: bool,
 ) -> Result<(), StopReason> {
     let id = port.id;
     let failed =
@@ -58,7 +60,7 @@ pub fn park(
         if let Some(d) = deadline {
             state.set_msr(MSR_IA32_TSC_DEADLINE, d);
         }
-        state.user_irqchip = irq.save();
+        state.user_irqchip = irq.save(halted);
         serde_json::to_vec(&state).map_err(|e| e.to_string())
     };
     let paused_ns = shared.pause.park(id, &mut save);

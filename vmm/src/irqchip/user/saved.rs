@@ -18,4 +18,7 @@ pub struct UserVcpuState {
     pub pv_eoi_msr: u64,
     /// `MSR_LULL_PV_DEADLINE` as the guest wrote it (0: not registered).
     pub pv_deadline_msr: u64,
+    /// The vCPU was halted (HLT, waiting for an interrupt): it halts again when restored,
+    /// rather than run on past its HLT with no interrupt.
+    pub halted: bool,
 }

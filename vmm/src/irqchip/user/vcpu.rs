@@ -122,6 +122,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     /// Halted or waiting for SIPI: no guest code runs until the next entry, so timer passes
     /// leave the host tick to the pass before that entry (`CpuTimers::run_halted`).
     halted: bool,
+    /// Restored from a snapshot taken while halted: the vCPU starts halted.
+    restored_halt: bool,
 }
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
@@ -164,6 +166,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             },
             tpr_poll: TprPoll::default(),
             halted: false,
+            restored_halt: false,
         };
         Some(Self { chip, idle })
     }
@@ -506,12 +509,16 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         cpu.unregister_kick();
     }
 
-    fn save(&mut self) -> Option<UserVcpuState> {
-        Some(self.save_chip())
+    fn save(&mut self, halted: bool) -> Option<UserVcpuState> {
+        Some(self.save_chip(halted))
     }
 
     fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
         self.restore_chip(state)
+    }
+
+    fn take_restored_halt(&mut self) -> bool {
+        std::mem::take(&mut self.chip.restored_halt)
     }
 }
 

@@ -14,7 +14,7 @@ use crate::irqchip::user::saved::UserVcpuState;
 impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// The chip's state now; interrupts posted to the vCPU are taken into its LAPIC first, so
     /// that none is left behind in the mailbox.
-    pub(super) fn save(&mut self) -> UserVcpuState {
+    pub(super) fn save(&mut self, halted: bool) -> UserVcpuState {
         for ipi in self.wait.mailbox.take_mail() {
             self.lapic.receive(&ipi);
         }
@@ -22,6 +22,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             lapic: self.lapic.save(self.clock.now()),
             pv_eoi_msr: self.pv_eoi.as_ref().map_or(0, PvEoi::msr),
             pv_deadline_msr: self.pv_deadline.as_ref().map_or(0, PvDeadline::msr),
+            halted,
         }
     }
 
@@ -50,6 +51,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             .map_err(|e| e.to_string())?;
         self.pv_eoi = pv_eoi;
         self.pv_deadline = pv_deadline;
+        self.restored_halt = state.halted;
         if let Ok(index) = usize::try_from(self.id) {
             self.router
                 .update_destination(index, self.lapic.destination_info());
@@ -69,8 +71,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// See [`crate::irqchip::VcpuIrq::save`].
-    pub(super) fn save_chip(&mut self) -> UserVcpuState {
-        self.chip.save()
+    pub(super) fn save_chip(&mut self, halted: bool) -> UserVcpuState {
+        self.chip.save(halted)
     }
 
     /// See [`crate::irqchip::VcpuIrq::restore`].

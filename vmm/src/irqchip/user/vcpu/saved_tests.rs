@@ -17,7 +17,8 @@ fn a_restored_chip_keeps_posted_interrupts_and_its_timers_time_left() {
     a.wrmsr(0x4b56_4d04, 0x1000 | 1); // PV EOI at 0x1000
     a.router.send_ipi(&devices::lapic::Ipi::fixed(0x55, 0)); // posted, not yet taken
     a.clock.set(400_000);
-    let state = a.irq.save().expect("the user chip saves its state");
+    let state = a.irq.save(true).expect("the user chip saves its state");
+    assert!(state.halted);
     assert_eq!(state.lapic.timer.remaining_ns, Some(600_000));
     assert_ne!(
         state.lapic.irr[0x55 / 32] & 1 << (0x55 % 32),
@@ -30,6 +31,8 @@ fn a_restored_chip_keeps_posted_interrupts_and_its_timers_time_left() {
     b.port.open = true;
     b.clock.set(5_000_000);
     b.irq.restore(&state).unwrap();
+    assert!(b.irq.take_restored_halt(), "saved halted, restored halted");
+    assert!(!b.irq.take_restored_halt(), "asked once");
     b.irq.attach(&mut b.port);
     assert_eq!(b.irq.lapic().save(5_000_000), state.lapic);
     b.clock.set(5_599_999);
@@ -49,9 +52,9 @@ fn a_restored_chip_keeps_posted_interrupts_and_its_timers_time_left() {
 fn a_bad_saved_state_is_refused_by_name_and_changes_nothing() {
     let mut a = Rig::new(ModelKind::Pull);
     a.mmio_write(0x320, 0x2_0040); // periodic
-    let good = a.irq.save().unwrap();
+    let good = a.irq.save(false).unwrap();
     let mut b = Rig::new(ModelKind::Pull);
-    let before = b.irq.save().unwrap();
+    let before = b.irq.save(false).unwrap();
     let mut bad = good.clone();
     bad.lapic.nmis_pending = 9;
     let why = b.irq.restore(&bad).unwrap_err();
@@ -64,7 +67,7 @@ fn a_bad_saved_state_is_refused_by_name_and_changes_nothing() {
     bad.pv_eoi_msr = 0x10_0000 | 1; // beyond the rig's 64 KiB of RAM
     let why = b.irq.restore(&bad).unwrap_err();
     assert!(why.contains("not in guest RAM"), "{why}");
-    assert_eq!(b.irq.save().unwrap(), before);
+    assert_eq!(b.irq.save(false).unwrap(), before);
     // The LVT register reads back as it was saved once the state is good.
     b.irq.restore(&good).unwrap();
     let lvt = b.irq.lapic().save(0).lvt[0];

@@ -24,6 +24,15 @@ use lull_tests::{
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
 const LONG_PAUSE: Duration = Duration::from_millis(300);
 
+/// With 20 timers a phase, how long after "running" the guest's CPUs are in their one-shot
+/// phase (200-400 ms on CPU 0, 220-440 ms on CPU 1) and in their periodic one (400-600 ms,
+/// 440-660 ms), where the host is not so loaded that the guest falls behind: a snapshot then
+/// catches those timers mid-count. Where it catches another phase the test still holds; it
+/// covers less.
+const ONESHOT_PHASE: Duration = Duration::from_millis(300);
+/// See [`ONESHOT_PHASE`].
+const PERIODIC_PHASE: Duration = Duration::from_millis(520);
+
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {
     child: Option<Child>,
@@ -281,7 +290,7 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
     let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
     let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let memory = std::fs::metadata(dir.join("memory")).map_err(|e| e.to_string())?;
-    if manifest["format_version"] != 1
+    if manifest["format_version"] != vmm::snapshot::FORMAT_VERSION
         || manifest["config"]["cpus"] != 2
         || manifest["memory_bytes"] != 256u64 << 20
         || memory.len() != 256 << 20
@@ -383,18 +392,21 @@ fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, Strin
 }
 
 /// `pause-timers` started with `extra` (an irqchip mode, a timer model), snapshotted
-/// mid-flight, its lull ended, and restored into a new lull: it starts paused, stays paused
+/// mid-flight (`into` after its timers started: which phase the snapshot catches, see
+/// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
 /// finishes its timers, every one once and none early (its console is the same file). Then the
 /// same snapshot through `lull run --restore DIR --resume`. Returns the snapshot directory.
 fn restore_finishes_the_timers(
     extra: &[&str],
     name: &str,
+    into: Duration,
     held: Duration,
 ) -> Result<PathBuf, Failed> {
     let first = PausedVm::start(&format!("{name}-1"), 20, extra)?;
     first.expect("PUT", "vm.boot", 204)?;
     first.wait_for_line("pause-timers: running")?;
+    std::thread::sleep(into);
     first.expect("PUT", "vm.pause", 204)?;
     let dir = snapshot_into(&first, &format!("{name}-snapshot"))?;
     let serial = first.serial.clone();
@@ -449,7 +461,8 @@ fn restore_finishes_the_timers(
 /// `--irqchip kernel` restore, then a damaged snapshot (the memory file one page short) is
 /// refused with a reason and leaves the new lull without a VM.
 fn restore_kernel_irqchip() -> Result<(), Failed> {
-    let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", Duration::ZERO)?;
+    let zero = Duration::ZERO;
+    let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", zero, zero)?;
     let memory = dir.join("memory");
     let len = std::fs::metadata(&memory).map_err(|e| e.to_string())?.len();
     std::fs::OpenOptions::new()
@@ -496,18 +509,20 @@ fn rewrite_state(
     std::fs::write(dir.join("manifest.json"), text).map_err(|e| e.to_string().into())
 }
 
-/// `--irqchip user` restore with `extra`, held paused for `held`; then (`refusals`) a vCPU
+/// `--irqchip user` restore with `extra`, snapshotted `into` its timers, held paused for
+/// `held`; then (`refusals`) a vCPU
 /// file whose LAPIC state is corrupt, with a matching checksum, is refused by the field's
 /// name, and a snapshot of the previous format version by its version.
 fn restore_user_irqchip(
     extra: &[&str],
     name: &str,
+    into: Duration,
     held: Duration,
     refusals: bool,
 ) -> Result<(), Failed> {
     let mut args = vec!["--irqchip", "user"];
     args.extend_from_slice(extra);
-    let dir = restore_finishes_the_timers(&args, name, held)?;
+    let dir = restore_finishes_the_timers(&args, name, into, held)?;
     if refusals {
         rewrite_state(&dir, "vcpu-1.json", |v| {
             v["user_irqchip"]["lapic"]["nmis_pending"] = 9.into();
@@ -562,23 +577,23 @@ fn main() {
             "restore_of_a_kernel_irqchip_snapshot_finishes_its_timers",
             restore_kernel_irqchip,
         ),
-        kvm_trial("restore_user_irqchip_pull_with_global_timers", || {
-            let extra = ["--timer-model", "pull", "--global-timers", "4,period=5"];
-            restore_user_irqchip(&extra, "restore-pull", Duration::ZERO, true)
-        }),
-        kvm_trial("restore_user_irqchip_push", || {
-            restore_user_irqchip(
-                &["--timer-model", "push"],
-                "restore-push",
-                Duration::ZERO,
-                false,
-            )
+        kvm_trial(
+            "restore_user_irqchip_pull_with_global_timers_tsc_deadlines",
+            || {
+                let extra = ["--timer-model", "pull", "--global-timers", "4,period=5"];
+                let zero = Duration::ZERO;
+                restore_user_irqchip(&extra, "restore-pull", zero, zero, true)
+            },
+        ),
+        kvm_trial("restore_user_irqchip_push_one_shots", || {
+            let extra = ["--timer-model", "push"];
+            restore_user_irqchip(&extra, "restore-push", ONESHOT_PHASE, Duration::ZERO, false)
         }),
         kvm_trial(
-            "restore_user_irqchip_central_held_past_the_longest_timer",
+            "restore_user_irqchip_central_periodic_held_past_the_longest_timer",
             || {
                 let extra = ["--timer-model", "central"];
-                restore_user_irqchip(&extra, "restore-central", LONG_PAUSE, false)
+                restore_user_irqchip(&extra, "restore-central", PERIODIC_PHASE, LONG_PAUSE, false)
             },
         ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {

@@ -170,10 +170,10 @@ fn run_from(
     let sink = devices::console_sink(&cfg.serial)?;
     let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image, snapshot)?;
-    let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
+    let mut vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
     let tsc_movable = vcpus.tsc_movable;
     if let Some(s) = snapshot {
-        restore::apply(s, &loaded.vm, &vcpus.ports)?;
+        restore::apply(s, &loaded.vm, &mut vcpus.ports)?;
     }
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
     let console = devices::console(chip.as_ref(), sink)?;

@@ -39,12 +39,16 @@ pub fn check(snapshot: &Snapshot) -> Result<(), VmError> {
     Ok(())
 }
 
-/// Gives the new VM `vm` and its vCPUs `ports` the snapshot's KVM state.
-pub fn apply(snapshot: &Snapshot, vm: &VmFd, ports: &[KvmPort]) -> Result<(), VmError> {
-    for (port, state) in ports.iter().zip(&snapshot.vcpus) {
+/// Gives the new VM `vm` and its vCPUs `ports` the snapshot's KVM state (and a vCPU
+/// restored halted the exit flags of its halt: `KvmPort::seed_halted_exit`).
+pub fn apply(snapshot: &Snapshot, vm: &VmFd, ports: &mut [KvmPort]) -> Result<(), VmError> {
+    for (port, state) in ports.iter_mut().zip(&snapshot.vcpus) {
         state
             .restore(&port.fd)
             .map_err(|e| VmError::Restore(e.to_string()))?;
+        if state.user_irqchip.as_ref().is_some_and(|u| u.halted) {
+            port.seed_halted_exit(&state.regs, &state.events);
+        }
     }
     snapshot
         .kvm_vm

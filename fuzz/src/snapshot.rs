@@ -9,19 +9,24 @@
 //! state file. An accepted devices file lists one virtio device per disk and net of the
 //! manifest; each of its states is restored onto a real virtio-blk transport over a small
 //! guest memory (and its serial state onto a UART): a state the transport accepts saves back
-//! to itself, and a notification after it never panics.
+//! to itself, and a notification after it never panics. The state bytes are also read as a
+//! saved LAPIC and a saved IOAPIC (what `--irqchip user` snapshots hold, and what the checksum
+//! keeps this target from reaching through a vCPU file) and restored: a state that is refused
+//! changes nothing, one that is taken reads back as it was saved (a TSC deadline may have
+//! expired at the restore) and arms no timer in the past.
 
 use std::path::Path;
-
 use std::sync::Arc;
-use vmm::snapshot::manifest::vcpu_file_name;
 
+use devices::ioapic::{IoApic, IoApicState};
+use devices::lapic::{Lapic, LapicConfig, LapicState, LapicTimerChange, TimerMode};
 use devices::serial::SerialPort;
 use devices::virtio::block::Block;
 use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::VirtioMmio;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::snapshot::devices::DevicesState;
+use vmm::snapshot::manifest::vcpu_file_name;
 use vmm::snapshot::{fnv64, parse_devices, parse_kvm_vm, parse_vcpu, Manifest, FORMAT_VERSION};
 
 /// The host vendor the manifests are checked against.
@@ -33,6 +38,7 @@ pub fn run(data: &[u8]) {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &[][..]),
     };
+    restore_chips(vcpu);
     let Ok(m) = Manifest::parse(manifest, VENDOR) else {
         return;
     };
@@ -110,6 +116,46 @@ fn restore_devices(state: &DevicesState) {
                 transport.write(0x50, &0u32.to_le_bytes());
             }
             Err(_) => assert_eq!(transport.save(), before, "a refused state changed nothing"),
+        }
+    }
+}
+
+/// The restoring clock's now.
+const NOW: u64 = 1_000_000_000;
+
+/// `bytes` as a saved LAPIC (into a BSP's and an AP's) and a saved IOAPIC.
+fn restore_chips(bytes: &[u8]) {
+    if let Ok(state) = serde_json::from_slice::<LapicState>(bytes) {
+        for bsp in [false, true] {
+            let config = LapicConfig {
+                apic_id: 1,
+                bsp,
+                ..LapicConfig::default()
+            };
+            let Ok(mut lapic) = Lapic::new(config) else {
+                panic!("the default LAPIC configuration is refused");
+            };
+            let before = lapic.save(NOW);
+            match lapic.restore(&state, NOW) {
+                Err(_) => assert_eq!(lapic.save(NOW), before, "a refused state changed it"),
+                Ok(change) => {
+                    if let LapicTimerChange::Arm { deadline_ns } = change {
+                        assert!(deadline_ns >= NOW, "a timer armed in the past");
+                        assert_eq!(lapic.timer_deadline(), Some(deadline_ns));
+                    }
+                    if state.timer.mode != TimerMode::TscDeadline {
+                        assert_eq!(lapic.save(NOW), state, "a taken state reads back changed");
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(state) = serde_json::from_slice::<IoApicState>(bytes) {
+        let mut ioapic = IoApic::new(0);
+        let before = ioapic.save();
+        match ioapic.restore(&state) {
+            Err(_) => assert_eq!(ioapic.save(), before, "a refused state changed it"),
+            Ok(()) => assert_eq!(ioapic.save(), state, "a taken state reads back changed"),
         }
     }
 }

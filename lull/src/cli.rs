@@ -69,8 +69,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
-    /// Build the VM from the snapshot in DIR (written by vm.snapshot; `--irqchip kernel` VMs
-    /// only) instead of booting a guest; the VM flags are the snapshot's. The restored VM
+    /// Build the VM from the snapshot in DIR (written by vm.snapshot, either irqchip mode)
+    /// instead of booting a guest; the VM flags are the snapshot's. The restored VM
     /// starts paused: give --resume to run it (without --api-socket, lull needs it). With
     /// --api-socket, restore through vm.restore instead. See docs/API.md ("Snapshots").
     #[arg(long, value_name = "DIR", conflicts_with = "api_socket")]

@@ -4,8 +4,10 @@
 //! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
 //! early and none twice, and lull's counters show that no vCPU ran and no timer fired (lull's
 //! global timers included) while the VM was paused, and that global timers fire again after.
-//! A snapshot of the paused VM is written and the guest runs on unharmed; with `--irqchip
-//! kernel` it is restored into a new lull, where the guest finishes its timers.
+//! A snapshot of the paused VM is written and the guest runs on unharmed; it is restored into
+//! a new lull (`--irqchip kernel`, and `--irqchip user` with each timer model), where the
+//! guest finishes its timers, also after the restored VM stayed paused longer than its
+//! longest timer.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -21,6 +23,15 @@ use lull_tests::{
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
 const LONG_PAUSE: Duration = Duration::from_millis(300);
+
+/// With 20 timers a phase, how long after "running" the guest's CPUs are in their one-shot
+/// phase (200-400 ms on CPU 0, 220-440 ms on CPU 1) and in their periodic one (400-600 ms,
+/// 440-660 ms), where the host is not so loaded that the guest falls behind: a snapshot then
+/// catches those timers mid-count. Where it catches another phase the test still holds; it
+/// covers less.
+const ONESHOT_PHASE: Duration = Duration::from_millis(300);
+/// See [`ONESHOT_PHASE`].
+const PERIODIC_PHASE: Duration = Duration::from_millis(520);
 
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {
@@ -381,20 +392,28 @@ fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, Strin
     Ok((vm, status, text))
 }
 
-/// `--irqchip kernel`: `pause-timers` snapshotted mid-flight, its lull ended, and restored
-/// into a new lull: it starts paused, and once resumed the guest finishes its timers, every
-/// one once and none early (its console is the same file). A damaged snapshot, or one of a
-/// `--irqchip user` VM, is refused with a reason and leaves the new lull without a VM.
-fn restore_finishes_the_timers() -> Result<(), Failed> {
-    let first = PausedVm::start("restore-1", 20, &["--irqchip", "kernel"])?;
+/// `pause-timers` started with `extra` (an irqchip mode, a timer model), snapshotted
+/// mid-flight (`into` after its timers started: which phase the snapshot catches, see
+/// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
+/// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
+/// finishes its timers, every one once and none early (its console is the same file). Then the
+/// same snapshot through `lull run --restore DIR --resume`. Returns the snapshot directory.
+fn restore_finishes_the_timers(
+    extra: &[&str],
+    name: &str,
+    into: Duration,
+    held: Duration,
+) -> Result<PathBuf, Failed> {
+    let first = PausedVm::start(&format!("{name}-1"), 20, extra)?;
     first.expect("PUT", "vm.boot", 204)?;
     first.wait_for_line("pause-timers: running")?;
+    std::thread::sleep(into);
     first.expect("PUT", "vm.pause", 204)?;
-    let dir = snapshot_into(&first, "restore-snapshot")?;
+    let dir = snapshot_into(&first, &format!("{name}-snapshot"))?;
     let serial = first.serial.clone();
     first.expect("PUT", "vmm.shutdown", 204)?;
     drop(first);
-    let (mut second, status, text) = restore_into_new_lull("restore-2", &dir)?;
+    let (mut second, status, text) = restore_into_new_lull(&format!("{name}-2"), &dir)?;
     if status != 204 {
         return Err(format!("vm.restore: status {status}: {text}").into());
     }
@@ -406,6 +425,16 @@ fn restore_finishes_the_timers() -> Result<(), Failed> {
     let (status, text) = api_call(&second.socket, "PUT", "vm.restore", &again)?;
     if status != 500 {
         return Err(format!("vm.restore on a lull with a VM: status {status}: {text}").into());
+    }
+    if !held.is_zero() {
+        let before = activity(&second.counters()?);
+        std::thread::sleep(held);
+        let after = activity(&second.counters()?);
+        if before != after {
+            return Err(
+                format!("the restored vCPUs ran while paused: {before:?} -> {after:?}").into(),
+            );
+        }
     }
     second.expect("PUT", "vm.resume", 204)?;
     second.guest_passes()?;
@@ -427,8 +456,14 @@ fn restore_finishes_the_timers() -> Result<(), Failed> {
         return Err(format!("lull run --restore: the guest did not pass again:\n{text}").into());
     }
     let _ = std::fs::remove_file(&serial);
+    Ok(dir)
+}
 
-    // Damaged: the memory file one page short.
+/// `--irqchip kernel` restore, then a damaged snapshot (the memory file one page short) is
+/// refused with a reason and leaves the new lull without a VM.
+fn restore_kernel_irqchip() -> Result<(), Failed> {
+    let zero = Duration::ZERO;
+    let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", zero, zero)?;
     let memory = dir.join("memory");
     let len = std::fs::metadata(&memory).map_err(|e| e.to_string())?.len();
     std::fs::OpenOptions::new()
@@ -443,18 +478,76 @@ fn restore_finishes_the_timers() -> Result<(), Failed> {
     third.expect("GET", "vm.info", 404)?;
     drop(third);
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
 
-    // An --irqchip user VM's snapshot.
-    let user = PausedVm::start("restore-user", 20, &[])?;
-    user.expect("PUT", "vm.boot", 204)?;
-    user.expect("PUT", "vm.pause", 204)?;
-    let dir = snapshot_into(&user, "restore-user-snapshot")?;
-    drop(user);
-    let (fourth, status, text) = restore_into_new_lull("restore-4", &dir)?;
-    if status != 500 || !text.contains("--irqchip user") {
-        return Err(format!("a user-irqchip snapshot: status {status}: {text}").into());
+/// Rewrites state file `file` of the snapshot in `dir` with `change` applied to its JSON, and
+/// its size and checksum in the manifest with it (so that only the content is wrong).
+fn rewrite_state(
+    dir: &Path,
+    file: &str,
+    change: impl FnOnce(&mut serde_json::Value),
+) -> Result<(), Failed> {
+    let read = |path: &Path| -> Result<serde_json::Value, Failed> {
+        let text = std::fs::read(path).map_err(|e| e.to_string())?;
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+    };
+    let mut state = read(&dir.join(file))?;
+    change(&mut state);
+    let bytes = serde_json::to_vec(&state).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(file), &bytes).map_err(|e| e.to_string())?;
+    let mut manifest = read(&dir.join("manifest.json"))?;
+    let entries = manifest["vcpus"]
+        .as_array_mut()
+        .ok_or("no vcpus in the manifest")?;
+    let entry = entries
+        .iter_mut()
+        .find(|e| e["file"] == file)
+        .ok_or_else(|| format!("no {file} in the manifest"))?;
+    entry["bytes"] = bytes.len().into();
+    entry["fnv64"] = vmm::snapshot::fnv64(&bytes).into();
+    let text = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("manifest.json"), text).map_err(|e| e.to_string().into())
+}
+
+/// `--irqchip user` restore with `extra`, snapshotted `into` its timers, held paused for
+/// `held`; then (`refusals`) a vCPU
+/// file whose LAPIC state is corrupt, with a matching checksum, is refused by the field's
+/// name, and a snapshot of the previous format version by its version.
+fn restore_user_irqchip(
+    extra: &[&str],
+    name: &str,
+    into: Duration,
+    held: Duration,
+    refusals: bool,
+) -> Result<(), Failed> {
+    let mut args = vec!["--irqchip", "user"];
+    args.extend_from_slice(extra);
+    let dir = restore_finishes_the_timers(&args, name, into, held)?;
+    if refusals {
+        rewrite_state(&dir, "vcpu-1.json", |v| {
+            v["user_irqchip"]["lapic"]["nmis_pending"] = 9.into();
+        })?;
+        let (refused, status, text) = restore_into_new_lull(&format!("{name}-bad"), &dir)?;
+        if status != 500 || !text.contains("vCPU 1") || !text.contains("9 NMIs pending") {
+            return Err(format!("a corrupt LAPIC state: status {status}: {text}").into());
+        }
+        refused.expect("GET", "vm.info", 404)?;
+        drop(refused);
+        let manifest = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&manifest).map_err(|e| e.to_string())?;
+        let old = text.replacen(
+            &format!("\"format_version\": {}", vmm::snapshot::FORMAT_VERSION),
+            "\"format_version\": 1",
+            1,
+        );
+        std::fs::write(&manifest, old).map_err(|e| e.to_string())?;
+        let (refused, status, text) = restore_into_new_lull(&format!("{name}-old"), &dir)?;
+        if status != 500 || !text.contains("version 1") {
+            return Err(format!("a version 1 snapshot: status {status}: {text}").into());
+        }
+        refused.expect("GET", "vm.info", 404)?;
     }
-    fourth.expect("GET", "vm.info", 404)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -483,7 +576,26 @@ fn main() {
         }),
         kvm_trial(
             "restore_of_a_kernel_irqchip_snapshot_finishes_its_timers",
-            restore_finishes_the_timers,
+            restore_kernel_irqchip,
+        ),
+        kvm_trial(
+            "restore_user_irqchip_pull_with_global_timers_tsc_deadlines",
+            || {
+                let extra = ["--timer-model", "pull", "--global-timers", "4,period=5"];
+                let zero = Duration::ZERO;
+                restore_user_irqchip(&extra, "restore-pull", zero, zero, true)
+            },
+        ),
+        kvm_trial("restore_user_irqchip_push_one_shots", || {
+            let extra = ["--timer-model", "push"];
+            restore_user_irqchip(&extra, "restore-push", ONESHOT_PHASE, Duration::ZERO, false)
+        }),
+        kvm_trial(
+            "restore_user_irqchip_central_periodic_held_past_the_longest_timer",
+            || {
+                let extra = ["--timer-model", "central"];
+                restore_user_irqchip(&extra, "restore-central", PERIODIC_PHASE, LONG_PAUSE, false)
+            },
         ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {
             many_pauses_lose_nothing(1000)

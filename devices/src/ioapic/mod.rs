@@ -31,6 +31,10 @@
 
 use crate::lapic::{DeliveryMode, DestinationMode, Ipi, Shorthand, TriggerMode};
 
+mod state;
+
+pub use state::{IoApicState, IoApicStateError};
+
 /// Default physical address of the IOAPIC's register window.
 pub const IOAPIC_DEFAULT_BASE: u64 = 0xFEC0_0000;
 /// Size of the MMIO window the VMM should map.

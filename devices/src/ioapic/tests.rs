@@ -250,3 +250,69 @@ fn level_interrupt_round_trip_through_lapics() {
     assert_eq!(cpus[1].next_interrupt(), None);
     assert_eq!(cpus[0].next_interrupt(), None);
 }
+
+#[test]
+fn a_restored_ioapic_behaves_as_the_saved_one() {
+    let mut a = IoApic::new(2);
+    let write = |ioapic: &mut IoApic, reg: u32, value: u32| {
+        let _ = ioapic.write_mmio(0x00, &reg.to_le_bytes());
+        ioapic.write_mmio(0x10, &value.to_le_bytes())
+    };
+    let _ = write(&mut a, 0x10 + 2 * 4, 0x0000_8030); // pin 4: vector 0x30, level
+    let _ = write(&mut a, 0x10 + 2 * 5 + 1, 0x0300_0000); // pin 5's destination
+    assert!(a.set_irq_line(4, true).is_some()); // remote IRR set, awaiting its EOI
+    let _ = a.set_irq_line(7, true);
+    let state = a.save();
+    let text = serde_json::to_string(&state).unwrap();
+    let mut b = IoApic::new(0);
+    b.restore(&serde_json::from_str(&text).unwrap()).unwrap();
+    assert_eq!(b.save(), state);
+    for pin in 0..IOAPIC_PINS {
+        assert_eq!(a.redirection_entry(pin), b.redirection_entry(pin));
+    }
+    // Remote IRR holds the line on both; the EOI delivers it again on both.
+    assert!(b.set_irq_line(4, true).is_none());
+    assert_eq!(a.end_of_interrupt(0x30), b.end_of_interrupt(0x30));
+    let (mut ra, mut rb) = ([0u8; 4], [0u8; 4]);
+    a.read_mmio(0x10, &mut ra);
+    b.read_mmio(0x10, &mut rb);
+    assert_eq!(ra, rb, "IOREGSEL and its register");
+}
+
+#[test]
+fn corrupt_ioapic_states_are_refused_by_name() {
+    let good = IoApic::new(1).save();
+    let refused = |change: &dyn Fn(&mut IoApicState)| {
+        let mut state = good.clone();
+        change(&mut state);
+        let mut ioapic = IoApic::new(1);
+        let err = ioapic.restore(&state).unwrap_err();
+        assert_eq!(ioapic.save(), good, "a refusal changes nothing");
+        err
+    };
+    assert_eq!(refused(&|s| s.id = 16), IoApicStateError::Id(16));
+    assert_eq!(
+        refused(&|s| {
+            s.lines.pop();
+        }),
+        IoApicStateError::Pins {
+            entries: 24,
+            lines: 23
+        }
+    );
+    assert_eq!(
+        refused(&|s| s.entries[3] = 1 << 40),
+        IoApicStateError::Entry {
+            pin: 3,
+            value: 1 << 40
+        }
+    );
+    // Remote IRR on an edge-triggered pin.
+    assert_eq!(
+        refused(&|s| s.entries[2] = 1 << 14),
+        IoApicStateError::Entry {
+            pin: 2,
+            value: 1 << 14
+        }
+    );
+}

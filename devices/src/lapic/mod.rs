@@ -66,10 +66,13 @@ mod nmi;
 mod pv_eoi;
 pub mod regs;
 mod route;
+mod state;
 mod timer;
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -80,6 +83,7 @@ pub use events::{InvalidAccess, LapicEvents, NoopLapicEvents};
 pub use icr::{DeliveryMode, DestinationMode, Ipi, Shorthand, TriggerMode};
 pub use nmi::{CpuNmi, NmiQueue, MAX_PENDING_NMIS};
 pub use route::{route, ApicDestinationInfo, DestinationSet, LogicalModel};
+pub use state::{LapicState, LapicStateError, LapicTimerState};
 pub use timer::{LapicTimerChange, TimerLimits, TimerMode, TscMap, DEFAULT_BUS_HZ};
 
 use regs::{class, low_byte, VectorBitmap};
@@ -207,7 +211,7 @@ pub struct LapicEffects {
 }
 
 /// Where a vCPU is in the INIT / start-up sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum InitSipiState {
     /// Executing guest code.
     Running,

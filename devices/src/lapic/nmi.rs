@@ -26,7 +26,7 @@ pub const MAX_PENDING_NMIS: u32 = 2;
 
 /// The NMIs the CPU (KVM) holds of those it was handed, as it reports them
 /// (`KVM_GET_VCPU_EVENTS`: `nmi.injected`, `nmi.pending`, `nmi.masked`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CpuNmi {
     /// None pending or being injected.
     None,
@@ -42,10 +42,10 @@ pub enum CpuNmi {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NmiQueue {
     /// Accepted and not yet handed to the CPU, at most [`MAX_PENDING_NMIS`].
-    accepted: u32,
+    pub(super) accepted: u32,
     /// What the CPU holds of the NMIs it was handed: as it last reported, or `Deliverable`
     /// from a hand-over until it reports again.
-    in_cpu: CpuNmi,
+    pub(super) in_cpu: CpuNmi,
 }
 
 impl Default for NmiQueue {

@@ -14,7 +14,7 @@ use super::regs;
 use super::*;
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     MmioWrite(u32, u32),
     MmioRead(u32, usize),
     MsrWrite(u32, u64),
@@ -66,7 +66,7 @@ fn msr_value() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (offset(), value()).prop_map(|(o, v)| Op::MmioWrite(o, v)),
         1 => (offset(), 0usize..9).prop_map(|(o, n)| Op::MmioRead(o, n)),
@@ -93,8 +93,8 @@ fn sdm_ppr(tpr: u8, isrv: u8) -> u8 {
 }
 
 /// What the test did to the LAPIC, recorded without reading its ISR or TPR back.
-#[derive(Debug, Default)]
-struct Model {
+#[derive(Debug, Default, Clone)]
+pub(super) struct Model {
     /// Vectors the test injected (`interrupt_injected`) and no EOI has retired yet.
     in_service: BTreeSet<u8>,
     /// The task priority the test last wrote (TPR register or CR8).
@@ -176,7 +176,7 @@ fn check_arm(change: LapicTimerChange, now: u64, limits: TimerLimits) -> Result<
 
 /// Applies `op` to `lapic` at `now` (an `Advance` moves `now`), checking what it returned
 /// and keeping `model` in step.
-fn apply(
+pub(super) fn apply(
     lapic: &mut Lapic,
     model: &mut Model,
     op: Op,

@@ -146,6 +146,16 @@ pub fn class(value: u8) -> u8 {
 pub struct VectorBitmap([u32; 8]);
 
 impl VectorBitmap {
+    /// The register whose eight 32-bit words are `words` (word 0 holds vectors 0-31).
+    pub fn from_words(words: [u32; 8]) -> Self {
+        VectorBitmap(words)
+    }
+
+    /// The eight 32-bit words (word 0 holds vectors 0-31).
+    pub fn words(&self) -> [u32; 8] {
+        self.0
+    }
+
     /// Sets the bit of `vector`.
     pub fn set(&mut self, vector: u8) {
         self.0[usize::from(vector >> 5)] |= 1 << (vector & 31);

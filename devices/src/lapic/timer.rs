@@ -132,7 +132,7 @@ impl Default for TimerLimits {
 }
 
 /// Timer mode (LVT timer bits 18:17).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum TimerMode {
     /// Counts down once from the initial count.
     #[default]
@@ -156,10 +156,10 @@ impl TimerMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Armed {
-    deadline_ns: u64,
+pub(super) struct Armed {
+    pub(super) deadline_ns: u64,
     /// 0 unless periodic.
-    period_ns: u64,
+    pub(super) period_ns: u64,
 }
 
 /// State of one LAPIC timer.
@@ -167,12 +167,12 @@ struct Armed {
 pub(crate) struct LapicTimer {
     bus_hz: u64,
     tsc: TscMap,
-    limits: TimerLimits,
-    mode: TimerMode,
-    divide_config: u32,
-    initial_count: u32,
-    tsc_deadline: u64,
-    armed: Option<Armed>,
+    pub(super) limits: TimerLimits,
+    pub(super) mode: TimerMode,
+    pub(super) divide_config: u32,
+    pub(super) initial_count: u32,
+    pub(super) tsc_deadline: u64,
+    pub(super) armed: Option<Armed>,
 }
 
 fn saturate(value: u128) -> u64 {
@@ -225,7 +225,7 @@ impl LapicTimer {
         1 << ((code + 1) & 7)
     }
 
-    fn ticks_to_ns(&self, ticks: u64) -> u64 {
+    pub(super) fn ticks_to_ns(&self, ticks: u64) -> u64 {
         let ns = u128::from(ticks) * u128::from(self.divisor()) * NS_PER_SEC;
         saturate(ns / u128::from(self.bus_hz))
     }
@@ -274,7 +274,7 @@ impl LapicTimer {
     }
 
     /// The periodic reload interval of the initial count, clamped to the minimum period.
-    fn period_ns(&self, events: &dyn LapicEvents) -> u64 {
+    pub(super) fn period_ns(&self, events: &dyn LapicEvents) -> u64 {
         let period = self.ticks_to_ns(u64::from(self.initial_count));
         let clamped = period.max(self.limits.min_period_ns).max(1);
         if clamped != period {

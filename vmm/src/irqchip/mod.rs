@@ -139,6 +139,22 @@ pub trait VcpuIrq: Send {
     fn wait_for_sipi(&mut self, cpu: &mut dyn CpuPort) -> Option<u8>;
     /// Called once on the vCPU's thread when it leaves its loop.
     fn detach(&mut self, cpu: &mut dyn CpuPort);
+    /// lull's own interrupt state of this vCPU for a snapshot, taken on its thread while the
+    /// VM is paused (interrupts posted to it are taken into its LAPIC first); `None` where KVM
+    /// holds it (`--irqchip kernel`).
+    /// `halted`: the vCPU is halted (kept, so that it halts again when restored).
+    fn save(&mut self, _halted: bool) -> Option<user::saved::UserVcpuState> {
+        None
+    }
+    /// Takes a snapshot's [`Self::save`] before the vCPU's thread starts (its timer's host
+    /// timer is armed at [`Self::attach`]); checks it first and changes nothing if it is bad.
+    fn restore(&mut self, _state: &user::saved::UserVcpuState) -> Result<(), String> {
+        Err("this irqchip keeps no interrupt state of its own: KVM holds it".to_string())
+    }
+    /// Whether a [`Self::restore`] left the vCPU halted: asked once, as its thread starts.
+    fn take_restored_halt(&mut self) -> bool {
+        false
+    }
 }
 
 /// An edge-triggered device interrupt (the serial port's): an irqfd or an IOAPIC pin.
@@ -187,4 +203,13 @@ pub trait IrqChip: Send + Sync {
     fn resuming(&self, paused_ns: u64);
     /// Fills the chip's part of the run report.
     fn report(&self, report: &mut RunReport);
+    /// lull's own IOAPIC for a snapshot; `None` where KVM holds it (`--irqchip kernel`).
+    fn save_ioapic(&self) -> Option<devices::ioapic::IoApicState> {
+        None
+    }
+    /// Takes a snapshot's IOAPIC (after checking it: nothing changes if it is bad) before the
+    /// vCPUs start.
+    fn restore_ioapic(&self, _state: &devices::ioapic::IoApicState) -> Result<(), String> {
+        Err("this irqchip has no IOAPIC of lull's: KVM holds it".to_string())
+    }
 }

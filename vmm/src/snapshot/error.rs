@@ -136,9 +136,17 @@ pub enum SnapshotError {
         /// Its size then.
         want: u64,
     },
-    /// The snapshot is of an `--irqchip user` VM, which this format cannot restore yet.
-    #[error("The snapshot is of an --irqchip user VM, whose LAPICs, IOAPIC and timers this snapshot format does not hold yet: only snapshots of --irqchip kernel VMs can be restored")]
-    UserIrqchip,
+    /// The snapshot is of an `--irqchip user` VM but lacks lull's LAPIC or IOAPIC state.
+    #[error("The snapshot is of an --irqchip user VM but holds no state of lull's {0}: corrupt snapshot")]
+    UserIrqchip(&'static str),
+    /// lull's saved LAPIC, PV registrations or IOAPIC are refused.
+    #[error("The saved interrupt controller state of {what} is refused: {why}")]
+    IrqchipState {
+        /// Whose (`vCPU N`, `the IOAPIC`).
+        what: String,
+        /// Why (the state's own error, which names the field).
+        why: String,
+    },
     /// A vCPU could not read its state.
     #[error("vCPU {id} could not read its state: {why}")]
     Save {

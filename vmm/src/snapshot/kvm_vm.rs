@@ -1,8 +1,9 @@
 //! What KVM holds for the whole VM with `--irqchip kernel`: the PIC pair and the IOAPIC
 //! (`KVM_GET_IRQCHIP`), the PIT (`KVM_GET_PIT2`) and kvmclock (`KVM_GET_CLOCK`, as it was
 //! when the VM paused). With `--irqchip user` KVM has none of the chips: lull's own IOAPIC
-//! and LAPICs are lull's state.
+//! is kept here too (`user_ioapic`), its LAPICs with each vCPU's state.
 
+use devices::ioapic::IoApicState;
 use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE,
@@ -22,6 +23,8 @@ pub struct KvmVmState {
     pub pit: Option<kvm_pit_state2>,
     /// kvmclock when the VM paused.
     pub clock: Option<kvm_clock_data>,
+    /// lull's IOAPIC (`--irqchip user`; `None` with KVM's): not KVM's, but VM-wide like it.
+    pub user_ioapic: Option<IoApicState>,
 }
 
 impl KvmVmState {
@@ -45,6 +48,7 @@ impl KvmVmState {
             irqchips,
             pit: vm.get_pit2().ok(),
             clock,
+            user_ioapic: None,
         }
     }
 

@@ -12,8 +12,18 @@ pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// bumps it.
 pub const FORMAT_VERSION: u32 = 2;
 
-/// What a snapshot holds in this format version (the manifest's `contents`).
-pub const CONTENTS: [&str; 4] = ["memory", "vcpu-kvm-state", "kvm-vm-state", "device-state"];
+/// What a snapshot holds in this format version (the manifest's `contents`): with
+/// `--irqchip user` each vCPU file holds lull's LAPIC and PV registrations too, and the VM
+/// file lull's IOAPIC (version 1 had neither: its user-irqchip snapshots are refused by
+/// their version).
+pub const CONTENTS: [&str; 6] = [
+    "memory",
+    "vcpu-kvm-state",
+    "kvm-vm-state",
+    "device-state",
+    "user-lapic-state",
+    "user-ioapic-state",
+];
 
 /// One region of guest memory, in the memory file in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

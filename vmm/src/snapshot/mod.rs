@@ -8,9 +8,11 @@
 //!                      checksum
 //!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
 //!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
-//!                      `--irqchip kernel`)
+//!                      `--irqchip kernel`, lull's LAPIC and PV EOI / PV deadline
+//!                      registrations with `--irqchip user`: `irqchip::user::saved`)
 //!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
-//!                      `--irqchip kernel`, kvmclock at the pause)
+//!                      `--irqchip kernel`, lull's IOAPIC with `--irqchip user`, kvmclock at
+//!                      the pause)
 //!  DIR/devices.json    the devices' state ([`devices::DevicesState`]: the serial port's
 //!                      registers and unread input; each virtio-mmio device's registers,
 //!                      queues with their next available and used index, InterruptStatus and
@@ -28,9 +30,11 @@
 //! (the `snapshot` fuzz target feeds [`parse_manifest`], [`parse_vcpu`] and
 //! [`parse_devices`], and restores what the last accepts onto a virtio device).
 //!
-//! Not in this format yet (so a snapshot cannot be restored yet): lull's LAPIC, IOAPIC,
-//! the timer queues, PV EOI and PV deadline registrations. The
-//! manifest lists what it holds in `contents`.
+//! lull's LAPIC timers are held in guest time (a count's time left, a TSC deadline's value):
+//! the timer queues and hierarchy are not saved but rebuilt, each vCPU arming its restored
+//! LAPIC timer through the normal path. A saved LAPIC or IOAPIC is checked field by field when
+//! it is restored (`devices::lapic::LapicState`, `devices::ioapic::IoApicState`), and the
+//! fuzz target feeds those checks too. The manifest lists what a snapshot holds in `contents`.
 
 pub mod devices;
 mod error;

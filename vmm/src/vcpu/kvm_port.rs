@@ -141,6 +141,22 @@ impl KvmPort {
             ..self.reset_regs
         })
     }
+
+    /// A vCPU restored halted (`--irqchip user`) has not exited yet: gives `kvm_run` what its
+    /// last exit would have said, from the restored `regs` and `events` (IF, and whether an
+    /// interrupt can go in), so that its halt wakes for an interrupt as before the snapshot.
+    /// KVM overwrites both at the vCPU's first exit.
+    pub fn seed_halted_exit(&mut self, regs: &kvm_regs, events: &kvm_vcpu_events) {
+        const RFLAGS_IF: u64 = 1 << 9;
+        let if_flag = regs.rflags & RFLAGS_IF != 0;
+        let pending = events.interrupt.injected != 0
+            || events.exception.injected != 0
+            || events.nmi.injected != 0;
+        let run = self.fd.get_kvm_run();
+        run.if_flag = u8::from(if_flag);
+        run.ready_for_interrupt_injection =
+            u8::from(if_flag && events.interrupt.shadow == 0 && !pending);
+    }
 }
 
 impl CpuPort for KvmPort {

@@ -24,6 +24,7 @@ use kvm_ioctls::VcpuFd;
 use super::kvm_port::KvmPort;
 use super::state::VcpuKvmState;
 use crate::host::sys;
+use crate::irqchip::VcpuIrq;
 use crate::state::{StopReason, VcpuShared};
 
 /// IA32_TSC.
@@ -37,8 +38,15 @@ pub fn paused_ticks(paused_ns: u64, tsc_khz: u32) -> u64 {
     u64::try_from(ticks).unwrap_or(u64::MAX)
 }
 
-/// Parks the vCPU until the VM resumes (or stops), then moves its TSC back by the pause.
-pub fn park(port: &mut KvmPort, shared: &VcpuShared) -> Result<(), StopReason> {
+/// Parks the vCPU until the VM resumes (or stops), then moves its TSC back by the pause. A
+/// snapshot taken meanwhile gets its KVM state and `irq`'s own (`--irqchip user`; `halted`:
+/// the vCPU parked in its halt).
+pub fn park(
+    port: &mut KvmPort,
+    irq: &mut dyn VcpuIrq,
+    shared: &VcpuShared,
+    halted: bool,
+) -> Result<(), StopReason> {
     let id = port.id;
     let failed =
         |what: &str, e: std::io::Error| StopReason::VmmError(format!("{what} on vCPU {id}: {e}"));
@@ -52,6 +60,7 @@ pub fn park(port: &mut KvmPort, shared: &VcpuShared) -> Result<(), StopReason> {
         if let Some(d) = deadline {
             state.set_msr(MSR_IA32_TSC_DEADLINE, d);
         }
+        state.user_irqchip = irq.save(halted);
         serde_json::to_vec(&state).map_err(|e| e.to_string())
     };
     let paused_ns = shared.pause.park(id, &mut save);

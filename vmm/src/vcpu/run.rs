@@ -103,7 +103,11 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
 pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, buses: &DeviceBuses) {
     irq.attach(&mut port);
     shared.pause.thread_started();
-    let mut state = VcpuState::Runnable;
+    // A vCPU restored from a snapshot taken in its halt halts again.
+    let mut state = match irq.take_restored_halt() {
+        true => VcpuState::Halted,
+        false => VcpuState::Runnable,
+    };
     let mut exit_clock = ExitClock::default();
     // The irqchip ends a halt, a wait for SIPI or an entry with `Stop` for a pause request
     // too: then the vCPU parks at the top of the loop and goes back to the state it was in.
@@ -112,10 +116,12 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, bu
         let event = match state {
             VcpuState::Stopped(reason) => break reason,
             _ if stopping() => VcpuEvent::StopRequested,
-            _ if shared.pause.is_requested() => match pause::park(&mut port, shared) {
-                Ok(()) => continue,
-                Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
-            },
+            _ if shared.pause.is_requested() => {
+                match pause::park(&mut port, irq.as_mut(), shared, state == VcpuState::Halted) {
+                    Ok(()) => continue,
+                    Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
+                }
+            }
             VcpuState::Runnable => match irq.before_entry(&mut port) {
                 Entry::Enter => VcpuEvent::Exited(enter_guest(
                     &mut port,

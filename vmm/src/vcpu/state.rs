@@ -11,6 +11,8 @@ use kvm_bindings::{
 use kvm_ioctls::VcpuFd;
 use serde::{Deserialize, Serialize};
 
+use crate::irqchip::user::saved::UserVcpuState;
+
 /// The MSRs a snapshot keeps (those KVM holds; lull's own, like IA32_APIC_BASE and the
 /// TSC deadline with `--irqchip user`, are in lull's LAPIC state): the TSC, SYSENTER,
 /// SYSCALL, the kernel GS base, TSC_AUX, PAT, MISC_ENABLE, the MTRR default type, kvmclock
@@ -65,6 +67,9 @@ pub struct VcpuKvmState {
     /// KVM's LAPIC registers (`--irqchip kernel`; `None` without an in-kernel LAPIC). KVM
     /// stores the timer's current count in them, so a one-shot keeps what it had left.
     pub lapic: Option<kvm_lapic_state>,
+    /// lull's LAPIC and PV registrations (`--irqchip user`; `None` with KVM's LAPIC). Not
+    /// KVM's, but saved with it on the vCPU's thread; restored before the thread starts.
+    pub user_irqchip: Option<UserVcpuState>,
 }
 
 /// Why a vCPU's state could not be read.
@@ -94,6 +99,7 @@ impl VcpuKvmState {
             mp_state: fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?,
             msrs: read_msrs(fd),
             lapic: fd.get_lapic().ok(),
+            user_irqchip: None,
         })
     }
 }
@@ -176,6 +182,7 @@ pub mod tests_support {
             mp_state: kvm_mp_state::default(),
             msrs: Vec::new(),
             lapic: None,
+            user_irqchip: None,
         }
     }
 }

@@ -141,7 +141,7 @@ pub fn run_observed(
     run_from(cfg, other, started, on_running, None)
 }
 
-/// Builds the VM of `snapshot` (`--irqchip kernel` only, see [`restore`]), hands it to
+/// Builds the VM of `snapshot` (either irqchip mode, see [`restore`]), hands it to
 /// `on_running` paused, and runs it to the end once resumed.
 pub fn restore_observed(
     snapshot: &Snapshot,
@@ -170,10 +170,10 @@ fn run_from(
     let sink = devices::console_sink(&cfg.serial)?;
     let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image, snapshot)?;
-    let vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
+    let mut vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
     let tsc_movable = vcpus.tsc_movable;
     if let Some(s) = snapshot {
-        restore::apply(s, &loaded.vm, &vcpus.ports)?;
+        restore::apply(s, &loaded.vm, &mut vcpus.ports)?;
     }
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
     let console = devices::console(chip.as_ref(), sink, snapshot.map(|s| &s.devices.serial))?;
@@ -206,11 +206,14 @@ fn run_from(
     }
     let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
     crate::host::seccomp::prepare(cfg.seccomp)?;
-    if snapshot.is_some() {
+    let restored_at = crate::host::sys::clock::monotonic_ns();
+    if let Some(s) = snapshot {
         // A restored VM starts paused: its vCPUs park before their first entry.
         shared.pause.request();
+        restore::freeze(chip.as_ref(), restored_at);
+        restore::apply_user_ioapic(s, chip.as_ref())?;
     }
-    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses)
+    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses, snapshot)
         .and_then(|()| chip.start(&shared).map_err(VmError::from));
     if let Err(e) = started_all {
         stop_started(&shared, chip.as_ref(), &e);
@@ -225,11 +228,7 @@ fn run_from(
         vm: loaded.vm.clone(),
         pause: match snapshot {
             None => pause_state::not_paused(tsc_movable),
-            Some(s) => pause_state::paused_since(
-                tsc_movable,
-                crate::host::sys::clock::monotonic_ns(),
-                s.kvm_vm.clock,
-            ),
+            Some(s) => pause_state::paused_since(tsc_movable, restored_at, s.kvm_vm.clock),
         },
         mem: loaded.mem.clone(),
         console: console.console.clone(),
@@ -324,9 +323,13 @@ fn start_vcpus(
     chip: &dyn IrqChip,
     shared: &Arc<VcpuShared>,
     buses: &Arc<DeviceBuses>,
+    snapshot: Option<&Snapshot>,
 ) -> Result<(), VmError> {
     for port in vcpus.ports {
-        let irq = chip.vcpu(port.id, shared)?;
+        let mut irq = chip.vcpu(port.id, shared)?;
+        if let Some(s) = snapshot {
+            restore::apply_user_vcpu(s, port.id, irq.as_mut())?;
+        }
         vcpu::spawn(port, irq, shared.clone(), buses.clone())?;
     }
     Ok(())

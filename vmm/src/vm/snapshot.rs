@@ -59,7 +59,8 @@ impl LiveVm {
                 fnv64: fnv64(&bytes),
             });
         }
-        let kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
+        let mut kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
+        kvm_vm.user_ioapic = self.chip.save_ioapic();
         let kvm_vm = write_state(dir, kvm_vm::FILE, &kvm_vm)?;
         let devices = DevicesState::capture(&self.console, &self.buses.mmio);
         let devices = write_state(dir, snapshot::devices::FILE, &devices)?;

@@ -14,6 +14,7 @@
 //! ```
 //!
 //! - [`router`]: the routing table and the IOAPIC; delivers messages to mailboxes.
+//! - [`saved`]: a vCPU's LAPIC and PV registrations as a snapshot holds them.
 //! - [`mailbox`]: one per vCPU; posts and kicks without touching the target's LAPIC.
 //! - [`vcpu`]: the per-vCPU half ([`UserVcpuIrq`]), generic over the clock.
 //! - [`exit`]: the LAPIC/IOAPIC/MSR exits, a free function.
@@ -33,6 +34,7 @@ pub mod pv_eoi;
 pub mod pv_msr;
 pub mod ranged_wake;
 pub mod router;
+pub mod saved;
 pub mod timers;
 pub mod vcpu;
 pub mod wait;
@@ -463,6 +465,14 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
 
     fn paused(&self, monotonic: u64) {
         self.clock.freeze_at(monotonic);
+    }
+
+    fn save_ioapic(&self) -> Option<devices::ioapic::IoApicState> {
+        Some(self.router.save_ioapic())
+    }
+
+    fn restore_ioapic(&self, state: &devices::ioapic::IoApicState) -> Result<(), String> {
+        self.router.restore_ioapic(state).map_err(|e| e.to_string())
     }
 
     fn resuming(&self, paused_ns: u64) {

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use devices::ioapic::{IoApic, IoapicInterrupt};
+use devices::ioapic::{IoApic, IoApicState, IoApicStateError, IoapicInterrupt};
 use devices::lapic::{route, ApicDestinationInfo, Ipi};
 use devices::serial::Trigger;
 
@@ -95,6 +95,16 @@ impl InterruptRouter {
                 .fetch_add(1, Ordering::Relaxed);
             self.deliver(&int.ipi);
         }
+    }
+
+    /// The IOAPIC's state, for a snapshot.
+    pub fn save_ioapic(&self) -> IoApicState {
+        self.ioapic().save()
+    }
+
+    /// Takes a snapshot's IOAPIC state (checked: nothing changes if it is bad).
+    pub fn restore_ioapic(&self, state: &IoApicState) -> Result<(), IoApicStateError> {
+        self.ioapic().restore(state)
     }
 
     fn ioapic(&self) -> std::sync::MutexGuard<'_, IoApic> {

@@ -11,6 +11,7 @@
 //! [`CpuPort`], so all of this runs in tests without KVM.
 
 mod lapic_timer;
+mod saved;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
 use super::pv_msr::PvMsrs;
 use super::router::InterruptRouter;
+use super::saved::UserVcpuState;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
 use crate::idle::advance::TimerAdvance;
@@ -120,6 +122,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     /// Halted or waiting for SIPI: no guest code runs until the next entry, so timer passes
     /// leave the host tick to the pass before that entry (`CpuTimers::run_halted`).
     halted: bool,
+    /// Restored from a snapshot taken while halted: the vCPU starts halted.
+    restored_halt: bool,
 }
 
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
@@ -162,6 +166,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             },
             tpr_poll: TprPoll::default(),
             halted: false,
+            restored_halt: false,
         };
         Some(Self { chip, idle })
     }
@@ -444,6 +449,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
             }
         }
         self.idle.attach();
+        self.chip.arm_restored();
         cpu.register_kick();
     }
 
@@ -501,6 +507,18 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
 
     fn detach(&mut self, cpu: &mut dyn CpuPort) {
         cpu.unregister_kick();
+    }
+
+    fn save(&mut self, halted: bool) -> Option<UserVcpuState> {
+        Some(self.save_chip(halted))
+    }
+
+    fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
+        self.restore_chip(state)
+    }
+
+    fn take_restored_halt(&mut self) -> bool {
+        std::mem::take(&mut self.chip.restored_halt)
     }
 }
 
@@ -578,6 +596,9 @@ impl<E: LapicEvents + Send, C: VmTime> IdleChip for ChipOnCpu<'_, E, C> {
     }
 }
 
+#[cfg(test)]
+#[path = "vcpu/saved_tests.rs"]
+mod saved_tests;
 #[cfg(test)]
 #[path = "vcpu_tests.rs"]
 mod tests;

@@ -15,12 +15,12 @@ use crate::irqchip::user::cr8::TPR_POLL_NS;
 use crate::irqchip::fake_port::FakePort;
 use crate::irqchip::user::mailbox::Mailbox;
 
-struct Rig {
-    irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,
-    router: Arc<InterruptRouter>,
-    clock: FakeClock,
+pub(super) struct Rig {
+    pub(super) irq: UserVcpuIrq<NoopLapicEvents, FakeClock>,
+    pub(super) router: Arc<InterruptRouter>,
+    pub(super) clock: FakeClock,
     shared: Arc<VcpuShared>,
-    port: FakePort,
+    pub(super) port: FakePort,
     /// vCPU 0's host tick.
     tick: FakeHostTimer,
     /// Guest memory (64 KiB at 0).
@@ -31,7 +31,7 @@ const LAPIC: u64 = 0xfee0_0000;
 
 impl Rig {
     /// vCPU 0 of a one-vCPU VM, its LAPIC software-enabled.
-    fn new(kind: ModelKind) -> Self {
+    pub(super) fn new(kind: ModelKind) -> Self {
         Self::with_pv_deadline(kind, true)
     }
 
@@ -91,7 +91,7 @@ impl Rig {
         rig
     }
 
-    fn mmio_write(&mut self, offset: u64, value: u32) {
+    pub(super) fn mmio_write(&mut self, offset: u64, value: u32) {
         let bytes = value.to_le_bytes();
         let handled = self
             .irq
@@ -100,7 +100,7 @@ impl Rig {
         self.irq.exit_done(&mut self.port);
     }
 
-    fn wrmsr(&mut self, index: u32, data: u64) {
+    pub(super) fn wrmsr(&mut self, index: u32, data: u64) {
         assert_eq!(
             self.try_wrmsr(index, data),
             0,
@@ -123,7 +123,7 @@ impl Rig {
     }
 
     /// The guest handles the interrupt it was given and EOIs it.
-    fn eoi(&mut self) {
+    pub(super) fn eoi(&mut self) {
         self.mmio_write(0xb0, 0);
     }
 }

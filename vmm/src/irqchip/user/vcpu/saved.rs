@@ -1,0 +1,82 @@
+//! A vCPU's chip to and from a snapshot ([`UserVcpuState`]): saved on its thread while the VM
+//! is paused, restored before its thread starts; the LAPIC timer's host timer is armed at
+//! `attach`, on the thread that owns it, through the normal path (the timer model's queue
+//! and hierarchy, the advance, the VM clock's re-arm at a thaw).
+
+use devices::lapic::LapicEvents;
+
+use super::{UserVcpuIrq, VcpuChip};
+use crate::idle::halt::VmTime;
+use crate::irqchip::user::pv_deadline::PvDeadline;
+use crate::irqchip::user::pv_eoi::PvEoi;
+use crate::irqchip::user::saved::UserVcpuState;
+
+impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
+    /// The chip's state now; interrupts posted to the vCPU are taken into its LAPIC first, so
+    /// that none is left behind in the mailbox.
+    pub(super) fn save(&mut self, halted: bool) -> UserVcpuState {
+        for ipi in self.wait.mailbox.take_mail() {
+            self.lapic.receive(&ipi);
+        }
+        UserVcpuState {
+            lapic: self.lapic.save(self.clock.now()),
+            pv_eoi_msr: self.pv_eoi.as_ref().map_or(0, PvEoi::msr),
+            pv_deadline_msr: self.pv_deadline.as_ref().map_or(0, PvDeadline::msr),
+            halted,
+        }
+    }
+
+    /// Takes `state`, all checked before anything changes: the LAPIC against its
+    /// configuration, the PV registrations against guest memory and the VM's features.
+    pub(super) fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
+        let mut pv_eoi = self.pv_eoi.as_ref().map(|_| PvEoi::default());
+        match (&mut pv_eoi, state.pv_eoi_msr) {
+            (_, 0) => {}
+            (Some(pv), msr) => pv.write_msr(msr, &self.mem).map_err(|e| e.to_string())?,
+            (None, _) => return Err("PV EOI is registered, but this VM does not offer it".into()),
+        }
+        let mut pv_deadline = self.pv_deadline.as_ref().map(|_| PvDeadline::default());
+        match (&mut pv_deadline, state.pv_deadline_msr) {
+            (_, 0) => {}
+            (Some(pv), msr) => pv.write_msr(msr, &self.mem).map_err(|e| e.to_string())?,
+            (None, _) => {
+                return Err("a PV deadline is registered, but this VM does not offer it".into())
+            }
+        }
+        // The host timer is armed at `attach` (see the module's comment): the change is
+        // the LAPIC's timer deadline, which that reads.
+        let _ = self
+            .lapic
+            .restore(&state.lapic, self.clock.now())
+            .map_err(|e| e.to_string())?;
+        self.pv_eoi = pv_eoi;
+        self.pv_deadline = pv_deadline;
+        self.restored_halt = state.halted;
+        if let Ok(index) = usize::try_from(self.id) {
+            self.router
+                .update_destination(index, self.lapic.destination_info());
+        }
+        Ok(())
+    }
+
+    /// At `attach`: arms the host timer of a LAPIC timer a restore left running (nothing on
+    /// a fresh LAPIC). KVM has the restored IA32_APIC_BASE already, from the special
+    /// registers of the vCPU's KVM state.
+    pub(super) fn arm_restored(&mut self) {
+        if let Some(deadline) = self.lapic.timer_deadline() {
+            self.arm_lapic_timer(deadline);
+        }
+    }
+}
+
+impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
+    /// See [`crate::irqchip::VcpuIrq::save`].
+    pub(super) fn save_chip(&mut self, halted: bool) -> UserVcpuState {
+        self.chip.save(halted)
+    }
+
+    /// See [`crate::irqchip::VcpuIrq::restore`].
+    pub(super) fn restore_chip(&mut self, state: &UserVcpuState) -> Result<(), String> {
+        self.chip.restore(state)
+    }
+}

@@ -12,8 +12,7 @@
 //! status 4 (BAD_INPUT) and a message that names the tap by `lull run --restore`, and with
 //! 500 and that message by `vm.restore`, which leaves the lull without a VM.
 //!
-//! Each case is a (irqchip, disk options) entry of `CASES`: `--irqchip user` restore is not in
-//! this lull yet (refused); add `("user", "")` there when it is.
+//! Each case is a (irqchip, disk options) entry of `CASES`, in both irqchip modes.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -25,7 +24,12 @@ use lull_tests::{
 };
 
 /// The irqchip and extra `--disk` options of each case.
-const CASES: [(&str, &str); 2] = [("kernel", ""), ("kernel", ",ops=500")];
+const CASES: [(&str, &str); 4] = [
+    ("kernel", ""),
+    ("kernel", ",ops=500"),
+    ("user", ""),
+    ("user", ",ops=500"),
+];
 /// Sectors of the image (the guest needs 536).
 const SECTORS: usize = 2048;
 /// How long the guest waits for the snapshot (guest time; enough for a pause on a loaded

@@ -43,14 +43,8 @@ const LINUX_DEADLINE: Duration = Duration::from_secs(600);
 /// [`INTERVAL_MS`] later; the test checks afterwards that the pause fell inside the workload.
 const INTO_THE_WORKLOAD: Duration = Duration::from_secs(2);
 
-/// The irqchip modes, each with the reason it is skipped if restore does not support it yet.
-const MODES: &[(&str, Option<&str>)] = &[
-    ("kernel", None),
-    (
-        "user",
-        Some("restore of --irqchip user VMs is not merged yet (h-urestore; issue 31)"),
-    ),
-];
+/// The irqchip modes (restore supports both).
+const MODES: [&str; 2] = ["kernel", "user"];
 
 /// The first lull (API socket), killed if the test fails before it ends.
 struct FirstLull {
@@ -196,10 +190,10 @@ fn main() {
     let args = Arguments::from_args();
     let trials = MODES
         .iter()
-        .map(|&(mode, skip)| {
+        .map(|mode| {
             let name = format!("linux_timers_workload_passes_across_a_snapshot_irqchip_{mode}");
             Trial::ignorable_test(name, move || {
-                match skip.map(str::to_string).or_else(kvm_unavailable) {
+                match kvm_unavailable() {
                     Some(reason) => Ok(Completion::ignored_with(reason)),
                     None => linux_timers_survive_a_snapshot(mode).map(|()| Completion::Completed),
                 }

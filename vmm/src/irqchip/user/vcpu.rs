@@ -206,7 +206,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
         self.tpr_poll.fired(now);
         if self.wait.mailbox.take_timer_due() {
-            let now = self.lapic_timer_due(now);
+            let ran_on = !self.halted && cpu.interrupts_enabled();
+            let now = self.lapic_timer_due(now, ran_on);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
                 // Armed after this pass's timer run: program the host tick for it now (`pull`

@@ -11,6 +11,7 @@ use timer::{Nanos, TimerKind};
 use super::VcpuChip;
 use crate::idle::halt::VmTime;
 use crate::idle::slack::{advance_latency, split_lateness};
+use crate::idle::tick_defer::DeferredFire;
 use crate::idle::vcpu_timer::VcpuTimer;
 
 impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
@@ -60,18 +61,20 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         self.lapic_timer = Some(self.timers.arm(TimerKind::Pinned, at, VcpuTimer::Lapic));
     }
 
-    /// The LAPIC timer's host timer fired (noticed at `now`): learns the advance, waits for
-    /// the deadline if it came early enough to, records the lateness; returns the time the
-    /// expiry is handled at.
-    pub(super) fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
+    /// The LAPIC timer's host timer fired (noticed at `now`; `ran_on`: it ended guest code
+    /// that could take interrupts): learns the advance, waits for the deadline if it came
+    /// early enough to, records the lateness; returns the time the expiry is handled at.
+    pub(super) fn lapic_timer_due(&mut self, now: Nanos, ran_on: bool) -> Nanos {
         self.lapic_timer = None;
-        if self.tick_defer.fired() {
-            // The guest ran on past the deadline without an exit: it backs off (no advance
-            // to learn from a tick armed after the deadline).
+        if let Some(fire) = self.tick_defer.fired(ran_on) {
+            // No advance to learn from a tick armed after the deadline. A miss (the guest ran
+            // on without an exit) backs off; a late one does not.
             self.lapic_armed_at = None;
-            self.counters
-                .ticks_deferred_missed
-                .fetch_add(1, Ordering::Relaxed);
+            let counter = match fire {
+                DeferredFire::Missed => &self.counters.ticks_deferred_missed,
+                DeferredFire::Late => &self.counters.ticks_deferred_late,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         let Some(deadline) = self.lapic.timer_deadline() else {
             return now;

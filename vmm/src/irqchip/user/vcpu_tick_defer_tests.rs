@@ -140,3 +140,39 @@ fn a_halt_after_the_deferred_ticks_time_is_late_not_a_miss() {
     assert_eq!(c.ticks_deferred_missed.load(Ordering::Relaxed), 0);
     assert_eq!(c.ticks_deferred_late.load(Ordering::Relaxed), 1);
 }
+
+/// In every timer model, a deferred deadline that has passed by the guest's next exit with
+/// interrupts enabled is injected on that exit: `central` would otherwise leave it to its
+/// timer thread and `push` to its own next pass, each a hop (two thread wake-ups) away.
+#[test]
+fn a_deadline_past_at_an_exit_the_guest_chose_is_injected_on_it_in_every_model() {
+    for kind in [ModelKind::Pull, ModelKind::Push, ModelKind::Central] {
+        let mut rig = Rig::new(kind);
+        rig.mmio_write(0x320, 0x4_0040);
+        let deadline = 1_077_000;
+        rig.clock.set(1_000_000);
+        rig.port.open = false;
+        rig.wrmsr(0x6e0, deadline);
+        rig.eoi();
+        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        assert!(rig.port.injected.is_empty(), "{kind:?}: early");
+        // The handler's tail outlasts the deadline; the guest's next exit can take it.
+        rig.clock.set(deadline + 30_000);
+        rig.port.open = true;
+        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        assert_eq!(rig.port.injected, vec![0x40], "{kind:?}: not on this exit");
+        let c = rig.shared.counters(0).unwrap().clone();
+        assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1, "{kind:?}");
+        assert_eq!(c.ticks_deferred.load(Ordering::Relaxed), 1, "{kind:?}");
+        assert_eq!(
+            c.ticks_deferred_missed.load(Ordering::Relaxed),
+            0,
+            "{kind:?}"
+        );
+        // Nothing fires twice: the timer model no longer holds it.
+        rig.clock.set(deadline + GRACE_NS + 1);
+        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        assert_eq!(rig.port.injected, vec![0x40], "{kind:?}: fired twice");
+        assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1, "{kind:?}");
+    }
+}

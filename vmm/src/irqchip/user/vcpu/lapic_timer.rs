@@ -42,12 +42,39 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             return;
         }
         if let Some(deadline) = self.lapic.timer_deadline() {
-            self.arm_lapic_timer(deadline);
-            if self.lapic_armed_at.is_some_and(|at| at <= now) {
+            if self.advance.arm_at(deadline) <= now {
                 // Due at this exit, which the guest chose: no host wake-up latency to learn.
                 self.lapic_armed_at = None;
+                self.take_due_lapic_timer();
+            } else {
+                self.arm_lapic_timer(deadline);
             }
         }
+    }
+
+    /// At an exit the guest chose (a HLT, or one where it can take interrupts) at `now`: a
+    /// LAPIC timer whose host tick is due (its deadline less the advance) is handled on this
+    /// exit, not by the timer model. `pull` would fire it at this exit's pass anyway; `central`
+    /// fires it on its timer thread and `push` may on another vCPU's, which then kick this
+    /// one: for a deadline already past, a hop of two thread wake-ups. The usual wait for the
+    /// deadline (the advance), the lateness and the injection then come on this exit.
+    pub(super) fn lapic_timer_due_at_exit(&mut self, now: Nanos) {
+        if self.lapic_armed_at.is_some_and(|at| at <= now) {
+            self.take_due_lapic_timer();
+        }
+    }
+
+    /// Takes the LAPIC timer out of the timer model and flags it for this thread's next
+    /// service pass, which counts it as fired on this thread (and judges a deferred tick
+    /// whose time has come as if it had fired).
+    fn take_due_lapic_timer(&mut self) {
+        if let Some(h) = self.lapic_timer.take() {
+            // `None`: the model fired it already (and flagged the mailbox itself).
+            if self.timers.cancel(h).is_some() {
+                self.lapic_taken = true;
+            }
+        }
+        self.wait.mailbox.flag_timer();
     }
 
     /// Arms the LAPIC timer's host timer at `at`.

@@ -36,10 +36,18 @@
 
 use timer::Nanos;
 
+use super::stale_tick::StaleTick;
+
 /// Only deadlines at most this far ahead of their arming are deferred.
 pub const DEFER_WITHIN_NS: u64 = 200_000;
 /// How long after the deadline the deferred tick fires if the guest has not exited by then.
-pub const GRACE_NS: u64 = 100_000;
+/// 150 us: a guest that re-arms from its handler arms again tens of microseconds after the
+/// HLT that ended the last deferral (on our hosts, where guest kernel code is emulated, the
+/// interrupt's delivery and the handler's first instructions alone take that). With 100 us
+/// the tick left stale at that HLT was seldom far enough away to keep until the arm
+/// (`stale_tick.rs`), and a disarm plus an arm cost ~14 us of host timer programming per
+/// deadline (`timer_settime` reprograms the host's emulated clock-event device).
+pub const GRACE_NS: u64 = 150_000;
 /// The most deadlines a vCPU arms as usual after a missed deferral before it tries again.
 pub const MAX_SKIP: u32 = 256;
 
@@ -52,13 +60,14 @@ pub enum DeferredFire {
     Late,
 }
 
-/// One vCPU's deferral: the deferred tick, if any, whether a host tick armed for one is left
-/// stale, and how many deadlines to arm as usual before deferring again.
+/// One vCPU's deferral: the deferred tick, if any, what becomes of a host tick armed for one
+/// that ended, and how many deadlines to arm as usual before deferring again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TickDefer {
     /// When the deferred tick fires, while one is deferred.
     tick: Option<Nanos>,
-    stale: bool,
+    /// The host tick of an ended deferral (`stale_tick.rs`).
+    stale: StaleTick,
     backoff: u32,
     skip: u32,
 }
@@ -68,6 +77,7 @@ impl TickDefer {
     /// deferred host tick fires, or `None` to arm it as usual.
     pub fn arm(&mut self, now: Nanos, deadline: Nanos, interruptible: bool) -> Option<Nanos> {
         self.tick = None;
+        self.stale.armed(now);
         if interruptible || deadline <= now || deadline - now > DEFER_WITHIN_NS {
             return None;
         }
@@ -82,6 +92,7 @@ impl TickDefer {
     /// The timer was cancelled or re-armed as usual: nothing deferred any more.
     pub fn clear(&mut self) {
         self.tick = None;
+        self.stale.changed();
     }
 
     /// The guest halted or could take interrupts at an exit at `now`: true if that ends a
@@ -91,7 +102,7 @@ impl TickDefer {
         match self.tick {
             Some(tick) if now < tick => {
                 self.tick = None;
-                self.stale = true;
+                self.stale.deferral_ended(now, tick);
                 self.backoff /= 2;
                 true
             }
@@ -115,9 +126,10 @@ impl TickDefer {
         Some(DeferredFire::Missed)
     }
 
-    /// Whether a host tick armed for an ended deferral is still to be moved (once).
+    /// Whether a host tick armed for an ended deferral is to be moved by this timer pass
+    /// (once; a kept one only after the guest's next arm: `stale_tick.rs`).
     pub fn take_stale(&mut self) -> bool {
-        std::mem::take(&mut self.stale)
+        self.stale.take_move()
     }
 }
 

@@ -176,3 +176,45 @@ fn a_deadline_past_at_an_exit_the_guest_chose_is_injected_on_it_in_every_model()
         assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 1, "{kind:?}");
     }
 }
+
+/// A guest that re-arms from its handler soon after each HLT: once lull has seen it do so,
+/// the deferred tick left stale at the HLT stays armed until the next WRMSR moves it, one
+/// host-timer programming per deadline instead of a disarm and an arm.
+#[test]
+fn the_stale_tick_is_kept_until_the_next_arm_once_the_guest_re_arms_soon() {
+    let mut rig = Rig::new(ModelKind::Pull);
+    rig.mmio_write(0x320, 0x4_0040);
+    let mut now = 1_000_000;
+    let mut programs = Vec::new();
+    for round in 0..3 {
+        // The handler: WRMSR with interrupts off, EOI.
+        let deadline = now + 77_000;
+        rig.clock.set(now);
+        rig.port.open = false;
+        rig.wrmsr(0x6e0, deadline);
+        rig.eoi();
+        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        assert_eq!(rig.tick.deadline(), deadline + GRACE_NS, "round {round}");
+        let before = (rig.tick.arms(), rig.tick.disarms());
+        // `sti; hlt` after the deadline: injected there.
+        rig.clock.set(deadline + 20_000);
+        rig.port.open = true;
+        assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
+        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        assert_eq!(rig.port.injected.len(), round + 1, "round {round}");
+        programs.push((
+            rig.tick.deadline(),
+            rig.tick.arms() - before.0,
+            rig.tick.disarms() - before.1,
+        ));
+        // The next handler arms 30 us after the injection.
+        now = deadline + 50_000;
+    }
+    // Nothing learned at the first HLT: disarmed. Then kept (no programming at the HLT).
+    assert_eq!(programs[0], (timer::NEVER, 0, 1));
+    assert_eq!(programs[1].1 + programs[1].2, 0, "kept: {programs:?}");
+    assert_eq!(programs[2].1 + programs[2].2, 0, "kept: {programs:?}");
+    let c = rig.shared.counters(0).unwrap().clone();
+    assert_eq!(c.lapic_timer_fires.load(Ordering::Relaxed), 3);
+    assert_eq!(c.injected.load(Ordering::Relaxed), 3);
+}

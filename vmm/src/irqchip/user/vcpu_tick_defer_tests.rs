@@ -5,6 +5,26 @@ use super::*;
 
 use crate::idle::tick_defer::GRACE_NS;
 
+/// vCPU 0 in `kind`, inside its timer handler (interrupts off) at 1 ms: its LVT timer in
+/// TSC-deadline mode (vector 0x40), a deadline 77 us ahead written, EOI, entered again; the
+/// deadline, whose host tick is deferred.
+fn deferred_in_handler(kind: ModelKind) -> (Rig, u64) {
+    let mut rig = Rig::new(kind);
+    rig.mmio_write(0x320, 0x4_0040);
+    let deadline = 1_077_000; // 1 TSC tick per ns from 0
+    rig.clock.set(1_000_000);
+    rig.port.open = false;
+    rig.wrmsr(0x6e0, deadline);
+    rig.eoi();
+    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    assert_eq!(
+        rig.tick.deadline(),
+        deadline + GRACE_NS,
+        "{kind:?}: not deferred"
+    );
+    (rig, deadline)
+}
+
 /// A short deadline the guest arms inside its handler (interrupts off) gets no host tick
 /// before the deadline: the HLT that follows the handler is where the interrupt is injected,
 /// on that same exit; an exit with interrupts enabled before it puts the tick back in place.
@@ -87,14 +107,7 @@ fn a_deferred_tick_that_fires_is_a_miss_and_the_next_deadline_ticks_as_usual() {
 /// waits for the guest's `sti; hlt`, and its next short deadline is deferred again.
 #[test]
 fn a_deferred_tick_that_finds_interrupts_off_is_late_and_the_next_deadline_defers_again() {
-    let mut rig = Rig::new(ModelKind::Pull);
-    rig.mmio_write(0x320, 0x4_0040);
-    let deadline = 1_077_000;
-    rig.clock.set(1_000_000);
-    rig.port.open = false;
-    rig.wrmsr(0x6e0, deadline);
-    rig.eoi();
-    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    let (mut rig, deadline) = deferred_in_handler(ModelKind::Pull);
     // The deferred tick ends KVM_RUN inside the handler: nothing injectable yet.
     rig.clock.set(deadline + GRACE_NS);
     assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
@@ -123,14 +136,7 @@ fn a_deferred_tick_that_finds_interrupts_off_is_late_and_the_next_deadline_defer
 /// interrupt at that HLT; the tick is late, not a miss.
 #[test]
 fn a_halt_after_the_deferred_ticks_time_is_late_not_a_miss() {
-    let mut rig = Rig::new(ModelKind::Pull);
-    rig.mmio_write(0x320, 0x4_0040);
-    let deadline = 1_077_000;
-    rig.clock.set(1_000_000);
-    rig.port.open = false;
-    rig.wrmsr(0x6e0, deadline);
-    rig.eoi();
-    assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+    let (mut rig, deadline) = deferred_in_handler(ModelKind::Pull);
     rig.clock.set(deadline + GRACE_NS + 5_000);
     rig.port.open = true;
     assert_eq!(rig.irq.halted(&mut rig.port), HaltEnd::Resume);
@@ -147,14 +153,7 @@ fn a_halt_after_the_deferred_ticks_time_is_late_not_a_miss() {
 #[test]
 fn a_deadline_past_at_an_exit_the_guest_chose_is_injected_on_it_in_every_model() {
     for kind in [ModelKind::Pull, ModelKind::Push, ModelKind::Central] {
-        let mut rig = Rig::new(kind);
-        rig.mmio_write(0x320, 0x4_0040);
-        let deadline = 1_077_000;
-        rig.clock.set(1_000_000);
-        rig.port.open = false;
-        rig.wrmsr(0x6e0, deadline);
-        rig.eoi();
-        assert_eq!(rig.irq.before_entry(&mut rig.port), Entry::Enter);
+        let (mut rig, deadline) = deferred_in_handler(kind);
         assert!(rig.port.injected.is_empty(), "{kind:?}: early");
         // The handler's tail outlasts the deadline; the guest's next exit can take it.
         rig.clock.set(deadline + 30_000);

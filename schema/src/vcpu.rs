@@ -48,6 +48,9 @@ pub struct VcpuSnapshot {
     pub ticks_deferred: u64,
     /// Deferred host ticks that fired because the guest ran on without an exit.
     pub ticks_deferred_missed: u64,
+    /// Deferred host ticks that fired while the guest still had interrupts off, or had halted
+    /// only after them: late, but the guest could not have taken the interrupt sooner.
+    pub ticks_deferred_late: u64,
     /// Time from each KVM_RUN's return to the next, less `blocked_ns`: lull's own handling of
     /// the exits, ns.
     pub exit_handling_ns: u64,

@@ -43,6 +43,7 @@ impl VcpuCounters {
             advance_wait_ns: g(&self.advance_wait_ns),
             ticks_deferred: g(&self.ticks_deferred),
             ticks_deferred_missed: g(&self.ticks_deferred_missed),
+            ticks_deferred_late: g(&self.ticks_deferred_late),
             exit_handling_ns: g(&self.exit_handling_ns),
             blocked_ns: g(&self.blocked_ns),
             global_timer_fires: g(&self.global_timer_fires),

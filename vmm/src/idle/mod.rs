@@ -10,7 +10,8 @@
 //!   exercise the timer models.
 //! - [`advance`]: timer advance (wake before a LAPIC deadline by the learned latency, wait
 //!   for the deadline), after KVM's `lapic_timer_advance`; [`tick_defer`]: no host tick
-//!   before the guest's next exit for a short deadline armed with interrupts off.
+//!   before the guest's next exit for a short deadline armed with interrupts off;
+//!   [`stale_tick`]: that tick, once the deferral ended, kept until the guest's next arm.
 //! - [`slack`]: timer slack, the range a halted vCPU's wake-up may fall in (never early).
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
@@ -34,6 +35,7 @@ pub mod placement;
 pub mod quota;
 pub mod shared;
 pub mod slack;
+pub mod stale_tick;
 pub mod tick_defer;
 pub mod vcpu_placement;
 pub mod vcpu_timer;

@@ -81,6 +81,9 @@ pub struct VcpuCounters {
     pub ticks_deferred: AtomicU64,
     /// Deferred host ticks that fired: the guest ran on without an exit.
     pub ticks_deferred_missed: AtomicU64,
+    /// Deferred host ticks that fired while the guest still had interrupts off or had
+    /// halted after them (late, no back-off).
+    pub ticks_deferred_late: AtomicU64,
     /// Wall time from each KVM_RUN's return to the next KVM_RUN, less `blocked_ns`: what lull
     /// itself spends on the vCPU's exits (halt polling and advance waits included).
     pub exit_handling_ns: AtomicU64,

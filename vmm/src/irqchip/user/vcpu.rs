@@ -99,6 +99,9 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     advance: TimerAdvance,
     /// Whether the LAPIC timer's host tick is deferred past its deadline (`idle/tick_defer.rs`).
     tick_defer: TickDefer,
+    /// The LAPIC timer was taken out of the timer model at an exit, due (`lapic_timer.rs`):
+    /// the next service pass counts it as fired on this thread.
+    lapic_taken: bool,
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
@@ -148,6 +151,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             lapic_armed_at: None,
             advance: TimerAdvance::new(parts.idle.timer_advance),
             tick_defer: TickDefer::default(),
+            lapic_taken: false,
             global_armed: false,
             router: parts.router,
             clock: parts.clock,
@@ -196,7 +200,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         self.wait.mailbox.take_recheck();
         self.rearm_global_load(now);
         self.arm_device_timers();
-        let summary = self.run_timers(now);
+        let mut summary = self.run_timers(now);
+        if std::mem::take(&mut self.lapic_taken) {
+            summary.own_pinned += 1;
+        }
         // Re-arm the global timers that just fired at once (and arm what devices asked for
         // in their callbacks), and cover them with the host tick.
         if summary.global() > 0 && (self.rearm_global_load(now) | self.arm_device_timers()) {
@@ -211,7 +218,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
         self.tpr_poll.fired(now);
         if self.wait.mailbox.take_timer_due() {
-            let now = self.lapic_timer_due(now);
+            let ran_on = !self.halted && cpu.interrupts_enabled();
+            let now = self.lapic_timer_due(now, ran_on);
             if let Some(next) = self.lapic.timer_fired(now) {
                 self.arm_lapic_timer(next);
                 // Armed after this pass's timer run: program the host tick for it now (`pull`
@@ -457,6 +465,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         if cpu.interrupts_enabled() {
             let now = self.chip.clock.now();
             self.chip.end_tick_deferral(now);
+            self.chip.lapic_timer_due_at_exit(now);
         }
         let chip = &mut self.chip;
         let entry = self.idle.before_entry(&mut ChipOnCpu { chip, cpu });
@@ -490,6 +499,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     fn halted(&mut self, cpu: &mut dyn CpuPort) -> HaltEnd {
         let now = self.chip.clock.now();
         self.chip.end_tick_deferral(now);
+        self.chip.lapic_timer_due_at_exit(now);
         self.chip.halted = true;
         let chip = &mut self.chip;
         let end = self.idle.halt(&mut ChipOnCpu { chip, cpu });

@@ -11,6 +11,7 @@ use timer::{Nanos, TimerKind};
 use super::VcpuChip;
 use crate::idle::halt::VmTime;
 use crate::idle::slack::{advance_latency, split_lateness};
+use crate::idle::tick_defer::DeferredFire;
 use crate::idle::vcpu_timer::VcpuTimer;
 
 impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
@@ -41,12 +42,39 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             return;
         }
         if let Some(deadline) = self.lapic.timer_deadline() {
-            self.arm_lapic_timer(deadline);
-            if self.lapic_armed_at.is_some_and(|at| at <= now) {
+            if self.advance.arm_at(deadline) <= now {
                 // Due at this exit, which the guest chose: no host wake-up latency to learn.
                 self.lapic_armed_at = None;
+                self.take_due_lapic_timer();
+            } else {
+                self.arm_lapic_timer(deadline);
             }
         }
+    }
+
+    /// At an exit the guest chose (a HLT, or one where it can take interrupts) at `now`: a
+    /// LAPIC timer whose host tick is due (its deadline less the advance) is handled on this
+    /// exit, not by the timer model. `pull` would fire it at this exit's pass anyway; `central`
+    /// fires it on its timer thread and `push` may on another vCPU's, which then kick this
+    /// one: for a deadline already past, a hop of two thread wake-ups. The usual wait for the
+    /// deadline (the advance), the lateness and the injection then come on this exit.
+    pub(super) fn lapic_timer_due_at_exit(&mut self, now: Nanos) {
+        if self.lapic_armed_at.is_some_and(|at| at <= now) {
+            self.take_due_lapic_timer();
+        }
+    }
+
+    /// Takes the LAPIC timer out of the timer model and flags it for this thread's next
+    /// service pass, which counts it as fired on this thread (and judges a deferred tick
+    /// whose time has come as if it had fired).
+    fn take_due_lapic_timer(&mut self) {
+        if let Some(h) = self.lapic_timer.take() {
+            // `None`: the model fired it already (and flagged the mailbox itself).
+            if self.timers.cancel(h).is_some() {
+                self.lapic_taken = true;
+            }
+        }
+        self.wait.mailbox.flag_timer();
     }
 
     /// Arms the LAPIC timer's host timer at `at`.
@@ -60,18 +88,20 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         self.lapic_timer = Some(self.timers.arm(TimerKind::Pinned, at, VcpuTimer::Lapic));
     }
 
-    /// The LAPIC timer's host timer fired (noticed at `now`): learns the advance, waits for
-    /// the deadline if it came early enough to, records the lateness; returns the time the
-    /// expiry is handled at.
-    pub(super) fn lapic_timer_due(&mut self, now: Nanos) -> Nanos {
+    /// The LAPIC timer's host timer fired (noticed at `now`; `ran_on`: it ended guest code
+    /// that could take interrupts): learns the advance, waits for the deadline if it came
+    /// early enough to, records the lateness; returns the time the expiry is handled at.
+    pub(super) fn lapic_timer_due(&mut self, now: Nanos, ran_on: bool) -> Nanos {
         self.lapic_timer = None;
-        if self.tick_defer.fired() {
-            // The guest ran on past the deadline without an exit: it backs off (no advance
-            // to learn from a tick armed after the deadline).
+        if let Some(fire) = self.tick_defer.fired(ran_on) {
+            // No advance to learn from a tick armed after the deadline. A miss (the guest ran
+            // on without an exit) backs off; a late one does not.
             self.lapic_armed_at = None;
-            self.counters
-                .ticks_deferred_missed
-                .fetch_add(1, Ordering::Relaxed);
+            let counter = match fire {
+                DeferredFire::Missed => &self.counters.ticks_deferred_missed,
+                DeferredFire::Late => &self.counters.ticks_deferred_late,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
         }
         let Some(deadline) = self.lapic.timer_deadline() else {
             return now;

@@ -67,7 +67,8 @@ struct LoadedVm {
     kvm: Kvm,
     vm: Arc<VmFd>,
     mem: Arc<GuestMemoryMmap>,
-    entry: boot::cpu_state::EntryMode,
+    /// Where the boot CPU starts; `None` for a restored VM (its registers are the snapshot's).
+    entry: Option<boot::cpu_state::EntryMode>,
 }
 
 /// Opens KVM, creates the VM and its memory, loads the guest (or the snapshot's memory).
@@ -90,11 +91,15 @@ fn load(
         cpus: cfg.cpus,
         memory: cfg.memory.0,
     };
-    // A restored vCPU's registers replace the boot state `entry` gives the boot CPU.
-    let entry = boot::load(&mem, &spec)?;
-    if let Some(s) = snapshot {
-        crate::snapshot::memory::read_into(&mem, &s.memory, &s.manifest.regions)?;
-    }
+    // A restored VM's memory is the snapshot's alone (the guest is not loaded: the memory
+    // file's holes stay the new memory's zeros) and its vCPUs' registers are the snapshot's.
+    let entry = match snapshot {
+        Some(s) => {
+            crate::snapshot::memory::read_into(&mem, &s.memory, &s.manifest.regions)?;
+            None
+        }
+        None => Some(boot::load(&mem, &spec)?),
+    };
     tracing::debug!(?image, ?entry, "guest loaded");
     Ok(LoadedVm {
         kvm,

@@ -46,12 +46,13 @@ fn max_phys_addr_bits(cpuid: &[kvm_bindings::kvm_cpuid_entry2]) -> u8 {
         })
 }
 
-/// Creates `cfg.cpus` vCPUs and configures them; the boot CPU starts at `entry`.
+/// Creates `cfg.cpus` vCPUs and configures them; the boot CPU starts at `entry` (`None`: a
+/// restored VM, whose registers the snapshot gives).
 pub fn create(
     kvm: &Kvm,
     vm: &VmFd,
     cfg: &VmConfig,
-    entry: EntryMode,
+    entry: Option<EntryMode>,
 ) -> Result<CreatedVcpus, VmError> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -81,7 +82,7 @@ pub fn create(
         x2apic: cfg.x2apic.is_on(),
     };
     for port in &ports {
-        let boot_entry = (port.id == 0).then_some(entry);
+        let boot_entry = entry.filter(|_| port.id == 0);
         vcpu::configure(&port.fd, port.id, &setup, boot_entry)?;
     }
     let tsc_movable = ports

@@ -192,11 +192,9 @@ fn main() {
         .iter()
         .map(|mode| {
             let name = format!("linux_timers_workload_passes_across_a_snapshot_irqchip_{mode}");
-            Trial::ignorable_test(name, move || {
-                match kvm_unavailable() {
-                    Some(reason) => Ok(Completion::ignored_with(reason)),
-                    None => linux_timers_survive_a_snapshot(mode).map(|()| Completion::Completed),
-                }
+            Trial::ignorable_test(name, move || match kvm_unavailable() {
+                Some(reason) => Ok(Completion::ignored_with(reason)),
+                None => linux_timers_survive_a_snapshot(mode).map(|()| Completion::Completed),
             })
         })
         .collect();

@@ -146,7 +146,8 @@ pub struct DensityRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coalesced_expiries: Option<u64>,
     /// With a timer slack S: guest timer lateness less S (the host's delay past the slack, 0
-    /// within it), over all VMs (idle-sim's `past_slack`); absent without a slack.
+    /// within it), over all VMs, from the lateness histogram (`Histogram::past`: its
+    /// quantiles and maximum less S, the mean from bucket midpoints); absent without a slack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lateness_past_slack: Option<LatencySummary>,
 }

@@ -148,8 +148,11 @@ pub trait VcpuIrq: Send {
     }
     /// Takes a snapshot's [`Self::save`] before the vCPU's thread starts (its timer's host
     /// timer is armed at [`Self::attach`]); checks it first and changes nothing if it is bad.
-    fn restore(&mut self, _state: &user::saved::UserVcpuState) -> Result<(), String> {
-        Err("this irqchip keeps no interrupt state of its own: KVM holds it".to_string())
+    fn restore(
+        &mut self,
+        _state: &user::saved::UserVcpuState,
+    ) -> Result<(), user::saved::ChipStateError> {
+        Err(user::saved::ChipStateError::KernelIrqchip)
     }
     /// Whether a [`Self::restore`] left the vCPU halted: asked once, as its thread starts.
     fn take_restored_halt(&mut self) -> bool {
@@ -209,7 +212,10 @@ pub trait IrqChip: Send + Sync {
     }
     /// Takes a snapshot's IOAPIC (after checking it: nothing changes if it is bad) before the
     /// vCPUs start.
-    fn restore_ioapic(&self, _state: &devices::ioapic::IoApicState) -> Result<(), String> {
-        Err("this irqchip has no IOAPIC of lull's: KVM holds it".to_string())
+    fn restore_ioapic(
+        &self,
+        _state: &devices::ioapic::IoApicState,
+    ) -> Result<(), user::saved::ChipStateError> {
+        Err(user::saved::ChipStateError::KernelIrqchip)
     }
 }

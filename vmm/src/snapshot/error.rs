@@ -145,7 +145,7 @@ pub enum SnapshotError {
         /// Whose (`vCPU N`, `the IOAPIC`).
         what: String,
         /// Why (the state's own error, which names the field).
-        why: String,
+        why: crate::irqchip::user::saved::ChipStateError,
     },
     /// A vCPU could not read its state.
     #[error("vCPU {id} could not read its state: {why}")]

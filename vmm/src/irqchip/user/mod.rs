@@ -471,8 +471,11 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         Some(self.router.save_ioapic())
     }
 
-    fn restore_ioapic(&self, state: &devices::ioapic::IoApicState) -> Result<(), String> {
-        self.router.restore_ioapic(state).map_err(|e| e.to_string())
+    fn restore_ioapic(
+        &self,
+        state: &devices::ioapic::IoApicState,
+    ) -> Result<(), saved::ChipStateError> {
+        Ok(self.router.restore_ioapic(state)?)
     }
 
     fn resuming(&self, paused_ns: u64) {

@@ -523,7 +523,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
         Some(self.save_chip(halted))
     }
 
-    fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
+    fn restore(&mut self, state: &UserVcpuState) -> Result<(), super::saved::ChipStateError> {
         self.restore_chip(state)
     }
 

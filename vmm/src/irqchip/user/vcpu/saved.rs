@@ -9,7 +9,7 @@ use super::{UserVcpuIrq, VcpuChip};
 use crate::idle::halt::VmTime;
 use crate::irqchip::user::pv_deadline::PvDeadline;
 use crate::irqchip::user::pv_eoi::PvEoi;
-use crate::irqchip::user::saved::UserVcpuState;
+use crate::irqchip::user::saved::{ChipStateError, UserVcpuState};
 
 impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// The chip's state now; interrupts posted to the vCPU are taken into its LAPIC first, so
@@ -28,27 +28,22 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 
     /// Takes `state`, all checked before anything changes: the LAPIC against its
     /// configuration, the PV registrations against guest memory and the VM's features.
-    pub(super) fn restore(&mut self, state: &UserVcpuState) -> Result<(), String> {
+    pub(super) fn restore(&mut self, state: &UserVcpuState) -> Result<(), ChipStateError> {
         let mut pv_eoi = self.pv_eoi.as_ref().map(|_| PvEoi::default());
         match (&mut pv_eoi, state.pv_eoi_msr) {
             (_, 0) => {}
-            (Some(pv), msr) => pv.write_msr(msr, &self.mem).map_err(|e| e.to_string())?,
-            (None, _) => return Err("PV EOI is registered, but this VM does not offer it".into()),
+            (Some(pv), msr) => pv.write_msr(msr, &self.mem)?,
+            (None, _) => return Err(ChipStateError::PvEoiNotOffered),
         }
         let mut pv_deadline = self.pv_deadline.as_ref().map(|_| PvDeadline::default());
         match (&mut pv_deadline, state.pv_deadline_msr) {
             (_, 0) => {}
-            (Some(pv), msr) => pv.write_msr(msr, &self.mem).map_err(|e| e.to_string())?,
-            (None, _) => {
-                return Err("a PV deadline is registered, but this VM does not offer it".into())
-            }
+            (Some(pv), msr) => pv.write_msr(msr, &self.mem)?,
+            (None, _) => return Err(ChipStateError::PvDeadlineNotOffered),
         }
         // The host timer is armed at `attach` (see the module's comment): the change is
         // the LAPIC's timer deadline, which that reads.
-        let _ = self
-            .lapic
-            .restore(&state.lapic, self.clock.now())
-            .map_err(|e| e.to_string())?;
+        let _ = self.lapic.restore(&state.lapic, self.clock.now())?;
         self.pv_eoi = pv_eoi;
         self.pv_deadline = pv_deadline;
         self.restored_halt = state.halted;
@@ -76,7 +71,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     }
 
     /// See [`crate::irqchip::VcpuIrq::restore`].
-    pub(super) fn restore_chip(&mut self, state: &UserVcpuState) -> Result<(), String> {
+    pub(super) fn restore_chip(&mut self, state: &UserVcpuState) -> Result<(), ChipStateError> {
         self.chip.restore(state)
     }
 }

@@ -57,15 +57,15 @@ fn a_bad_saved_state_is_refused_by_name_and_changes_nothing() {
     let before = b.irq.save(false).unwrap();
     let mut bad = good.clone();
     bad.lapic.nmis_pending = 9;
-    let why = b.irq.restore(&bad).unwrap_err();
+    let why = b.irq.restore(&bad).unwrap_err().to_string();
     assert!(why.contains("9 NMIs pending"), "{why}");
     let mut bad = good.clone();
     bad.lapic.lvt[0] |= 3 << 17;
-    let why = b.irq.restore(&bad).unwrap_err();
+    let why = b.irq.restore(&bad).unwrap_err().to_string();
     assert!(why.contains("timer mode"), "{why}");
     let mut bad = good.clone();
     bad.pv_eoi_msr = 0x10_0000 | 1; // beyond the rig's 64 KiB of RAM
-    let why = b.irq.restore(&bad).unwrap_err();
+    let why = b.irq.restore(&bad).unwrap_err().to_string();
     assert!(why.contains("not in guest RAM"), "{why}");
     assert_eq!(b.irq.save(false).unwrap(), before);
     // The LVT register reads back as it was saved once the state is good.

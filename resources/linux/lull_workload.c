@@ -193,7 +193,7 @@ static const char *parse_arg(void)
 	while (*s == ',') {
 		s++;
 		key = s;
-		while (*s >= 'a' && *s <= 'z')
+		while ((*s >= 'a' && *s <= 'z') || *s == '_')
 			s++;
 		if (*s != '=') {
 			const char *err;

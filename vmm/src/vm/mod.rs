@@ -100,7 +100,10 @@ fn load(
         }
         None => Some(boot::load(&mem, &spec)?),
     };
-    tracing::debug!(?image, ?entry, "guest loaded");
+    match &entry {
+        Some(entry) => tracing::debug!(?image, ?entry, "guest loaded"),
+        None => tracing::debug!(?image, "guest memory restored from the snapshot"),
+    }
     Ok(LoadedVm {
         kvm,
         vm,

@@ -54,11 +54,14 @@ impl ThreadTickTimer {
 
 impl Rearm for Tick {
     fn rearm(&self, clock: &VmClock) {
+        // The deadline is read under the timer's lock, which an arm holds from its store to
+        // its write: an arm that converted with the frozen clock cannot write after this.
+        let mut timer = lock(&self.timer);
         let deadline = self.deadline.load(Ordering::Acquire);
         if deadline == DISARMED {
             return;
         }
-        if let Some(t) = lock(&self.timer).as_mut() {
+        if let Some(t) = timer.as_mut() {
             if let Err(e) = t.arm_at(clock.to_monotonic(deadline)) {
                 tracing::warn!("cannot re-arm a vCPU's host tick after a pause: {e}");
             }
@@ -95,6 +98,10 @@ pub struct SharedTimerFd {
     ranged: Option<RangedWake>,
     /// The VM-clock deadline armed (a thaw of the clock re-arms it).
     deadline: AtomicU64,
+    /// Held from a deadline's store to its timerfd write, and by a thaw's re-arm: an arm
+    /// that converted its deadline with the frozen clock ("never") cannot write the timerfd
+    /// after the thaw's re-arm did (the timer would never fire).
+    arming: Mutex<()>,
 }
 
 impl SharedTimerFd {
@@ -114,6 +121,7 @@ impl SharedTimerFd {
             clock: clock.clone(),
             ranged,
             deadline: AtomicU64::new(DISARMED),
+            arming: Mutex::new(()),
         });
         clock.on_thaw(Arc::downgrade(&(this.clone() as Arc<dyn Rearm>)));
         this
@@ -150,6 +158,7 @@ impl SharedTimerFd {
     /// Arms for an absolute VM-clock deadline (ranged: rings the doorbell only if the sleeper
     /// waits for later).
     pub fn arm_at(&self, deadline: Nanos) -> Result<(), HostTimerError> {
+        let _arming = lock(&self.arming);
         self.deadline.store(deadline, Ordering::Release);
         if let Some(r) = &self.ranged {
             if !r.arm(deadline) {
@@ -164,6 +173,7 @@ impl SharedTimerFd {
 
     /// Disarms (ranged: no system call; a doorbell still armed is cleared by the sleeper).
     pub fn disarm_now(&self) -> Result<(), HostTimerError> {
+        let _arming = lock(&self.arming);
         self.deadline.store(DISARMED, Ordering::Release);
         if let Some(r) = &self.ranged {
             r.disarm();

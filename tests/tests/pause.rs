@@ -594,6 +594,9 @@ fn main() {
         libtest_mimic::Trial::ignorable_test(
             "restore_user_irqchip_central_periodic_held_past_the_longest_timer",
             || {
+                if let Some(reason) = lull_tests::kvm_unavailable() {
+                    return Ok(libtest_mimic::Completion::ignored_with(reason));
+                }
                 if std::env::var_os("LULL_KNOWN_BUGS").is_none() {
                     return Ok(libtest_mimic::Completion::ignored_with(
                         "known bug (issue 31): `lull run --restore DIR --resume` of a central VM, \

@@ -190,6 +190,8 @@ impl SharedTimerFd {
 
 impl Rearm for SharedTimerFd {
     fn rearm(&self, clock: &VmClock) {
+        // See `arming`: an arm that converted with the frozen clock cannot write after this.
+        let _arming = lock(&self.arming);
         let deadline = self.deadline.load(Ordering::Acquire);
         // A ranged sleeper was woken for the pause and computes its timeout afresh.
         if deadline == DISARMED || self.ranged.is_some() {

@@ -40,6 +40,8 @@ pub mod vcpu;
 pub mod wait;
 
 #[cfg(test)]
+mod central_resume_tests;
+#[cfg(test)]
 mod ranged_wait_tests;
 
 use std::sync::atomic::Ordering;
@@ -479,11 +481,11 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
     }
 
     fn resuming(&self, paused_ns: u64) {
+        // Re-arms every host timer from its VM-clock deadline, the central thread's too (one
+        // armed while the clock stood was written as "never"). Not a wake-up at 0 for the
+        // central thread: its model believes the timerfd armed for its earliest deadline, and
+        // would not arm it again after such a wake-up (a restored VM hung that way).
         self.clock.thaw(paused_ns);
-        // The central thread may be waiting on a deadline it armed while the clock stood.
-        if let Some(fd) = &self.central {
-            let _ = fd.arm_at(0);
-        }
     }
 
     fn report(&self, report: &mut RunReport) {

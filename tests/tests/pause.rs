@@ -590,22 +590,11 @@ fn main() {
             let extra = ["--timer-model", "push"];
             restore_user_irqchip(&extra, "restore-push", ONESHOT_PHASE, Duration::ZERO, false)
         }),
-        // Known bug (issue 31, open): reported as ignored with its reason until it is found.
-        libtest_mimic::Trial::ignorable_test(
+        kvm_trial(
             "restore_user_irqchip_central_periodic_held_past_the_longest_timer",
             || {
-                if let Some(reason) = lull_tests::kvm_unavailable() {
-                    return Ok(libtest_mimic::Completion::ignored_with(reason));
-                }
-                if std::env::var_os("LULL_KNOWN_BUGS").is_none() {
-                    return Ok(libtest_mimic::Completion::ignored_with(
-                        "known bug (issue 31): `lull run --restore DIR --resume` of a central VM, \
-                         resumed at once, hangs in some runs; LULL_KNOWN_BUGS=1 runs it",
-                    ));
-                }
                 let extra = ["--timer-model", "central"];
                 restore_user_irqchip(&extra, "restore-central", PERIODIC_PHASE, LONG_PAUSE, false)
-                    .map(|()| libtest_mimic::Completion::Completed)
             },
         ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {

@@ -153,7 +153,7 @@ pub enum SnapshotError {
         /// The vCPU.
         id: u32,
         /// Why.
-        why: String,
+        why: crate::state::pause::SaveError,
     },
     /// The devices' state does not list the VM's devices.
     #[error("The snapshot holds the state of {found} virtio device(s); its VM has {want}: corrupt snapshot")]

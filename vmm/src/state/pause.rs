@@ -43,9 +43,25 @@ pub enum PauseWaitError {
     },
 }
 
+/// Why a parked vCPU could not hand over its state.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// A KVM call reading it failed.
+    #[error("KVM call {call} failed: {source}")]
+    Kvm {
+        /// Which call.
+        call: &'static str,
+        /// Why.
+        source: kvm_ioctls::Error,
+    },
+    /// It could not be encoded.
+    #[error("cannot encode it: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
 /// What one parked vCPU handed to [`PauseGate::save_all`]: its id and its state (or why it
 /// could not read it).
-pub type SavedState = (u32, Result<Vec<u8>, String>);
+pub type SavedState = (u32, Result<Vec<u8>, SaveError>);
 
 #[derive(Debug, Default)]
 struct GateState {
@@ -175,7 +191,7 @@ impl PauseGate {
     /// On vCPU thread `id`: waits until the pause ends, handing its state (`save`) to every
     /// [`Self::save_all`] meanwhile; how long the VM was paused (0 if it stops, or if the pause
     /// ended before this thread got here).
-    pub fn park(&self, id: u32, save: &mut dyn FnMut() -> Result<Vec<u8>, String>) -> u64 {
+    pub fn park(&self, id: u32, save: &mut dyn FnMut() -> Result<Vec<u8>, SaveError>) -> u64 {
         let mut s = lock(&self.state);
         if !self.is_requested() || s.stopping {
             return 0;
@@ -212,6 +228,14 @@ impl PauseGate {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// Each vCPU's saved bytes (the test's saves do not fail).
+    fn bytes(saved: Vec<SavedState>) -> Vec<(u32, Vec<u8>)> {
+        saved
+            .into_iter()
+            .map(|(id, state)| (id, state.expect("a test save does not fail")))
+            .collect()
+    }
 
     #[test]
     fn every_running_thread_parks_and_leaves_with_the_pause_length() {
@@ -275,8 +299,8 @@ mod tests {
         gate.request();
         let first = gate.save_all(Duration::from_secs(30)).unwrap();
         let second = gate.save_all(Duration::from_secs(30)).unwrap();
-        assert_eq!(first, vec![(0, Ok(vec![0, 1])), (1, Ok(vec![1, 1]))]);
-        assert_eq!(second, vec![(0, Ok(vec![0, 2])), (1, Ok(vec![1, 2]))]);
+        assert_eq!(bytes(first), vec![(0, vec![0, 1]), (1, vec![1, 1])]);
+        assert_eq!(bytes(second), vec![(0, vec![0, 2]), (1, vec![1, 2])]);
         gate.release(7);
         for t in threads {
             assert_eq!(t.join().unwrap(), 7, "still parked after the saves");
@@ -315,7 +339,7 @@ mod tests {
         );
         gate.request();
         let saved = gate.save_all(Duration::from_secs(30)).unwrap();
-        assert_eq!(saved, vec![(0, Ok(vec![0])), (1, Ok(vec![1]))]);
+        assert_eq!(bytes(saved), vec![(0, vec![0]), (1, vec![1])]);
         gate.release(1);
         for t in threads {
             t.join().unwrap();

@@ -55,13 +55,13 @@ pub fn park(
     let parked_at = sys::clock::monotonic_ns();
     let fd = &port.fd;
     let mut save = || {
-        let mut state = VcpuKvmState::capture(id, fd).map_err(|e| e.to_string())?;
+        let mut state = VcpuKvmState::capture(id, fd)?;
         // The deadline disarmed for the pause is the vCPU's, not the 0 KVM holds meanwhile.
         if let Some(d) = deadline {
             state.set_msr(MSR_IA32_TSC_DEADLINE, d);
         }
         state.user_irqchip = irq.save(halted);
-        serde_json::to_vec(&state).map_err(|e| e.to_string())
+        Ok(serde_json::to_vec(&state)?)
     };
     let paused_ns = shared.pause.park(id, &mut save);
     // Parked is blocked: not lull's exit handling.

@@ -84,6 +84,15 @@ pub struct VcpuStateError {
     pub source: kvm_ioctls::Error,
 }
 
+impl From<VcpuStateError> for crate::state::pause::SaveError {
+    fn from(e: VcpuStateError) -> Self {
+        Self::Kvm {
+            call: e.call,
+            source: e.source,
+        }
+    }
+}
+
 impl VcpuKvmState {
     /// Reads vCPU `id`'s state (on its own thread, while the VM is paused).
     pub fn capture(id: u32, fd: &VcpuFd) -> Result<Self, VcpuStateError> {

@@ -10,12 +10,14 @@
 //!  ...paused: nothing runs guest code...
 //!  release(paused_ns) ── flag cleared, ──►  park() returns paused_ns: the vCPU shifts its
 //!                        notify all         TSC back by it, then carries on where it was
+//!  wait_released(): every vCPU it ◄──────── left the gate (notify)
+//!                   released has left
 //! ```
 //!
 //! A halted vCPU stays halted and a vCPU waiting for SIPI keeps waiting: the loop parks at
 //! its top and then goes back to the state it was in. While parked, a vCPU hands its state to
-//! each [`PauseGate::save_all`] (a snapshot): only its own thread can read its vCPU. A stop request releases parked vCPUs
-//! (they then stop) and ends [`PauseGate::wait_parked`].
+//! each [`PauseGate::save_all`] (a snapshot): only its own thread can read its vCPU. A stop
+//! request releases parked vCPUs (they then stop) and ends every wait.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -38,6 +40,14 @@ pub enum PauseWaitError {
         parked: u32,
         /// vCPU threads running.
         running: u32,
+        /// How long lull waited.
+        timeout_ms: u128,
+    },
+    /// Some released vCPU did not leave the gate in time (the VM is resumed all the same).
+    #[error("{leaving} released vCPU(s) had not left the pause gate after {timeout_ms} ms")]
+    NotLeft {
+        /// vCPUs still in the gate.
+        leaving: u32,
         /// How long lull waited.
         timeout_ms: u128,
     },
@@ -70,6 +80,8 @@ struct GateState {
     /// vCPU threads parked in the gate in this generation (a release sets it to 0: a thread
     /// it released that has not woken yet is not parked for the next pause).
     parked: u32,
+    /// Threads released that have not left the gate yet.
+    leaving: u32,
     /// Bumped by every release: a parked thread leaves when it changes.
     generation: u64,
     /// How long the last pause lasted (handed to the threads it releases).
@@ -162,9 +174,32 @@ impl PauseGate {
         // Every parked thread leaves. One that has not woken yet must not count for the next
         // pause: its `save` would wait for a save generation it never sees (it re-parks with
         // the current one), and the snapshot would time out.
+        s.leaving += s.parked;
         s.parked = 0;
         drop(s);
         self.changed.notify_all();
+    }
+
+    /// Waits, up to `timeout`, until every thread a release let go has left the gate (its
+    /// vCPU runs again); at once if the VM stops.
+    pub fn wait_released(&self, timeout: Duration) -> Result<(), PauseWaitError> {
+        let end = Instant::now() + timeout;
+        let mut s = lock(&self.state);
+        while s.leaving > 0 && !s.stopping {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(PauseWaitError::NotLeft {
+                    leaving: s.leaving,
+                    timeout_ms: timeout.as_millis(),
+                });
+            }
+            s = self
+                .changed
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
     }
 
     /// The VM stops: parked threads leave (with 0) and nobody waits for them any more.
@@ -215,6 +250,9 @@ impl PauseGate {
         if s.generation == generation {
             // Left for a stop: still counted in this generation.
             s.parked -= 1;
+        } else {
+            s.leaving = s.leaving.saturating_sub(1);
+            self.changed.notify_all();
         }
         if s.stopping {
             0
@@ -344,6 +382,53 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+    }
+
+    /// A resume waits for the threads it released, and only for those: a thread that never
+    /// parked (the pause ended before it got to the gate) is not waited for.
+    #[test]
+    fn wait_released_waits_for_the_released_threads_only() {
+        let gate = Arc::new(PauseGate::default());
+        gate.thread_started();
+        gate.thread_started();
+        let g = gate.clone();
+        let parked = std::thread::spawn(move || {
+            while !g.is_requested() {
+                std::thread::yield_now();
+            }
+            g.park(0, &mut || Ok(Vec::new()))
+        });
+        gate.request();
+        // One of the two running threads parks; the other never comes (it is released below
+        // before it gets to the gate).
+        let end = Instant::now() + Duration::from_secs(30);
+        while lock(&gate.state).parked < 1 {
+            assert!(Instant::now() < end, "the thread never parked");
+            std::thread::yield_now();
+        }
+        gate.release(3);
+        gate.wait_released(Duration::from_secs(30)).unwrap();
+        assert_eq!(lock(&gate.state).leaving, 0);
+        assert_eq!(parked.join().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_released_thread_that_does_not_leave_times_out_and_a_stop_ends_the_wait() {
+        let gate = PauseGate::default();
+        gate.thread_started();
+        gate.request();
+        // As if a thread were parked and never woke up again.
+        lock(&gate.state).parked = 1;
+        gate.release(1);
+        assert_eq!(
+            gate.wait_released(Duration::from_millis(1)),
+            Err(PauseWaitError::NotLeft {
+                leaving: 1,
+                timeout_ms: 1
+            })
+        );
+        gate.stop();
+        assert_eq!(gate.wait_released(Duration::from_secs(30)), Ok(()));
     }
 
     #[test]

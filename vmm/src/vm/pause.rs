@@ -9,7 +9,7 @@
 //!  resume: p = now - m ─► KVM_SET_CLOCK (kvmclock goes on from where it was) ─► device
 //!          refills re-armed p later, devices released ─► chip.resuming(p) (the VM clock
 //!          goes on, host timers re-armed) ─► gate.release(p): each vCPU moves its TSC back
-//!          by p, then runs
+//!          by p, then runs ─► gate.wait_released: every parked vCPU has left the gate
 //! ```
 //! So every guest timer resumes with the guest time it had left: lull's LAPIC timers (one-shot,
 //! periodic, TSC-deadline, PV deadline), the global timers and the device refills are
@@ -123,6 +123,10 @@ impl LiveVm {
         crate::snapshot::devices::quiesce(&self.buses.mmio, false);
         self.chip.resuming(paused_ns);
         self.shared.pause.release(paused_ns);
+        // The reply to `vm.resume` means the vCPUs run again.
+        if let Err(e) = self.shared.pause.wait_released(PAUSE_TIMEOUT) {
+            tracing::warn!("{e}");
+        }
         let guest_time = if frozen {
             "guest time stood still"
         } else {

@@ -137,25 +137,37 @@ impl PauseGate {
     /// running vCPU threads; fails if the VM stops first. The state, locked.
     fn wait_for_all<'a>(
         &'a self,
-        mut s: MutexGuard<'a, GateState>,
+        s: MutexGuard<'a, GateState>,
         timeout: Duration,
         count: impl Fn(&GateState) -> u32,
     ) -> Result<MutexGuard<'a, GateState>, PauseWaitError> {
+        let s = self.wait_until(s, timeout, |s| count(s) >= s.running);
+        if s.stopping {
+            return Err(PauseWaitError::Stopping);
+        }
+        if count(&s) >= s.running {
+            return Ok(s);
+        }
+        Err(PauseWaitError::Timeout {
+            parked: count(&s),
+            running: s.running,
+            timeout_ms: timeout.as_millis(),
+        })
+    }
+
+    /// Waits (up to `timeout`, from `s`) until `done` holds or the VM stops; the state,
+    /// locked, for the caller to tell which.
+    fn wait_until<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, GateState>,
+        timeout: Duration,
+        done: impl Fn(&GateState) -> bool,
+    ) -> MutexGuard<'a, GateState> {
         let end = Instant::now() + timeout;
-        loop {
-            if s.stopping {
-                return Err(PauseWaitError::Stopping);
-            }
-            if count(&s) >= s.running {
-                return Ok(s);
-            }
+        while !s.stopping && !done(&s) {
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(PauseWaitError::Timeout {
-                    parked: count(&s),
-                    running: s.running,
-                    timeout_ms: timeout.as_millis(),
-                });
+                break;
             }
             s = self
                 .changed
@@ -163,6 +175,7 @@ impl PauseGate {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        s
     }
 
     /// Releases the parked vCPU threads; each gets `paused_ns`, how long the VM was paused.
@@ -183,23 +196,14 @@ impl PauseGate {
     /// Waits, up to `timeout`, until every thread a release let go has left the gate (its
     /// vCPU runs again); at once if the VM stops.
     pub fn wait_released(&self, timeout: Duration) -> Result<(), PauseWaitError> {
-        let end = Instant::now() + timeout;
-        let mut s = lock(&self.state);
-        while s.leaving > 0 && !s.stopping {
-            let left = end.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(PauseWaitError::NotLeft {
-                    leaving: s.leaving,
-                    timeout_ms: timeout.as_millis(),
-                });
-            }
-            s = self
-                .changed
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let s = self.wait_until(lock(&self.state), timeout, |s| s.leaving == 0);
+        if s.leaving == 0 || s.stopping {
+            return Ok(());
         }
-        Ok(())
+        Err(PauseWaitError::NotLeft {
+            leaving: s.leaving,
+            timeout_ms: timeout.as_millis(),
+        })
     }
 
     /// The VM stops: parked threads leave (with 0) and nobody waits for them any more.

@@ -19,11 +19,11 @@
 //!     each restored guest runs to its end and must pass (its console is the same file).
 //! ```
 //!
-//! A mode whose snapshot restore refuses (`--irqchip user` until its restore is merged) has
-//! its restore figures `null` with lull's reason in `missing`, not a failure. The guest prints
-//! nothing while its timers run, so "until the guest's next console line" is not measured:
-//! the earliest sign of a running guest here is `vm.resume`'s reply (lull answers it once
-//! every vCPU thread has left the pause gate).
+//! A mode whose snapshot lull refuses to restore has its restore figures `null` with lull's
+//! reason in `missing`, not a failure. The guest prints nothing while its timers run, so
+//! "until the guest's next console line" is not measured: the earliest sign of a running guest
+//! here is `vm.resume`'s reply (lull answers it once every vCPU thread it released has left
+//! the pause gate).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -132,13 +132,6 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         None if !boots => refused(&ChError::Missing(
             "--kernel (the VM to run) or --api-socket (to create it through the API)",
         )),
-        None => crate::run::run_vm(
-            &cfg,
-            OtherPaths {
-                config: None,
-                api_socket: None,
-            },
-            started,
-        ),
+        None => crate::run::run_vm(&cfg, OtherPaths::default(), started),
     }
 }

@@ -46,7 +46,13 @@ fn main() -> ExitCode {
         return serve_api(&args, socket);
     }
     if let Some(dir) = &args.restore {
-        return restore(dir, args.resume, started);
+        return match args.vm.metrics_for_restore() {
+            Ok(metrics) => restore(dir, args.resume, metrics, started),
+            Err(e) => {
+                eprintln!("lull: {e}");
+                status(exit_code::for_config_error(&e))
+            }
+        };
     }
     let cfg = match args.vm.to_config() {
         Ok(cfg) => cfg,
@@ -57,7 +63,7 @@ fn main() -> ExitCode {
     };
     let other = OtherPaths {
         config: args.vm.config.as_deref(),
-        api_socket: None,
+        ..Default::default()
     };
     run_vm(&cfg, other, started)
 }

@@ -116,6 +116,7 @@ pub(crate) fn serve(
                 Socket::Path(path) => Some(path),
                 Socket::Fd(_) => None,
             },
+            ..Default::default()
         };
         if let Err(e) = vmm::vm::inputs::check(cfg, other) {
             return vm_failed(&e);
@@ -146,8 +147,14 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
     finish_run(cfg, vmm::vm::run(cfg, other, started))
 }
 
-/// `lull run --restore DIR --resume`: the snapshot's VM, resumed at once, run to its end.
-pub(crate) fn restore(dir: &std::path::Path, resume: bool, started: Instant) -> ExitCode {
+/// `lull run --restore DIR --resume [--metrics PATH]`: the snapshot's VM, resumed at once,
+/// run to its end, its report written to `metrics`.
+pub(crate) fn restore(
+    dir: &std::path::Path,
+    resume: bool,
+    metrics: Option<std::path::PathBuf>,
+    started: Instant,
+) -> ExitCode {
     if !resume {
         eprintln!(
             "lull: a restored VM starts paused: give --resume, or restore it with vm.restore \
@@ -155,10 +162,11 @@ pub(crate) fn restore(dir: &std::path::Path, resume: bool, started: Instant) -> 
         );
         return status(exit_code::BAD_INPUT);
     }
-    let snapshot = match vmm::snapshot::read(dir) {
+    let mut snapshot = match vmm::snapshot::read(dir) {
         Ok(s) => s,
         Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
     };
+    snapshot.manifest.config.metrics = metrics;
     let cfg = snapshot.manifest.config.clone();
     let result = vmm::vm::restore_observed(&snapshot, started, |live| {
         if let Err(e) = live.resume() {

@@ -228,15 +228,7 @@ pub fn run_lull_in(
     let start = Instant::now();
     // Its own process group, so that a deadline kills what it started too (`lull bench`'s VMs,
     // or lull under a wrapper that did not exec it).
-    let mut command = match wrapper.split_first() {
-        Some((program, rest)) => {
-            let mut c = Command::new(program);
-            c.args(rest).arg(&bin);
-            c
-        }
-        None => Command::new(&bin),
-    };
-    let mut child = command
+    let mut child = lull_command(wrapper)
         .args(args)
         .process_group(0)
         .stdin(Stdio::null())
@@ -272,6 +264,18 @@ pub fn run_lull_in(
     })
 }
 
+/// `WRAPPER... lull` (lull alone when `wrapper` is empty), its arguments still to come.
+fn lull_command(wrapper: &[&str]) -> Command {
+    match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(lull_bin());
+            c
+        }
+        None => Command::new(lull_bin()),
+    }
+}
+
 fn drain<R: Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
@@ -294,9 +298,19 @@ pub struct ApiServer {
 /// Starts `lull run --api-socket SOCKET ARGS` (the socket a temp path named after `name`) and
 /// waits up to 30 s for its "management API on" line; kills it if the line does not come.
 pub fn start_api_server(name: &str, args: &[&str]) -> Result<ApiServer, Failed> {
+    start_api_server_in(&[], name, args)
+}
+
+/// [`start_api_server`] under a wrapper command (e.g. `ip netns exec NS`, which exec's lull, so
+/// that killing the child kills lull). The socket is a path, reachable from any namespace.
+pub fn start_api_server_in(
+    wrapper: &[&str],
+    name: &str,
+    args: &[&str],
+) -> Result<ApiServer, Failed> {
     let socket = temp_path(&format!("{name}.sock"));
     let _ = std::fs::remove_file(&socket);
-    let mut child = Command::new(lull_bin())
+    let mut child = lull_command(wrapper)
         .args(["run", "--api-socket"])
         .arg(&socket)
         .args(args)
@@ -326,6 +340,95 @@ pub fn start_api_server(name: &str, args: &[&str]) -> Result<ApiServer, Failed> 
                 return Err("lull did not announce its API socket".into());
             }
         }
+    }
+}
+
+/// A lull serving its API socket, owned by a test: killed on drop, so that a test that fails
+/// early leaves no lull behind.
+pub struct ApiLull {
+    child: Option<Child>,
+    socket: PathBuf,
+}
+
+impl From<ApiServer> for ApiLull {
+    fn from(server: ApiServer) -> Self {
+        Self {
+            child: Some(server.child),
+            socket: server.socket,
+        }
+    }
+}
+
+impl ApiLull {
+    /// The socket it serves.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Fails unless `PUT endpoint` with `body` answers 204.
+    pub fn put(&self, endpoint: &str, body: &str) -> Result<(), Failed> {
+        let (status, text) = api_call(&self.socket, "PUT", endpoint, body)?;
+        if status != 204 {
+            return Err(format!("PUT {endpoint}: status {status}: {text}").into());
+        }
+        Ok(())
+    }
+
+    /// `vm.snapshot` of the paused VM into a fresh directory, the temp path `name`: that path.
+    pub fn snapshot_into(&self, name: &str) -> Result<PathBuf, Failed> {
+        let dir = temp_path(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+        self.put("vm.snapshot", &body)?;
+        Ok(dir)
+    }
+
+    /// `vmm.shutdown`, then waits up to 60 s for lull to exit.
+    pub fn shutdown(mut self) -> Result<(), Failed> {
+        self.put("vmm.shutdown", "")?;
+        let mut child = self.child.take().ok_or("already ended")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("waiting for lull: {e}").into()),
+            Err(_) => Err("lull did not exit within 60 s of vmm.shutdown".into()),
+        }
+    }
+}
+
+impl Drop for ApiLull {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Waits for `line` in the console file `file` (re-read every 10 ms, as a guest appends to
+/// it): its whole text. Fails, with that text, past `deadline` or as soon as it holds any of
+/// `give_up_on` (a guest's own failure line).
+pub fn wait_for_console(
+    file: &Path,
+    line: &str,
+    give_up_on: &[&str],
+    deadline: Duration,
+) -> Result<String, Failed> {
+    let end = Instant::now() + deadline;
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.contains(line) {
+            return Ok(text);
+        }
+        if give_up_on.iter().any(|failure| text.contains(failure)) || Instant::now() > end {
+            return Err(format!("no {line:?} on the console {}:\n{text}", file.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -397,22 +397,37 @@ fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, Strin
 /// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
 /// finishes its timers, every one once and none early (its console is the same file). Then the
-/// same snapshot through `lull run --restore DIR --resume`. Returns the snapshot directory.
+/// same snapshot through `lull run --restore DIR --resume`. Neither restored run writes over
+/// the saving run's `--metrics` file (the report of that run, not part of the VM). Returns the
+/// snapshot directory.
 fn restore_finishes_the_timers(
     extra: &[&str],
     name: &str,
     into: Duration,
     held: Duration,
 ) -> Result<PathBuf, Failed> {
-    let first = PausedVm::start(&format!("{name}-1"), 20, extra)?;
+    let first_metrics = temp_path(&format!("{name}-1.json"));
+    let metrics_arg = first_metrics.display().to_string();
+    let mut flags = extra.to_vec();
+    flags.extend(["--metrics", &metrics_arg]);
+    let first = PausedVm::start(&format!("{name}-1"), 20, &flags)?;
     first.expect("PUT", "vm.boot", 204)?;
     first.wait_for_line("pause-timers: running")?;
     std::thread::sleep(into);
     first.expect("PUT", "vm.pause", 204)?;
     let dir = snapshot_into(&first, &format!("{name}-snapshot"))?;
     let serial = first.serial.clone();
+    // 204 once the run ended and its report is written.
     first.expect("PUT", "vmm.shutdown", 204)?;
     drop(first);
+    let first_report =
+        std::fs::read(&first_metrics).map_err(|e| format!("the saving run's report: {e}"))?;
+    let report_kept = |by: &str| -> Result<(), Failed> {
+        match std::fs::read(&first_metrics) {
+            Ok(now) if now == first_report => Ok(()),
+            _ => Err(format!("{by} wrote over the saving run's --metrics file").into()),
+        }
+    };
     let (mut second, status, text) = restore_into_new_lull(&format!("{name}-2"), &dir)?;
     if status != 204 {
         return Err(format!("vm.restore: status {status}: {text}").into());
@@ -441,6 +456,7 @@ fn restore_finishes_the_timers(
     let serial = second.serial.clone();
     // Ends that lull and removes its console file: what the file holds next is the next run's.
     second.finish()?;
+    report_kept("the run restored by vm.restore")?;
 
     // The same snapshot with `lull run --restore DIR --resume` (no API): the guest passes
     // again; without --resume lull refuses (a VM nobody could resume).
@@ -455,7 +471,9 @@ fn restore_finishes_the_timers(
     if !text.contains("pause-timers: PASS") {
         return Err(format!("lull run --restore: the guest did not pass again:\n{text}").into());
     }
+    report_kept("lull run --restore")?;
     let _ = std::fs::remove_file(&serial);
+    let _ = std::fs::remove_file(&first_metrics);
     Ok(dir)
 }
 

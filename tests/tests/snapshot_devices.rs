@@ -7,6 +7,10 @@
 //! fails with no interrupt), compares it, runs its usual checks on the disk and passes. The
 //! console is the snapshot's `--serial file=` (appended to), so the test sees that the
 //! restored run did not boot again. With a rate-limited disk, the limiter's buckets travel too.
+//! The saving run's `--metrics` file is its own: the restored run leaves it as it was.
+//!
+//! Before that restore, `lull run --restore DIR` refuses (status 4, named) a VM flag besides
+//! `--metrics`, and a `--metrics` that is the snapshot's memory file, which it leaves intact.
 //!
 //! The same snapshot, its manifest edited to name a tap this host lacks, is refused with exit
 //! status 4 (BAD_INPUT) and a message that names the tap by `lull run --restore`, and with
@@ -15,12 +19,12 @@
 //! Each case is a (irqchip, disk options) entry of `CASES`, in both irqchip modes.
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, run_lull, start_api_server, temp_path, Arguments, Failed,
+    api_call, kit_file, kvm_trial, run_lull, start_api_server, temp_path, wait_for_console,
+    ApiLull, Arguments, Failed,
 };
 
 /// The irqchip and extra `--disk` options of each case.
@@ -62,54 +66,20 @@ fn check_sectors(image: &Path, sectors: std::ops::Range<usize>) -> Result<(), Fa
     Ok(())
 }
 
-/// The first lull: killed on drop if the test fails early.
-struct Lull(Option<Child>);
-
-impl Drop for Lull {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Waits up to 60 s for `file` to contain `line`; its text.
-fn wait_for(file: &Path, line: &str) -> Result<String, Failed> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        if text.contains(line) {
-            return Ok(text);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no {line:?} on the console within 60 s:\n{text}").into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Fails unless `method endpoint` with `body` answers 204.
-fn put(socket: &Path, endpoint: &str, body: &str) -> Result<(), Failed> {
-    let (status, text) = api_call(socket, "PUT", endpoint, body)?;
-    if status != 204 {
-        return Err(format!("{endpoint}: status {status}: {text}").into());
-    }
-    Ok(())
-}
-
 /// Runs the guest to its marker, pauses, checks the image, snapshots into a new directory
-/// and ends that lull. Returns the directory.
+/// and ends that lull, which writes its report to `metrics`. Returns the directory.
 fn snapshot_after_flush(
     name: &str,
     irqchip: &str,
     disk: &str,
     image: &Path,
     serial: &Path,
+    metrics: &Path,
 ) -> Result<PathBuf, Failed> {
     let kernel = kit_file("guests/virtio-blk.elf")?.display().to_string();
     let cmdline = format!("snapshot_ms={WAIT_MS}");
     let serial_flag = format!("file={}", serial.display());
+    let metrics_arg = metrics.display().to_string();
     let server = start_api_server(
         name,
         &[
@@ -123,13 +93,19 @@ fn snapshot_after_flush(
             &cmdline,
             "--serial",
             &serial_flag,
+            "--metrics",
+            &metrics_arg,
         ],
     )?;
-    let socket = server.socket.clone();
-    let mut lull = Lull(Some(server.child));
-    put(&socket, "vm.boot", "")?;
-    wait_for(serial, "waiting for a snapshot")?;
-    put(&socket, "vm.pause", "")?;
+    let lull = ApiLull::from(server);
+    lull.put("vm.boot", "")?;
+    wait_for_console(
+        serial,
+        "waiting for a snapshot",
+        &[],
+        Duration::from_secs(60),
+    )?;
+    lull.put("vm.pause", "")?;
     let text = std::fs::read_to_string(serial).unwrap_or_default();
     if text.contains("read back after the snapshot") {
         return Err(format!(
@@ -138,20 +114,49 @@ fn snapshot_after_flush(
         .into());
     }
     check_sectors(image, SNAP_SECTORS)?;
-    let dir = temp_path(&format!("{name}-snapshot"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
-    put(&socket, "vm.snapshot", &body)?;
-    put(&socket, "vmm.shutdown", "")?;
-    if let Some(mut child) = lull.0.take() {
-        let _ = child.wait();
-    }
+    let dir = lull.snapshot_into(&format!("{name}-snapshot"))?;
+    lull.shutdown()?;
     Ok(dir)
 }
 
-/// The whole case: snapshot after the flush, restore into a new lull, the guest reads back
-/// and passes; then the missing-tap refusal on the same snapshot.
+/// What `lull run --restore DIR` refuses before it builds anything (status 4, the reason
+/// named): a VM flag besides `--metrics` (the VM is the snapshot's), and a `--metrics` that is
+/// one of the snapshot's files, which it would overwrite: the file is left as it was.
+fn restore_refuses_flags_and_clashes(dir: &Path) -> Result<(), Failed> {
+    let memory = dir.join("memory");
+    let cases = [
+        (
+            ["--cpus".to_string(), "4".to_string()],
+            "--cpus cannot be given with --restore".to_string(),
+        ),
+        (
+            ["--metrics".to_string(), memory.display().to_string()],
+            format!(
+                "--metrics {} is the same file as --restore",
+                memory.display()
+            ),
+        ),
+    ];
+    let before = std::fs::read(&memory).map_err(|e| format!("{}: {e}", memory.display()))?;
+    let dir_arg = dir.display().to_string();
+    for (flags, message) in &cases {
+        let mut args = vec!["run", "--restore", &dir_arg, "--resume"];
+        args.extend(flags.iter().map(String::as_str));
+        let r = run_lull(&args, Duration::from_secs(60))?;
+        if r.code()? != BAD_INPUT || !r.stderr.contains(message.as_str()) {
+            return Err(r.failure(&format!("{flags:?}: want status 4 and {message:?}")));
+        }
+    }
+    let after = std::fs::read(&memory).map_err(|e| format!("{}: {e}", memory.display()))?;
+    if after != before {
+        return Err("a refused --metrics changed the snapshot's memory file".into());
+    }
+    Ok(())
+}
+
+/// The whole case: snapshot after the flush, the refusals of [`restore_refuses_flags_and_clashes`],
+/// restore into a new lull, the guest reads back and passes; then the missing-tap refusal on
+/// the same snapshot.
 fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<(), Failed> {
     let name = format!("snapdev-{index}-{irqchip}");
     let image = temp_path(&format!("{name}.img"));
@@ -159,7 +164,11 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
     let _ = std::fs::remove_file(&serial);
     std::fs::write(&image, vec![0u8; SECTORS * 512]).map_err(|e| e.to_string())?;
     let disk = format!("path={}{options}", image.display());
-    let dir = snapshot_after_flush(&name, irqchip, &disk, &image, &serial)?;
+    let first_metrics = temp_path(&format!("{name}-first.json"));
+    let dir = snapshot_after_flush(&name, irqchip, &disk, &image, &serial, &first_metrics)?;
+    let first_report =
+        std::fs::read(&first_metrics).map_err(|e| format!("first run's report: {e}"))?;
+    restore_refuses_flags_and_clashes(&dir)?;
     let dir_arg = dir.display().to_string();
     let run = run_lull(
         &["run", "--restore", &dir_arg, "--resume"],
@@ -180,6 +189,13 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
     }
     check_sectors(&image, SNAP_SECTORS)?;
     check_sectors(&image, 0..16)?;
+    // The saving run's --metrics is its own output: the restored run, given none, leaves it.
+    if std::fs::read(&first_metrics).ok().as_ref() != Some(&first_report) {
+        return Err(fail(
+            "the restored run wrote over the saving run's --metrics file",
+        ));
+    }
+    let _ = std::fs::remove_file(&first_metrics);
 
     // The manifest edited to name a tap this host does not have.
     let manifest = dir.join("manifest.json");
@@ -198,15 +214,14 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
         return Err(refused.failure("the refusal does not name the missing tap"));
     }
     // Through the API: 500 with the reason, and the lull has no VM.
-    let server = start_api_server(&format!("{name}-refused"), &[])?;
-    let socket = server.socket.clone();
-    let _lull = Lull(Some(server.child));
+    let lull = ApiLull::from(start_api_server(&format!("{name}-refused"), &[])?);
+    let socket = lull.socket();
     let body = format!(r#"{{"source_url": "file://{}"}}"#, dir.display());
-    let (status, text) = api_call(&socket, "PUT", "vm.restore", &body)?;
+    let (status, text) = api_call(socket, "PUT", "vm.restore", &body)?;
     if status != 500 || !text.contains("tap lullnotap9 does not exist") {
         return Err(format!("vm.restore naming a missing tap: status {status}: {text}").into());
     }
-    let (status, text) = api_call(&socket, "GET", "vm.info", "")?;
+    let (status, text) = api_call(socket, "GET", "vm.info", "")?;
     if status != 404 {
         return Err(format!("vm.info after a refused restore: status {status}: {text}").into());
     }

@@ -16,16 +16,13 @@
 //! the restore; the intervals are longer than that gap, so the workload's lateness bound
 //! (1 s) still holds.
 
-use std::path::PathBuf;
-use std::process::Child;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libtest_mimic::{Completion, Trial};
 use lull_tests::exit_status::GUEST_PASS;
 use lull_tests::{
-    api_call, kit_file, kvm_unavailable, linux_cmdline, run_lull, start_api_server, temp_path,
-    Arguments, Failed,
+    kit_file, kvm_unavailable, linux_cmdline, run_lull, start_api_server, temp_path,
+    wait_for_console, ApiLull, Arguments, Failed,
 };
 
 /// The workload's length (guest seconds).
@@ -45,63 +42,6 @@ const INTO_THE_WORKLOAD: Duration = Duration::from_secs(2);
 
 /// The irqchip modes (restore supports both).
 const MODES: [&str; 2] = ["kernel", "user"];
-
-/// The first lull (API socket), killed if the test fails before it ends.
-struct FirstLull {
-    child: Option<Child>,
-    socket: PathBuf,
-}
-
-impl FirstLull {
-    /// Fails unless `method endpoint` (with `body`) answers 204.
-    fn put(&self, endpoint: &str, body: &str) -> Result<(), Failed> {
-        let (status, text) = api_call(&self.socket, "PUT", endpoint, body)?;
-        if status != 204 {
-            return Err(format!("PUT {endpoint}: status {status}: {text}").into());
-        }
-        Ok(())
-    }
-
-    /// `vmm.shutdown`, then waits up to 60 s for lull to exit.
-    fn end(mut self) -> Result<(), Failed> {
-        self.put("vmm.shutdown", "")?;
-        let mut child = self.child.take().ok_or("already ended")?;
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("waiting for the first lull: {e}").into()),
-            Err(_) => Err("the first lull did not exit within 60 s of vmm.shutdown".into()),
-        }
-    }
-}
-
-impl Drop for FirstLull {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-    }
-}
-
-/// Waits for `line` on the console file `serial`; fails after [`LINUX_DEADLINE`].
-fn wait_for_line(serial: &std::path::Path, line: &str) -> Result<(), Failed> {
-    let deadline = Instant::now() + LINUX_DEADLINE;
-    loop {
-        let text = std::fs::read_to_string(serial).unwrap_or_default();
-        if text.contains(line) {
-            return Ok(());
-        }
-        if text.contains("lull-workload: FAIL") || Instant::now() > deadline {
-            return Err(format!("no {line:?} on the console:\n{text}").into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The `events=` of the workload's `timers cpu=CPU events=...` line.
 fn events_of(console: &str, cpu: &str) -> Option<u32> {
@@ -135,27 +75,22 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
         "--serial",
         &serial_flag,
     ];
-    let server = start_api_server(&name, &args)?;
-    let first = FirstLull {
-        child: Some(server.child),
-        socket: server.socket,
-    };
+    let first = ApiLull::from(start_api_server(&name, &args)?);
     first.put("vm.boot", "")?;
-    wait_for_line(&serial, "lull-workload: start kind=timers")?;
+    wait_for_console(
+        &serial,
+        "lull-workload: start kind=timers",
+        &["lull-workload: FAIL"],
+        LINUX_DEADLINE,
+    )?;
     std::thread::sleep(INTO_THE_WORKLOAD);
     first.put("vm.pause", "")?;
     let before = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
     if before.contains("lull-workload: timers cpu=") {
         return Err(format!("the workload ended before the pause:\n{before}").into());
     }
-    let dir = temp_path(&format!("{name}.snapshot"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    first.put(
-        "vm.snapshot",
-        &format!(r#"{{"destination_url": "file://{}"}}"#, dir.display()),
-    )?;
-    first.end()?;
+    let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
+    first.shutdown()?;
 
     let dir_arg = dir.display().to_string();
     let run = run_lull(&["run", "--restore", &dir_arg, "--resume"], LINUX_DEADLINE)?;

@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 
 use super::{ConfigError, VmConfig};
@@ -26,10 +27,21 @@ impl VmFlags {
 
     /// True if any of the flags was given.
     fn any_given(&self) -> bool {
+        !self.given().is_empty()
+    }
+
+    /// The flags given on the command line (`--cpus`...), in [`VmConfig`]'s order.
+    fn given(&self) -> Vec<String> {
         let flags = VmConfig::augment_args(Command::new("lull run"));
-        self.0
-            .ids()
-            .any(|id| flags.get_arguments().any(|flag| flag.get_id() == id))
+        flags
+            .get_arguments()
+            .filter(|flag| {
+                let id = flag.get_id().as_str();
+                self.0.ids().any(|given| given == id)
+                    && self.0.value_source(id) == Some(ValueSource::CommandLine)
+            })
+            .map(|flag| format!("--{}", flag.get_long().unwrap_or(flag.get_id().as_str())))
+            .collect()
     }
 }
 
@@ -81,6 +93,27 @@ impl VmArgs {
     /// True if any flag that describes the VM (or `--config`) was given.
     pub fn describes_vm(&self) -> bool {
         self.config.is_some() || self.flags.any_given()
+    }
+
+    /// With `--restore` the VM is the snapshot's: of these flags only `--metrics` (where this
+    /// run writes its report) may be given. Its path; the flags that may not be given, or
+    /// `--config`, are refused by name.
+    pub fn metrics_for_restore(&self) -> Result<Option<PathBuf>, ConfigError> {
+        let mut refused: Vec<String> = self
+            .flags
+            .given()
+            .into_iter()
+            .filter(|flag| flag != "--metrics")
+            .collect();
+        if self.config.is_some() {
+            refused.push("--config".to_string());
+        }
+        if !refused.is_empty() {
+            return Err(ConfigError::FlagsWithRestore(refused.join(", ")));
+        }
+        let mut cfg = VmConfig::default();
+        self.flags.apply(&mut cfg).map_err(ConfigError::Flags)?;
+        Ok(cfg.metrics)
     }
 
     /// The configuration these flags describe: defaults, then `--config`, then flags.
@@ -245,6 +278,40 @@ mod tests {
             args.to_config(),
             Err(ConfigError::DuplicateTap(_))
         ));
+    }
+
+    /// `lull run ARGS`'s VM flags.
+    fn parsed(args: &[&str]) -> VmArgs {
+        let Cli::Run(vm) = Cli::try_parse_from(["lull", "run"].iter().chain(args)).unwrap();
+        vm
+    }
+
+    #[test]
+    fn restore_takes_metrics_and_names_every_other_flag() {
+        assert_eq!(parsed(&[]).metrics_for_restore().unwrap(), None);
+        assert_eq!(
+            parsed(&["--metrics", "/m.json"])
+                .metrics_for_restore()
+                .unwrap(),
+            Some(PathBuf::from("/m.json"))
+        );
+        let refused = |args: &[&str]| match parsed(args).metrics_for_restore() {
+            Err(ConfigError::FlagsWithRestore(flags)) => flags,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(refused(&["--cpus", "4"]), "--cpus");
+        assert_eq!(
+            refused(&[
+                "--metrics",
+                "/m",
+                "--timer-model",
+                "pull",
+                "--net",
+                "tap=t0"
+            ]),
+            "--timer-model, --net"
+        );
+        assert_eq!(refused(&["--config", "/vm.json"]), "--config");
     }
 
     #[test]

@@ -82,4 +82,10 @@ pub enum ConfigError {
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
+    /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics` aside).
+    #[error(
+        "{0} cannot be given with --restore: the restored VM is the snapshot's, as it was \
+         saved; of the VM's flags only --metrics (this run's report) goes with --restore"
+    )]
+    FlagsWithRestore(String),
 }

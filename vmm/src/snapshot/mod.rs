@@ -57,8 +57,14 @@ pub const MEMORY: &str = "memory";
 pub use error::MAX_SMALL_FILE;
 
 /// A snapshot read back and checked.
+///
+/// Its configuration is the saved VM's, but for `metrics`: where the saving run wrote its
+/// report is that run's output, not part of the VM, so [`read`] clears it; a restore writes a
+/// report only where its own caller sets one (`lull run --restore DIR --metrics PATH`).
 #[derive(Debug)]
 pub struct Snapshot {
+    /// The directory it was read from.
+    pub dir: PathBuf,
     /// Its manifest.
     pub manifest: Manifest,
     /// Each vCPU's KVM state, in vCPU order.
@@ -69,6 +75,23 @@ pub struct Snapshot {
     pub devices: devices::DevicesState,
     /// The memory file.
     pub memory: PathBuf,
+}
+
+impl Snapshot {
+    /// The files of the snapshot that a restore reads: no output of the restored run may be
+    /// one of them (a `--metrics` written over `memory` would destroy the snapshot).
+    pub fn files(&self) -> Vec<PathBuf> {
+        let state = self
+            .manifest
+            .vcpus
+            .iter()
+            .chain([&self.manifest.kvm_vm, &self.manifest.devices])
+            .map(|entry| self.dir.join(&entry.file));
+        [self.dir.join(MANIFEST), self.memory.clone()]
+            .into_iter()
+            .chain(state)
+            .collect()
+    }
 }
 
 /// The directory of a `file:///DIR` URL.
@@ -196,9 +219,11 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
     Manifest::parse(bytes, &host_cpu_vendor())
 }
 
-/// Reads the snapshot in `dir` and checks every file against its manifest.
+/// Reads the snapshot in `dir` and checks every file against its manifest; clears the saving
+/// run's `metrics` path (see [`Snapshot`]).
 pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
-    let manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
+    let mut manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
+    manifest.config.metrics = None;
     let memory = dir.join(MEMORY);
     let found = std::fs::metadata(&memory)
         .map_err(|source| SnapshotError::Io {
@@ -232,6 +257,7 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
         &manifest.config,
     )?;
     Ok(Snapshot {
+        dir: dir.to_path_buf(),
         manifest,
         vcpus,
         kvm_vm,

@@ -10,7 +10,7 @@
 //! drops it at once, so that a VM that cannot be built is refused with the reason before it is
 //! created, not when it boots.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::disks::{self, OpenDisks};
 use super::error::VmError;
@@ -30,13 +30,16 @@ pub struct Inputs {
     pub nets: OpenNets,
 }
 
-/// Paths lull uses besides the configuration's own: its `--config` file and API socket.
+/// Paths lull uses besides the configuration's own: its `--config` file, API socket and the
+/// snapshot it restores.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OtherPaths<'a> {
     /// `--config FILE` (an input).
     pub config: Option<&'a Path>,
     /// `--api-socket PATH` (an output).
     pub api_socket: Option<&'a Path>,
+    /// The files of the snapshot being restored (inputs: `crate::snapshot::Snapshot::files`).
+    pub snapshot: &'a [PathBuf],
 }
 
 /// Resolves, checks and opens every input of `cfg`; refuses an output that is an input.
@@ -63,7 +66,8 @@ pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
 }
 
 /// Refuses `cfg` if an output it names (metrics, serial file, API socket) is one of its
-/// inputs (kernel, initramfs, config file, disk images) or another output.
+/// inputs (kernel, initramfs, config file, disk images, the snapshot it restores) or another
+/// output.
 pub fn refuse_clashes(
     cfg: &VmConfig,
     image: &GuestImage,
@@ -77,6 +81,12 @@ pub fn refuse_clashes(
         inputs.push(NamedPath::new("--config", p));
     }
     inputs.extend(cfg.disks.iter().map(|d| NamedPath::new("--disk", &d.path)));
+    inputs.extend(
+        other
+            .snapshot
+            .iter()
+            .map(|p| NamedPath::new("--restore", p)),
+    );
     let mut outputs = Vec::new();
     if let Some(p) = cfg.metrics.as_deref().filter(|p| p.as_os_str() != "-") {
         outputs.push(NamedPath::new("--metrics", p));

@@ -158,7 +158,12 @@ pub fn restore_observed(
 ) -> Result<RunOutcome, VmError> {
     let cfg = &snapshot.manifest.config;
     restore::check(snapshot)?;
-    run_from(cfg, Default::default(), started, on_running, Some(snapshot))
+    let files = snapshot.files();
+    let other = inputs::OtherPaths {
+        snapshot: &files,
+        ..Default::default()
+    };
+    run_from(cfg, other, started, on_running, Some(snapshot))
 }
 
 /// [`run_observed`], booting the guest, or restoring `snapshot` (its VM starts paused).

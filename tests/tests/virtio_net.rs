@@ -8,6 +8,10 @@
 //!   10.0.2.1 and checks the reply, under both irqchips; `--metrics` counts its frames;
 //! - the kit's Linux configures eth0 from `ip=` (IP_PNP), sits in its idle workload, and the
 //!   namespace pings it (`ping -c 2 -W 3 10.0.2.15`), under both irqchips;
+//! - the same Linux, pinged, is paused, snapshotted and its lull ended; restored into a new
+//!   lull in the same namespace (`--restore DIR --resume`), it answers pings again through the
+//!   restored virtqueues, the device counts the frames with no drop, and the workload PASSes,
+//!   under both irqchips (issue 31);
 //! - a tap lull cannot use (missing, not a tap, named twice, a bad name) is refused before any
 //!   guest runs, with a message that says why and the documented exit status.
 //!
@@ -20,10 +24,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use lull_tests::exit_status::{BAD_INPUT, USAGE};
+use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS, USAGE};
 use lull_tests::{
-    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, temp_path,
-    Arguments, Completion, Failed, Trial,
+    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, start_api_server_in,
+    temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -31,6 +35,13 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const LINUX_DEADLINE: Duration = Duration::from_secs(600);
 /// The tap inside each namespace.
 const TAP: &str = "lulltap0";
+/// The kit's Linux's address, on the tap's /24.
+const GUEST_ADDR: &str = "10.0.2.15";
+/// The kernel's IP autoconfiguration (IP_PNP) for eth0: [`GUEST_ADDR`], the tap as gateway.
+const GUEST_IP_CONFIG: &str = "ip=10.0.2.15::10.0.2.1:255.255.255.0::eth0:off";
+/// The idle workload's length across a restore (guest seconds, which run on through the pause
+/// on PVM hosts): room for a ping, the snapshot, a new lull and a ping on a loaded host.
+const RESTORE_WORKLOAD_SECONDS: u32 = 30;
 
 /// Why the namespace tests cannot run here, if they cannot.
 fn netns_unavailable() -> Option<String> {
@@ -165,9 +176,9 @@ fn guest_gets_an_arp_reply(irqchip: &'static str) -> Result<(), Failed> {
 fn linux_answers_ping(irqchip: &'static str) -> Result<(), Failed> {
     let kernel = kit_file("linux/vmlinux")?;
     let ns = Netns::new(&format!("ping-{irqchip}"))?;
-    let cmdline = linux_cmdline(
-        "ip=10.0.2.15::10.0.2.1:255.255.255.0::eth0:off lull.workload=idle,seconds=20,cpus=1",
-    )?;
+    let cmdline = linux_cmdline(&format!(
+        "{GUEST_IP_CONFIG} lull.workload=idle,seconds=20,cpus=1"
+    ))?;
     let mut child = Command::new("ip")
         .args(ns.wrapper())
         .arg(lull_bin())
@@ -201,7 +212,7 @@ fn linux_answers_ping(irqchip: &'static str) -> Result<(), Failed> {
     });
     let started = rx.recv_timeout(LINUX_DEADLINE).is_ok();
     let ping = if started {
-        Some(ns.exec("ping", &["-c", "2", "-W", "3", "10.0.2.15"]))
+        Some(ns.exec("ping", &["-c", "2", "-W", "3", GUEST_ADDR]))
     } else {
         None
     };
@@ -241,6 +252,119 @@ fn linux_answers_ping(irqchip: &'static str) -> Result<(), Failed> {
         Some(1) => Ok(()),
         other => Err(fail(format!("exit status {other:?}, want 1"))),
     }
+}
+
+/// The kit's Linux, eth0 up and answering pings, is paused, snapshotted and its lull ended;
+/// restored into a new lull in the same namespace, it answers pings again and its workload
+/// PASSes. The restored device must go on from the saved virtqueue indices: the receive
+/// buffers the guest posted before the snapshot carry the first replies in, and a device back
+/// at reset would ignore the guest's queue (no frame either way: the ping fails).
+fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Failed> {
+    let name = format!("net-restore-{irqchip}");
+    let kernel = kit_file("linux/vmlinux")?.display().to_string();
+    let ns = Netns::new(&format!("restore-{irqchip}"))?;
+    let mut wrap = vec!["ip"];
+    wrap.extend_from_slice(&ns.wrapper());
+    let cmdline = linux_cmdline(&format!(
+        "{GUEST_IP_CONFIG} lull.workload=idle,seconds={RESTORE_WORKLOAD_SECONDS},cpus=1"
+    ))?;
+    let serial = temp_path(&format!("{name}.serial"));
+    let _ = std::fs::remove_file(&serial);
+    let serial_flag = format!("file={}", serial.display());
+    let net = format!("tap={TAP}");
+    let first = ApiLull::from(start_api_server_in(
+        &wrap,
+        &name,
+        &[
+            "--irqchip",
+            irqchip,
+            "--kernel",
+            &kernel,
+            "--cmdline",
+            &cmdline,
+            "--net",
+            &net,
+            "--cpus",
+            "1",
+            "--memory",
+            "64M",
+            "--serial",
+            &serial_flag,
+        ],
+    )?);
+    first.put("vm.boot", "")?;
+    wait_for_console(
+        &serial,
+        "lull-workload: start",
+        &["lull-workload: FAIL"],
+        LINUX_DEADLINE,
+    )?;
+    let before = ns.exec("ping", &["-c", "2", "-W", "3", GUEST_ADDR])?;
+    if !before.contains("2 received") {
+        return Err(format!("ping before the snapshot: {before}").into());
+    }
+    first.put("vm.pause", "")?;
+    let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
+    first.shutdown()?;
+
+    // The restored lull runs until the workload ends; the namespace pings it meanwhile, for
+    // up to 30 s (`-w`: it stops at the second reply), as the new lull comes up.
+    let metrics = temp_path(&format!("{name}.json"));
+    let restore_args = [
+        "run".to_string(),
+        "--restore".into(),
+        dir.display().to_string(),
+        "--resume".into(),
+        "--metrics".into(),
+        metrics.display().to_string(),
+    ];
+    let wrap_owned: Vec<String> = wrap.iter().map(|s| s.to_string()).collect();
+    let restored = std::thread::spawn(move || {
+        let wrap: Vec<&str> = wrap_owned.iter().map(String::as_str).collect();
+        let args: Vec<&str> = restore_args.iter().map(String::as_str).collect();
+        run_lull_in(&wrap, &args, LINUX_DEADLINE)
+    });
+    let after = ns.exec("ping", &["-c", "2", "-w", "30", GUEST_ADDR]);
+    let run = restored
+        .join()
+        .map_err(|_| "the restore thread panicked")??;
+    let report = lull_tests::take_metrics(&metrics);
+    let console = std::fs::read_to_string(&serial).unwrap_or_default();
+    let fail = |why: String| -> Failed {
+        format!(
+            "{why}\n--- restored lull's stderr:\n{}\n--- console:\n{console}",
+            run.stderr
+        )
+        .into()
+    };
+    match after {
+        Ok(text) if text.contains("2 received") => {}
+        Ok(text) => return Err(fail(format!("ping after the restore: {text}"))),
+        Err(e) => {
+            let why = e.message().unwrap_or("").to_string();
+            return Err(fail(format!("ping after the restore failed: {why}")));
+        }
+    }
+    if !console.contains("lull-workload: PASS") {
+        return Err(fail("the restored workload did not pass".into()));
+    }
+    let code = run.code()?;
+    if code != GUEST_PASS {
+        return Err(fail(format!("lull exited with {code}, want {GUEST_PASS}")));
+    }
+    // The restored run's own counts: the replies out, the requests in, nothing dropped.
+    let report = report.map_err(|e| fail(format!("metrics: {}", e.message().unwrap_or(""))))?;
+    let device = report.nets.first().cloned().unwrap_or_default();
+    let count = device.stats;
+    if device.tap != TAP || count.tx_frames < 2 || count.rx_frames < 2 {
+        return Err(fail(format!("nets in the report: {:?}", report.nets)));
+    }
+    if count.tx_dropped + count.tx_errors + count.rx_dropped + count.rx_errors != 0 {
+        return Err(fail(format!("drops or errors: {device:?}")));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&serial);
+    Ok(())
 }
 
 /// A `--net` lull cannot use is refused before any guest runs (no KVM needed), with a message
@@ -321,6 +445,13 @@ fn main() {
         trials.push(netns_trial(
             &format!("linux_answers_ping_{irqchip}"),
             move || linux_answers_ping(irqchip),
+        ));
+    }
+    // Two more Linux boots, each snapshotted and restored once.
+    for irqchip in ["user", "kernel"] {
+        trials.push(netns_trial(
+            &format!("linux_answers_ping_across_a_restore_{irqchip}"),
+            move || linux_answers_ping_across_a_restore(irqchip),
         ));
     }
     libtest_mimic::run(&args, trials).exit();

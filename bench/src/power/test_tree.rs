@@ -7,6 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::read_file::{ReadFile, RealFs};
 
+/// Whether this host's CPU 0 has cpuidle states, read straight from sysfs: the tests that
+/// probe the real host expect idle readings where it has them, and the reason where it has
+/// none (a VM host with `cpuidle driver none`, or `idle=poll`).
+pub(crate) fn host_has_cpuidle_states() -> bool {
+    Path::new("/sys/devices/system/cpu/cpu0/cpuidle/state0").is_dir()
+}
+
 /// A directory tree under the temp directory, removed on drop.
 pub(crate) struct TempTree(PathBuf);
 

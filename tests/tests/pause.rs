@@ -380,6 +380,16 @@ fn snapshot_into(vm: &PausedVm, name: &str) -> Result<PathBuf, Failed> {
 
 /// `vm.restore` of `dir` on a new lull: the status and the body; the lull.
 fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, String), Failed> {
+    restore_into_new_lull_with(name, dir, "")
+}
+
+/// [`restore_into_new_lull`], with `more` fields of Cloud Hypervisor's `RestoreConfig` after
+/// `source_url` (`, "resume": true`).
+fn restore_into_new_lull_with(
+    name: &str,
+    dir: &Path,
+    more: &str,
+) -> Result<(PausedVm, u16, String), Failed> {
     let server = start_api_server(name, &[])?;
     let vm = PausedVm {
         child: Some(server.child),
@@ -387,7 +397,7 @@ fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, Strin
         serial: PathBuf::new(),
         log: server.log,
     };
-    let body = format!(r#"{{"source_url": "file://{}"}}"#, dir.display());
+    let body = format!(r#"{{"source_url": "file://{}"{more}}}"#, dir.display());
     let (status, text) = api_call(&vm.socket, "PUT", "vm.restore", &body)?;
     Ok((vm, status, text))
 }
@@ -397,7 +407,8 @@ fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, Strin
 /// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
 /// finishes its timers, every one once and none early (its console is the same file). Then the
-/// same snapshot through `lull run --restore DIR --resume`. Neither restored run writes over
+/// same snapshot through `lull run --restore DIR --resume`, and through `vm.restore` with the
+/// body `ch-remote restore` sends and `resume` on. No restored run writes over
 /// the saving run's `--metrics` file (the report of that run, not part of the VM). Returns the
 /// snapshot directory.
 fn restore_finishes_the_timers(
@@ -473,6 +484,20 @@ fn restore_finishes_the_timers(
     }
     report_kept("lull run --restore")?;
     let _ = std::fs::remove_file(&serial);
+
+    // Once more through vm.restore with the body `ch-remote restore` sends, `resume` on: the
+    // VM runs at once, and the guest passes without a vm.resume.
+    let ch_remote =
+        r#", "prefault": true, "memory_restore_mode": "Copy", "net_fds": null, "resume": true"#;
+    let (mut fourth, status, text) =
+        restore_into_new_lull_with(&format!("{name}-4"), &dir, ch_remote)?;
+    if status != 204 {
+        return Err(format!("vm.restore with resume: status {status}: {text}").into());
+    }
+    fourth.serial = serial.clone();
+    fourth.guest_passes()?;
+    fourth.finish()?;
+    report_kept("the run restored by vm.restore with resume")?;
     let _ = std::fs::remove_file(&first_metrics);
     Ok(dir)
 }

@@ -163,7 +163,7 @@ impl Controller {
             ApiRequest::VmPause => self.pause_or_resume("pause"),
             ApiRequest::VmResume => self.pause_or_resume("resume"),
             ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
-            ApiRequest::VmRestore(dir) => self.restore(&dir),
+            ApiRequest::VmRestore(restore) => self.restore(&restore.dir, restore.resume),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -390,8 +390,9 @@ impl Controller {
         }
     }
 
-    /// `vm.restore` of the snapshot in `dir` on a lull with no VM: the VM runs, paused.
-    fn restore(&mut self, dir: &std::path::Path) -> Result<Response, ApiError> {
+    /// `vm.restore` of the snapshot in `dir` on a lull with no VM: the VM runs, paused, or
+    /// resumed at once with `resume`.
+    fn restore(&mut self, dir: &std::path::Path, resume: bool) -> Result<Response, ApiError> {
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
@@ -404,6 +405,9 @@ impl Controller {
         })?;
         tracing::info!("VM restored from {} (paused)", dir.display());
         self.state = VmState::Running { cfg, vm };
+        if resume {
+            return self.pause_or_resume("resume");
+        }
         Ok(Response::no_content())
     }
 

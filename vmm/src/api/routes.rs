@@ -6,6 +6,7 @@
 use super::error::ApiError;
 use super::http::{self, Request};
 use crate::config::ch::json as ch;
+use crate::config::ch::restore::ChRestore;
 use crate::config::VmConfig;
 
 /// Where every endpoint lives.
@@ -46,8 +47,8 @@ pub enum ApiRequest {
     VmResume,
     /// `vm.snapshot`: write the paused VM to this directory (`file:///DIR`).
     VmSnapshot(std::path::PathBuf),
-    /// `vm.restore`: build the VM of the snapshot in this directory, paused.
-    VmRestore(std::path::PathBuf),
+    /// `vm.restore`: build the VM of the snapshot in `dir`, paused unless `resume`.
+    VmRestore(ChRestore),
 }
 
 /// The endpoints, the methods each takes (as the `Allow` header lists them) and the request
@@ -131,10 +132,18 @@ fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
     dir_body(body, "vm.snapshot", "destination_url").map(ApiRequest::VmSnapshot)
 }
 
-/// `vm.restore`: the body names the snapshot, `{"source_url": "file:///DIR"}` (Cloud
-/// Hypervisor's `RestoreConfig`).
+/// `vm.restore`: the body is Cloud Hypervisor's `RestoreConfig`, `{"source_url":
+/// "file:///DIR"}` and, as its clients send them, `prefault`, `memory_restore_mode`, `resume`,
+/// `net_fds`... (`config::ch::restore` says which lull honours, accepts or refuses).
 fn restore(body: &[u8]) -> Result<ApiRequest, ApiError> {
-    dir_body(body, "vm.restore", "source_url").map(ApiRequest::VmRestore)
+    json_object(body, "vm.restore", "Cloud Hypervisor's RestoreConfig")?;
+    let fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
+    let (restore, notes) = ch::restore(&fields).map_err(ApiError::ChConfig)?;
+    for note in notes {
+        tracing::info!("vm.restore: accepted without effect: {note}");
+    }
+    Ok(ApiRequest::VmRestore(restore))
 }
 
 /// A body that is the object `{field: "file:///DIR"}` and nothing else: the directory.
@@ -287,10 +296,40 @@ mod tests {
             ApiRequest::VmSnapshot("/tmp/s".into())
         );
         let restore = r#"{"source_url": "file:///tmp/s"}"#;
+        let paused = ChRestore {
+            dir: "/tmp/s".into(),
+            resume: false,
+        };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
-            ApiRequest::VmRestore("/tmp/s".into())
+            ApiRequest::VmRestore(paused.clone())
         );
+        // What `ch-remote restore source_url=file:///tmp/s` sends: the whole RestoreConfig.
+        let ch_remote = r#"{"source_url": "file:///tmp/s", "prefault": false,
+            "memory_restore_mode": "Copy", "net_fds": null, "resume": false}"#;
+        assert_eq!(
+            route(&request("PUT", "/api/v1/vm.restore", ch_remote)).unwrap(),
+            ApiRequest::VmRestore(paused)
+        );
+        let resumed = r#"{"source_url": "file:///tmp/s", "resume": true}"#;
+        assert_eq!(
+            route(&request("PUT", "/api/v1/vm.restore", resumed)).unwrap(),
+            ApiRequest::VmRestore(ChRestore {
+                dir: "/tmp/s".into(),
+                resume: true,
+            })
+        );
+        for bad in [
+            r#"{"source_url": "/tmp/s"}"#,
+            r#"{"source_url": "file:///tmp/s", "memory_restore_mode": "OnDemand"}"#,
+            r#"{"source_url": "file:///tmp/s", "net_fds": [{"id": "net0", "fds": [3]}]}"#,
+            r#"{"source_url": "file:///tmp/s", "extra": 1}"#,
+            r#"{"prefault": true}"#,
+            "[]",
+        ] {
+            let err = route(&request("PUT", "/api/v1/vm.restore", bad)).unwrap_err();
+            assert_eq!(err.status(), 400, "{bad}: {err}");
+        }
         for bad in [
             "",
             "[]",

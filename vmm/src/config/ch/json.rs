@@ -9,6 +9,7 @@
 use serde_json::{Map, Value};
 
 use super::options::{self, Opt, TapSource};
+use super::restore::ChRestore;
 use super::ChError;
 use crate::config::{MacAddr, SerialMode, VmConfig};
 
@@ -140,6 +141,15 @@ pub fn add_net(body: &Map<String, Value>) -> Result<AddNet, ChError> {
             body_fds: true,
         },
     })
+}
+
+/// `vm.restore`'s body (Cloud Hypervisor's `RestoreConfig`), and what it accepted without
+/// effect.
+pub fn restore(body: &Map<String, Value>) -> Result<(ChRestore, Vec<String>), ChError> {
+    let mut notes = Vec::new();
+    let opts = opts("vm.restore", &Value::Object(body.clone()))?;
+    let restore = super::restore::restore(&opts, &mut notes)?;
+    Ok((restore, notes))
 }
 
 /// `null`, `false`, `[]` and `{}`: a field at Cloud Hypervisor's "none" default.

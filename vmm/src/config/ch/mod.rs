@@ -9,12 +9,16 @@
 //!  {"disks":[{"path":"a",...}]┘                        └─ refused: ChError naming the option
 //! ```
 //!
+//! `vm.restore`'s body and `--restore` (Cloud Hypervisor's `RestoreConfig`) go the same way
+//! ([`restore`]).
+//!
 //! Everything here is pure (no file is opened, no fd is looked at): the caller checks the
 //! files, taps and fds as it does for lull's own configuration.
 
 pub mod cli;
 pub mod json;
 pub mod options;
+pub mod restore;
 
 use super::{ConfigError, NetConfigError};
 

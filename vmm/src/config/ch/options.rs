@@ -25,7 +25,7 @@ pub struct Opt {
 }
 
 impl Opt {
-    fn bad(&self, expected: &'static str) -> ChError {
+    pub(super) fn bad(&self, expected: &'static str) -> ChError {
         ChError::BadValue {
             option: self.name.clone(),
             value: self.value.clone(),
@@ -33,7 +33,7 @@ impl Opt {
         }
     }
 
-    fn refuse(&self, why: &'static str) -> ChError {
+    pub(super) fn refuse(&self, why: &'static str) -> ChError {
         ChError::Refused {
             option: format!("{}={}", self.name, self.value),
             why,
@@ -41,7 +41,7 @@ impl Opt {
     }
 
     /// `on`/`true` or `off`/`false` (Cloud Hypervisor's `Toggle`; empty is on).
-    fn toggle(&self) -> Result<bool, ChError> {
+    pub(super) fn toggle(&self) -> Result<bool, ChError> {
         match self.value.as_str() {
             "on" | "true" | "" => Ok(true),
             "off" | "false" => Ok(false),
@@ -62,7 +62,7 @@ impl Opt {
     }
 
     /// Accepted if its value is one of `defaults`, refused with `why` otherwise.
-    fn only(&self, defaults: &[&str], why: &'static str) -> Result<(), ChError> {
+    pub(super) fn only(&self, defaults: &[&str], why: &'static str) -> Result<(), ChError> {
         if defaults.contains(&self.value.as_str()) {
             return Ok(());
         }
@@ -70,7 +70,7 @@ impl Opt {
     }
 
     /// Accepted; `why` is said with `-v`.
-    fn note(&self, notes: &mut Vec<String>, why: &str) {
+    pub(super) fn note(&self, notes: &mut Vec<String>, why: &str) {
         notes.push(format!("{}={}: {why}", self.name, self.value));
     }
 }

@@ -1,0 +1,118 @@
+//! Cloud Hypervisor's `RestoreConfig`: the body its clients (`ch-remote restore`, libvirt's
+//! ch driver) send to `vm.restore`, and the value of its `--restore` flag
+//! (`source_url=file:///DIR,prefault=on,resume=true`). Both become a list of [`Opt`]s and
+//! go through [`restore`], so a field and its flag option are honoured, accepted or refused
+//! alike:
+//!
+//! | option | lull |
+//! |---|---|
+//! | `source_url` | honoured: a `file:///DIR` URL, the snapshot's directory |
+//! | `resume` | honoured: the restored VM runs at once instead of waiting, paused, for `vm.resume` |
+//! | `prefault` | accepted: lull copies the snapshot's memory in at restore, touching every page of data (what `prefault=on` asks); holes stay holes |
+//! | `memory_restore_mode` | `copy` accepted (what lull does); `ondemand` refused (no userfaultfd) |
+//! | `net_fds`, `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (taps are attached by name; no VFIO, no memory zones) |
+//! | `iommufd_fd` | refused (no VFIO) |
+
+use std::path::PathBuf;
+
+use super::options::Opt;
+use super::ChError;
+
+/// What a `RestoreConfig` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChRestore {
+    /// The snapshot's directory (`source_url`).
+    pub dir: PathBuf,
+    /// Run the VM once restored (`resume`); otherwise it waits, paused, for `vm.resume`.
+    pub resume: bool,
+}
+
+/// Maps a `RestoreConfig`'s options; `notes` gets what is accepted without effect.
+pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChError> {
+    let mut dir = None;
+    let mut resume = false;
+    for o in opts {
+        match o.key.as_str() {
+            "source_url" => {
+                let url = crate::snapshot::dir_of_url(&o.value)
+                    .map_err(|_| o.bad("a file:///DIR URL (an absolute path)"))?;
+                dir = Some(url);
+            }
+            "resume" => resume = o.toggle()?,
+            "prefault" => {
+                o.toggle()?;
+                o.note(notes, "lull copies the snapshot's memory in, every page of data");
+            }
+            "memory_restore_mode" => o.only(
+                &["copy", "Copy"],
+                "lull restores memory by copying it in; on-demand paging (userfaultfd) is not in lull",
+            )?,
+            "net_fds" => o.only(
+                &["[]"],
+                "lull attaches a restored VM's nets to the taps its snapshot names: create them, \
+                 and pass no fds",
+            )?,
+            "vfio_fds" | "iommufd_fd" => o.only(&["[]"], "lull has no VFIO passthrough")?,
+            "zone_updates" => o.only(&["[]"], "lull has no memory zones")?,
+            _ => return Err(o.refuse("not a RestoreConfig option lull knows")),
+        }
+    }
+    Ok(ChRestore {
+        dir: dir.ok_or(ChError::Missing("source_url (the snapshot, file:///DIR)"))?,
+        resume,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ch::options::split;
+
+    fn parsed(text: &str) -> Result<ChRestore, ChError> {
+        restore(&split("--restore", text), &mut Vec::new())
+    }
+
+    #[test]
+    fn source_url_and_resume_are_honoured() {
+        assert_eq!(
+            parsed("source_url=file:///s").unwrap(),
+            ChRestore {
+                dir: "/s".into(),
+                resume: false
+            }
+        );
+        let mut notes = Vec::new();
+        let got = restore(
+            &split(
+                "--restore",
+                "source_url=file:///s,prefault=on,resume=true,memory_restore_mode=copy,net_fds=[]",
+            ),
+            &mut notes,
+        )
+        .unwrap();
+        assert!(got.resume);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("--restore prefault=on"), "{notes:?}");
+    }
+
+    #[test]
+    fn what_lull_cannot_do_is_refused_by_name() {
+        for (text, named) in [
+            ("prefault=on", "source_url"),
+            ("source_url=/s", "--restore source_url"),
+            ("source_url=tcp://h/s", "--restore source_url"),
+            ("source_url=file:///s,resume=maybe", "--restore resume"),
+            (
+                "source_url=file:///s,memory_restore_mode=ondemand",
+                "memory_restore_mode=ondemand",
+            ),
+            ("source_url=file:///s,net_fds=[net0@3]", "net_fds=[net0@3]"),
+            ("source_url=file:///s,iommufd_fd=5", "iommufd_fd=5"),
+            ("source_url=file:///s,zone_updates=[z]", "zone_updates=[z]"),
+            ("source_url=file:///s,speed=fast", "speed=fast"),
+        ] {
+            let err = parsed(text).unwrap_err().to_string();
+            assert!(err.contains(named), "{text}: {err}");
+        }
+    }
+}

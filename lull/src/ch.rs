@@ -8,6 +8,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+use vmm::api::InitialVm;
 use vmm::config::ch::cli::{self, ApiSocketArg, ChCommand};
 use vmm::config::ch::options::{self, TapSource};
 use vmm::config::ch::{ChError, CH_VERSION};
@@ -29,6 +30,10 @@ lull, invoked as cloud-hypervisor: Cloud Hypervisor's command line for what lull
   --log-file P  -v  --seccomp true|false|log  --version
   --lull KEY=VALUE[,KEY=VALUE]  lull's own flags (`lull run --help`), e.g.
                                --lull timer-model=pull,halt-poll=adaptive
+  --restore source_url=file:///DIR[,resume=true][,prefault=on]
+                               the snapshot's VM instead (with no VM flag): paused
+                               for vm.resume on --api-socket, or run at once with
+                               resume=true
 
 Anything else is refused (exit status 2) with the reason. See docs/ORCHESTRATION.md.";
 
@@ -84,6 +89,7 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         log_file,
         verbose,
         net_fds,
+        restore,
         notes,
     } = *launch;
     // `--net fd=N`: the tap behind each inherited fd, checked now, after the named taps.
@@ -118,20 +124,35 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
     for note in &notes {
         tracing::info!("accepted without effect: {note}");
     }
-    match api_socket {
-        Some(socket) => {
-            let initial = boots.then_some(cfg);
+    match (api_socket, restore) {
+        (Some(socket), restore) => {
+            let initial = match restore {
+                Some(restore) => InitialVm::Restored(restore),
+                None if boots => InitialVm::Created {
+                    cfg: Box::new(cfg),
+                    boot: true,
+                },
+                None => InitialVm::None,
+            };
             let socket = match &socket {
                 ApiSocketArg::Path(path) => crate::run::Socket::Path(path),
                 ApiSocketArg::Fd(fd) => crate::run::Socket::Fd(*fd),
             };
-            crate::run::serve(socket, initial, None, true)
+            crate::run::serve(socket, initial, None)
         }
+        // Without the API nobody could resume a VM restored paused.
+        (None, Some(restore)) if restore.resume => {
+            crate::run::restore(&restore.dir, true, None, started)
+        }
+        (None, Some(_)) => refused(&ChError::Missing(
+            "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \
+             restored VM starts paused)",
+        )),
         // As Cloud Hypervisor: with neither, there is nothing to run (`lull run` would boot
         // the kit's guest, which a caller of `cloud-hypervisor` never asked for).
-        None if !boots => refused(&ChError::Missing(
+        (None, None) if !boots => refused(&ChError::Missing(
             "--kernel (the VM to run) or --api-socket (to create it through the API)",
         )),
-        None => crate::run::run_vm(&cfg, OtherPaths::default(), started),
+        (None, None) => crate::run::run_vm(&cfg, OtherPaths::default(), started),
     }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
+use vmm::api::InitialVm;
 use vmm::exit_code;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
@@ -76,21 +77,19 @@ pub(crate) fn vm_failed(e: &VmError) -> ExitCode {
 pub(crate) fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     let initial = if args.vm.describes_vm() {
         match args.vm.to_config() {
-            Ok(cfg) => Some(cfg),
+            Ok(cfg) => InitialVm::Created {
+                cfg: Box::new(cfg),
+                boot: false,
+            },
             Err(e) => {
                 eprintln!("lull: {e}");
                 return status(exit_code::for_config_error(&e));
             }
         }
     } else {
-        None
+        InitialVm::None
     };
-    serve(
-        Socket::Path(socket),
-        initial,
-        args.vm.config.as_deref(),
-        false,
-    )
+    serve(Socket::Path(socket), initial, args.vm.config.as_deref())
 }
 
 /// Where the API socket comes from.
@@ -102,14 +101,13 @@ pub(crate) enum Socket<'a> {
     Fd(std::os::fd::RawFd),
 }
 
-/// Serves the API on `socket`, with `initial` created (and booted at once if `boot`).
+/// Serves the API on `socket`, starting with `initial`.
 pub(crate) fn serve(
     socket: Socket<'_>,
-    initial: Option<vmm::config::VmConfig>,
+    initial: InitialVm,
     config_file: Option<&std::path::Path>,
-    boot: bool,
 ) -> ExitCode {
-    if let Some(cfg) = &initial {
+    if let InitialVm::Created { cfg, .. } = &initial {
         let other = OtherPaths {
             config: config_file,
             api_socket: match socket {
@@ -126,9 +124,7 @@ pub(crate) fn serve(
         Socket::Path(path) => vmm::api::ApiSocket::bind(path),
         Socket::Fd(fd) => vmm::api::ApiSocket::inherit(fd),
     };
-    // Only a VM the command line described boots at once.
-    let boot = boot && initial.is_some();
-    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, boot));
+    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial));
     match served {
         Ok(code) => status(code),
         Err(e) => {

@@ -17,6 +17,9 @@
 //! - Kata's Cloud Hypervisor driver (kata-containers src/runtime/virtcontainers/clh.go):
 //!   vm.create, then vm.add-net with each tap's fd sent by SCM_RIGHTS, then vm.boot.
 //!
+//! - ch-remote's snapshot cycle: pause, snapshot, then `--restore` on the command line and
+//!   ch-remote's restore (its whole RestoreConfig, resume on).
+//!
 //! Also: both command-line forms (`cloud-hypervisor` as a symlink, `lull ch`), every refused
 //! flag (exit 2) and every refused VmConfig field (one 400 each, naming it), keep-alive.
 
@@ -163,6 +166,72 @@ fn command_line_vm_runs_at_once_and_ch_remote_drives_it() -> Result<(), Failed> 
     Ok(())
 }
 
+/// ch-remote's snapshot cycle: pause, snapshot, shutdown-vmm. `cloud-hypervisor --api-socket
+/// P --restore source_url=file:///DIR` starts the snapshot's VM paused, and ch-remote's resume
+/// runs it (its timers fire); on a bare `cloud-hypervisor --api-socket P`, ch-remote's restore
+/// (its whole RestoreConfig, `resume` on) runs it at once.
+fn ch_remote_snapshots_and_both_restores_run_the_vm() -> Result<(), Failed> {
+    let kernel = kit_file("guests/idle-sim.elf")?.display().to_string();
+    let first = Ch::start(
+        "ch-snap-1",
+        path_form,
+        &[
+            "--kernel",
+            &kernel,
+            "--cmdline",
+            "duration_ms=600000",
+            "--memory",
+            "size=67108864",
+            "--serial",
+            "off",
+            "--console",
+            "off",
+        ],
+    )?;
+    let mut go = GoClient::connect(&first.socket)?;
+    wait_guest_timers(&mut go, 3)?;
+    drop(go);
+    expect(&first.socket, "PUT", "vm.pause", None, 204)?;
+    let dir = temp_path("ch-snap.snapshot");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let url = format!("file://{}", dir.display());
+    let body = json!({ "destination_url": url }).to_string();
+    expect(&first.socket, "PUT", "vm.snapshot", Some(&body), 204)?;
+    shutdown_vmm(first, API_STOP)?;
+
+    let restore = format!("source_url={url},prefault=on");
+    let second = Ch::start("ch-snap-2", path_form, &["--restore", &restore, "-v"])?;
+    let info = expect(&second.socket, "GET", "vm.info", None, 200)?;
+    if info["state"] != "Paused" {
+        return Err(format!("--restore: the VM is not paused: {info}").into());
+    }
+    expect(&second.socket, "PUT", "vm.resume", None, 204)?;
+    let mut go = GoClient::connect(&second.socket)?;
+    wait_guest_timers(&mut go, 3)?;
+    drop(go);
+    shutdown_vmm(second, API_STOP)?;
+
+    let third = Ch::start("ch-snap-3", path_form, &[])?;
+    // What `ch-remote restore source_url=...,resume=true` sends.
+    let body = json!({
+        "source_url": url,
+        "prefault": false,
+        "memory_restore_mode": "Copy",
+        "net_fds": null,
+        "resume": true,
+    })
+    .to_string();
+    expect(&third.socket, "PUT", "vm.restore", Some(&body), 204)?;
+    let mut go = GoClient::connect(&third.socket)?;
+    wait_state(&mut go, "Running")?;
+    wait_guest_timers(&mut go, 3)?;
+    drop(go);
+    shutdown_vmm(third, API_STOP)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// `lull ch ...` runs a guest to its end like `lull run` (no API socket: Cloud Hypervisor
 /// also boots at once with `--kernel` alone).
 fn lull_ch_runs_a_guest_to_its_end() -> Result<(), Failed> {
@@ -207,6 +276,11 @@ fn refused_flags_exit_2_naming_them() -> Result<(), Failed> {
             "--device",
         ),
         (&["--cpus", "boot=1"], "--kernel"),
+        (
+            &["--restore", "source_url=file:///s", "--kernel", "/k"],
+            "--restore with --kernel",
+        ),
+        (&["--restore", "source_url=file:///s"], "resume=true"),
     ] {
         let mut argv = vec!["ch"];
         argv.extend_from_slice(args);
@@ -340,6 +414,10 @@ fn main() {
         kvm_trial(
             "ch_lull_ch_runs_a_guest_to_its_end",
             lull_ch_runs_a_guest_to_its_end,
+        ),
+        kvm_trial(
+            "ch_remote_snapshots_and_both_restores_run_the_vm",
+            ch_remote_snapshots_and_both_restores_run_the_vm,
         ),
         Trial::test(
             "ch_refused_flags_exit_2_naming_them",

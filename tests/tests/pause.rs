@@ -407,8 +407,9 @@ fn restore_into_new_lull_with(
 /// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
 /// finishes its timers, every one once and none early (its console is the same file). Then the
-/// same snapshot through `lull run --restore DIR --resume`, and through `vm.restore` with the
-/// body `ch-remote restore` sends and `resume` on. No restored run writes over
+/// same snapshot through `lull run --restore DIR --resume`, through `vm.restore` with the
+/// body `ch-remote restore` sends and `resume` on, and through `lull ch --restore
+/// source_url=...,resume=true`. No restored run writes over
 /// the saving run's `--metrics` file (the report of that run, not part of the VM). Returns the
 /// snapshot directory.
 fn restore_finishes_the_timers(
@@ -498,6 +499,16 @@ fn restore_finishes_the_timers(
     fourth.guest_passes()?;
     fourth.finish()?;
     report_kept("the run restored by vm.restore with resume")?;
+
+    // And through Cloud Hypervisor's command line, `resume=true` and no API socket.
+    let source = format!("source_url=file://{},resume=true", dir.display());
+    let run = run_lull(&["ch", "--restore", &source], Duration::from_secs(120))?;
+    run.expect_code(GUEST_PASS)?;
+    let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
+    if !text.contains("pause-timers: PASS") {
+        return Err(format!("lull ch --restore: the guest did not pass:\n{text}").into());
+    }
+    let _ = std::fs::remove_file(&serial);
     let _ = std::fs::remove_file(&first_metrics);
     Ok(dir)
 }

@@ -28,6 +28,7 @@ use super::http::Response;
 use super::routes::ApiRequest;
 use super::runner::{self, RunningVm};
 use crate::config::ch::json::AddNet;
+use crate::config::ch::restore::ChRestore;
 use crate::config::ch::{options, ChError};
 use crate::config::{NetConfig, VmConfig};
 use crate::exit_code;
@@ -201,6 +202,12 @@ impl Controller {
     /// Boots the VM the command line created, before the API serves (a failure ends lull).
     pub fn boot_at_start(&mut self) -> Result<(), ApiError> {
         self.boot().map(|_| ())
+    }
+
+    /// Restores `restore`'s snapshot before the server serves (Cloud Hypervisor's
+    /// `--restore`), as `vm.restore` does.
+    pub fn restore_at_start(&mut self, restore: &ChRestore) -> Result<(), ApiError> {
+        self.restore(&restore.dir, restore.resume).map(|_| ())
     }
 
     fn boot(&mut self) -> Result<Response, ApiError> {

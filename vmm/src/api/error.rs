@@ -235,6 +235,8 @@ impl ApiError {
             Self::Socket { .. } | Self::SocketExists(_) | Self::Inherited(_) => {
                 crate::exit_code::BAD_INPUT
             }
+            // A snapshot refused at start (`--restore`): as `lull run --restore` says it.
+            Self::Restore(e) => crate::exit_code::for_vm_error(e),
             _ => crate::exit_code::VMM_FAILURE,
         }
     }
@@ -279,5 +281,18 @@ mod tests {
         assert_eq!(ApiError::VmNotBooted.status(), 405);
         assert_eq!(ApiError::VmAlreadyCreated.status(), 500);
         assert_eq!(ApiError::NotFound("/x".into()).status(), 404);
+    }
+
+    #[test]
+    fn a_snapshot_refused_at_start_ends_lull_as_lull_run_does() {
+        let refused = VmError::Snapshot(crate::snapshot::SnapshotError::NotFileUrl("x".into()));
+        assert_eq!(
+            ApiError::Restore(refused).exit_status(),
+            crate::exit_code::BAD_INPUT
+        );
+        assert_eq!(
+            ApiError::RunnerLost.exit_status(),
+            crate::exit_code::VMM_FAILURE
+        );
     }
 }

@@ -44,4 +44,4 @@ pub mod runner;
 pub mod server;
 
 pub use error::ApiError;
-pub use server::{serve, serve_on, ApiSocket};
+pub use server::{serve, serve_on, ApiSocket, InitialVm};

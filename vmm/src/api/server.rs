@@ -44,6 +44,7 @@ use super::controller::{Controller, Next};
 use super::error::ApiError;
 use super::http::{self, Response};
 use super::routes;
+use crate::config::ch::restore::ChRestore;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
 use crate::host::sys::{listener, scm, stop_signals};
@@ -390,27 +391,62 @@ fn handle(
     }
 }
 
+/// What the server does before it serves: boot the created VM, or restore a snapshot.
+enum Start {
+    Boot,
+    Restore(ChRestore),
+}
+
+/// The VM an API server starts with.
+#[derive(Debug)]
+pub enum InitialVm {
+    /// None: `vm.create` or `vm.restore` makes one.
+    None,
+    /// The VM the command line described, created, and booted at once if `boot` (Cloud
+    /// Hypervisor's command line with both `--api-socket` and `--kernel`).
+    Created {
+        /// Its configuration.
+        cfg: Box<VmConfig>,
+        /// Boot it before serving.
+        boot: bool,
+    },
+    /// The snapshot Cloud Hypervisor's `--restore` names, restored before serving: paused,
+    /// or running if it says `resume=true`.
+    Restored(ChRestore),
+}
+
 /// The seccomp mode of the server's own filter: that of the VM the command line described
 /// (`--seccomp`, or its `--config` file), else the default.
-fn seccomp_mode(initial: Option<&VmConfig>) -> SeccompMode {
-    initial.map_or_else(SeccompMode::default, |cfg| cfg.seccomp)
+fn seccomp_mode(initial: &InitialVm) -> SeccompMode {
+    match initial {
+        InitialVm::Created { cfg, .. } => cfg.seccomp,
+        InitialVm::None | InitialVm::Restored(_) => SeccompMode::default(),
+    }
 }
 
 /// Serves the API on `path` until `vmm.shutdown` or a signal; returns lull's exit status.
 /// `initial` is the VM the command line described, if it described one.
 pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
-    serve_on(ApiSocket::bind(path)?, initial, false)
+    let initial = initial.map_or(InitialVm::None, |cfg| InitialVm::Created {
+        cfg: Box::new(cfg),
+        boot: false,
+    });
+    serve_on(ApiSocket::bind(path)?, initial)
 }
 
-/// Serves the API on `socket` (bound, or inherited), with `initial` created, and booted
-/// first if `boot` (Cloud Hypervisor's command line with both `--api-socket` and `--kernel`:
-/// the VM runs at once; `boot` needs `initial`); returns lull's exit status.
-pub fn serve_on(socket: ApiSocket, initial: Option<VmConfig>, boot: bool) -> Result<i32, ApiError> {
-    let filter = seccomp::program(ThreadKind::Api, seccomp_mode(initial.as_ref()))
-        .map_err(ApiError::Seccomp)?;
+/// Serves the API on `socket` (bound, or inherited), starting with `initial`; returns lull's
+/// exit status.
+pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> {
+    let filter =
+        seccomp::program(ThreadKind::Api, seccomp_mode(&initial)).map_err(ApiError::Seccomp)?;
     let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
-    let mut controller = Controller::new(initial, ended);
+    let (created, start) = match initial {
+        InitialVm::None => (None, None),
+        InitialVm::Created { cfg, boot } => (Some(*cfg), boot.then_some(Start::Boot)),
+        InitialVm::Restored(restore) => (None, Some(Start::Restore(restore))),
+    };
+    let mut controller = Controller::new(created, ended);
     let mut events = Events {
         epoll: Epoll::new().map_err(host("the API epoll set"))?,
         signal,
@@ -421,8 +457,10 @@ pub fn serve_on(socket: ApiSocket, initial: Option<VmConfig>, boot: bool) -> Res
     if let Some(filter) = &filter {
         seccomp::apply_api(filter).map_err(ApiError::Seccomp)?;
     }
-    if boot {
-        controller.boot_at_start()?;
+    match start {
+        Some(Start::Boot) => controller.boot_at_start()?,
+        Some(Start::Restore(restore)) => controller.restore_at_start(&restore)?,
+        None => {}
     }
     tracing::info!("management API on {}", socket.describe());
     let mut clients = Clients::new();

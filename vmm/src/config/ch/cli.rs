@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Args, Command, FromArgMatches};
 
 use super::options::{self, TapSource};
+use super::restore::{self, ChRestore};
 use super::ChError;
 use crate::config::{SerialMode, VmConfig};
 use crate::host::seccomp::SeccompMode;
@@ -54,12 +55,29 @@ pub struct ChLaunch {
     pub verbose: u8,
     /// Tap fds given with `--net fd=N` (and their MACs), in order after the named taps.
     pub net_fds: Vec<options::ChNet>,
+    /// `--restore`: the snapshot to restore instead of a VM to boot (no VM flag with it).
+    pub restore: Option<ChRestore>,
     /// What was accepted without effect, said with `-v`.
     pub notes: Vec<String>,
 }
 
+/// The flags that set something of the VM (refused with `--restore`, whose VM is the
+/// snapshot's; `--console` and `--rng`, accepted without effect anyway, may come with it).
+const VM_FLAGS: [&str; 10] = [
+    "--kernel",
+    "--initramfs",
+    "--cmdline",
+    "--cpus",
+    "--memory",
+    "--disk",
+    "--net",
+    "--serial",
+    "--seccomp",
+    "--lull",
+];
+
 /// Cloud Hypervisor's flags that lull does not have, with the reason.
-const REFUSED_FLAGS: [(&str, &str); 22] = [
+const REFUSED_FLAGS: [(&str, &str); 21] = [
     ("--firmware", "lull boots a kernel directly (--kernel)"),
     ("--fs", "lull has no virtio-fs"),
     ("--pmem", "lull has no virtio-pmem"),
@@ -76,7 +94,6 @@ const REFUSED_FLAGS: [(&str, &str); 22] = [
     ("--landlock", "lull uses seccomp, not landlock"),
     ("--landlock-rules", "lull uses seccomp, not landlock"),
     ("--pci-segment", "lull's devices are on virtio-mmio"),
-    ("--restore", "not in this lull"),
     ("--event-monitor", "lull has no event monitor"),
     ("--gdb", "lull has no gdb stub"),
     ("--igvm", "lull boots a kernel directly (--kernel)"),
@@ -102,8 +119,11 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
         log_file: None,
         verbose: 0,
         net_fds: Vec::new(),
+        restore: None,
         notes: Vec::new(),
     };
+    // The flags given that describe the VM: none may come with `--restore`.
+    let mut vm_flags: Vec<String> = Vec::new();
     let mut lull_knobs = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -141,6 +161,9 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
             }
             Ok(out)
         };
+        if VM_FLAGS.contains(&flag) && !vm_flags.iter().any(|f| f == flag) {
+            vm_flags.push(flag.to_string());
+        }
         match flag {
             "--help" => return Ok(ChCommand::Help),
             "--version" => return Ok(ChCommand::Version),
@@ -203,6 +226,10 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
                 one(values(false)?)
             )),
             "--lull" => lull_knobs.extend(values(false)?),
+            "--restore" => {
+                let opts = options::split(flag, &one(values(false)?));
+                launch.restore = Some(restore::restore(&opts, &mut notes)?);
+            }
             _ => {
                 let why = REFUSED_FLAGS
                     .iter()
@@ -214,6 +241,13 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
                 });
             }
         }
+    }
+    if launch.restore.is_some() && !vm_flags.is_empty() {
+        return Err(ChError::Refused {
+            option: format!("--restore with {}", vm_flags.join(", ")),
+            why: "the restored VM is the snapshot's, as it was saved: give --restore alone \
+                  (with --api-socket, --log-file, -v, --console, --rng)",
+        });
     }
     for knobs in &lull_knobs {
         apply_lull_knobs(&mut cfg, knobs)?;
@@ -368,6 +402,37 @@ mod tests {
             assert!(err.to_string().contains(named), "{args}: {err}");
         }
         assert_eq!(launch("--kernel"), Err(ChError::NoValue("--kernel".into())));
+    }
+
+    #[test]
+    fn restore_comes_without_vm_flags() {
+        let l = launch("--api-socket /s --restore source_url=file:///snap,prefault=on -v").unwrap();
+        let paused = ChRestore {
+            dir: "/snap".into(),
+            resume: false,
+        };
+        assert_eq!(l.restore, Some(paused));
+        assert!(!l.boots);
+        let l = launch("--restore source_url=file:///snap,resume=true --console off").unwrap();
+        assert!(l.restore.is_some_and(|r| r.resume));
+        for (args, named) in [
+            (
+                "--restore source_url=file:///s --kernel /k --cpus boot=2 --kernel /k",
+                "--restore with --kernel, --cpus:",
+            ),
+            (
+                "--serial tty --restore source_url=file:///s",
+                "with --serial",
+            ),
+            ("--restore prefault=on", "source_url"),
+            (
+                "--restore source_url=file:///s,memory_restore_mode=ondemand",
+                "memory_restore_mode=ondemand",
+            ),
+        ] {
+            let err = launch(args).unwrap_err().to_string();
+            assert!(err.contains(named), "{args}: {err}");
+        }
     }
 
     #[test]

@@ -59,7 +59,10 @@ fn simulate(own: &[Nanos], remote: &[Nanos], exits: &[Nanos], slack: Nanos) -> R
         if at_tick == NEVER && at_exit == NEVER {
             return run;
         }
-        if at_tick < at_exit {
+        // A tick due at an exit's instant fires too: the host timer expires whatever the vCPU
+        // does, and the model takes a tick armed at or before `now` as fired (it re-arms it
+        // without a disarm). Taking the exit alone at a tie lost that tick from the count.
+        if at_tick <= at_exit {
             tick.expire();
             run.ticks += 1;
             now = now.max(at_tick);

@@ -409,9 +409,8 @@ fn restore_into_new_lull_with(
 /// finishes its timers, every one once and none early (its console is the same file). Then the
 /// same snapshot through `lull run --restore DIR --resume`, through `vm.restore` with the
 /// body `ch-remote restore` sends and `resume` on, and through `lull ch --restore
-/// source_url=...,resume=true`. No restored run writes over
-/// the saving run's `--metrics` file (the report of that run, not part of the VM). Returns the
-/// snapshot directory.
+/// source_url=...,resume=true`. No restored run writes over the saving run's `--metrics` file
+/// (the report of that run, not part of the VM). Returns the snapshot directory.
 fn restore_finishes_the_timers(
     extra: &[&str],
     name: &str,

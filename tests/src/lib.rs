@@ -367,21 +367,12 @@ impl ApiLull {
 
     /// Fails unless `PUT endpoint` with `body` answers 204.
     pub fn put(&self, endpoint: &str, body: &str) -> Result<(), Failed> {
-        let (status, text) = api_call(&self.socket, "PUT", endpoint, body)?;
-        if status != 204 {
-            return Err(format!("PUT {endpoint}: status {status}: {text}").into());
-        }
-        Ok(())
+        api_put(&self.socket, endpoint, body)
     }
 
-    /// `vm.snapshot` of the paused VM into a fresh directory, the temp path `name`: that path.
+    /// [`snapshot_into`] on this lull.
     pub fn snapshot_into(&self, name: &str) -> Result<PathBuf, Failed> {
-        let dir = temp_path(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
-        self.put("vm.snapshot", &body)?;
-        Ok(dir)
+        snapshot_into(&self.socket, name)
     }
 
     /// `vmm.shutdown`, then waits up to 60 s for lull to exit.
@@ -408,6 +399,26 @@ impl Drop for ApiLull {
         }
         let _ = std::fs::remove_file(&self.socket);
     }
+}
+
+/// Fails unless `PUT endpoint` with `body` on the lull at `socket` answers 204.
+pub fn api_put(socket: &Path, endpoint: &str, body: &str) -> Result<(), Failed> {
+    let (status, text) = api_call(socket, "PUT", endpoint, body)?;
+    if status != 204 {
+        return Err(format!("PUT {endpoint}: status {status}: {text}").into());
+    }
+    Ok(())
+}
+
+/// `vm.snapshot` of the paused VM of the lull at `socket` into a fresh directory, the temp
+/// path `name`: that path.
+pub fn snapshot_into(socket: &Path, name: &str) -> Result<PathBuf, Failed> {
+    let dir = temp_path(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+    api_put(socket, "vm.snapshot", &body)?;
+    Ok(dir)
 }
 
 /// Waits for `line` in the console file `file` (re-read every 10 ms, as a guest appends to

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USER_STOP};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, report_from, run_lull, start_api_server, temp_path, Arguments,
-    Failed,
+    api_call, kit_file, kvm_trial, report_from, run_lull, snapshot_into, start_api_server,
+    temp_path, wait_for_console, Arguments, Failed,
 };
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
@@ -97,14 +97,7 @@ impl PausedVm {
 
     /// Waits up to 60 s for the guest's console to show `line`.
     fn wait_for_line(&self, line: &str) -> Result<(), Failed> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.serial_text().contains(line) {
-            if Instant::now() > deadline {
-                return Err(format!("no {line:?} on the console: {}", self.serial_text()).into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(())
+        wait_for_console(&self.serial, line, &[], Duration::from_secs(60)).map(drop)
     }
 
     /// Pauses for `length`: the state says `Paused`, and no vCPU exits or takes a timer
@@ -365,19 +358,6 @@ fn a_paused_vm_stops(by_signal: bool) -> Result<(), Failed> {
     }
 }
 
-/// Takes a snapshot of `vm` (paused, then left paused) into a fresh directory named `name`.
-fn snapshot_into(vm: &PausedVm, name: &str) -> Result<PathBuf, Failed> {
-    let dir = temp_path(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
-    let (status, text) = api_call(&vm.socket, "PUT", "vm.snapshot", &body)?;
-    if status != 204 {
-        return Err(format!("vm.snapshot: status {status}: {text}").into());
-    }
-    Ok(dir)
-}
-
 /// `vm.restore` of `dir` on a new lull: the status and the body; the lull.
 fn restore_into_new_lull(name: &str, dir: &Path) -> Result<(PausedVm, u16, String), Failed> {
     restore_into_new_lull_with(name, dir, "")
@@ -426,7 +406,7 @@ fn restore_finishes_the_timers(
     first.wait_for_line("pause-timers: running")?;
     std::thread::sleep(into);
     first.expect("PUT", "vm.pause", 204)?;
-    let dir = snapshot_into(&first, &format!("{name}-snapshot"))?;
+    let dir = snapshot_into(&first.socket, &format!("{name}-snapshot"))?;
     let serial = first.serial.clone();
     // 204 once the run ended and its report is written.
     first.expect("PUT", "vmm.shutdown", 204)?;

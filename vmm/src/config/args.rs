@@ -36,9 +36,7 @@ impl VmFlags {
         flags
             .get_arguments()
             .filter(|flag| {
-                let id = flag.get_id().as_str();
-                self.0.ids().any(|given| given == id)
-                    && self.0.value_source(id) == Some(ValueSource::CommandLine)
+                self.0.value_source(flag.get_id().as_str()) == Some(ValueSource::CommandLine)
             })
             .map(|flag| format!("--{}", flag.get_long().unwrap_or(flag.get_id().as_str())))
             .collect()

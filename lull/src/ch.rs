@@ -142,7 +142,7 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {
-            crate::run::restore(&restore.dir, true, None, started)
+            crate::run::restore(&restore.dir, true, restore.memory, None, started)
         }
         (None, Some(_)) => refused(&ChError::Missing(
             "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \

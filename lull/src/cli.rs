@@ -82,6 +82,15 @@ pub struct RunArgs {
     #[arg(long, requires = "restore")]
     pub resume: bool,
 
+    /// With --restore: how the VM gets the snapshot's memory. `map` (the default) maps the
+    /// memory file copy-on-write: nothing is copied at restore, a page is read from the file
+    /// when the guest first touches it and becomes the VM's own only when written, so VMs
+    /// restored from one snapshot share what they have not written (the file must not change
+    /// while they run: lull refuses to write a snapshot over it). `copy` copies the data in
+    /// (Cloud Hypervisor's default): the VM owns all its memory at once.
+    #[arg(long, value_enum, value_name = "map|copy", requires = "restore")]
+    pub memory_restore: Option<vmm::config::MemoryRestoreMode>,
+
     /// lull's own machine code on 2 MiB pages: `on` copies lull's text into transparent huge
     /// pages at start-up, which cuts the TLB misses of a vCPU thread waking from a long sleep:
     /// 2-3 us less of lull's handling per timer event on our hosts, 1-4% of an event's CPU,

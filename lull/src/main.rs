@@ -47,7 +47,13 @@ fn main() -> ExitCode {
     }
     if let Some(dir) = &args.restore {
         return match args.vm.metrics_for_restore() {
-            Ok(metrics) => restore(dir, args.resume, metrics, started),
+            Ok(metrics) => {
+                let memory = vmm::config::MemoryRestore {
+                    mode: args.memory_restore.unwrap_or_default(),
+                    prefault: false,
+                };
+                restore(dir, args.resume, memory, metrics, started)
+            }
             Err(e) => {
                 eprintln!("lull: {e}");
                 status(exit_code::for_config_error(&e))

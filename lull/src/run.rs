@@ -148,6 +148,7 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
 pub(crate) fn restore(
     dir: &std::path::Path,
     resume: bool,
+    memory: vmm::config::MemoryRestore,
     metrics: Option<std::path::PathBuf>,
     started: Instant,
 ) -> ExitCode {
@@ -164,7 +165,7 @@ pub(crate) fn restore(
     };
     snapshot.manifest.config.metrics = metrics;
     let cfg = snapshot.manifest.config.clone();
-    let result = vmm::vm::restore_observed(&snapshot, started, |live| {
+    let result = vmm::vm::restore_observed(&snapshot, memory, started, |live| {
         if let Err(e) = live.resume() {
             tracing::error!("cannot resume the restored VM: {e}");
         }

@@ -22,6 +22,7 @@ mod file;
 pub mod knob;
 pub mod knobs;
 mod limits;
+mod memory_restore;
 mod net;
 mod serial;
 mod validate;
@@ -33,6 +34,7 @@ pub use limits::{
     MAX_CONFIG_BYTES, MAX_CPUS, MAX_DISKS, MAX_MEMORY, MAX_TIMER_SLACK_NS, MAX_VIRTIO_DEVICES,
     MIN_MEMORY,
 };
+pub use memory_restore::{MemoryRestore, MemoryRestoreMode};
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 pub use serial::{SerialMode, SerialModeError};
 

@@ -193,6 +193,7 @@ pub fn decode(bytes: &[u8]) -> Result<Option<ApiRequest>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{MemoryRestore, MemoryRestoreMode};
 
     fn request(method: &str, path: &str, body: &str) -> Request {
         Request {
@@ -299,17 +300,26 @@ mod tests {
         let paused = ChRestore {
             dir: "/tmp/s".into(),
             resume: false,
+            memory: MemoryRestore::default(),
         };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
             ApiRequest::VmRestore(paused.clone())
         );
+        // As Cloud Hypervisor, a RestoreConfig that names no mode is the default, which is
+        // lull's mapping; ch-remote names Copy, and gets a copy.
         // What `ch-remote restore source_url=file:///tmp/s` sends: the whole RestoreConfig.
         let ch_remote = r#"{"source_url": "file:///tmp/s", "prefault": false,
             "memory_restore_mode": "Copy", "net_fds": null, "resume": false}"#;
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", ch_remote)).unwrap(),
-            ApiRequest::VmRestore(paused)
+            ApiRequest::VmRestore(ChRestore {
+                memory: MemoryRestore {
+                    mode: MemoryRestoreMode::Copy,
+                    prefault: false
+                },
+                ..paused
+            })
         );
         let resumed = r#"{"source_url": "file:///tmp/s", "resume": true}"#;
         assert_eq!(
@@ -317,11 +327,12 @@ mod tests {
             ApiRequest::VmRestore(ChRestore {
                 dir: "/tmp/s".into(),
                 resume: true,
+                memory: MemoryRestore::default(),
             })
         );
         for bad in [
             r#"{"source_url": "/tmp/s"}"#,
-            r#"{"source_url": "file:///tmp/s", "memory_restore_mode": "OnDemand"}"#,
+            r#"{"source_url": "file:///tmp/s", "memory_restore_mode": "Lazy"}"#,
             r#"{"source_url": "file:///tmp/s", "net_fds": [{"id": "net0", "fds": [3]}]}"#,
             r#"{"source_url": "file:///tmp/s", "extra": 1}"#,
             r#"{"prefault": true}"#,

@@ -17,7 +17,7 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::ApiError;
-use crate::config::VmConfig;
+use crate::config::{MemoryRestore, VmConfig};
 use crate::snapshot::Snapshot;
 use crate::vm::{self, LiveVm, RunOutcome, VmError};
 
@@ -47,10 +47,15 @@ pub fn start(cfg: &VmConfig, ended: &EventFd) -> Result<RunningVm, ApiError> {
     })
 }
 
-/// Builds the VM of `snapshot` on a new thread, paused; returns once its threads run.
-pub fn restore(snapshot: Snapshot, ended: &EventFd) -> Result<RunningVm, ApiError> {
+/// Builds the VM of `snapshot` on a new thread, paused, its memory restored as `memory`
+/// says; returns once its threads run.
+pub fn restore(
+    snapshot: Snapshot,
+    memory: MemoryRestore,
+    ended: &EventFd,
+) -> Result<RunningVm, ApiError> {
     spawn(ended, move |on_running| {
-        vm::restore_observed(&snapshot, Instant::now(), on_running)
+        vm::restore_observed(&snapshot, memory, Instant::now(), on_running)
     })
 }
 

@@ -34,7 +34,8 @@
 //!   timer threads are its descendants and a filter binds every descendant (filters stack:
 //!   the strictest answer wins); and what building a VM takes on the `vm` thread before its
 //!   own filter: opening `/dev/kvm`, disk images and taps read-write, the serial file for
-//!   appending, any KVM ioctl, `TUNSETIFF` (and `SIOCGIFINDEX` on a Unix datagram socket,
+//!   appending, a snapshot's memory file read-only to map it (`O_NOFOLLOW|O_NONBLOCK`), any
+//!   KVM ioctl, `TUNSETIFF` (and `SIOCGIFINDEX` on a Unix datagram socket,
 //!   which glibc's `if_nametoindex` opens to name a missing tap), eventfds, timerfds, epoll
 //!   sets, signal handlers, starting threads (`clone` with `CLONE_THREAD` only; `clone3`,
 //!   whose flags a filter cannot see, fails with `ENOSYS` so glibc falls back to `clone`),
@@ -374,6 +375,9 @@ fn api_rules(
         libc::O_RDWR | libc::O_CLOEXEC,
         libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
         libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+        // `vm.restore` mapping a snapshot's memory file (`snapshot::mapped`): a planted link
+        // is not followed, a FIFO does not block.
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
     ] {
         opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
     }

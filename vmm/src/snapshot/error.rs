@@ -79,6 +79,23 @@ pub enum SnapshotError {
         /// The manifest's.
         want: u64,
     },
+    /// The memory file to map is not a regular file.
+    #[error("{0} is not a regular file: a snapshot's memory is a file lull wrote")]
+    NotRegular(PathBuf),
+    /// Another lull is writing a snapshot over the memory file.
+    #[error("{0} is being written by a lull taking a snapshot: restore once it has finished")]
+    BeingWritten(PathBuf),
+    /// The memory file could not be mapped.
+    #[error("Cannot map {path} as guest memory: {source}")]
+    Map {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: vm_memory::mmap::MmapRegionError,
+    },
+    /// The mapped regions do not make a guest memory (overlapping or out of order).
+    #[error("The manifest's memory regions cannot be guest memory ({0}): corrupt manifest")]
+    MapRegions(#[source] vm_memory::GuestRegionCollectionError),
     /// The manifest's memory regions do not add up to its memory size.
     #[error("The manifest's memory regions do not fill its {0} bytes of memory: corrupt manifest")]
     MemoryRegions(u64),

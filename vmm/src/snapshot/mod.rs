@@ -6,7 +6,8 @@
 //!                      configuration, its disks by path and size (images are not copied),
 //!                      the memory file's regions and size, each vCPU file's size and FNV-1a
 //!                      checksum
-//!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole
+//!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole;
+//!                      a restore maps it copy-on-write ([`mapped`]) or copies it in
 //!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
 //!                      `--irqchip kernel`, lull's LAPIC and PV EOI / PV deadline
 //!                      registrations with `--irqchip user`: `irqchip::user::saved`)
@@ -40,6 +41,7 @@ pub mod devices;
 mod error;
 pub mod kvm_vm;
 pub mod manifest;
+pub mod mapped;
 pub mod memory;
 
 use std::io::Read;

@@ -39,12 +39,12 @@ use std::time::Instant;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::config::{IrqchipMode, VmConfig};
+use crate::config::{IrqchipMode, MemoryRestore, MemoryRestoreMode, VmConfig};
 use crate::host::console::SinkFailureHook;
 use crate::irqchip::IrqChip;
 use crate::metrics::RunReport;
 use crate::setup::boot::{self, BootSpec};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, SnapshotError};
 use crate::state::device_timers::DeviceTimers;
 use crate::state::{lock, StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses};
@@ -75,11 +75,15 @@ struct LoadedVm {
 fn load(
     cfg: &VmConfig,
     image: &GuestImage,
-    snapshot: Option<&Snapshot>,
+    snapshot: Option<(&Snapshot, MemoryRestore)>,
 ) -> Result<LoadedVm, VmError> {
     let user = cfg.irqchip == IrqchipMode::User;
     let kvm = kvm::open_kvm(cfg.cpus)?;
-    let mem: Arc<GuestMemoryMmap> = Arc::new(kvm::create_guest_memory(cfg.memory.0)?);
+    let mem = match snapshot {
+        Some((s, how)) => restored_memory(cfg, s, how)?,
+        None => kvm::create_guest_memory(cfg.memory.0)?,
+    };
+    let mem: Arc<GuestMemoryMmap> = Arc::new(mem);
     let vm = Arc::new(kvm::create_vm(&kvm, &mem, !user)?);
     if user {
         kvm::enable_user_msr_exits(&kvm, &vm, cfg.pv_eoi.is_on())?;
@@ -91,13 +95,10 @@ fn load(
         cpus: cfg.cpus,
         memory: cfg.memory.0,
     };
-    // A restored VM's memory is the snapshot's alone (the guest is not loaded: the memory
-    // file's holes stay the new memory's zeros) and its vCPUs' registers are the snapshot's.
+    // A restored VM's memory is the snapshot's alone (the guest is not loaded) and its
+    // vCPUs' registers are the snapshot's.
     let entry = match snapshot {
-        Some(s) => {
-            crate::snapshot::memory::read_into(&mem, &s.memory, &s.manifest.regions)?;
-            None
-        }
+        Some(_) => None,
         None => Some(boot::load(&mem, &spec)?),
     };
     match &entry {
@@ -109,6 +110,36 @@ fn load(
         vm,
         mem,
         entry,
+    })
+}
+
+/// The guest memory of a VM restored from `snapshot`: its memory file mapped copy-on-write,
+/// or a new VM's memory with the file's data copied in (the holes stay the new memory's
+/// zeros). Either way the regions are the ones `cfg`'s memory size lays out.
+fn restored_memory(
+    cfg: &VmConfig,
+    snapshot: &Snapshot,
+    how: MemoryRestore,
+) -> Result<GuestMemoryMmap, VmError> {
+    let regions = &snapshot.manifest.regions;
+    let laid_out = crate::setup::layout::ram_ranges(cfg.memory.0);
+    let matches = regions.len() == laid_out.len()
+        && regions
+            .iter()
+            .zip(&laid_out)
+            .all(|(r, &(start, len))| r.guest_addr == start && r.bytes == len);
+    if !matches {
+        return Err(SnapshotError::MemoryRegions(cfg.memory.0).into());
+    }
+    Ok(match how.mode {
+        MemoryRestoreMode::Map => {
+            crate::snapshot::mapped::map(&snapshot.memory, regions, how.prefault)?
+        }
+        MemoryRestoreMode::Copy => {
+            let mem = kvm::create_guest_memory(cfg.memory.0)?;
+            crate::snapshot::memory::read_into(&mem, &snapshot.memory, regions)?;
+            mem
+        }
     })
 }
 
@@ -149,10 +180,11 @@ pub fn run_observed(
     run_from(cfg, other, started, on_running, None)
 }
 
-/// Builds the VM of `snapshot` (either irqchip mode, see [`restore`]), hands it to
-/// `on_running` paused, and runs it to the end once resumed.
+/// Builds the VM of `snapshot` (either irqchip mode, see [`restore`]), its memory restored as
+/// `memory` says, hands it to `on_running` paused, and runs it to the end once resumed.
 pub fn restore_observed(
     snapshot: &Snapshot,
+    memory: MemoryRestore,
     started: Instant,
     on_running: impl FnOnce(LiveVm),
 ) -> Result<RunOutcome, VmError> {
@@ -163,7 +195,7 @@ pub fn restore_observed(
         snapshot: &files,
         ..Default::default()
     };
-    run_from(cfg, other, started, on_running, Some(snapshot))
+    run_from(cfg, other, started, on_running, Some((snapshot, memory)))
 }
 
 /// [`run_observed`], booting the guest, or restoring `snapshot` (its VM starts paused).
@@ -172,8 +204,9 @@ fn run_from(
     other: inputs::OtherPaths<'_>,
     started: Instant,
     on_running: impl FnOnce(LiveVm),
-    snapshot: Option<&Snapshot>,
+    restoring: Option<(&Snapshot, MemoryRestore)>,
 ) -> Result<RunOutcome, VmError> {
+    let snapshot = restoring.map(|(s, _)| s);
     let inputs::Inputs {
         image,
         disks: open_disks,
@@ -182,7 +215,7 @@ fn run_from(
     check_metrics_path(cfg)?;
     let sink = devices::console_sink(&cfg.serial)?;
     let sink_failure = sink.failure_hook();
-    let loaded = load(cfg, &image, snapshot)?;
+    let loaded = load(cfg, &image, restoring)?;
     let mut vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
     let tsc_movable = vcpus.tsc_movable;
     if let Some(s) = snapshot {

@@ -1,7 +1,8 @@
 //! Restoring a snapshot (`vm.restore`): what a VM built from its configuration gets from the
 //! snapshot before its vCPUs start (paused).
 //!
-//! Order: memory (read into the new VM's before the vCPUs exist), each vCPU's KVM state
+//! Order: memory (the snapshot's file mapped copy-on-write, or its data copied in: `load` in
+//! `vm/mod.rs`, before the vCPUs exist), each vCPU's KVM state
 //! (`VcpuKvmState::restore`: KVM's LAPIC before the MSRs), then the VM's chips and kvmclock.
 //! With `--irqchip kernel` that is all the interrupt and timer state (KVM's LAPICs, PICs,
 //! IOAPIC, PIT). With `--irqchip user` lull's own chip is built afterwards (its TSC map from

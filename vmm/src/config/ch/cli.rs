@@ -410,6 +410,10 @@ mod tests {
         let paused = ChRestore {
             dir: "/snap".into(),
             resume: false,
+            memory: crate::config::MemoryRestore {
+                prefault: true,
+                ..Default::default()
+            },
         };
         assert_eq!(l.restore, Some(paused));
         assert!(!l.boots);
@@ -426,8 +430,8 @@ mod tests {
             ),
             ("--restore prefault=on", "source_url"),
             (
-                "--restore source_url=file:///s,memory_restore_mode=ondemand",
-                "memory_restore_mode=ondemand",
+                "--restore source_url=file:///s,memory_restore_mode=eager",
+                "memory_restore_mode=eager",
             ),
         ] {
             let err = launch(args).unwrap_err().to_string();

@@ -8,8 +8,8 @@
 //! |---|---|
 //! | `source_url` | honoured: a `file:///DIR` URL, the snapshot's directory |
 //! | `resume` | honoured: the restored VM runs at once instead of waiting, paused, for `vm.resume` |
-//! | `prefault` | accepted: lull copies the snapshot's memory in at restore, touching every page of data (what `prefault=on` asks); holes stay holes |
-//! | `memory_restore_mode` | `copy` accepted (what lull does); `ondemand` refused (no userfaultfd) |
+//! | `prefault` | honoured: every page of the snapshot is read in at restore (a mapping is populated; a copy reads every page of data anyway) |
+//! | `memory_restore_mode` | honoured: `copy` copies the snapshot's memory in; `ondemand`, and no `memory_restore_mode` at all, map it copy-on-write (pages come from the file when first touched, shared by the VMs restored from one snapshot: `snapshot::mapped`) |
 //! | `net_fds`, `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (taps are attached by name; no VFIO, no memory zones) |
 //! | `iommufd_fd` | refused (no VFIO) |
 
@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use super::options::Opt;
 use super::ChError;
+use crate::config::{MemoryRestore, MemoryRestoreMode};
 
 /// What a `RestoreConfig` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,12 +26,15 @@ pub struct ChRestore {
     pub dir: PathBuf,
     /// Run the VM once restored (`resume`); otherwise it waits, paused, for `vm.resume`.
     pub resume: bool,
+    /// How its memory is restored (`memory_restore_mode`, `prefault`).
+    pub memory: MemoryRestore,
 }
 
 /// Maps a `RestoreConfig`'s options; `notes` gets what is accepted without effect.
 pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChError> {
     let mut dir = None;
     let mut resume = false;
+    let mut memory = MemoryRestore::default();
     for o in opts {
         match o.key.as_str() {
             "source_url" => {
@@ -39,14 +43,14 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
                 dir = Some(url);
             }
             "resume" => resume = o.toggle()?,
-            "prefault" => {
-                o.toggle()?;
-                o.note(notes, "lull copies the snapshot's memory in, every page of data");
+            "prefault" => memory.prefault = o.toggle()?,
+            "memory_restore_mode" => {
+                memory.mode = match o.value.as_str() {
+                    "copy" | "Copy" => MemoryRestoreMode::Copy,
+                    "ondemand" | "OnDemand" => MemoryRestoreMode::Map,
+                    _ => return Err(o.bad("copy or ondemand")),
+                }
             }
-            "memory_restore_mode" => o.only(
-                &["copy", "Copy"],
-                "lull restores memory by copying it in; on-demand paging (userfaultfd) is not in lull",
-            )?,
             "net_fds" => o.only(
                 &["[]"],
                 "lull attaches a restored VM's nets to the taps its snapshot names: create them, \
@@ -57,9 +61,16 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
             _ => return Err(o.refuse("not a RestoreConfig option lull knows")),
         }
     }
+    if memory.prefault && memory.mode == MemoryRestoreMode::Copy {
+        notes.push(
+            "prefault with memory_restore_mode=copy: a copy reads every page of data anyway"
+                .to_string(),
+        );
+    }
     Ok(ChRestore {
         dir: dir.ok_or(ChError::Missing("source_url (the snapshot, file:///DIR)"))?,
         resume,
+        memory,
     })
 }
 
@@ -78,7 +89,11 @@ mod tests {
             parsed("source_url=file:///s").unwrap(),
             ChRestore {
                 dir: "/s".into(),
-                resume: false
+                resume: false,
+                memory: MemoryRestore {
+                    mode: MemoryRestoreMode::Map,
+                    prefault: false
+                },
             }
         );
         let mut notes = Vec::new();
@@ -91,8 +106,23 @@ mod tests {
         )
         .unwrap();
         assert!(got.resume);
+        assert_eq!(
+            got.memory,
+            MemoryRestore {
+                mode: MemoryRestoreMode::Copy,
+                prefault: true
+            }
+        );
         assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].starts_with("--restore prefault=on"), "{notes:?}");
+        assert!(notes[0].starts_with("prefault with"), "{notes:?}");
+        for (mode, want) in [
+            ("ondemand", MemoryRestoreMode::Map),
+            ("OnDemand", MemoryRestoreMode::Map),
+            ("Copy", MemoryRestoreMode::Copy),
+        ] {
+            let text = format!("source_url=file:///s,memory_restore_mode={mode}");
+            assert_eq!(parsed(&text).unwrap().memory.mode, want, "{text}");
+        }
     }
 
     #[test]
@@ -103,8 +133,8 @@ mod tests {
             ("source_url=tcp://h/s", "--restore source_url"),
             ("source_url=file:///s,resume=maybe", "--restore resume"),
             (
-                "source_url=file:///s,memory_restore_mode=ondemand",
-                "memory_restore_mode=ondemand",
+                "source_url=file:///s,memory_restore_mode=lazy",
+                "memory_restore_mode=lazy",
             ),
             ("source_url=file:///s,net_fds=[net0@3]", "net_fds=[net0@3]"),
             ("source_url=file:///s,iommufd_fd=5", "iommufd_fd=5"),

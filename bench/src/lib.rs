@@ -20,6 +20,9 @@
 //! snapshot:     per mode: pause-timers paused and resumed --reps times, snapshotted, run to
 //!               its end; restored --restores times (API, --restore --resume) -> latencies,
 //!               snapshot time and size, restore-to-running
+//! clones:       per mode: the kit's Linux booted to its idle workload and snapshotted; restores
+//!               to running (mapped, copied); fleets of --clones restored from the snapshot ->
+//!               PSS, private and shared memory, MemAvailable and CPU per clone
 //! global-timers: per case (all vCPUs idle, one busy), per timer model: idle-sim with a
 //!               global-timer load -> global fires, who woke for them, empty wake-ups
 //! ```
@@ -29,6 +32,8 @@
 mod api_client;
 mod boot;
 mod children;
+mod clones;
+mod clones_report;
 mod common;
 mod density;
 mod density_power;
@@ -72,6 +77,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 pub use boot::{BootArgs, BootReport, BOOT_SCHEMA};
+pub use clones::{ClonesArgs, MemoryMode};
+pub use clones_report::{ClonesReport, CLONES_SCHEMA};
 pub use common::CommonArgs;
 pub use density::{DensityArgs, Mode};
 pub use error::{BenchError, EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED, EXIT_VM_FAILED};
@@ -166,6 +173,10 @@ pub enum Experiment {
     /// Pause and resume latency, snapshot time and size, and restore-to-running time (API and
     /// `--restore --resume`) of a VM whose vCPUs keep timers armed, per irqchip mode.
     Snapshot(SnapshotArgs),
+    /// Fleets of the kit's Linux restored from one snapshot per mode: restore-to-running
+    /// (mapped and copied memory), memory per clone as the host sees it (PSS, private, shared,
+    /// MemAvailable) and CPU per clone.
+    Clones(ClonesArgs),
 }
 
 /// Runs `lull bench ...`; the return value is the process exit status.
@@ -188,6 +199,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
         Experiment::GlobalTimers(a) => global_timers::run(a),
         Experiment::Latency(a) => latency::run(a),
         Experiment::Snapshot(a) => snapshot::run(a),
+        Experiment::Clones(a) => clones::run(a),
     };
     match result {
         Ok(true) => ExitCode::from(EXIT_OK),

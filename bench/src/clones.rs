@@ -1,0 +1,687 @@
+//! `lull bench clones`: fleets of the kit's Linux restored from one snapshot, per mode: what a
+//! clone costs the host in memory and CPU, and how fast it runs again.
+//!
+//! ```text
+//! per mode (kernel, pull, ..., and each user-irqchip mode with each --timer-slack):
+//!   boot one VM of the kit's Linux (--cpus, --memory, the in-kernel idle workload for a day)
+//!     through the API; at "lull-workload: start": vm.pause, vm.snapshot, end that lull
+//!   read the memory file once (the page cache holds it, as for a fleet's later clones)
+//!   restore-to-running, --restores times per memory mode (map, copy), one VM at a time:
+//!     API: a lull already serving -> vm.restore {resume: true} sent -> answered (running)
+//!     CLI: `lull run --restore DIR --resume --memory-restore M` spawned -> "VM resumed" logged
+//!   per --fleet-memory, per count N in --clones: N clones `lull run --restore DIR --resume`,
+//!     started one after the other (each once the one before logged "VM resumed")
+//!     --settle (the clones' first touches and timers pass) then a --window:
+//!       memory per clone: /proc/PID/smaps_rollup (PSS, anon and file, private and shared)
+//!       and the host's MemAvailable before the fleet and after it settled
+//!       CPU per clone: the clones' CPU time over the window; the host's busy share
+//!     every clone must still run at the end (its guest's workload runs for a day)
+//! ```
+//!
+//! Clones of one snapshot share the pages none of them wrote (restore maps the memory file
+//! copy-on-write, `docs/API.md`); a copied clone owns every page of data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use clap::Args;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::api_client::request_with_body;
+use super::children::{guard, GRACE};
+use super::clones_report::{
+    clones_table, ClonesParams, ClonesReport, FleetRow, RestoreRow, CLONES_SCHEMA,
+};
+use super::common::{lull_binary, lull_has_flag, work_dir, CommonArgs};
+use super::density::Mode;
+use super::error::BenchError;
+use super::host::host_info;
+use super::proc_sample;
+use super::snapshot_log::{log_time_of_day, since_time_of_day};
+use super::snapshot_report::Spread;
+use super::units::parse_duration;
+
+/// Longest wait for one API answer (a restore of a large VM by copy on a loaded host).
+const REQUEST: Duration = Duration::from_secs(60);
+/// Longest wait for a restored VM to log that it runs.
+const RUNNING: Duration = Duration::from_secs(120);
+/// How long the snapshotted guest's workload runs: longer than any fleet.
+const WORKLOAD_S: u64 = 86_400;
+
+/// How a fleet's clones get the snapshot's memory (`lull run --memory-restore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemoryMode {
+    /// Mapped copy-on-write: clones share the pages they have not written.
+    Map,
+    /// Copied in: each clone owns its memory.
+    Copy,
+}
+
+impl MemoryMode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Map => "map",
+            Self::Copy => "copy",
+        }
+    }
+
+    /// `memory_restore_mode` of `vm.restore`.
+    fn api_name(self) -> &'static str {
+        match self {
+            Self::Map => "OnDemand",
+            Self::Copy => "Copy",
+        }
+    }
+}
+
+/// Flags of `lull bench clones`.
+#[derive(Debug, Args)]
+pub struct ClonesArgs {
+    /// Clones running at once, comma-separated (one fleet per mode, memory mode and count).
+    #[arg(long, value_delimiter = ',', default_value = "8,64")]
+    pub clones: Vec<u32>,
+    /// Modes of the snapshotted VM, comma-separated: kernel, pull, push, central.
+    #[arg(long, value_delimiter = ',', default_value = "kernel,pull")]
+    pub modes: Vec<Mode>,
+    /// Timer slacks: each user-irqchip mode also runs with each (a snapshot of its own, the
+    /// VM booted with `lull run --timer-slack S`), e.g. `1ms`.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub timer_slack: Vec<String>,
+    /// How the fleets' clones get their memory, comma-separated: map, copy.
+    #[arg(long, value_delimiter = ',', default_value = "map")]
+    pub fleet_memory: Vec<MemoryMode>,
+    /// vCPUs of the VM.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u32,
+    /// Memory of the VM.
+    #[arg(long, default_value = "64M")]
+    pub memory: String,
+    /// How long a fleet runs before its window.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub settle: Duration,
+    /// The window over which a fleet's CPU is measured.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub window: Duration,
+    /// Restores per path (API, command line) and memory mode, for restore-to-running.
+    #[arg(long, default_value_t = 5)]
+    pub restores: u32,
+    /// Longest wait for the first VM's kernel to reach its workload.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub boot_timeout: Duration,
+    /// JSON, lull binary, kit, work directory.
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// One snapshotted VM: its mode and slack.
+struct Variant {
+    mode: Mode,
+    slack: Option<String>,
+}
+
+impl Variant {
+    fn name(&self) -> String {
+        match &self.slack {
+            Some(s) => format!("{}+slack={s}", self.mode.name()),
+            None => self.mode.name().to_string(),
+        }
+    }
+}
+
+/// A child lull, killed (SIGTERM, then SIGKILL) when dropped.
+struct Lull(Child);
+
+impl Lull {
+    /// SIGTERM, then up to [`GRACE`] for it to exit, then SIGKILL.
+    fn stop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            if let Ok(pid) = i32::try_from(self.0.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+            let deadline = Instant::now() + GRACE;
+            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Lull {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Bench<'a> {
+    args: &'a ClonesArgs,
+    lull: PathBuf,
+    work: PathBuf,
+    kernel: PathBuf,
+    cmdline: String,
+}
+
+impl Bench<'_> {
+    fn path(&self, name: &str) -> PathBuf {
+        self.work.join(name)
+    }
+
+    fn spawn(&self, args: &[&str], stderr: &Path) -> Result<Lull, String> {
+        let file =
+            std::fs::File::create(stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
+        guard(Command::new(&self.lull).args(args))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .map(Lull)
+            .map_err(|e| format!("cannot start {}: {e}", self.lull.display()))
+    }
+
+    /// Boots the variant's VM to its workload, snapshots it: the snapshot's directory.
+    fn snapshot(&self, v: &Variant) -> Result<PathBuf, String> {
+        let stem = v.name().replace(['+', '='], "-");
+        let socket = self.path(&format!("{stem}-base.sock"));
+        let console = self.path(&format!("{stem}-base.console"));
+        let dir = self.path(&format!("{stem}-snapshot"));
+        for stale in [&socket, &console] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let (socket_arg, kernel, serial) = (
+            socket.display().to_string(),
+            self.kernel.display().to_string(),
+            format!("file={}", console.display()),
+        );
+        let cpus = self.args.cpus.to_string();
+        let mut args = vec![
+            "run",
+            "--api-socket",
+            &socket_arg,
+            "--kernel",
+            &kernel,
+            "--cpus",
+            &cpus,
+            "--memory",
+            &self.args.memory,
+            "--cmdline",
+            &self.cmdline,
+            "--serial",
+            &serial,
+        ];
+        args.extend_from_slice(v.mode.lull_args());
+        if let Some(s) = &v.slack {
+            args.extend_from_slice(&["--timer-slack", s]);
+        }
+        let mut lull = self.spawn(&args, &self.path(&format!("{stem}-base.stderr")))?;
+        wait_for_socket(&socket, &mut lull)?;
+        call(&socket, "vm.boot", "")?;
+        let deadline = Instant::now() + self.args.boot_timeout;
+        loop {
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            if text.contains("lull-workload: start") {
+                break;
+            }
+            if text.contains("lull-workload: FAIL") || !lull.running() {
+                return Err(format!(
+                    "the kernel failed before its workload: {}",
+                    console.display()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the kernel did not reach its workload within {:?}",
+                    self.args.boot_timeout
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        call(&socket, "vm.pause", "")?;
+        let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+        call(&socket, "vm.snapshot", &body)?;
+        call(&socket, "vmm.shutdown", "")?;
+        lull.stop();
+        // The page cache holds the memory file from now on, as it does for a fleet's clones.
+        std::fs::read(dir.join("memory")).map_err(|e| format!("memory file: {e}"))?;
+        Ok(dir)
+    }
+
+    /// `--restores` restores to running through the API and the command line.
+    fn restores(&self, v: &Variant, dir: &Path, memory: MemoryMode) -> RestoreRow {
+        let mut row = RestoreRow {
+            mode: v.name(),
+            memory: memory.name().into(),
+            ..Default::default()
+        };
+        let (mut api, mut cli) = (Vec::new(), Vec::new());
+        for i in 0..self.args.restores {
+            match self.restore_api(dir, memory, i) {
+                Ok(ms) => api.push(ms),
+                Err(e) => row.failures.push(format!("API restore {i}: {e}")),
+            }
+            let stderr = self.path(&format!("restore-cli-{i}.stderr"));
+            match self.clone_cli(dir, memory, &stderr) {
+                Ok((mut lull, ms)) => {
+                    cli.push(ms);
+                    lull.stop();
+                }
+                Err(e) => row.failures.push(format!("CLI restore {i}: {e}")),
+            }
+        }
+        row.api_ms = Spread::of(api);
+        row.cli_ms = Spread::of(cli);
+        row
+    }
+
+    /// A lull serving its socket: `vm.restore` with `resume` to its answer, ms.
+    fn restore_api(&self, dir: &Path, memory: MemoryMode, i: u32) -> Result<f64, String> {
+        let socket = self.path(&format!("restore-{i}.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let socket_arg = socket.display().to_string();
+        let stderr = self.path(&format!("restore-api-{i}.stderr"));
+        let mut lull = self.spawn(&["run", "--api-socket", &socket_arg], &stderr)?;
+        wait_for_socket(&socket, &mut lull)?;
+        let body = format!(
+            r#"{{"source_url": "file://{}", "resume": true, "memory_restore_mode": "{}"}}"#,
+            dir.display(),
+            memory.api_name()
+        );
+        let sent = Instant::now();
+        call(&socket, "vm.restore", &body)?;
+        let ms = sent.elapsed().as_secs_f64() * 1e3;
+        let _ = call(&socket, "vmm.shutdown", "");
+        lull.stop();
+        Ok(ms)
+    }
+
+    /// `lull run --restore DIR --resume`: the running clone and its spawn to "VM resumed", ms.
+    fn clone_cli(
+        &self,
+        dir: &Path,
+        memory: MemoryMode,
+        stderr: &Path,
+    ) -> Result<(Lull, f64), String> {
+        let dir_arg = dir.display().to_string();
+        let args = [
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--memory-restore",
+            memory.name(),
+        ];
+        let spawned = SystemTime::now();
+        let mut lull = self.spawn(&args, stderr)?;
+        let deadline = Instant::now() + RUNNING;
+        loop {
+            let log = std::fs::read_to_string(stderr).unwrap_or_default();
+            if let Some(at) = log
+                .lines()
+                .find(|l| l.contains("VM resumed"))
+                .and_then(log_time_of_day)
+            {
+                return Ok((lull, since_time_of_day(spawned, at)));
+            }
+            if !lull.running() || Instant::now() > deadline {
+                let last = log.lines().last().unwrap_or("(nothing logged)").to_string();
+                return Err(format!("the clone did not run: {last}"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// `n` clones at once, measured after `--settle` over `--window`.
+    fn fleet(&self, v: &Variant, dir: &Path, memory: MemoryMode, n: u32) -> FleetRow {
+        let mut row = FleetRow {
+            mode: v.name(),
+            memory: memory.name().into(),
+            clones: n,
+            ..Default::default()
+        };
+        let avail_before = mem_available_kib();
+        let mut clones = Vec::new();
+        let mut started = Vec::new();
+        for i in 0..n {
+            let stderr = self.path(&format!("clone-{i}.stderr"));
+            match self.clone_cli(dir, memory, &stderr) {
+                Ok((lull, ms)) => {
+                    clones.push(lull);
+                    started.push(ms);
+                }
+                Err(e) => {
+                    row.failures.push(format!("clone {i}: {e}"));
+                    break;
+                }
+            }
+        }
+        row.restore_to_running_ms = Spread::of(started);
+        std::thread::sleep(self.args.settle);
+        let pids: Vec<u32> = clones.iter().map(|c| c.0.id()).collect();
+        let cpu_before: u64 = pids
+            .iter()
+            .filter_map(|&p| proc_sample::sample(p))
+            .map(|s| s.cpu_ns)
+            .sum();
+        let host_before = host_cpu_ticks();
+        let window = Instant::now();
+        std::thread::sleep(self.args.window);
+        let cpu_after: u64 = pids
+            .iter()
+            .filter_map(|&p| proc_sample::sample(p))
+            .map(|s| s.cpu_ns)
+            .sum();
+        let host_after = host_cpu_ticks();
+        let seconds = window.elapsed().as_secs_f64();
+        let memory: Vec<Rollup> = pids.iter().filter_map(|&p| rollup(p)).collect();
+        let avail_after = mem_available_kib();
+        row.running = u32::try_from(
+            clones
+                .iter_mut()
+                .filter_map(|c| c.running().then_some(()))
+                .count(),
+        )
+        .unwrap_or(0);
+        if row.running < n {
+            row.failures.push(format!(
+                "{} of {n} clones were not running at the end",
+                n - row.running
+            ));
+        }
+        let count = memory.len() as f64;
+        let mean = |f: fn(&Rollup) -> u64| {
+            (count > 0.0).then(|| memory.iter().map(f).sum::<u64>() as f64 / count)
+        };
+        row.pss_kib = mean(|r| r.pss);
+        row.pss_anon_kib = mean(|r| r.pss_anon);
+        row.pss_file_kib = mean(|r| r.pss_file);
+        row.private_kib = mean(|r| r.private);
+        row.shared_kib = mean(|r| r.shared);
+        row.rss_kib = mean(|r| r.rss);
+        if let (Some(before), Some(after), true) = (avail_before, avail_after, count > 0.0) {
+            row.mem_available_used_kib = Some((before as f64 - after as f64) / count);
+        }
+        if !pids.is_empty() {
+            let cpu_s = cpu_after.saturating_sub(cpu_before) as f64 / 1e9;
+            row.cpu_pct_per_clone = Some(cpu_s / seconds * 100.0 / pids.len() as f64);
+        }
+        if let (Some(a), Some(b)) = (host_before, host_after) {
+            let total = b.total.saturating_sub(a.total) as f64;
+            let idle = b.idle.saturating_sub(a.idle) as f64;
+            row.host_busy_pct = (total > 0.0).then(|| (total - idle) / total * 100.0);
+        }
+        row.load_1m = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        for c in &mut clones {
+            c.stop();
+        }
+        row
+    }
+}
+
+/// A process's memory from `/proc/PID/smaps_rollup`, KiB.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Rollup {
+    rss: u64,
+    pss: u64,
+    pss_anon: u64,
+    pss_file: u64,
+    shared: u64,
+    private: u64,
+}
+
+fn rollup(pid: u32) -> Option<Rollup> {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .map(|t| parse_rollup(&t))
+}
+
+fn parse_rollup(text: &str) -> Rollup {
+    let mut r = Rollup::default();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(key), Some(kib)) = (
+            words.next(),
+            words.next().and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        match key {
+            "Rss:" => r.rss += kib,
+            "Pss:" => r.pss += kib,
+            "Pss_Anon:" => r.pss_anon += kib,
+            "Pss_File:" => r.pss_file += kib,
+            "Shared_Clean:" | "Shared_Dirty:" => r.shared += kib,
+            "Private_Clean:" | "Private_Dirty:" => r.private += kib,
+            _ => {}
+        }
+    }
+    r
+}
+
+fn mem_available_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The host's CPU time, all CPUs, in ticks: total and idle (idle + iowait).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HostTicks {
+    total: u64,
+    idle: u64,
+}
+
+fn host_cpu_ticks() -> Option<HostTicks> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_host_ticks(text.lines().next()?)
+}
+
+fn parse_host_ticks(line: &str) -> Option<HostTicks> {
+    let mut words = line.split_whitespace();
+    if words.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is inside user).
+    let v: Vec<u64> = words.take(8).filter_map(|w| w.parse().ok()).collect();
+    (v.len() == 8).then(|| HostTicks {
+        total: v.iter().sum(),
+        idle: v[3] + v[4],
+    })
+}
+
+fn wait_for_socket(socket: &Path, lull: &mut Lull) -> Result<(), String> {
+    let deadline = Instant::now() + REQUEST;
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if !lull.running() {
+            return Err("lull exited before its API socket was up".into());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no API socket at {}", socket.display()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// `PUT endpoint` with `body`, which must answer 2xx.
+fn call(socket: &Path, endpoint: &str, body: &str) -> Result<(), String> {
+    let a = request_with_body(socket, "PUT", endpoint, body, REQUEST).map_err(|e| e.to_string())?;
+    if (200..300).contains(&a.status) {
+        Ok(())
+    } else {
+        Err(format!("{endpoint}: {} {}", a.status, a.body.trim()))
+    }
+}
+
+/// Runs `lull bench clones`; `Ok(false)` if a restore or a clone failed.
+pub fn run(args: &ClonesArgs) -> Result<bool, BenchError> {
+    if let Some(m) = args.modes.iter().find(|m| m.is_qemu()) {
+        return Err(BenchError::NoModes(format!(
+            "{} cannot restore a lull snapshot: give lull's modes",
+            m.name()
+        )));
+    }
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    if !lull_has_flag(&lull, "--memory-restore") {
+        return Err(BenchError::NoModes(format!(
+            "{} has no --memory-restore: build a newer lull or pass --lull PATH",
+            lull.display()
+        )));
+    }
+    let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
+    let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
+    let base = kit::default_cmdline(
+        linux.cmdline.as_deref(),
+        linux.cmdline_pvm.as_deref(),
+        kit::host_is_pvm(),
+    );
+    let words: Vec<&str> = base
+        .split_whitespace()
+        .filter(|w| !w.starts_with("lull.workload="))
+        .collect();
+    let cmdline = format!(
+        "{} lull.workload=idle,seconds={WORKLOAD_S},cpus={}",
+        words.join(" "),
+        args.cpus
+    );
+    let bench = Bench {
+        args,
+        lull,
+        work: work_dir(args.common.work_dir.as_ref())?,
+        kernel: linux.kernel,
+        cmdline,
+    };
+    let mut report = ClonesReport {
+        schema: CLONES_SCHEMA.into(),
+        host: host_info(),
+        params: ClonesParams {
+            cpus: args.cpus,
+            memory: args.memory.clone(),
+            cmdline: bench.cmdline.clone(),
+            settle_s: args.settle.as_secs_f64(),
+            window_s: args.window.as_secs_f64(),
+            restores: args.restores,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        },
+        restores: Vec::new(),
+        fleets: Vec::new(),
+    };
+    for v in variants(args) {
+        eprintln!("bench clones: {}: booting the VM to snapshot", v.name());
+        let dir = match bench.snapshot(&v) {
+            Ok(dir) => dir,
+            Err(e) => {
+                report.fleets.push(FleetRow {
+                    mode: v.name(),
+                    failures: vec![format!("no snapshot: {e}")],
+                    ..Default::default()
+                });
+                continue;
+            }
+        };
+        for memory in [MemoryMode::Map, MemoryMode::Copy] {
+            eprintln!("bench clones: {}: restores by {}", v.name(), memory.name());
+            report.restores.push(bench.restores(&v, &dir, memory));
+        }
+        for &memory in &args.fleet_memory {
+            for &n in &args.clones {
+                eprintln!(
+                    "bench clones: {}: {n} clones by {}",
+                    v.name(),
+                    memory.name()
+                );
+                report.fleets.push(bench.fleet(&v, &dir, memory, n));
+            }
+        }
+    }
+    print!("{}", clones_table(&report));
+    if let Some(path) = &args.common.json {
+        super::report::write_json(path, &report)?;
+    }
+    let failed = report.restores.iter().any(|r| !r.failures.is_empty())
+        || report.fleets.iter().any(|f| !f.failures.is_empty());
+    Ok(!failed)
+}
+
+/// The modes to snapshot: each of `--modes`, and each user-irqchip one with each slack.
+fn variants(args: &ClonesArgs) -> Vec<Variant> {
+    let mut out = Vec::new();
+    for &mode in &args.modes {
+        out.push(Variant { mode, slack: None });
+        if mode != Mode::Kernel {
+            for s in &args.timer_slack {
+                out.push(Variant {
+                    mode,
+                    slack: Some(s.clone()),
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Clones {
+        #[command(flatten)]
+        args: ClonesArgs,
+    }
+
+    #[test]
+    fn smaps_rollup_is_summed_by_kind() {
+        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 12888 kB\nPss: 2008 kB\n\
+                    Pss_Anon: 568 kB\nPss_File: 1440 kB\nShared_Clean: 12256 kB\n\
+                    Shared_Dirty: 4 kB\nPrivate_Clean: 60 kB\nPrivate_Dirty: 572 kB\n";
+        assert_eq!(
+            parse_rollup(text),
+            Rollup {
+                rss: 12888,
+                pss: 2008,
+                pss_anon: 568,
+                pss_file: 1440,
+                shared: 12260,
+                private: 632,
+            }
+        );
+    }
+
+    #[test]
+    fn host_ticks_count_iowait_as_idle() {
+        let t = parse_host_ticks("cpu  10 1 5 100 4 1 1 0 3 0").unwrap();
+        assert_eq!(
+            t,
+            HostTicks {
+                total: 122,
+                idle: 104
+            }
+        );
+        assert_eq!(parse_host_ticks("cpu0 1 2 3 4 5 6 7 8"), None);
+    }
+
+    #[test]
+    fn slack_variants_come_for_user_irqchip_modes_only() {
+        let c =
+            Clones::try_parse_from(["clones", "--modes", "kernel,pull", "--timer-slack", "1ms"])
+                .unwrap();
+        let names: Vec<String> = variants(&c.args).iter().map(Variant::name).collect();
+        assert_eq!(names, ["kernel", "pull", "pull+slack=1ms"]);
+    }
+}

@@ -118,11 +118,13 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
 
 /// What clap's refusal (or its `--help`, `--version`) means here.
 fn clap_outcome(e: &clap::Error) -> Result<ChCommand, ChError> {
-    // clap names the flag with its value's name (`--kernel <P>`): the flag alone.
+    // clap names a flag with its value's name (`--kernel <P>`, `--frob=1`): the flag alone;
+    // a stray value as it is.
     let flag = || match e.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(arg)) => {
+        Some(ContextValue::String(arg)) if arg.starts_with('-') => {
             arg.split([' ', '=']).next().unwrap_or_default().to_string()
         }
+        Some(ContextValue::String(arg)) => arg.clone(),
         _ => String::new(),
     };
     match e.kind() {
@@ -136,9 +138,13 @@ fn clap_outcome(e: &clap::Error) -> Result<ChCommand, ChError> {
         ErrorKind::InvalidValue if e.get(ContextKind::InvalidValue).is_none_or(is_empty) => {
             Err(ChError::NoValue(flag()))
         }
-        _ => Err(ChError::Usage(
-            e.to_string().lines().next().unwrap_or_default().to_string(),
-        )),
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            Err(ChError::Usage(
+                first.strip_prefix("error: ").unwrap_or(first).to_string(),
+            ))
+        }
     }
 }
 
@@ -357,8 +363,8 @@ mod tests {
             launch("--kernel --cpus boot=1"),
             Err(ChError::NoValue("--kernel".into()))
         );
-        let err = launch("--api-socket /a /b").unwrap_err();
-        assert!(err.to_string().contains("/b"), "{err}");
+        let err = launch("--api-socket /a key=value").unwrap_err();
+        assert!(err.to_string().contains("key=value: not a"), "{err}");
     }
 
     /// The help comes from the same table as the parser: every flag lull takes is in it, and

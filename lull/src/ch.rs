@@ -9,33 +9,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use vmm::api::InitialVm;
-use vmm::config::ch::cli::{self, ApiSocketArg, ChCommand};
+use vmm::config::ch::cli::{self, ApiSocketArg, ChCommand, ChLaunch};
 use vmm::config::ch::options::{self, TapSource};
 use vmm::config::ch::{ChError, CH_VERSION};
 use vmm::exit_code;
 use vmm::host::sys::tap::Tap;
 use vmm::vm::inputs::OtherPaths;
-
-const HELP: &str = "\
-lull, invoked as cloud-hypervisor: Cloud Hypervisor's command line for what lull has.
-
-  --api-socket path=P|fd=N|P   serve the API (a subset of Cloud Hypervisor's)
-  --kernel P  --initramfs P  --cmdline S
-  --cpus boot=N[,max=N]        max must equal boot
-  --memory size=N[K|M|G][,shared=on|off]
-  --disk path=P[,readonly=on][,serial=S] ...   raw images on virtio-blk
-  --net tap=NAME|fd=N[,mac=M][,ip=A,mask=M] ... existing taps (or an inherited tap
-                               fd: IFF_TAP|IFF_NO_PI, no IFF_VNET_HDR) on virtio-net
-  --serial off|null|tty|file=P  --console off|null  --rng src=P
-  --log-file P  -v  --seccomp true|false|log  --version
-  --lull KEY=VALUE[,KEY=VALUE]  lull's own flags (`lull run --help`), e.g.
-                               --lull timer-model=pull,halt-poll=adaptive
-  --restore source_url=file:///DIR[,resume=true][,prefault=on]
-                               the snapshot's VM instead (with no VM flag): paused
-                               for vm.resume on --api-socket, or run at once with
-                               resume=true
-
-Anything else is refused (exit status 2) with the reason. See docs/ORCHESTRATION.md.";
 
 /// The arguments after the program name if lull runs as `cloud-hypervisor` (its file name)
 /// or as `lull ch`; `None` otherwise.
@@ -75,61 +54,72 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
             );
             return ExitCode::SUCCESS;
         }
-        Ok(ChCommand::Help) => {
-            println!("{HELP}");
+        Ok(ChCommand::Help(help)) => {
+            print!("{help}");
             return ExitCode::SUCCESS;
         }
-        Ok(ChCommand::Launch(launch)) => launch,
+        Ok(ChCommand::Launch(launch)) => *launch,
         Err(e) => return refused(&e),
     };
-    let cli::ChLaunch {
-        config: mut cfg,
-        boots,
-        api_socket,
-        log_file,
-        verbose,
-        net_fds,
-        restore,
-        notes,
-    } = *launch;
-    // `--net fd=N`: the tap behind each inherited fd, checked now, after the named taps.
-    for net in &net_fds {
-        let TapSource::Fd(fd) = net.source else {
-            continue;
-        };
-        let tap = match Tap::from_fd(fd) {
-            Ok(tap) => tap,
-            Err(e) => {
-                eprintln!("lull: --net fd={fd}: {e}");
-                return crate::run::status(exit_code::BAD_INPUT);
-            }
-        };
-        match options::fd_net(fd, tap.name(), net.mac) {
-            Ok(device) => cfg.nets.push(device),
-            Err(e) => return refused(&e),
-        }
+    match prepare(launch) {
+        Ok(launch) => launch_vm(launch, started),
+        Err(status) => status,
     }
-    if let Err(e) = cfg.validate() {
+}
+
+/// Checks the inherited tap fds and the configuration, installs the stop signals' handlers
+/// and starts logging: the launch ready to run, or lull's exit status.
+fn prepare(mut launch: ChLaunch) -> Result<ChLaunch, ExitCode> {
+    add_inherited_taps(&mut launch)?;
+    if let Err(e) = launch.config.validate() {
         eprintln!("lull: {e}");
-        return crate::run::status(exit_code::for_config_error(&e));
+        return Err(crate::run::status(exit_code::for_config_error(&e)));
     }
     if let Err(e) = vmm::host::sys::stop_signals::install_early() {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
-        return crate::run::status(exit_code::VMM_FAILURE);
+        return Err(crate::run::status(exit_code::VMM_FAILURE));
     }
-    if let Err(e) = crate::run::init_logging(verbose, log_file.as_deref()) {
+    if let Err(e) = crate::run::init_logging(launch.verbose, launch.log_file.as_deref()) {
         eprintln!("lull: cannot open the log file: {e}");
-        return crate::run::status(exit_code::BAD_INPUT);
+        return Err(crate::run::status(exit_code::BAD_INPUT));
     }
-    for note in &notes {
+    for note in &launch.notes {
         tracing::info!("accepted without effect: {note}");
     }
+    Ok(launch)
+}
+
+/// `--net fd=N`: the tap behind each inherited fd, checked now, after the named taps.
+fn add_inherited_taps(launch: &mut ChLaunch) -> Result<(), ExitCode> {
+    for net in &launch.net_fds {
+        let TapSource::Fd(fd) = net.source else {
+            continue;
+        };
+        let tap = Tap::from_fd(fd).map_err(|e| {
+            eprintln!("lull: --net fd={fd}: {e}");
+            crate::run::status(exit_code::BAD_INPUT)
+        })?;
+        let device = options::fd_net(fd, tap.name(), net.mac).map_err(|e| refused(&e))?;
+        launch.config.nets.push(device);
+    }
+    Ok(())
+}
+
+/// Serves the API, restores or runs the VM, as the flags say.
+fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
+    let ChLaunch {
+        config,
+        boots,
+        api_socket,
+        restore,
+        ..
+    } = launch;
     match (api_socket, restore) {
         (Some(socket), restore) => {
             let initial = match restore {
                 Some(restore) => InitialVm::Restored(restore),
                 None if boots => InitialVm::Created {
-                    cfg: Box::new(cfg),
+                    cfg: Box::new(config),
                     boot: true,
                 },
                 None => InitialVm::None,
@@ -153,6 +143,6 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         (None, None) if !boots => refused(&ChError::Missing(
             "--kernel (the VM to run) or --api-socket (to create it through the API)",
         )),
-        (None, None) => crate::run::run_vm(&cfg, OtherPaths::default(), started),
+        (None, None) => crate::run::run_vm(&config, OtherPaths::default(), started),
     }
 }

@@ -18,7 +18,7 @@
 //! created again (with a corrected configuration). A stopped VM stays `Shutdown` with its final report: lull runs one
 //! VM per process.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
@@ -32,6 +32,7 @@ use crate::config::ch::restore::ChRestore;
 use crate::config::ch::{options, ChError};
 use crate::config::{NetConfig, VmConfig};
 use crate::exit_code;
+use crate::host::sys::scm::SentFds;
 use crate::host::sys::tap::Tap;
 use crate::metrics::RunReport;
 use crate::state::StopReason;
@@ -135,12 +136,12 @@ impl Controller {
 
     /// Answers one request.
     pub fn handle(&mut self, request: ApiRequest) -> (Response, Next) {
-        self.handle_with_fds(request, Vec::new())
+        self.handle_with_fds(request, SentFds::default())
     }
 
     /// Answers one request that came with `fds` (SCM_RIGHTS): `vm.add-net` takes them, any
     /// other request closes them.
-    pub fn handle_with_fds(&mut self, request: ApiRequest, fds: Vec<OwnedFd>) -> (Response, Next) {
+    pub fn handle_with_fds(&mut self, request: ApiRequest, fds: SentFds) -> (Response, Next) {
         // A run that ended by itself is taken note of first; if a signal ended it, lull ends
         // after this answer.
         let then = self.poll_vm().map_or(Next::Serve, Next::Exit);
@@ -279,17 +280,20 @@ impl Controller {
 
     /// `vm.add-net` before boot: a virtio-net device on the named tap, or on the tap fd sent
     /// with the request (checked to be a tap; kept open for the VM's life).
-    fn add_net(&mut self, net: AddNet, fds: Vec<OwnedFd>) -> Result<Response, ApiError> {
+    fn add_net(&mut self, net: AddNet, fds: SentFds) -> Result<Response, ApiError> {
         let VmState::Created { cfg, boot_failed } = &self.state else {
             return Err(match self.state {
                 VmState::NotCreated => ApiError::VmNotCreated,
                 _ => ApiError::AddNetAfterBoot,
             });
         };
-        let device = match (fds.as_slice(), &net.tap) {
-            ([], _) if net.body_fds => return Err(ApiError::AddNetBodyFds),
-            ([], None) => return Err(ApiError::AddNetNoTap),
-            ([], Some(tap)) => {
+        if fds.count > 1 || fds.truncated {
+            return Err(ApiError::AddNetFds(fds.said()));
+        }
+        let device = match (&fds.first, &net.tap) {
+            (None, _) if net.body_fds => return Err(ApiError::AddNetBodyFds),
+            (None, None) => return Err(ApiError::AddNetNoTap),
+            (None, Some(tap)) => {
                 let device: NetConfig = format!("tap={tap}")
                     .parse()
                     .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
@@ -298,12 +302,10 @@ impl Controller {
                     ..device
                 }
             }
-            ([fd], _) => {
-                let raw = fd.as_raw_fd();
-                let tap = Tap::from_fd(raw).map_err(ApiError::AddNetFd)?;
-                options::fd_net(raw, tap.name(), net.mac).map_err(ApiError::ChConfig)?
+            (Some(fd), _) => {
+                let tap = Tap::from_sent(fd.as_fd()).map_err(ApiError::AddNetFd)?;
+                options::fd_net(fd.as_raw_fd(), tap.name(), net.mac).map_err(ApiError::ChConfig)?
             }
-            (many, _) => return Err(ApiError::AddNetFds(many.len())),
         };
         let mut with = (**cfg).clone();
         let boot_failed = *boot_failed;
@@ -323,7 +325,7 @@ impl Controller {
                 }
             }
         }
-        self.net_fds.extend(fds);
+        self.net_fds.extend(fds.first);
         self.state = VmState::Created {
             cfg: Box::new(with),
             boot_failed,

@@ -128,7 +128,7 @@ pub enum ApiError {
     AddNetBodyFds,
     /// `vm.add-net` with more than one fd.
     #[error("vm.add-net: lull takes one tap fd (one queue pair) per device; {0} were sent")]
-    AddNetFds(usize),
+    AddNetFds(String),
     /// The fd sent with `vm.add-net` is not a usable tap.
     #[error("vm.add-net: the fd sent is not a usable tap")]
     AddNetFd(#[source] crate::host::sys::tap::TapError),

@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -47,7 +47,8 @@ use super::routes;
 use crate::config::ch::restore::ChRestore;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
-use crate::host::sys::{listener, scm, stop_signals};
+use crate::host::sys::scm::{self, SentFds};
+use crate::host::sys::{listener, stop_signals};
 
 /// The listening socket; its file (if lull created it) is removed when it is dropped.
 pub struct ApiSocket {
@@ -180,8 +181,8 @@ struct Client {
     conn: Conn,
     watching: EventSet,
     /// Descriptors sent with the bytes read (SCM_RIGHTS), for the next request answered
-    /// (a client sends them with its request's first write); at most `scm::MAX_FDS`.
-    fds: Vec<OwnedFd>,
+    /// (a client sends them with its request's first write): the first kept, all counted.
+    fds: SentFds,
 }
 
 /// The open connections, by epoll token.
@@ -231,7 +232,7 @@ impl Clients {
             stream,
             conn: Conn::new(Instant::now()),
             watching: EventSet::IN,
-            fds: Vec::new(),
+            fds: SentFds::default(),
         };
         self.open.insert(token, client);
         Ok(())
@@ -269,10 +270,9 @@ impl Clients {
         if readable && client.watching == EventSet::IN {
             match scm::recv_with_fds(&client.stream, &mut self.chunk) {
                 Ok((0, _)) => client.conn.end_of_stream(),
-                Ok((n, fds)) => {
+                Ok((n, received)) => {
                     client.conn.received(&self.chunk[..n]);
-                    client.fds.extend(fds);
-                    client.fds.truncate(scm::MAX_FDS);
+                    client.fds.add(received);
                 }
                 Err(e)
                     if matches!(
@@ -376,11 +376,7 @@ impl Clients {
 }
 
 /// Routes and answers one request (and the fds sent with it).
-fn handle(
-    request: http::Request,
-    fds: Vec<OwnedFd>,
-    controller: &mut Controller,
-) -> (Response, Next) {
+fn handle(request: http::Request, fds: SentFds, controller: &mut Controller) -> (Response, Next) {
     tracing::debug!(method = request.method, path = request.path, "API request");
     match routes::route(&request) {
         Ok(request) => controller.handle_with_fds(request, fds),

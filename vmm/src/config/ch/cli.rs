@@ -1,250 +1,65 @@
 //! Cloud Hypervisor's command line (lull invoked as `cloud-hypervisor`, or `lull ch ...`)
 //! onto lull's [`VmConfig`] and the few things lull itself needs (the API socket, the log).
 //!
-//! Flags take their value as the next argument or after `=`; `--disk` and `--net` take one or
-//! more values (Cloud Hypervisor's form, `--disk path=a path=b`) and may repeat. A flag lull
-//! does not have is refused by name. lull's own knobs come as `--lull KEY=VALUE[,KEY=VALUE]`,
-//! with the names of `lull run`'s flags (`--lull timer-model=push,halt-poll=50us`); a value may
-//! hold commas (`--lull idle-inject=percent=25,period=100`): a new pair starts only at one of
-//! lull's flag names.
+//! The flags, how they take their values, their help and what each does are one table
+//! ([`super::flags`]), read with clap. A flag lull does not have is refused by name, a
+//! single-valued flag given twice is refused (not the last one kept). lull's own knobs come
+//! as `--lull KEY=VALUE[,KEY=VALUE]`, with the names of `lull run`'s flags (`--lull
+//! timer-model=push,halt-poll=50us`); a value may hold commas (`--lull
+//! idle-inject=percent=25,period=100`): a new pair starts only at one of lull's flag names.
 
-use std::path::PathBuf;
-
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
 use clap::{Args, Command, FromArgMatches};
 
-use super::options::{self, TapSource};
-use super::restore::{self, ChRestore};
+use super::flags::{self, Effect, Flag, Parsed, FLAGS};
 use super::ChError;
-use crate::config::{SerialMode, VmConfig};
-use crate::host::seccomp::SeccompMode;
-use crate::size::ByteSize;
+use crate::config::VmConfig;
 
-/// Where the API socket comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiSocketArg {
-    /// Created at this path.
-    Path(PathBuf),
-    /// An inherited listening socket.
-    Fd(i32),
-}
-
-/// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ChCommand {
-    /// `--version`/`-V`: say the version.
-    Version,
-    /// `--help`/`-h`.
-    Help,
-    /// Run a VM, or serve the API.
-    Launch(Box<ChLaunch>),
-}
-
-/// A VM to run (or to create, with the API socket).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChLaunch {
-    /// The VM (Cloud Hypervisor's defaults: 1 vCPU, 512 MiB, the serial port to nowhere).
-    pub config: VmConfig,
-    /// A kernel was given: the VM boots at once (with the API socket too, as Cloud
-    /// Hypervisor does).
-    pub boots: bool,
-    /// `--api-socket`.
-    pub api_socket: Option<ApiSocketArg>,
-    /// `--log-file`.
-    pub log_file: Option<PathBuf>,
-    /// `-v` count.
-    pub verbose: u8,
-    /// Tap fds given with `--net fd=N` (and their MACs), in order after the named taps.
-    pub net_fds: Vec<options::ChNet>,
-    /// `--restore`: the snapshot to restore instead of a VM to boot (no VM flag with it).
-    pub restore: Option<ChRestore>,
-    /// What was accepted without effect, said with `-v`.
-    pub notes: Vec<String>,
-}
-
-/// The flags that set something of the VM (refused with `--restore`, whose VM is the
-/// snapshot's; `--console` and `--rng`, accepted without effect anyway, may come with it).
-const VM_FLAGS: [&str; 10] = [
-    "--kernel",
-    "--initramfs",
-    "--cmdline",
-    "--cpus",
-    "--memory",
-    "--disk",
-    "--net",
-    "--serial",
-    "--seccomp",
-    "--lull",
-];
-
-/// Cloud Hypervisor's flags that lull does not have, with the reason.
-const REFUSED_FLAGS: [(&str, &str); 21] = [
-    ("--firmware", "lull boots a kernel directly (--kernel)"),
-    ("--fs", "lull has no virtio-fs"),
-    ("--pmem", "lull has no virtio-pmem"),
-    ("--vsock", "lull has no virtio-vsock"),
-    ("--device", "lull has no VFIO passthrough"),
-    ("--user-device", "lull has no vfio-user"),
-    ("--vdpa", "lull has no vDPA"),
-    ("--numa", "lull has no NUMA topology"),
-    ("--balloon", "lull has no balloon"),
-    ("--watchdog", "lull has no watchdog"),
-    ("--memory-zone", "lull has no memory zones"),
-    ("--tpm", "lull has no TPM"),
-    ("--sgx-epc", "lull has no SGX"),
-    ("--landlock", "lull uses seccomp, not landlock"),
-    ("--landlock-rules", "lull uses seccomp, not landlock"),
-    ("--pci-segment", "lull's devices are on virtio-mmio"),
-    ("--event-monitor", "lull has no event monitor"),
-    ("--gdb", "lull has no gdb stub"),
-    ("--igvm", "lull boots a kernel directly (--kernel)"),
-    (
-        "--rate-limit-group",
-        "lull's rate limits are per device (--lull disk=...)",
-    ),
-    ("--pvpanic", "lull has no pvpanic device"),
-];
+pub use super::launch::{ApiSocketArg, ChCommand, ChLaunch};
 
 /// Reads `args` (without the program name, or after `ch`).
 pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
-    let mut notes = Vec::new();
-    let mut cfg = VmConfig {
-        memory: ByteSize::mib(512),
-        serial: SerialMode::Off,
-        ..VmConfig::default()
+    let matches = match flags::command().try_get_matches_from(args) {
+        Ok(matches) => matches,
+        Err(e) => return clap_outcome(&e),
     };
-    let mut launch = ChLaunch {
-        config: VmConfig::default(),
-        boots: false,
-        api_socket: None,
-        log_file: None,
-        verbose: 0,
-        net_fds: Vec::new(),
-        restore: None,
-        notes: Vec::new(),
-    };
-    // The flags given that describe the VM: none may come with `--restore`.
-    let mut vm_flags: Vec<String> = Vec::new();
-    let mut lull_knobs = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        let arg = args[i].as_str();
-        i += 1;
-        if arg.starts_with('-') && !arg.starts_with("--") && arg.len() > 1 {
-            match arg {
-                "-h" => return Ok(ChCommand::Help),
-                "-V" => return Ok(ChCommand::Version),
-                _ if arg[1..].bytes().all(|b| b == b'v') => {
-                    let n = u8::try_from(arg.len() - 1).unwrap_or(u8::MAX);
-                    launch.verbose = launch.verbose.saturating_add(n);
-                    continue;
-                }
-                _ => return Err(unknown(arg)),
-            }
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg, None),
-        };
-        // The flag's values: the inline one, or the next argument(s).
-        let mut values = |many: bool| -> Result<Vec<String>, ChError> {
-            let mut out: Vec<String> = inline.iter().cloned().collect();
-            // A first value may start with one dash (`--cmdline -x`); more values may not.
-            while i < args.len()
-                && !args[i].starts_with("--")
-                && (out.is_empty() || (many && !args[i].starts_with('-')))
-            {
-                out.push(args[i].clone());
-                i += 1;
-            }
-            if out.is_empty() {
-                return Err(ChError::NoValue(flag.to_string()));
-            }
-            Ok(out)
-        };
-        if VM_FLAGS.contains(&flag) && !vm_flags.iter().any(|f| f == flag) {
-            vm_flags.push(flag.to_string());
-        }
-        match flag {
-            "--help" => return Ok(ChCommand::Help),
-            "--version" => return Ok(ChCommand::Version),
-            "--kernel" => {
-                cfg.kernel = Some(one(values(false)?).into());
-                launch.boots = true;
-            }
-            "--initramfs" => cfg.initramfs = Some(one(values(false)?).into()),
-            "--cmdline" => cfg.cmdline = Some(one(values(false)?)),
-            "--cpus" => {
-                cfg.cpus = options::cpus(&options::split(flag, &one(values(false)?)), &mut notes)?
-            }
-            "--memory" => {
-                cfg.memory =
-                    options::memory(&options::split(flag, &one(values(false)?)), &mut notes)?
-            }
-            "--disk" => {
-                for v in values(true)? {
-                    cfg.disks
-                        .push(options::disk(&options::split(flag, &v), &mut notes)?);
-                }
-            }
-            "--net" => {
-                for v in values(true)? {
-                    let net = options::net(&options::split(flag, &v), &mut notes)?;
-                    match net.source {
-                        TapSource::Name(_) => cfg.nets.push(net.to_config()?),
-                        TapSource::Fd(_) => launch.net_fds.push(net),
-                    }
-                }
-            }
-            "--serial" => {
-                let v = one(values(false)?);
-                let (mode, file) = match v.split_once('=') {
-                    Some((mode, file)) => (mode.to_string(), Some(file.to_string())),
-                    None => (v, None),
-                };
-                cfg.serial = options::serial(flag, &mode, file.as_deref())?;
-            }
-            "--console" | "--debug-console" => options::console(flag, &one(values(false)?))?,
-            "--rng" => options::rng(&options::split(flag, &one(values(false)?)), &mut notes)?,
-            "--api-socket" => launch.api_socket = Some(api_socket(&one(values(false)?))?),
-            "--log-file" => launch.log_file = Some(one(values(false)?).into()),
-            "--seccomp" => {
-                cfg.seccomp = match one(values(false)?).as_str() {
-                    "true" => SeccompMode::On,
-                    "false" => SeccompMode::Off,
-                    "log" => SeccompMode::Log,
-                    other => {
-                        return Err(ChError::BadValue {
-                            option: flag.into(),
-                            value: other.into(),
-                            expected: "true, false or log",
-                        })
-                    }
-                }
-            }
-            "--platform" => notes.push(format!(
-                "--platform {}: lull has no PCI segments, UUID or OEM strings",
-                one(values(false)?)
-            )),
-            "--lull" => lull_knobs.extend(values(false)?),
-            "--restore" => {
-                let opts = options::split(flag, &one(values(false)?));
-                launch.restore = Some(restore::restore(&opts, &mut notes)?);
-            }
-            _ => {
-                let why = REFUSED_FLAGS
-                    .iter()
-                    .find(|(f, _)| *f == flag)
-                    .map_or("not a Cloud Hypervisor flag lull knows", |(_, why)| *why);
-                return Err(ChError::Refused {
-                    option: flag.to_string(),
-                    why,
-                });
-            }
-        }
+    let mut parsed = Parsed::new(matches.get_count("v"));
+    // The flags given that describe the VM, by first position: none may come with `--restore`.
+    let mut vm_flags: Vec<(usize, String)> = Vec::new();
+    let given = |f: &&Flag| matches.value_source(f.id) == Some(ValueSource::CommandLine);
+    let refused = FLAGS.iter().filter(given).find_map(|f| match f.effect {
+        Effect::Refused(why) => Some((f.name(), why)),
+        _ => None,
+    });
+    if let Some((option, why)) = refused {
+        return Err(ChError::Refused { option, why });
     }
+    for f in FLAGS.iter().filter(given) {
+        let set = match f.effect {
+            Effect::Vm(set) => {
+                vm_flags.push((matches.index_of(f.id).unwrap_or(0), f.name()));
+                set
+            }
+            Effect::Run(set) => set,
+            Effect::Refused(_) | Effect::Clap => continue,
+        };
+        let values: Vec<String> = matches
+            .get_many::<String>(f.id)
+            .map(|v| v.cloned().collect())
+            .unwrap_or_default();
+        set(&mut parsed, &f.name(), values)?;
+    }
+    let Parsed {
+        mut cfg,
+        mut launch,
+        lull_knobs,
+    } = parsed;
     if launch.restore.is_some() && !vm_flags.is_empty() {
+        vm_flags.sort();
+        let names: Vec<String> = vm_flags.into_iter().map(|(_, name)| name).collect();
         return Err(ChError::Refused {
-            option: format!("--restore with {}", vm_flags.join(", ")),
+            option: format!("--restore with {}", names.join(", ")),
             why: "the restored VM is the snapshot's, as it was saved: give --restore alone \
                   (with --api-socket, --log-file, -v, --console, --rng)",
         });
@@ -254,37 +69,43 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
     }
     cfg.validate()?;
     launch.config = cfg;
-    launch.notes = notes;
     Ok(ChCommand::Launch(Box::new(launch)))
 }
 
-fn one(mut values: Vec<String>) -> String {
-    values.swap_remove(0)
-}
-
-fn unknown(flag: &str) -> ChError {
-    ChError::Refused {
-        option: flag.to_string(),
-        why: "not a Cloud Hypervisor flag lull knows",
+/// What clap's refusal (or its `--help`, `--version`) means here.
+fn clap_outcome(e: &clap::Error) -> Result<ChCommand, ChError> {
+    // clap names a flag with its value's name (`--kernel <P>`, `--frob=1`): the flag alone;
+    // a stray value as it is.
+    let flag = || match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) if arg.starts_with('-') => {
+            arg.split([' ', '=']).next().unwrap_or_default().to_string()
+        }
+        Some(ContextValue::String(arg)) => arg.clone(),
+        _ => String::new(),
+    };
+    match e.kind() {
+        ErrorKind::DisplayHelp => Ok(ChCommand::Help(e.to_string())),
+        ErrorKind::DisplayVersion => Ok(ChCommand::Version),
+        ErrorKind::UnknownArgument => Err(ChError::Refused {
+            option: flag(),
+            why: "not a Cloud Hypervisor flag lull knows",
+        }),
+        ErrorKind::ArgumentConflict => Err(ChError::Repeated(flag())),
+        ErrorKind::InvalidValue if e.get(ContextKind::InvalidValue).is_none_or(is_empty) => {
+            Err(ChError::NoValue(flag()))
+        }
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            Err(ChError::Usage(
+                first.strip_prefix("error: ").unwrap_or(first).to_string(),
+            ))
+        }
     }
 }
 
-/// `path=P`, `fd=N` or a bare path.
-fn api_socket(value: &str) -> Result<ApiSocketArg, ChError> {
-    if let Some(path) = value.strip_prefix("path=") {
-        return Ok(ApiSocketArg::Path(path.into()));
-    }
-    if let Some(fd) = value.strip_prefix("fd=") {
-        return fd
-            .parse()
-            .map(ApiSocketArg::Fd)
-            .map_err(|_| ChError::BadValue {
-                option: "--api-socket fd".into(),
-                value: fd.into(),
-                expected: "a file descriptor number",
-            });
-    }
-    Ok(ApiSocketArg::Path(value.into()))
+fn is_empty(value: &ContextValue) -> bool {
+    matches!(value, ContextValue::String(s) if s.is_empty()) || matches!(value, ContextValue::None)
 }
 
 /// Applies `--lull KEY=VALUE[,KEY=VALUE]` with the parser of `lull run`'s flags.
@@ -318,7 +139,11 @@ fn apply_lull_knobs(cfg: &mut VmConfig, text: &str) -> Result<(), ChError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{IrqchipMode, TimerModelKind};
+    use crate::config::ch::options::TapSource;
+    use crate::config::ch::restore::ChRestore;
+    use crate::config::{IrqchipMode, SerialMode, TimerModelKind};
+    use crate::host::seccomp::SeccompMode;
+    use crate::size::ByteSize;
 
     fn launch(args: &str) -> Result<ChLaunch, ChError> {
         let args: Vec<String> = args.split_whitespace().map(str::to_string).collect();
@@ -421,8 +246,8 @@ mod tests {
         assert!(l.restore.is_some_and(|r| r.resume));
         for (args, named) in [
             (
-                "--restore source_url=file:///s --kernel /k --cpus boot=2 --kernel /k",
-                "--restore with --kernel, --cpus:",
+                "--restore source_url=file:///s --kernel /k --cpus boot=2 --lull cpus=2",
+                "--restore with --kernel, --cpus, --lull:",
             ),
             (
                 "--serial tty --restore source_url=file:///s",
@@ -453,5 +278,75 @@ mod tests {
         assert!(launch("--lull cpus=x").is_err());
         // lull's own rules still hold.
         assert!(launch("--lull irqchip=kernel,timer-model=push").is_err());
+    }
+
+    #[test]
+    fn a_single_valued_flag_given_twice_is_refused() {
+        for (args, flag) in [
+            ("--api-socket /a --api-socket /b", "--api-socket"),
+            ("--kernel /k --cpus boot=1 --kernel=/k", "--kernel"),
+            ("--serial tty --serial off", "--serial"),
+            (
+                "--restore source_url=file:///s --restore source_url=file:///t",
+                "--restore",
+            ),
+        ] {
+            let err = launch(args).unwrap_err();
+            assert_eq!(err, ChError::Repeated(flag.into()), "{args}");
+            assert!(err.to_string().contains("give it once"), "{err}");
+        }
+        // The repeatable ones repeat, with one or more values each time.
+        let l = launch("--disk path=/a path=/b --disk path=/c --lull cpus=2 --lull halt-poll=50us")
+            .unwrap();
+        assert_eq!(l.config.disks.len(), 3);
+        assert_eq!(l.config.cpus, 2);
+        assert_eq!(launch("-v -vv").unwrap().verbose, 3);
+    }
+
+    #[test]
+    fn an_empty_disk_path_is_called_empty() {
+        let err = launch("--disk path=").unwrap_err();
+        assert_eq!(err, ChError::EmptyPath("--disk path".into()));
+        assert!(err.to_string().contains("--disk path is empty"), "{err}");
+        assert_eq!(
+            launch("--disk readonly=on"),
+            Err(ChError::Missing("--disk path"))
+        );
+    }
+
+    #[test]
+    fn values_take_cloud_hypervisor_s_forms() {
+        let l = launch("--cmdline -x --kernel=/k --cpus=boot=2").unwrap();
+        assert_eq!(l.config.cmdline.as_deref(), Some("-x"));
+        assert_eq!(l.config.cpus, 2);
+        assert_eq!(launch("--disk"), Err(ChError::NoValue("--disk".into())));
+        assert_eq!(
+            launch("--kernel --cpus boot=1"),
+            Err(ChError::NoValue("--kernel".into()))
+        );
+        let err = launch("--api-socket /a key=value").unwrap_err();
+        assert!(err.to_string().contains("key=value: not a"), "{err}");
+    }
+
+    /// The help comes from the same table as the parser: every flag lull takes is in it, and
+    /// every refused one with its reason.
+    #[test]
+    fn the_help_lists_the_flags_lull_takes() {
+        let Ok(ChCommand::Help(help)) = parse(&["--help".into()]) else {
+            panic!("--help")
+        };
+        for f in &FLAGS {
+            let shown = help.contains(&f.name());
+            match f.effect {
+                Effect::Refused(why) => assert!(
+                    help.contains(&format!("{:<20}{why}", f.name())),
+                    "{} and its reason not in the help",
+                    f.name()
+                ),
+                _ if f.help.is_empty() => {}
+                _ => assert!(shown, "{} not in the help:\n{help}", f.name()),
+            }
+        }
+        assert_eq!(parse(&["-h".into()]), Ok(ChCommand::Help(help)));
     }
 }

@@ -16,7 +16,9 @@
 //! files, taps and fds as it does for lull's own configuration.
 
 pub mod cli;
+mod flags;
 pub mod json;
+mod launch;
 pub mod options;
 pub mod restore;
 
@@ -50,9 +52,18 @@ pub enum ChError {
     /// A required part is missing.
     #[error("{0} is missing")]
     Missing(&'static str),
-    /// A flag that needs a value came last.
+    /// A flag that needs a value came last, or before another flag.
     #[error("{0} needs a value")]
     NoValue(String),
+    /// A flag that takes one value was given twice.
+    #[error("{0} was given more than once: give it once (Cloud Hypervisor takes one)")]
+    Repeated(String),
+    /// A path given empty (`--disk path=`).
+    #[error("{0} is empty: give the file's path")]
+    EmptyPath(String),
+    /// A command line clap refuses for another reason (its first line).
+    #[error("{0}: see `lull ch --help`")]
+    Usage(String),
     /// A `--net` that lull's own net configuration refuses.
     #[error("--net: {0}")]
     Net(#[source] NetConfigError),

@@ -175,7 +175,8 @@ pub fn disk(opts: &[Opt], notes: &mut Vec<String>) -> Result<DiskConfig, ChError
     let mut readonly = false;
     for o in opts {
         match o.key.as_str() {
-            "path" if !o.value.is_empty() => path = Some(PathBuf::from(&o.value)),
+            "path" if o.value.is_empty() => return Err(ChError::EmptyPath(o.name.clone())),
+            "path" => path = Some(PathBuf::from(&o.value)),
             "readonly" => readonly = o.toggle()?,
             "serial" | "id" => o.note(notes, "lull's virtio-blk has no serial or device ID"),
             "queue_size" => o.note(notes, "lull's virtio-blk queue takes up to 256"),

@@ -1,9 +1,15 @@
 //! The API socket inherited from the process that started lull (`--api-socket fd=N` of the
-//! `cloud-hypervisor` command line): checked to be a listening Unix stream socket, then owned.
+//! `cloud-hypervisor` command line): owned, then checked to be a listening Unix stream socket.
+//! Safe code over nix; taking the number is [`super::fds::claim_inherited`].
 
-use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
+
+use nix::sys::socket::{
+    getsockname, getsockopt, sockopt, AddressFamily, SockType, SockaddrLike, SockaddrStorage,
+};
+
+use super::fds;
 
 /// Why an inherited fd cannot serve the API.
 #[derive(Debug, thiserror::Error)]
@@ -23,56 +29,43 @@ pub enum ListenerError {
     },
 }
 
-/// One `int` socket option of `fd`, or `None` if `getsockopt` refuses (not a socket).
-fn int_option(fd: RawFd, option: libc::c_int) -> Option<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).ok()?;
-    // SAFETY: getsockopt writes at most `len` bytes (one int) into `value`, which outlives
-    // the call; on an fd that is not a socket it fails with ENOTSOCK and writes nothing.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            option,
-            std::ptr::addr_of_mut!(value).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some(value)
+/// What keeps `socket` from serving as the API's listener, if anything.
+fn not_a_listener(socket: &OwnedFd) -> Option<&'static str> {
+    let family = getsockname::<SockaddrStorage>(socket.as_raw_fd())
+        .ok()
+        .and_then(|a| a.family());
+    if family != Some(AddressFamily::Unix) {
+        return Some("not a Unix socket");
+    }
+    if getsockopt(socket, sockopt::SockType).ok() != Some(SockType::Stream) {
+        return Some("not a stream socket");
+    }
+    if getsockopt(socket, sockopt::AcceptConn).ok() != Some(true) {
+        return Some("not listening");
+    }
+    None
 }
 
 /// Takes ownership of the inherited listening socket `fd` (close-on-exec from now on,
-/// non-blocking as the server wants it).
+/// non-blocking as the server wants it). lull was handed `fd` to serve the API: it owns it
+/// from here, and closes it if it cannot serve on it.
 pub fn inherited_listener(fd: RawFd) -> Result<UnixListener, ListenerError> {
-    // SAFETY: F_GETFD only reads the descriptor's flags; EBADF if `fd` is not open.
-    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(ListenerError::NotOpen(fd));
-    }
+    let socket = fds::claim_inherited(fd).ok_or(ListenerError::NotOpen(fd))?;
     let not = |what| ListenerError::NotAListener { fd, what };
-    if int_option(fd, libc::SO_DOMAIN) != Some(libc::AF_UNIX) {
-        return Err(not("not a Unix socket"));
+    if let Some(what) = not_a_listener(&socket) {
+        return Err(not(what));
     }
-    if int_option(fd, libc::SO_TYPE) != Some(libc::SOCK_STREAM) {
-        return Err(not("not a stream socket"));
-    }
-    if int_option(fd, libc::SO_ACCEPTCONN) != Some(1) {
-        return Err(not("not listening"));
-    }
-    // SAFETY: `fd` is open and is a listening Unix stream socket (checked above); it was
-    // handed to lull to serve the API, so lull takes ownership of it here, once.
-    let listener = unsafe { UnixListener::from_raw_fd(fd) };
-    // SAFETY: F_SETFD sets the descriptor flags of `fd`, now owned by `listener`.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let listener = UnixListener::from(socket);
     listener
         .set_nonblocking(true)
-        .map_err(|_: io::Error| not("cannot be made non-blocking"))?;
+        .map_err(|_| not("cannot be made non-blocking"))?;
     Ok(listener)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::{AsRawFd, IntoRawFd};
+    use std::os::fd::IntoRawFd;
 
     #[test]
     fn only_a_listening_unix_stream_socket_is_taken() {
@@ -84,11 +77,15 @@ mod tests {
         let listener = inherited_listener(fd).unwrap();
         std::os::unix::net::UnixStream::connect(&path).unwrap();
         assert!(listener.accept().is_ok());
+        // Each fd is handed over (lull owns, and closes, what it refuses).
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let e = inherited_listener(a.as_raw_fd()).unwrap_err();
+        let e = inherited_listener(a.into_raw_fd()).unwrap_err();
         assert!(e.to_string().contains("not listening"), "{e}");
+        let datagram = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        let e = inherited_listener(datagram.into_raw_fd()).unwrap_err();
+        assert!(e.to_string().contains("not a stream socket"), "{e}");
         let file = std::fs::File::open("/dev/null").unwrap();
-        let e = inherited_listener(file.as_raw_fd()).unwrap_err();
+        let e = inherited_listener(file.into_raw_fd()).unwrap_err();
         assert!(e.to_string().contains("not a Unix socket"), "{e}");
         assert!(matches!(
             inherited_listener(-1),

@@ -14,10 +14,15 @@
 //! - [`thread`]: per-thread knobs (timer slack).
 //! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).
 //! - [`huge_text`]: lull's own machine code moved onto 2 MiB pages at start-up.
-//! - [`tap`]: attaching to a host tap device (`TUNSETIFF`) for virtio-net.
+//! - [`tap`]: attaching to a host tap device (`TUNSETIFF`) for virtio-net, or taking one
+//!   from an fd (`TUNGETIFF`).
+//! - [`fds`]: descriptors known only by number (inherited, or named by a `NetConfig`).
+//! - [`scm`]: reading the API socket with the descriptors sent along (`SCM_RIGHTS`).
+//! - [`listener`]: the inherited API socket, checked to be a listening Unix stream socket.
 
 pub mod affinity;
 pub mod clock;
+pub mod fds;
 pub mod huge_text;
 pub mod kick;
 pub mod kvm;

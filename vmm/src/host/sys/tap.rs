@@ -7,17 +7,77 @@
 //! has CAP_NET_ADMIN, but such a tap is down and has no address, which would only hide a
 //! typo. So the name is looked up first (`if_nametoindex`, in lull's network namespace).
 //! Errors say what to do: create the tap, give lull's user access to it, free it.
+//!
+//! nix does the rest safely (`if_nametoindex`, `fcntl`); the two `unsafe` blocks left are the
+//! `TUNSETIFF` and `TUNGETIFF` ioctls, which neither nix nor vmm-sys-util wraps safely (their
+//! ioctl helpers are `unsafe` functions: the kernel's argument type is not checked).
 
-use std::ffi::CString;
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use devices::virtio::net::NetBackend;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 /// The clone device every tap is attached through.
 pub const TUN_PATH: &str = "/dev/net/tun";
+
+/// How a message names a tap descriptor given to lull: by the number its giver chose (`--net
+/// fd=N`), or as the one sent with an API request (its number in lull means nothing to the
+/// client, so it is not said).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TapFd {
+    /// Known by this number.
+    Number(RawFd),
+    /// Sent with the request (`SCM_RIGHTS`).
+    Sent,
+}
+
+impl fmt::Display for TapFd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Number(fd) => write!(f, "File descriptor {fd}"),
+            Self::Sent => write!(f, "The fd sent with the request"),
+        }
+    }
+}
+
+/// `struct ifreq` as the tun ioctls use it: the name, then the flags (a `short`), padded to
+/// the union's size. A struct of lull's, so reading the flags back needs no union access.
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    pad: [u8; 22],
+}
+
+const _: () = assert!(std::mem::size_of::<IfReq>() == std::mem::size_of::<libc::ifreq>());
+
+impl IfReq {
+    fn new(name: &str, flags: libc::c_short) -> Self {
+        let mut req = Self {
+            name: [0; libc::IFNAMSIZ],
+            flags,
+            pad: [0; 22],
+        };
+        // Leave the last byte NUL: names are at most IFNAMSIZ - 1 bytes.
+        for (dst, src) in req.name[..libc::IFNAMSIZ - 1].iter_mut().zip(name.bytes()) {
+            *dst = src;
+        }
+        req
+    }
+
+    fn name(&self) -> String {
+        let end = self
+            .name
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(self.name.len());
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
 
 /// Why a tap cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -61,26 +121,26 @@ pub enum TapError {
         name: String,
     },
     /// A file descriptor given for a tap is not open.
-    #[error("File descriptor {fd} is not open: pass the tap's fd to lull (keep it open, without close-on-exec)")]
+    #[error("{fd} is not open: pass the tap's fd to lull (keep it open, without close-on-exec)")]
     BadFd {
         /// The descriptor.
-        fd: RawFd,
+        fd: TapFd,
     },
     /// A file descriptor given for a tap is not a tap (`TUNGETIFF` refuses it, or its
     /// device is a tun).
-    #[error("File descriptor {fd} is not a tap: give the fd of /dev/net/tun attached to a tap (IFF_TAP)")]
+    #[error("{fd} is not a tap: give the fd of /dev/net/tun attached to a tap (IFF_TAP)")]
     FdNotATap {
         /// The descriptor.
-        fd: RawFd,
+        fd: TapFd,
     },
     /// A tap fd whose frames carry a packet-information or virtio-net header.
     #[error(
-        "The tap of file descriptor {fd} ({name}) was attached with {flag}: lull's virtio-net \
-         needs whole Ethernet frames (IFF_TAP | IFF_NO_PI, no IFF_VNET_HDR)"
+        "{fd} is a tap ({name}) attached with {flag}: lull's virtio-net needs whole Ethernet \
+         frames (IFF_TAP | IFF_NO_PI, no IFF_VNET_HDR)"
     )]
     FdFraming {
         /// The descriptor.
-        fd: RawFd,
+        fd: TapFd,
         /// The tap.
         name: String,
         /// The flag in the way.
@@ -119,21 +179,10 @@ impl Tap {
                 name: owned(),
                 source,
             })?;
-        let mut ifr = libc::ifreq {
-            ifr_name: [0; libc::IFNAMSIZ],
-            ifr_ifru: libc::__c_anonymous_ifr_ifru {
-                ifru_flags: short(libc::IFF_TAP | libc::IFF_NO_PI),
-            },
-        };
-        // Leave the last byte NUL: names are at most IFNAMSIZ - 1 bytes.
-        for (dst, src) in ifr.ifr_name[..libc::IFNAMSIZ - 1]
-            .iter_mut()
-            .zip(name.bytes())
-        {
-            *dst = libc::c_char::from_ne_bytes([src]);
-        }
-        // SAFETY: TUNSETIFF reads and writes one `struct ifreq`, which `ifr` is and which
-        // outlives the call; the fd is /dev/net/tun, owned by `file`.
+        let mut ifr = IfReq::new(name, short(libc::IFF_TAP | libc::IFF_NO_PI));
+        // SAFETY: no safe wrapper serves (see the module's comment). TUNSETIFF reads and
+        // writes one `struct ifreq`, which `ifr` is (same size and layout) and which outlives
+        // the call; the fd is /dev/net/tun, owned by `file`.
         let rc = unsafe {
             libc::ioctl(
                 file.as_raw_fd(),
@@ -163,25 +212,27 @@ impl Tap {
     /// or received over the API socket and kept open by the caller): a duplicate of it,
     /// non-blocking, once `TUNGETIFF` says it is a tap that hands over whole Ethernet frames.
     pub fn from_fd(fd: RawFd) -> Result<Self, TapError> {
-        // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if `fd` is
-        // not open, and nothing is done with `fd` then.
-        if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(TapError::BadFd { fd });
-        }
-        // SAFETY: `fd` is open (above) and is only borrowed for the dup below, within this
-        // call; the caller keeps it open (its documented contract).
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let file = File::from(
-            borrowed
-                .try_clone_to_owned()
-                .map_err(|_| TapError::BadFd { fd })?,
-        );
-        let mut ifr = libc::ifreq {
-            ifr_name: [0; libc::IFNAMSIZ],
-            ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_flags: 0 },
-        };
-        // SAFETY: TUNGETIFF writes one `struct ifreq`, which `ifr` is and which outlives the
-        // call; on any other file than a tun/tap it fails (EBADFD, ENOTTY, EINVAL).
+        let label = TapFd::Number(fd);
+        let file = super::fds::duplicate(fd).ok_or(TapError::BadFd { fd: label })?;
+        Self::from_file(File::from(file), label)
+    }
+
+    /// [`Tap::from_fd`] for the descriptor sent with an API request (`fd`), which errors do
+    /// not name by lull's number.
+    pub fn from_sent(fd: BorrowedFd<'_>) -> Result<Self, TapError> {
+        let label = TapFd::Sent;
+        let file = fd
+            .try_clone_to_owned()
+            .map_err(|_| TapError::BadFd { fd: label })?;
+        Self::from_file(File::from(file), label)
+    }
+
+    /// `file`, a duplicate of the descriptor `fd` names, if it is a tap lull can use.
+    fn from_file(file: File, fd: TapFd) -> Result<Self, TapError> {
+        let mut ifr = IfReq::new("", 0);
+        // SAFETY: no safe wrapper serves (see the module's comment). TUNGETIFF writes one
+        // `struct ifreq`, which `ifr` is (same size and layout) and which outlives the call;
+        // on any other file than a tun/tap it fails (EBADFD, ENOTTY, EINVAL).
         let rc = unsafe {
             libc::ioctl(
                 file.as_raw_fd(),
@@ -189,17 +240,11 @@ impl Tap {
                 std::ptr::addr_of_mut!(ifr),
             )
         };
-        // SAFETY: TUNGETIFF succeeded and set the flags member of the union.
-        let flags = libc::c_int::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        let flags = libc::c_int::from(ifr.flags);
         if rc != 0 || flags & libc::IFF_TAP == 0 {
             return Err(TapError::FdNotATap { fd });
         }
-        let name: String = ifr
-            .ifr_name
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| char::from(c.to_ne_bytes()[0]))
-            .collect();
+        let name = ifr.name();
         let framing = |flag| TapError::FdFraming {
             fd,
             name: name.clone(),
@@ -211,17 +256,16 @@ impl Tap {
         if flags & libc::IFF_VNET_HDR != 0 {
             return Err(framing("IFF_VNET_HDR"));
         }
-        // SAFETY: F_GETFL/F_SETFL read and set the status flags of `file`'s descriptor (shared
-        // with the original: the sender's copy becomes non-blocking too, as in Cloud
-        // Hypervisor).
-        let nonblocking = unsafe {
-            let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-            fl >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
-        };
-        if !nonblocking {
+        // The status flags are the open file's, shared with the giver's descriptor: the
+        // sender's copy becomes non-blocking too, as in Cloud Hypervisor.
+        let nonblocking = fcntl(&file, FcntlArg::F_GETFL).and_then(|fl| {
+            let fl = OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK;
+            fcntl(&file, FcntlArg::F_SETFL(fl))
+        });
+        if let Err(errno) = nonblocking {
             return Err(TapError::Attach {
                 name,
-                source: io::Error::last_os_error(),
+                source: errno.into(),
             });
         }
         Ok(Self { file, name })
@@ -246,12 +290,7 @@ fn short(flags: libc::c_int) -> libc::c_short {
 
 /// Whether an interface named `name` exists in this network namespace.
 pub fn interface_exists(name: &str) -> bool {
-    let Ok(c_name) = CString::new(name) else {
-        return false;
-    };
-    // SAFETY: if_nametoindex reads the NUL-terminated string `c_name`, which outlives the
-    // call; it returns 0 for an unknown name.
-    unsafe { libc::if_nametoindex(c_name.as_ptr()) != 0 }
+    nix::net::if_::if_nametoindex(name).is_ok()
 }
 
 impl AsRawFd for Tap {
@@ -290,11 +329,26 @@ mod tests {
 
     #[test]
     fn an_fd_that_is_not_an_open_tap_is_refused() {
-        assert!(matches!(Tap::from_fd(-1), Err(TapError::BadFd { fd: -1 })));
+        assert!(matches!(
+            Tap::from_fd(-1),
+            Err(TapError::BadFd {
+                fd: TapFd::Number(-1)
+            })
+        ));
         let file = File::open("/dev/null").unwrap();
         let raw = file.as_raw_fd();
         let e = Tap::from_fd(raw).unwrap_err();
         assert!(matches!(e, TapError::FdNotATap { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("File descriptor {raw} ")),
+            "{e}"
+        );
+        // One sent with a request is not named by lull's number for it.
+        use std::os::fd::AsFd;
+        let e = Tap::from_sent(file.as_fd()).unwrap_err();
+        assert!(matches!(e, TapError::FdNotATap { fd: TapFd::Sent }), "{e}");
+        assert!(!e.to_string().contains(&raw.to_string()), "{e}");
         drop(file);
         assert!(matches!(Tap::from_fd(raw), Err(TapError::BadFd { .. })));
     }

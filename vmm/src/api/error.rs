@@ -41,6 +41,14 @@ pub enum ApiError {
     /// The client closed the connection before its request was complete.
     #[error("The client hung up before its request was complete")]
     HungUp,
+    /// The server was full when the connection came (every one of its connections was in the
+    /// middle of a request): the request was read and not carried out.
+    #[error(
+        "The API server has too many connections: lull serves {} at once and each is busy; \
+         the request was not carried out, send it again",
+        limits::MAX_CONNECTIONS
+    )]
+    TooManyConnections,
     /// The request did not arrive whole in time.
     #[error("The request was not complete within {} s", limits::REQUEST_TIMEOUT.as_secs())]
     Timeout,
@@ -208,6 +216,7 @@ impl ApiError {
             Self::BodyTooLarge(_) => 413,
             Self::HeadTooLarge => 431,
             Self::TransferEncoding => 501,
+            Self::TooManyConnections => 503,
             Self::Socket { .. }
             | Self::SocketExists(_)
             | Self::Inherited(_)

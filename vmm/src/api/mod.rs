@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  clients ── HTTP/1.1 on the socket ──► server (lull's main thread: one epoll loop over the
-//!                                         listener, every connection, SIGINT/SIGTERM and
+//!                                         listener, every connection, stop signals and
 //!                                         "the VM thread ended"; seccomp-filtered)
 //!    conn::Conn           one connection: incremental framing, keep-alive, deadlines
 //!    http::parse_next     framing over `httparse`, size limits
@@ -32,7 +32,8 @@
 //! Status codes follow Cloud Hypervisor: 200 with a JSON body, 204 without; 400 for a request
 //! that cannot be understood, 404 for an unknown endpoint or a VM not created, 405 for a
 //! method the endpoint does not take or a VM not booted, 503 for a connection the server has
-//! no room for, 500 for everything else (creating twice, booting twice, a boot that fails). See `docs/API.md`.
+//! no room for, 500 for everything else (creating twice, booting twice, a boot that fails).
+//! See `docs/API.md`.
 
 pub mod ch_client;
 pub mod conn;

@@ -10,7 +10,7 @@
 //!     ├─ client readable   ─► one read ─► Conn: requests ─► routes ─► Controller ─► answers
 //!     ├─ client writable   ─► write what is queued (watch OUT only while something is)
 //!     ├─ VM-ended eventfd  ─► the controller takes note; the server takes the signals back
-//!     └─ SIGINT/SIGTERM    ─► stop the VM if it runs, end lull
+//!     └─ SIGINT/TERM/HUP  ─► stop the VM if it runs, end lull
 //!   then every connection past its deadline: 408 or closed (see `http::REQUEST_TIMEOUT`)
 //! ```
 //!
@@ -79,7 +79,7 @@ fn host(what: &'static str) -> impl Fn(std::io::Error) -> ApiError {
 /// The server's epoll set.
 struct Events {
     epoll: Epoll,
-    /// The eventfd SIGINT/SIGTERM write while the server (not a VM) has the handlers.
+    /// The eventfd the stop signals write while the server (not a VM) has the handlers.
     signal: EventFd,
 }
 
@@ -100,9 +100,9 @@ impl Events {
         self.control(ControlOperation::Add, fd, EventSet::IN, token)
     }
 
-    /// Takes the SIGINT/SIGTERM handlers back from a VM whose run has ended.
+    /// Takes the stop-signal handlers back from a VM whose run has ended.
     fn reinstall_signals(&mut self) -> Result<(), ApiError> {
-        let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+        let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
         let _ = self.epoll.ctl(
             ControlOperation::Delete,
             self.signal.as_raw_fd(),
@@ -492,7 +492,7 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
 pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> {
     let filter =
         seccomp::program(ThreadKind::Api, seccomp_mode(&initial)).map_err(ApiError::Seccomp)?;
-    let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+    let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
     let (created, start) = match initial {
         InitialVm::None => (None, None),

@@ -10,7 +10,7 @@
 //!   memory-slot registration and the exit union's internal-error member.
 //! - [`poll`]: a blocked vCPU's wait on its kick eventfd and wake-up timerfd.
 //! - [`peek`]: what waits in an API connection's receive queue, left there.
-//! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
+//! - [`stop_signals`]: SIGINT/SIGTERM/SIGHUP handlers that wake the VMM thread.
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
 //! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).

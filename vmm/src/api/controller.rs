@@ -292,7 +292,7 @@ impl Controller {
             ([], Some(tap)) => {
                 let device: NetConfig = format!("tap={tap}")
                     .parse()
-                    .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
+                    .map_err(|e| ApiError::ChNet(ChError::Net(e)))?;
                 NetConfig {
                     mac: net.mac,
                     ..device
@@ -301,7 +301,7 @@ impl Controller {
             ([fd], _) => {
                 let raw = fd.as_raw_fd();
                 let tap = Tap::from_fd(raw).map_err(ApiError::AddNetFd)?;
-                options::fd_net(raw, tap.name(), net.mac).map_err(ApiError::ChConfig)?
+                options::fd_net(raw, tap.name(), net.mac).map_err(ApiError::ChNet)?
             }
             (many, _) => return Err(ApiError::AddNetFds(many.len())),
         };

@@ -245,7 +245,13 @@ impl Conn {
     /// server has made sure its client sent nothing meanwhile (`Clients::retire` in the
     /// server); a refusing connection is never idle (it is there to answer).
     pub fn is_idle(&self) -> bool {
-        self.phase == Phase::Reading && self.input.is_empty() && !self.eof && !self.refuse
+        self.awaits_request() && !self.refuse
+    }
+
+    /// Waiting for a request of which nothing has come yet, its client still there (an idle
+    /// connection, or a refusing one before its request).
+    pub fn awaits_request(&self) -> bool {
+        self.phase == Phase::Reading && self.input.is_empty() && !self.eof
     }
 
     /// Since when the connection waits for its current request (accept or the last answer).

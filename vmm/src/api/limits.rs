@@ -24,8 +24,8 @@ pub const MAX_REQUESTS: u32 = 100;
 /// for it.
 pub const MAX_CONNECTIONS: usize = 64;
 /// Most connections being refused at once (each reads its request and answers it 503); beyond
-/// [`MAX_CONNECTIONS`] + this, lull accepts no connection until one closes: clients wait in
-/// the socket's backlog, as they would for a slow server.
+/// [`MAX_CONNECTIONS`] + this, lull accepts no connection until one closes or goes idle:
+/// clients wait in the socket's backlog, as they would for a slow server.
 pub const MAX_REFUSING: usize = 64;
 
 /// How long a stop request may take to end the run.

@@ -21,9 +21,10 @@
 //! sent something before that is served to the end instead, its request answered. With none
 //! idle, the new connection is a refusing one (`Conn::refusing`: its request read and
 //! answered 503, not carried out), up to [`MAX_REFUSING`] of them; past those, nothing is
-//! accepted (the listener leaves the epoll set) until a connection closes, and clients wait
-//! in the backlog. So a request whose bytes reached lull is answered, or refused with 503,
-//! and never cut off; a state-changing one is carried out only if it is answered.
+//! accepted (the listener leaves the epoll set) until a connection closes or goes idle, and
+//! clients wait in the backlog. So a request whose bytes reached lull is answered, or refused
+//! with 503 and not carried out, and never cut off by lull. The idle timeout closes a
+//! connection the same way (reading shut down, queue looked at).
 //!
 //! A request is handled to its end before the loop goes on (`vm.boot` waits for the VM's
 //! vCPUs to run, a stop for the run to end): the other clients wait for that, never for
@@ -205,9 +206,10 @@ impl Clients {
         }
     }
 
-    /// Puts the listener back in the epoll set once a connection has closed.
+    /// Puts the listener back in the epoll set once there is room again (a connection closed,
+    /// or one went idle).
     fn listen_again(&mut self, listener: &UnixListener, events: &Events) {
-        if self.listening || self.open.len() >= MAX_CONNECTIONS + MAX_REFUSING {
+        if self.listening || !self.has_room() {
             return;
         }
         match events.watch(listener, LISTENER) {
@@ -411,9 +413,9 @@ impl Clients {
             let Some(client) = self.open.get(&token) else {
                 continue;
             };
-            if client.conn.is_idle() {
-                // Closed now, or its client sent something at the last moment (then it is
-                // served, and its bytes are read at the next wait).
+            if client.conn.awaits_request() {
+                // The idle timeout: closed now, or, if its client sent something at the last
+                // moment, served (its bytes are read at the next wait).
                 if !client.retiring {
                     self.retire(token);
                 }

@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Bench(args) => {
-            // lull bench takes SIGINT/SIGTERM its own way (and leaves SIGHUP as it was).
+            // lull bench takes SIGINT/SIGTERM its own way; SIGHUP keeps its default action.
             if let Err(e) = vmm::host::sys::stop_signals::unblock() {
                 eprintln!("lull: cannot unblock the stop signals: {e}");
                 return status(exit_code::VMM_FAILURE);

@@ -18,10 +18,10 @@ Exit status:
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
-  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)
+  12       stopped by the user (Ctrl-A x on the console, SIGINT, SIGTERM or SIGHUP)
   14       stopped through the management API (vm.shutdown, or vmm.shutdown of a running VM)
 With --api-socket, lull exits with the status of its VM's run; if none ran, 0 after
-vmm.shutdown and 12 after SIGINT or SIGTERM.";
+vmm.shutdown and 12 after SIGINT, SIGTERM or SIGHUP.";
 
 /// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
 #[derive(Debug, Parser)]
@@ -65,7 +65,7 @@ pub struct RunArgs {
     /// --config given with it form the created VM (boot it with vm.boot); without them, the
     /// VM comes from vm.create, which checks the kernel, initramfs, disks, taps and output
     /// paths as `lull run` does and answers 400 with the reason; a VM whose vm.boot failed may
-    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM. See docs/API.md.
+    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM/SIGHUP. See docs/API.md.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 

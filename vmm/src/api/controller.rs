@@ -296,7 +296,7 @@ impl Controller {
             (None, Some(tap)) => {
                 let device: NetConfig = format!("tap={tap}")
                     .parse()
-                    .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
+                    .map_err(|e| ApiError::ChNet(ChError::Net(e)))?;
                 NetConfig {
                     mac: net.mac,
                     ..device
@@ -304,7 +304,7 @@ impl Controller {
             }
             (Some(fd), _) => {
                 let tap = Tap::from_sent(fd.as_fd()).map_err(ApiError::AddNetFd)?;
-                options::fd_net(fd.as_raw_fd(), tap.name(), net.mac).map_err(ApiError::ChConfig)?
+                options::fd_net(fd.as_raw_fd(), tap.name(), net.mac).map_err(ApiError::ChNet)?
             }
         };
         let mut with = (**cfg).clone();

@@ -42,7 +42,7 @@
 //!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own.
 //!   A tap given as an fd is checked with `TUNGETIFF`.
 //!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
-//!   a request) on the connections,
+//!   a request) and `shutdown` (an idle connection closed for room) on the connections,
 //!   `FIONBIO`, and `unlink` (the socket's file, at exit).
 //!
 //! No thread may `execve`, `fork`, open sockets (but the API server's datagram one above), `ptrace`, signal other processes,
@@ -320,6 +320,8 @@ fn api_rules(
         libc::SYS_accept4,
         libc::SYS_sendto,
         libc::SYS_recvfrom,
+        // Closing an idle connection for room: its reading shut down first.
+        libc::SYS_shutdown,
         // Requests with fds (SCM_RIGHTS: vm.add-net's tap).
         libc::SYS_recvmsg,
         libc::SYS_unlink,

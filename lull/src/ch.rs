@@ -117,6 +117,10 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
         return crate::run::status(exit_code::VMM_FAILURE);
     }
+    let restore_dir = restore.as_ref().map(|r| r.dir.as_path());
+    if let Err(e) = vmm::vm::inputs::check_log_file(&cfg, log_file.as_deref(), restore_dir) {
+        return crate::run::vm_failed(&e);
+    }
     if let Err(e) = crate::run::init_logging(verbose, log_file.as_deref()) {
         eprintln!("lull: cannot open the log file: {e}");
         return crate::run::status(exit_code::BAD_INPUT);
@@ -142,7 +146,11 @@ pub fn main(args: &[String], started: Instant) -> ExitCode {
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {
-            crate::run::restore(&restore.dir, true, None, started)
+            let outputs = vmm::config::RestoreOutputs {
+                metrics: None,
+                serial: restore.serial.clone(),
+            };
+            crate::run::restore(&restore.dir, true, outputs, started)
         }
         (None, Some(_)) => refused(&ChError::Missing(
             "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \

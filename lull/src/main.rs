@@ -46,8 +46,8 @@ fn main() -> ExitCode {
         return serve_api(&args, socket);
     }
     if let Some(dir) = &args.restore {
-        return match args.vm.metrics_for_restore() {
-            Ok(metrics) => restore(dir, args.resume, metrics, started),
+        return match args.vm.outputs_for_restore() {
+            Ok(outputs) => restore(dir, args.resume, outputs, started),
             Err(e) => {
                 eprintln!("lull: {e}");
                 status(exit_code::for_config_error(&e))

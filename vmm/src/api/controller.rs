@@ -164,7 +164,7 @@ impl Controller {
             ApiRequest::VmPause => self.pause_or_resume("pause"),
             ApiRequest::VmResume => self.pause_or_resume("resume"),
             ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
-            ApiRequest::VmRestore(restore) => self.restore(&restore.dir, restore.resume),
+            ApiRequest::VmRestore(restore) => self.restore(&restore),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -207,7 +207,7 @@ impl Controller {
     /// Restores `restore`'s snapshot before the server serves (Cloud Hypervisor's
     /// `--restore`), as `vm.restore` does.
     pub fn restore_at_start(&mut self, restore: &ChRestore) -> Result<(), ApiError> {
-        self.restore(&restore.dir, restore.resume).map(|_| ())
+        self.restore(restore).map(|_| ())
     }
 
     fn boot(&mut self) -> Result<Response, ApiError> {
@@ -397,14 +397,19 @@ impl Controller {
         }
     }
 
-    /// `vm.restore` of the snapshot in `dir` on a lull with no VM: the VM runs, paused, or
-    /// resumed at once with `resume`.
-    fn restore(&mut self, dir: &std::path::Path, resume: bool) -> Result<Response, ApiError> {
+    /// `vm.restore` of the snapshot in `restore.dir` on a lull with no VM: the VM runs, paused,
+    /// or resumed at once with `resume`; its console goes where `serial` says (never to the
+    /// snapshot's own console file unless `serial` names it).
+    fn restore(&mut self, restore: &ChRestore) -> Result<Response, ApiError> {
+        let (dir, resume) = (&restore.dir, restore.resume);
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
-        let snapshot = crate::snapshot::read(dir)
+        let mut snapshot = crate::snapshot::read(dir)
             .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
+        if let Some(serial) = &restore.serial {
+            snapshot.manifest.config.serial = serial.clone();
+        }
         let cfg = Box::new(snapshot.manifest.config.clone());
         let vm = runner::restore(snapshot, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),

@@ -299,6 +299,7 @@ mod tests {
         let paused = ChRestore {
             dir: "/tmp/s".into(),
             resume: false,
+            serial: None,
         };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
@@ -317,6 +318,7 @@ mod tests {
             ApiRequest::VmRestore(ChRestore {
                 dir: "/tmp/s".into(),
                 resume: true,
+                serial: None,
             })
         );
         for bad in [

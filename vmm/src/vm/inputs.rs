@@ -97,5 +97,50 @@ pub fn refuse_clashes(
     if let Some(p) = other.api_socket {
         outputs.push(NamedPath::new("--api-socket", p));
     }
+    let log = paths::process_outputs();
+    if let Some(p) = &log {
+        outputs.push(NamedPath::new("--log-file", p));
+    }
+    paths::refuse_clashes(&inputs, &outputs).map_err(|e| VmError::Input(e.into()))
+}
+
+/// Refuses the log file `log` (`lull ch --log-file`) if it is one of the files `cfg` names
+/// (kernel, initramfs, disks, metrics, serial file) or of the snapshot in `restore`: checked
+/// before the log is opened, so that nothing is appended to an input.
+pub fn check_log_file(
+    cfg: &VmConfig,
+    log: Option<&Path>,
+    restore: Option<&Path>,
+) -> Result<(), VmError> {
+    let Some(log) = log else {
+        return Ok(());
+    };
+    let mut inputs = Vec::new();
+    if let Some(p) = &cfg.kernel {
+        inputs.push(NamedPath::new("--kernel", p));
+    }
+    if let Some(p) = &cfg.initramfs {
+        inputs.push(NamedPath::new("--initramfs", p));
+    }
+    inputs.extend(cfg.disks.iter().map(|d| NamedPath::new("--disk", &d.path)));
+    let snapshot_files: Vec<PathBuf> = restore
+        .map(|dir| match crate::snapshot::read(dir) {
+            Ok(s) => s.files(),
+            Err(_) => vec![dir.join(crate::snapshot::MANIFEST)],
+        })
+        .unwrap_or_default();
+    inputs.extend(
+        snapshot_files
+            .iter()
+            .map(|p| NamedPath::new("--restore", p)),
+    );
+    let mut outputs = Vec::new();
+    if let Some(p) = cfg.metrics.as_deref().filter(|p| p.as_os_str() != "-") {
+        outputs.push(NamedPath::new("--metrics", p));
+    }
+    if let SerialMode::File(p) = &cfg.serial {
+        outputs.push(NamedPath::new("--serial", p));
+    }
+    outputs.push(NamedPath::new("--log-file", log));
     paths::refuse_clashes(&inputs, &outputs).map_err(|e| VmError::Input(e.into()))
 }

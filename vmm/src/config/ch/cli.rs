@@ -410,6 +410,7 @@ mod tests {
         let paused = ChRestore {
             dir: "/snap".into(),
             resume: false,
+            serial: None,
         };
         assert_eq!(l.restore, Some(paused));
         assert!(!l.boots);

@@ -12,6 +12,7 @@
 //! | `memory_restore_mode` | `copy` accepted (what lull does); `ondemand` refused (no userfaultfd) |
 //! | `net_fds`, `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (taps are attached by name; no VFIO, no memory zones) |
 //! | `iommufd_fd` | refused (no VFIO) |
+//! | `serial` | lull's own: where the restored VM's console goes (`stdio`, `off`, `file=PATH`); a snapshot's own console file is its saving run's output and is not reused unless given here |
 
 use std::path::PathBuf;
 
@@ -25,12 +26,16 @@ pub struct ChRestore {
     pub dir: PathBuf,
     /// Run the VM once restored (`resume`); otherwise it waits, paused, for `vm.resume`.
     pub resume: bool,
+    /// Where the restored VM's console goes (`serial`, lull's own option); `None`: the
+    /// default, never the snapshot's console file.
+    pub serial: Option<crate::config::SerialMode>,
 }
 
 /// Maps a `RestoreConfig`'s options; `notes` gets what is accepted without effect.
 pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChError> {
     let mut dir = None;
     let mut resume = false;
+    let mut serial = None;
     for o in opts {
         match o.key.as_str() {
             "source_url" => {
@@ -39,6 +44,9 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
                 dir = Some(url);
             }
             "resume" => resume = o.toggle()?,
+            "serial" => {
+                serial = Some(o.value.parse().map_err(|_| o.bad("stdio, off or file=PATH"))?);
+            }
             "prefault" => {
                 o.toggle()?;
                 o.note(notes, "lull copies the snapshot's memory in, every page of data");
@@ -60,6 +68,7 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
     Ok(ChRestore {
         dir: dir.ok_or(ChError::Missing("source_url (the snapshot, file:///DIR)"))?,
         resume,
+        serial,
     })
 }
 
@@ -78,7 +87,8 @@ mod tests {
             parsed("source_url=file:///s").unwrap(),
             ChRestore {
                 dir: "/s".into(),
-                resume: false
+                resume: false,
+                serial: None,
             }
         );
         let mut notes = Vec::new();
@@ -93,6 +103,12 @@ mod tests {
         assert!(got.resume);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].starts_with("--restore prefault=on"), "{notes:?}");
+        let got = parsed("source_url=file:///s,serial=file=/var/log/console").unwrap();
+        assert_eq!(
+            got.serial,
+            Some(crate::config::SerialMode::File("/var/log/console".into()))
+        );
+        assert!(parsed("source_url=file:///s,serial=tty").is_err());
     }
 
     #[test]

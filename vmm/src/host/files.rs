@@ -16,12 +16,33 @@
 //! checked is what is used. Whether an output is one of the VM's inputs is `vm::paths`'
 //! question, asked before these opens.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::stat::Mode;
+
+/// `open(2)` flags of an output appended to (the seccomp filters allow exactly these).
+pub const OUTPUT_APPEND: i32 = libc::O_WRONLY
+    | libc::O_CREAT
+    | libc::O_APPEND
+    | libc::O_NOFOLLOW
+    | libc::O_NONBLOCK
+    | libc::O_CLOEXEC;
+/// `open(2)` flags of an output replaced (the `--metrics` report).
+pub const OUTPUT_REPLACE: i32 = libc::O_WRONLY
+    | libc::O_CREAT
+    | libc::O_TRUNC
+    | libc::O_NOFOLLOW
+    | libc::O_NONBLOCK
+    | libc::O_CLOEXEC;
+/// `open(2)` flags of a new snapshot file.
+pub const CREATE_NEW: i32 =
+    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+/// `open(2)` flags of a snapshot file read back.
+pub const INPUT: i32 = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
 
 /// Why lull refuses to open a file.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +65,8 @@ pub enum FileRefused {
 pub enum OutputMode {
     /// Appended to (the serial console, the log).
     Append,
-    /// Replaced (the `--metrics` report): emptied once opened and checked.
+    /// Replaced (the `--metrics` report): a regular file is emptied (`O_TRUNC`; a FIFO or a
+    /// device ignores it).
     Replace,
 }
 
@@ -67,12 +89,17 @@ fn kind_of(file_type: std::fs::FileType) -> &'static str {
     }
 }
 
-/// `e`, or [`FileRefused::Symlink`] where `O_NOFOLLOW` met a link (ELOOP).
-fn open_error(e: io::Error) -> io::Error {
-    if e.raw_os_error() == Some(libc::ELOOP) {
-        io::Error::new(io::ErrorKind::InvalidInput, FileRefused::Symlink)
-    } else {
-        e
+/// Opens `path` with exactly `flags` (and `mode` if it creates it); ELOOP (`O_NOFOLLOW` met
+/// a link) as [`FileRefused::Symlink`].
+fn open(path: &Path, flags: i32, mode: u32) -> io::Result<File> {
+    let mode = Mode::from_bits_truncate(mode);
+    match nix::fcntl::open(path, OFlag::from_bits_retain(flags), mode) {
+        Ok(fd) => Ok(File::from(fd)),
+        Err(nix::errno::Errno::ELOOP) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            FileRefused::Symlink,
+        )),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -108,41 +135,25 @@ fn blocking(file: &File) -> io::Result<()> {
 /// component; refuses what is neither a regular file nor a character device (`/dev/null`,
 /// a terminal). With [`OutputMode::Replace`] the file is emptied once checked.
 pub fn open_output(path: &Path, mode: OutputMode) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .append(mode == OutputMode::Append)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(open_error)?;
+    let flags = match mode {
+        OutputMode::Append => OUTPUT_APPEND,
+        OutputMode::Replace => OUTPUT_REPLACE,
+    };
+    let file = open(path, flags, 0o644)?;
     check_kind(&file, true)?;
     blocking(&file)?;
-    if mode == OutputMode::Replace && file.metadata()?.file_type().is_file() {
-        file.set_len(0)?;
-    }
     Ok(file)
 }
 
 /// Creates the new file `path`, owner-only, failing if anything (a file, a link) is there.
 pub fn create_new(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(open_error)
+    open(path, CREATE_NEW, 0o600)
 }
 
 /// Opens `path` to read it, refusing a link at its last component and anything but a regular
 /// file (a FIFO, a device or a directory is refused at once, never waited on).
 pub fn open_input(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(open_error)?;
+    let file = open(path, INPUT, 0)?;
     check_kind(&file, false)?;
     blocking(&file)?;
     Ok(file)

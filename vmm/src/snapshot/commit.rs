@@ -165,7 +165,7 @@ impl NewSnapshot {
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<(), SnapshotError> {
         let (path, mut file) = self.create(name)?;
         file.write_all(bytes).map_err(io("write", &path))?;
-        file.sync_all().map_err(io("sync", &path))
+        file.sync_data().map_err(io("sync", &path))
     }
 
     /// Puts `manifest` in place (a new file renamed over `manifest.json`), syncs the
@@ -178,7 +178,7 @@ impl NewSnapshot {
         std::fs::rename(self.dir.join(&tmp), &path).map_err(io("rename into", &path))?;
         self.committed = true;
         File::open(&self.dir)
-            .and_then(|d| d.sync_all())
+            .and_then(|d| d.sync_data())
             .map_err(io("sync", &self.dir))?;
         for name in &self.old {
             let old = self.dir.join(name);

@@ -69,7 +69,7 @@ pub fn write(
         });
         offset += len;
     }
-    file.sync_all().map_err(io("sync", path))?;
+    file.sync_data().map_err(io("sync", path))?;
     Ok((regions, offset))
 }
 

@@ -54,7 +54,10 @@ pub fn run(data: &[u8]) {
     assert_eq!(usize::try_from(m.config.cpus).ok(), Some(m.vcpus.len()));
     let names: Vec<&str> = m.file_names().collect();
     for name in &names {
-        assert!(is_plain_name(name), "{name:?} leaves the snapshot directory");
+        assert!(
+            is_plain_name(name),
+            "{name:?} leaves the snapshot directory"
+        );
     }
     let distinct: std::collections::BTreeSet<&&str> = names.iter().collect();
     assert_eq!(distinct.len(), names.len(), "a file named twice");

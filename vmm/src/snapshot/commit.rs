@@ -27,8 +27,8 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::Deserialize;
 
 use super::error::SnapshotError;
-use super::manifest::is_plain_name;
-use super::{MANIFEST, MAX_SMALL_FILE, MEMORY};
+use super::error::MAX_SMALL_FILE;
+use super::manifest::{is_plain_name, MANIFEST, MEMORY};
 use crate::host::files;
 
 /// A file's identity: device and inode.

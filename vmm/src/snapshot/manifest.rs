@@ -5,6 +5,11 @@ use serde::{Deserialize, Serialize};
 use super::error::SnapshotError;
 use crate::config::VmConfig;
 
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The memory file's name before the unique token (`memory.TOKEN`).
+pub const MEMORY: &str = "memory";
+
 /// lull's version as a snapshot records it (all of lull's crates share the workspace's).
 pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -175,7 +180,7 @@ impl Manifest {
     fn check_names(&self) -> Result<(), SnapshotError> {
         let mut seen = std::collections::BTreeSet::new();
         for name in self.file_names() {
-            if !is_plain_name(name) || name == super::MANIFEST || !seen.insert(name) {
+            if !is_plain_name(name) || name == MANIFEST || !seen.insert(name) {
                 return Err(SnapshotError::VcpuFileName(name.to_string()));
             }
         }

@@ -64,11 +64,8 @@ pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION, LULL_VERSION};
 
 use crate::vcpu::state::VcpuKvmState;
 
-/// The manifest's file name.
-pub const MANIFEST: &str = "manifest.json";
-/// The memory file's name before the unique token (`memory.TOKEN`).
-pub const MEMORY: &str = "memory";
 pub use error::MAX_SMALL_FILE;
+pub use manifest::{MANIFEST, MEMORY};
 
 /// A snapshot read back and checked.
 ///

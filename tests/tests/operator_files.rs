@@ -10,7 +10,8 @@
 //! - A lull killed (SIGXFSZ: its file size limit) while writing a snapshot over an older one:
 //!   the older snapshot still restores and its guest passes.
 //! - A snapshot whose manifest names a console file: the restore does not create it (a restore
-//!   writes only where its caller says); one whose memory regions overlap: refused by name.
+//!   writes only where its caller says); one whose memory regions overlap: refused by name;
+//!   one whose kernel or disk is a FIFO: refused at once.
 //! - A `manifest.json` that is a FIFO: `lull run --restore` and `vm.restore` refuse it at
 //!   once, and the API keeps answering.
 //! - `lull ch --log-file` naming the kernel, the `--serial file=` or a `--disk` image: refused
@@ -262,7 +263,8 @@ fn state_files_match(dir: &Path) -> Result<(), Failed> {
 }
 
 /// A manifest that names a console file the restore's caller did not: not created; memory
-/// regions that overlap (adding up to the memory size): refused by name, status 4.
+/// regions that overlap (adding up to the memory size): refused by name, status 4; a kernel
+/// or a disk that is a FIFO: refused at once, status 4.
 fn a_restore_trusts_no_path_or_layout_of_the_snapshot() -> Result<(), Failed> {
     let name = "opfiles-trust";
     let kernel = own_kernel(name)?;
@@ -309,24 +311,51 @@ fn a_restore_trusts_no_path_or_layout_of_the_snapshot() -> Result<(), Failed> {
     if run.code()? != BAD_INPUT || !run.stderr.contains("regions are not the layout") {
         return Err(run.failure("overlapping regions: want status 4, named"));
     }
+
+    // A kernel or a disk that is a FIFO nobody writes: refused at once, not waited on.
+    let fifo = temp_path(&format!("{name}.fifo"));
+    let _ = std::fs::remove_file(&fifo);
+    mkfifo(&fifo)?;
+    let fifo_arg = fifo.display().to_string();
+    let as_kernel = |m: &mut serde_json::Value| m["config"]["kernel"] = fifo_arg.clone().into();
+    let as_disk = |m: &mut serde_json::Value| {
+        m["config"]["disks"] = serde_json::json!([format!("path={fifo_arg},readonly=on")]);
+        m["disks"] = serde_json::json!([{"path": fifo_arg, "bytes": 0}]);
+    };
+    for (what, change) in [
+        ("kernel", &as_kernel as &dyn Fn(&mut serde_json::Value)),
+        ("disk", &as_disk),
+    ] {
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&original).map_err(|e| e.to_string())?;
+        change(&mut manifest);
+        std::fs::write(&manifest_path, manifest.to_string()).map_err(io(&manifest_path))?;
+        let run = run_lull(
+            &["run", "--restore", &dir_arg, "--resume"],
+            Duration::from_secs(20),
+        )?;
+        if run.code()? != BAD_INPUT || !run.stderr.contains("not a regular file") {
+            return Err(run.failure(&format!("a FIFO {what}: want status 4 at once, named")));
+        }
+    }
+    let _ = std::fs::remove_file(&fifo);
     let _ = std::fs::remove_file(&kernel);
     let _ = std::fs::remove_file(&serial);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) -> Result<(), Failed> {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::S_IRWXU)
+        .map_err(|e| format!("mkfifo {}: {e}", path.display()).into())
+}
+
 /// A `manifest.json` that is a FIFO nobody writes: `lull run --restore` refuses it at once
 /// (status 4), and so does `vm.restore`, after which the API still answers.
 fn a_fifo_manifest_is_refused_at_once() -> Result<(), Failed> {
     let dir = fresh_dir("opfiles-fifo")?;
-    let fifo = dir.join("manifest.json");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .map_err(|e| format!("mkfifo: {e}"))?;
-    if !made.success() {
-        return Err("mkfifo failed".into());
-    }
+    mkfifo(&dir.join("manifest.json"))?;
     let dir_arg = dir.display().to_string();
     let run = run_lull(
         &["run", "--restore", &dir_arg, "--resume"],

@@ -222,15 +222,22 @@ impl Manifest {
         })
     }
 
-    /// Fails unless every disk is where it was, with the size it had.
+    /// Fails unless every disk is where it was, a regular file (so that opening it cannot
+    /// wait: a FIFO would), with the size it had.
     pub fn check_disks(&self) -> Result<(), SnapshotError> {
         for d in &self.disks {
-            let found = std::fs::metadata(&d.path)
-                .map_err(|source| SnapshotError::DiskMissing {
-                    path: d.path.clone(),
-                    source,
-                })?
-                .len();
+            let missing = |source| SnapshotError::DiskMissing {
+                path: d.path.clone(),
+                source,
+            };
+            let meta = std::fs::metadata(&d.path).map_err(missing)?;
+            if !meta.is_file() {
+                return Err(missing(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                )));
+            }
+            let found = meta.len();
             if found != d.bytes {
                 return Err(SnapshotError::DiskResized {
                     path: d.path.clone(),

@@ -316,6 +316,11 @@ fn a_missing_or_resized_disk_is_refused() {
     let err = m.check_disks().unwrap_err();
     assert!(matches!(err, SnapshotError::DiskMissing { .. }), "{err}");
     assert!(err.to_string().contains("put the image back"), "{err}");
+    // A FIFO of the recorded size (0) would pass a size check and block the open after it.
+    nix::unistd::mkfifo(&image, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    m.disks[0].bytes = 0;
+    let err = m.check_disks().unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

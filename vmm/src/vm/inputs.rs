@@ -44,11 +44,28 @@ pub struct OtherPaths<'a> {
 
 /// Resolves, checks and opens every input of `cfg`; refuses an output that is an input.
 pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
+    // The configuration's own images first, by `stat` (which never waits): resolving reads
+    // the kernel, and reading a FIFO (which a snapshot's configuration may name) would wait
+    // for a writer forever.
+    refuse_non_files([
+        ("--kernel", "kernel", cfg.kernel.as_ref()),
+        ("--initramfs", "initramfs", cfg.initramfs.as_ref()),
+    ])?;
     let image = guest::resolve(cfg)?;
-    let images = [
+    refuse_non_files([
         ("--kernel", "kernel", Some(&image.kernel)),
         ("--initramfs", "initramfs", image.initramfs.as_ref()),
-    ];
+    ])?;
+    refuse_clashes(cfg, &image, other)?;
+    let disks = disks::open(&cfg.disks)?;
+    let nets = nets::open(&cfg.nets)?;
+    Ok(Inputs { image, disks, nets })
+}
+
+/// Refuses the first of `images` (flag, what it names, path) that is not a regular file.
+fn refuse_non_files<'a>(
+    images: [(&'static str, &'static str, Option<&'a PathBuf>); 2],
+) -> Result<(), VmError> {
     for (role, what, path) in images {
         if let Some(path) = path.filter(|p| !p.is_file()) {
             return Err(InputError::NotAFile {
@@ -59,10 +76,7 @@ pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
             .into());
         }
     }
-    refuse_clashes(cfg, &image, other)?;
-    let disks = disks::open(&cfg.disks)?;
-    let nets = nets::open(&cfg.nets)?;
-    Ok(Inputs { image, disks, nets })
+    Ok(())
 }
 
 /// Refuses `cfg` if an output it names (metrics, serial file, API socket) is one of its

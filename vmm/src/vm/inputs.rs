@@ -63,8 +63,8 @@ pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
 }
 
 /// Refuses the first of `images` (flag, what it names, path) that is not a regular file.
-fn refuse_non_files<'a>(
-    images: [(&'static str, &'static str, Option<&'a PathBuf>); 2],
+fn refuse_non_files(
+    images: [(&'static str, &'static str, Option<&PathBuf>); 2],
 ) -> Result<(), VmError> {
     for (role, what, path) in images {
         if let Some(path) = path.filter(|p| !p.is_file()) {

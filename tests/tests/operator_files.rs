@@ -2,9 +2,9 @@
 //! (issue 45). Each case fails on a lull that follows links, trusts a snapshot's paths or
 //! overwrites a snapshot in place:
 //!
-//! - `vm.snapshot` into a directory where `memory` and `vcpu-0.json` are links to a file of the
-//!   host, and where the VM's own kernel sits under the name `memory` (a hard link): neither is
-//!   written, and the snapshot restores.
+//! - `vm.snapshot` into a directory where `manifest.json`, `memory` and the state files'
+//!   former names are links to a file of the host, and where the VM's own kernel sits under
+//!   the name `memory` (a hard link): neither is written, and the snapshot restores.
 //! - `vm.snapshot` over a snapshot whose memory file a VM restored from it maps (the test holds
 //!   `LOCK_SH` on it, as such a VM does): refused with the reason, the directory unchanged.
 //! - A lull killed (SIGXFSZ: its file size limit) while writing a snapshot over an older one:
@@ -129,7 +129,8 @@ fn contents(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, Failed> {
     Ok(all)
 }
 
-/// Links planted in the destination (`memory` and `vcpu-0.json` to a victim file) and the
+/// Links planted in the destination (`manifest.json`, `memory` and the state files' former
+/// names, to a victim file) and the
 /// VM's own kernel hard-linked there as `memory`: nothing of theirs is written, and each
 /// snapshot restores.
 fn snapshot_writes_through_no_link_and_over_no_input() -> Result<(), Failed> {
@@ -140,7 +141,14 @@ fn snapshot_writes_through_no_link_and_over_no_input() -> Result<(), Failed> {
     let victim = temp_path(&format!("{name}.victim"));
     std::fs::write(&victim, b"a host file").map_err(io(&victim))?;
     let linked = fresh_dir(&format!("{name}-linked"))?;
-    for planted in ["memory", "vcpu-0.json", "kvm-vm.json", "devices.json"] {
+    let planted_names = [
+        "manifest.json",
+        "memory",
+        "vcpu-0.json",
+        "kvm-vm.json",
+        "devices.json",
+    ];
+    for planted in planted_names {
         std::os::unix::fs::symlink(&victim, linked.join(planted)).map_err(io(&linked))?;
     }
     let (status, text) = snapshot(&lull, &linked)?;

@@ -288,7 +288,7 @@ impl ModeRun<'_> {
         snapshot: &Path,
         console: &Path,
     ) -> Result<(), BenchError> {
-        let memory = snapshot.join("memory");
+        let memory = memory_file(snapshot).map_err(|e| BenchError::Io(snapshot.into(), e))?;
         read_through(&memory).map_err(|e| BenchError::Io(memory.clone(), e))?;
         let (mut api, mut calls, mut cli) = (Vec::new(), Vec::new(), Vec::new());
         let mut refused = None;
@@ -363,7 +363,12 @@ impl ModeRun<'_> {
             .spawn(&["run", "--api-socket", &socket_arg], &stderr)
             .map_err(|e| e.to_string())?;
         wait_for_socket(&socket, &mut lull)?;
-        let body = format!(r#"{{"source_url": "file://{}"}}"#, snapshot.display());
+        // The console is given again: a restore never reuses the snapshot's own.
+        let body = format!(
+            r#"{{"source_url": "file://{}", "serial": "file={}"}}"#,
+            snapshot.display(),
+            console.display()
+        );
         let sent = Instant::now();
         let a = send(&socket, "PUT", "vm.restore", &body)?;
         let call_ms = ms(sent.elapsed());
@@ -389,9 +394,13 @@ impl ModeRun<'_> {
         let (snapshot, console, i) = (r.snapshot, r.console, r.i);
         let stderr = self.path(&format!("restore-cli-{i}.stderr"));
         let dir = snapshot.display().to_string();
+        let serial = format!("file={}", console.display());
         let spawned = SystemTime::now();
         let mut lull = self
-            .spawn(&["run", "--restore", &dir, "--resume"], &stderr)
+            .spawn(
+                &["run", "--restore", &dir, "--resume", "--serial", &serial],
+                &stderr,
+            )
             .map_err(|e| e.to_string())?;
         let status = wait_with_deadline(&mut lull.0, GUEST_DEADLINE)?;
         let log = std::fs::read_to_string(&stderr).unwrap_or_default();
@@ -567,4 +576,14 @@ fn read_through(path: &Path) -> std::io::Result<()> {
         }
         file.consume(n);
     }
+}
+
+/// The memory file of the snapshot in `dir`, as its manifest names it.
+fn memory_file(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let text = std::fs::read(dir.join("manifest.json"))?;
+    let manifest: serde_json::Value = serde_json::from_slice(&text)?;
+    manifest["memory_file"]
+        .as_str()
+        .map(|name| dir.join(name))
+        .ok_or_else(|| std::io::Error::other("the manifest names no memory_file"))
 }

@@ -70,8 +70,9 @@ pub struct RunArgs {
     pub api_socket: Option<PathBuf>,
 
     /// Build the VM from the snapshot in DIR (written by vm.snapshot, either irqchip mode)
-    /// instead of booting a guest; the VM flags are the snapshot's: of them only --metrics
-    /// (this run's report; the saving run's path is not reused) goes with --restore. The
+    /// instead of booting a guest; the VM flags are the snapshot's: of them only this run's
+    /// outputs go with --restore, --metrics (its report) and --serial (its console, off if
+    /// not given: the saving run's paths are not reused). The
     /// restored VM starts paused: give --resume to run it (without --api-socket, lull needs
     /// it). With --api-socket, restore through vm.restore instead. See docs/API.md
     /// ("Snapshots").

@@ -60,13 +60,13 @@ fn main() -> ExitCode {
         return serve_api(&args, socket);
     }
     if let Some(dir) = &args.restore {
-        return match args.vm.metrics_for_restore() {
-            Ok(metrics) => {
+        return match args.vm.outputs_for_restore() {
+            Ok(outputs) => {
                 let memory = vmm::config::MemoryRestore {
                     mode: args.memory_restore.unwrap_or_default(),
                     prefault: false,
                 };
-                restore(dir, args.resume, memory, metrics, started)
+                restore(dir, args.resume, memory, outputs, started)
             }
             Err(e) => {
                 eprintln!("lull: {e}");

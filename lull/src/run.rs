@@ -26,10 +26,7 @@ pub(crate) fn init_logging(verbose: u8, file: Option<&std::path::Path>) -> std::
         .with_target(false);
     match file {
         Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
+            let file = vmm::vm::paths::open_log_file(path)?;
             logger
                 .with_writer(std::sync::Mutex::new(file))
                 .with_ansi(false)
@@ -143,13 +140,14 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
     finish_run(cfg, vmm::vm::run(cfg, other, started))
 }
 
-/// `lull run --restore DIR --resume [--metrics PATH]`: the snapshot's VM, resumed at once,
-/// run to its end, its report written to `metrics`.
+/// `lull run --restore DIR --resume [--metrics PATH] [--serial MODE]`: the snapshot's VM,
+/// resumed at once, run to its end, its report and console where `outputs` say (never the
+/// snapshot's own console file unless given again).
 pub(crate) fn restore(
     dir: &std::path::Path,
     resume: bool,
     memory: vmm::config::MemoryRestore,
-    metrics: Option<std::path::PathBuf>,
+    outputs: vmm::config::RestoreOutputs,
     started: Instant,
 ) -> ExitCode {
     if !resume {
@@ -163,7 +161,10 @@ pub(crate) fn restore(
         Ok(s) => s,
         Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
     };
-    snapshot.manifest.config.metrics = metrics;
+    snapshot.manifest.config.metrics = outputs.metrics;
+    if let Some(serial) = outputs.serial {
+        snapshot.manifest.config.serial = serial;
+    }
     let cfg = snapshot.manifest.config.clone();
     let result = vmm::vm::restore_observed(&snapshot, memory, started, |live| {
         if let Err(e) = live.resume() {

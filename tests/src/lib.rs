@@ -421,6 +421,17 @@ pub fn snapshot_into(socket: &Path, name: &str) -> Result<PathBuf, Failed> {
     Ok(dir)
 }
 
+/// The file of the snapshot in `dir` that its manifest names at `pointer` (a JSON pointer:
+/// `/memory_file`, `/vcpus/1/file`, `/kvm_vm/file`): each snapshot names its files anew.
+pub fn snapshot_file(dir: &Path, pointer: &str) -> Result<PathBuf, Failed> {
+    let manifest = read_json(&dir.join("manifest.json"))?;
+    let name = manifest
+        .pointer(pointer)
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| format!("no {pointer} in the manifest of {}", dir.display()))?;
+    Ok(dir.join(name))
+}
+
 /// Waits for `line` in the console file `file` (re-read every 10 ms, as a guest appends to
 /// it): its whole text. Fails, with that text, past `deadline` or as soon as it holds any of
 /// `give_up_on` (a guest's own failure line).

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USER_STOP};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, report_from, run_lull, snapshot_into, start_api_server,
-    temp_path, wait_for_console, Arguments, Failed,
+    api_call, kit_file, kvm_trial, report_from, run_lull, snapshot_file, snapshot_into,
+    start_api_server, temp_path, wait_for_console, Arguments, Failed,
 };
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
@@ -282,8 +282,9 @@ fn snapshot_of_a_paused_vm() -> Result<(), Failed> {
     vm.expect("PUT", "vm.resume", 204)?;
     let text = std::fs::read_to_string(dir.join("manifest.json")).map_err(|e| e.to_string())?;
     let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    let memory = std::fs::metadata(dir.join("memory")).map_err(|e| e.to_string())?;
-    if manifest["format_version"] != 2
+    let memory =
+        std::fs::metadata(snapshot_file(&dir, "/memory_file")?).map_err(|e| e.to_string())?;
+    if manifest["format_version"] != vmm::snapshot::FORMAT_VERSION
         || manifest["config"]["cpus"] != 2
         || manifest["memory_bytes"] != 256u64 << 20
         || memory.len() != 256 << 20
@@ -386,7 +387,8 @@ fn restore_into_new_lull_with(
 /// mid-flight (`into` after its timers started: which phase the snapshot catches, see
 /// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
-/// finishes its timers, every one once and none early (its console is the same file). Then the
+/// finishes its timers, every one once and none early (its console is the same file, given
+/// again to each restore: a snapshot's own console file is not reused). Then the
 /// same snapshot through `lull run --restore DIR --resume`, through `vm.restore` with the
 /// body `ch-remote restore` sends and `resume` on, and through `lull ch --restore
 /// source_url=...,resume=true`. No restored run writes over the saving run's `--metrics` file
@@ -419,7 +421,9 @@ fn restore_finishes_the_timers(
             _ => Err(format!("{by} wrote over the saving run's --metrics file").into()),
         }
     };
-    let (mut second, status, text) = restore_into_new_lull(&format!("{name}-2"), &dir)?;
+    let serial_field = format!(r#", "serial": "file={}""#, serial.display());
+    let (mut second, status, text) =
+        restore_into_new_lull_with(&format!("{name}-2"), &dir, &serial_field)?;
     if status != 204 {
         return Err(format!("vm.restore: status {status}: {text}").into());
     }
@@ -453,8 +457,16 @@ fn restore_finishes_the_timers(
     // again; without --resume lull refuses (a VM nobody could resume).
     let dir_arg = dir.display().to_string();
     run_lull(&["run", "--restore", &dir_arg], Duration::from_secs(60))?.expect_code(BAD_INPUT)?;
+    let serial_flag = format!("file={}", serial.display());
     let run = run_lull(
-        &["run", "--restore", &dir_arg, "--resume"],
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
         Duration::from_secs(120),
     )?;
     run.expect_code(GUEST_PASS)?;
@@ -467,10 +479,11 @@ fn restore_finishes_the_timers(
 
     // Once more through vm.restore with the body `ch-remote restore` sends, `resume` on: the
     // VM runs at once, and the guest passes without a vm.resume.
-    let ch_remote =
-        r#", "prefault": true, "memory_restore_mode": "Copy", "net_fds": null, "resume": true"#;
+    let ch_remote = format!(
+        r#", "prefault": true, "memory_restore_mode": "Copy", "net_fds": null, "resume": true{serial_field}"#
+    );
     let (mut fourth, status, text) =
-        restore_into_new_lull_with(&format!("{name}-4"), &dir, ch_remote)?;
+        restore_into_new_lull_with(&format!("{name}-4"), &dir, &ch_remote)?;
     if status != 204 {
         return Err(format!("vm.restore with resume: status {status}: {text}").into());
     }
@@ -480,7 +493,10 @@ fn restore_finishes_the_timers(
     report_kept("the run restored by vm.restore with resume")?;
 
     // And through Cloud Hypervisor's command line, `resume=true` and no API socket.
-    let source = format!("source_url=file://{},resume=true", dir.display());
+    let source = format!(
+        "source_url=file://{},resume=true,serial={serial_flag}",
+        dir.display()
+    );
     let run = run_lull(&["ch", "--restore", &source], Duration::from_secs(120))?;
     run.expect_code(GUEST_PASS)?;
     let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
@@ -497,7 +513,7 @@ fn restore_finishes_the_timers(
 fn restore_kernel_irqchip() -> Result<(), Failed> {
     let zero = Duration::ZERO;
     let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", zero, zero)?;
-    let memory = dir.join("memory");
+    let memory = snapshot_file(&dir, "/memory_file")?;
     let len = std::fs::metadata(&memory).map_err(|e| e.to_string())?.len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -558,7 +574,12 @@ fn restore_user_irqchip(
     args.extend_from_slice(extra);
     let dir = restore_finishes_the_timers(&args, name, into, held)?;
     if refusals {
-        rewrite_state(&dir, "vcpu-1.json", |v| {
+        let vcpu1 = snapshot_file(&dir, "/vcpus/1/file")?;
+        let vcpu1 = vcpu1
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("vCPU 1's file")?;
+        rewrite_state(&dir, vcpu1, |v| {
             v["user_irqchip"]["lapic"]["nmis_pending"] = 9.into();
         })?;
         let (refused, status, text) = restore_into_new_lull(&format!("{name}-bad"), &dir)?;

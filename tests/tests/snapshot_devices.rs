@@ -5,8 +5,8 @@
 //! guest reads the pattern back through the same virtqueue, which only works if the device
 //! continues at its saved indices (a device from reset ignores the notification: the guest
 //! fails with no interrupt), compares it, runs its usual checks on the disk and passes. The
-//! console is the snapshot's `--serial file=` (appended to), so the test sees that the
-//! restored run did not boot again. With a rate-limited disk, the limiter's buckets travel too.
+//! console is the saving run's `--serial file=`, given again to the restore (appended to), so
+//! the test sees that the restored run did not boot again. With a rate-limited disk, the limiter's buckets travel too.
 //! The saving run's `--metrics` file is its own: the restored run leaves it as it was.
 //!
 //! Before that restore, `lull run --restore DIR` refuses (status 4, named) a VM flag besides
@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, run_lull, start_api_server, temp_path, wait_for_console,
-    ApiLull, Arguments, Failed,
+    api_call, kit_file, kvm_trial, run_lull, snapshot_file, start_api_server, temp_path,
+    wait_for_console, ApiLull, Arguments, Failed,
 };
 
 /// The irqchip and extra `--disk` options of each case.
@@ -123,7 +123,7 @@ fn snapshot_after_flush(
 /// named): a VM flag besides `--metrics` (the VM is the snapshot's), and a `--metrics` that is
 /// one of the snapshot's files, which it would overwrite: the file is left as it was.
 fn restore_refuses_flags_and_clashes(dir: &Path) -> Result<(), Failed> {
-    let memory = dir.join("memory");
+    let memory = snapshot_file(dir, "/memory_file")?;
     let cases = [
         (
             ["--cpus".to_string(), "4".to_string()],
@@ -170,8 +170,16 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
         std::fs::read(&first_metrics).map_err(|e| format!("first run's report: {e}"))?;
     restore_refuses_flags_and_clashes(&dir)?;
     let dir_arg = dir.display().to_string();
+    let serial_flag = format!("file={}", serial.display());
     let run = run_lull(
-        &["run", "--restore", &dir_arg, "--resume"],
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
         Duration::from_secs(120),
     )?;
     let text = std::fs::read_to_string(&serial).unwrap_or_default();

@@ -93,7 +93,18 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
     first.shutdown()?;
 
     let dir_arg = dir.display().to_string();
-    let run = run_lull(&["run", "--restore", &dir_arg, "--resume"], LINUX_DEADLINE)?;
+    let serial_flag = format!("file={}", serial.display());
+    let run = run_lull(
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
+        LINUX_DEADLINE,
+    )?;
     let console = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
     let fail = |why: &str| -> Failed {
         format!("{why}; lull's stderr:\n{}\nconsole:\n{console}", run.stderr).into()

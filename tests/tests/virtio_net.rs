@@ -317,6 +317,8 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
         "--resume".into(),
         "--metrics".into(),
         metrics.display().to_string(),
+        "--serial".into(),
+        serial_flag.clone(),
     ];
     let wrap_owned: Vec<String> = wrap.iter().map(|s| s.to_string()).collect();
     let restored = std::thread::spawn(move || {

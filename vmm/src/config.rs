@@ -27,7 +27,7 @@ mod net;
 mod serial;
 mod validate;
 
-pub use args::VmArgs;
+pub use args::{RestoreOutputs, VmArgs};
 pub use disk::{DiskConfig, DiskConfigError};
 pub use error::ConfigError;
 pub use limits::{

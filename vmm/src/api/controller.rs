@@ -400,14 +400,19 @@ impl Controller {
     }
 
     /// `vm.restore` of the snapshot in `restore.dir` on a lull with no VM, its memory restored
-    /// as `restore.memory` says: the VM runs, paused, or resumed at once with `restore.resume`.
+    /// as `restore.memory` says: the VM runs, paused, or resumed at once with `restore.resume`;
+    /// its console goes where `serial` says (never to the snapshot's own console file unless
+    /// `serial` names it).
     fn restore(&mut self, restore: &ChRestore) -> Result<Response, ApiError> {
         let dir = &restore.dir;
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
-        let snapshot = crate::snapshot::read(dir)
+        let mut snapshot = crate::snapshot::read(dir)
             .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
+        if let Some(serial) = &restore.serial {
+            snapshot.manifest.config.serial = serial.clone();
+        }
         let cfg = Box::new(snapshot.manifest.config.clone());
         let vm = runner::restore(snapshot, restore.memory, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),

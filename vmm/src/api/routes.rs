@@ -353,6 +353,7 @@ mod tests {
             dir: "/tmp/s".into(),
             resume: false,
             memory: MemoryRestore::default(),
+            serial: None,
         };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
@@ -380,6 +381,7 @@ mod tests {
                 dir: "/tmp/s".into(),
                 resume: true,
                 memory: MemoryRestore::default(),
+                serial: None,
             })
         );
         for bad in [

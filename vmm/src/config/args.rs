@@ -87,21 +87,32 @@ pub struct VmArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The outputs of a restored run its caller gives: a snapshot's own are its saving run's,
+/// never reused (`crate::snapshot::read` drops them).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RestoreOutputs {
+    /// `--metrics`: where this run writes its report.
+    pub metrics: Option<PathBuf>,
+    /// `--serial`: where the restored VM's console goes (`None`: the default, stdio).
+    pub serial: Option<crate::config::SerialMode>,
+}
+
 impl VmArgs {
     /// True if any flag that describes the VM (or `--config`) was given.
     pub fn describes_vm(&self) -> bool {
         self.config.is_some() || self.flags.any_given()
     }
 
-    /// With `--restore` the VM is the snapshot's: of these flags only `--metrics` (where this
-    /// run writes its report) may be given. Its path; the flags that may not be given, or
-    /// `--config`, are refused by name.
-    pub fn metrics_for_restore(&self) -> Result<Option<PathBuf>, ConfigError> {
+    /// With `--restore` the VM is the snapshot's: of these flags only the run's outputs,
+    /// `--metrics` (where this run writes its report) and `--serial` (where its console goes),
+    /// may be given. Those; the flags that may not be given, or `--config`, are refused by
+    /// name.
+    pub fn outputs_for_restore(&self) -> Result<RestoreOutputs, ConfigError> {
         let mut refused: Vec<String> = self
             .flags
             .given()
             .into_iter()
-            .filter(|flag| flag != "--metrics")
+            .filter(|flag| flag != "--metrics" && flag != "--serial")
             .collect();
         if self.config.is_some() {
             refused.push("--config".to_string());
@@ -111,7 +122,16 @@ impl VmArgs {
         }
         let mut cfg = VmConfig::default();
         self.flags.apply(&mut cfg).map_err(ConfigError::Flags)?;
-        Ok(cfg.metrics)
+        let serial = self
+            .flags
+            .given()
+            .iter()
+            .any(|f| f == "--serial")
+            .then_some(cfg.serial);
+        Ok(RestoreOutputs {
+            metrics: cfg.metrics,
+            serial,
+        })
     }
 
     /// The configuration these flags describe: defaults, then `--config`, then flags.
@@ -285,15 +305,26 @@ mod tests {
     }
 
     #[test]
-    fn restore_takes_metrics_and_names_every_other_flag() {
-        assert_eq!(parsed(&[]).metrics_for_restore().unwrap(), None);
+    fn restore_takes_metrics_and_serial_and_names_every_other_flag() {
+        assert_eq!(
+            parsed(&[]).outputs_for_restore().unwrap(),
+            RestoreOutputs::default()
+        );
+        assert_eq!(
+            parsed(&["--serial", "file=/c"])
+                .outputs_for_restore()
+                .unwrap()
+                .serial,
+            Some(SerialMode::File("/c".into()))
+        );
         assert_eq!(
             parsed(&["--metrics", "/m.json"])
-                .metrics_for_restore()
-                .unwrap(),
+                .outputs_for_restore()
+                .unwrap()
+                .metrics,
             Some(PathBuf::from("/m.json"))
         );
-        let refused = |args: &[&str]| match parsed(args).metrics_for_restore() {
+        let refused = |args: &[&str]| match parsed(args).outputs_for_restore() {
             Err(ConfigError::FlagsWithRestore(flags)) => flags,
             other => panic!("{args:?}: {other:?}"),
         };

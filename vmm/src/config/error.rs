@@ -82,10 +82,12 @@ pub enum ConfigError {
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
-    /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics` aside).
+    /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics` and
+    /// `--serial` aside).
     #[error(
         "{0} cannot be given with --restore: the restored VM is the snapshot's, as it was \
-         saved; of the VM's flags only --metrics (this run's report) goes with --restore"
+         saved; of the VM's flags only this run's outputs, --metrics (its report) and \
+         --serial (its console), go with --restore"
     )]
     FlagsWithRestore(String),
 }

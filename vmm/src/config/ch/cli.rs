@@ -239,6 +239,7 @@ mod tests {
                 prefault: true,
                 ..Default::default()
             },
+            serial: None,
         };
         assert_eq!(l.restore, Some(paused));
         assert!(!l.boots);

@@ -12,6 +12,7 @@
 //! | `memory_restore_mode` | honoured: `copy` copies the snapshot's memory in; `ondemand`, and no `memory_restore_mode` at all, map it copy-on-write (pages come from the file when first touched, shared by the VMs restored from one snapshot: `snapshot::mapped`) |
 //! | `net_fds`, `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (taps are attached by name; no VFIO, no memory zones) |
 //! | `iommufd_fd` | refused (no VFIO) |
+//! | `serial` | lull's own: where the restored VM's console goes (`stdio`, `off`, `file=PATH`); a snapshot's own console file is its saving run's output and is not reused unless given here |
 
 use std::path::PathBuf;
 
@@ -28,6 +29,9 @@ pub struct ChRestore {
     pub resume: bool,
     /// How its memory is restored (`memory_restore_mode`, `prefault`).
     pub memory: MemoryRestore,
+    /// Where the restored VM's console goes (`serial`, lull's own option); `None`: the
+    /// default, never the snapshot's console file.
+    pub serial: Option<crate::config::SerialMode>,
 }
 
 /// Maps a `RestoreConfig`'s options; `notes` gets what is accepted without effect.
@@ -35,6 +39,7 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
     let mut dir = None;
     let mut resume = false;
     let mut memory = MemoryRestore::default();
+    let mut serial = None;
     for o in opts {
         match o.key.as_str() {
             "source_url" => {
@@ -43,6 +48,13 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
                 dir = Some(url);
             }
             "resume" => resume = o.toggle()?,
+            "serial" => {
+                serial = Some(
+                    o.value
+                        .parse()
+                        .map_err(|_| o.bad("stdio, off or file=PATH"))?,
+                );
+            }
             "prefault" => memory.prefault = o.toggle()?,
             "memory_restore_mode" => {
                 memory.mode = match o.value.as_str() {
@@ -71,6 +83,7 @@ pub fn restore(opts: &[Opt], notes: &mut Vec<String>) -> Result<ChRestore, ChErr
         dir: dir.ok_or(ChError::Missing("source_url (the snapshot, file:///DIR)"))?,
         resume,
         memory,
+        serial,
     })
 }
 
@@ -94,6 +107,7 @@ mod tests {
                     mode: MemoryRestoreMode::Map,
                     prefault: false
                 },
+                serial: None,
             }
         );
         let mut notes = Vec::new();
@@ -123,6 +137,12 @@ mod tests {
             let text = format!("source_url=file:///s,memory_restore_mode={mode}");
             assert_eq!(parsed(&text).unwrap().memory.mode, want, "{text}");
         }
+        let got = parsed("source_url=file:///s,serial=file=/var/log/console").unwrap();
+        assert_eq!(
+            got.serial,
+            Some(crate::config::SerialMode::File("/var/log/console".into()))
+        );
+        assert!(parsed("source_url=file:///s,serial=tty").is_err());
     }
 
     #[test]

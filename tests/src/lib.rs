@@ -375,8 +375,9 @@ impl ApiLull {
         snapshot_into(&self.socket, name)
     }
 
-    /// `vmm.shutdown`, then waits up to 60 s for lull to exit.
-    pub fn shutdown(mut self) -> Result<(), Failed> {
+    /// `vmm.shutdown`, then waits up to 60 s for lull to exit; fails unless it exits with
+    /// status `want` (a paused VM's lull stopped through the API: [`exit_status::API_STOP`]).
+    pub fn shutdown(mut self, want: i32) -> Result<(), Failed> {
         self.put("vmm.shutdown", "")?;
         let mut child = self.child.take().ok_or("already ended")?;
         let (tx, rx) = mpsc::channel();
@@ -384,7 +385,10 @@ impl ApiLull {
             let _ = tx.send(child.wait());
         });
         match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(status)) if status.code() == Some(want) => Ok(()),
+            Ok(Ok(status)) => {
+                Err(format!("lull exited with {status} after vmm.shutdown, want {want}").into())
+            }
             Ok(Err(e)) => Err(format!("waiting for lull: {e}").into()),
             Err(_) => Err("lull did not exit within 60 s of vmm.shutdown".into()),
         }

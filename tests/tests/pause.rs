@@ -4,10 +4,13 @@
 //! timer), and in a loop of many pauses; the guest then checks that every timer fired, none
 //! early and none twice, and lull's counters show that no vCPU ran and no timer fired (lull's
 //! global timers included) while the VM was paused, and that global timers fire again after.
-//! A snapshot of the paused VM is written and the guest runs on unharmed; it is restored into
-//! a new lull (`--irqchip kernel`, and `--irqchip user` with each timer model), where the
-//! guest finishes its timers, also after the restored VM stayed paused longer than its
-//! longest timer.
+//! What lull says guest time did over each pause is checked against the guest's lateness: if
+//! it stood still no timer is as late as a pause, if it ran on (PVM hosts) the timers pending
+//! over a long pause are late by it. A snapshot of the paused VM is written and the guest runs
+//! on unharmed; it is restored into a new lull (`--irqchip kernel`, and `--irqchip user` with
+//! each timer model, snapshotted in the phase its test names: TSC-deadline, one-shot or
+//! periodic, as the snapshot's LAPICs show), where the guest finishes its timers, also after
+//! the restored VM stayed paused longer than its longest timer.
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -23,15 +26,41 @@ use lull_tests::{
 
 /// Longer than the guest's longest timer (10 ms + 1 ms per vCPU).
 const LONG_PAUSE: Duration = Duration::from_millis(300);
+/// The guest's longest timer, in ns (CPU 1's: 10 ms + 1 ms).
+const LONGEST_TIMER_NS: i64 = 11_000_000;
 
-/// With 20 timers a phase, how long after "running" the guest's CPUs are in their one-shot
-/// phase (200-400 ms on CPU 0, 220-440 ms on CPU 1) and in their periodic one (400-600 ms,
-/// 440-660 ms), where the host is not so loaded that the guest falls behind: a snapshot then
-/// catches those timers mid-count. Where it catches another phase the test still holds; it
-/// covers less.
-const ONESHOT_PHASE: Duration = Duration::from_millis(300);
-/// See [`ONESHOT_PHASE`].
-const PERIODIC_PHASE: Duration = Duration::from_millis(520);
+/// Timers per phase of the guest (`count=`).
+const COUNT: u32 = 20;
+
+/// A phase of `pause-timers` on each vCPU: `COUNT` TSC-deadline timers, then `COUNT` one-shot
+/// ones, then a periodic timer for `COUNT` ticks.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Deadline,
+    OneShot,
+    Periodic,
+}
+
+impl Phase {
+    /// The vCPU's timer fires before the phase (lull's `lapic_timer_fires`).
+    fn fires_before(self) -> u64 {
+        u64::from(COUNT)
+            * match self {
+                Phase::Deadline => 0,
+                Phase::OneShot => 1,
+                Phase::Periodic => 2,
+            }
+    }
+
+    /// The LAPIC timer mode of the phase, as a snapshot's vCPU file names it.
+    fn mode(self) -> &'static str {
+        match self {
+            Phase::Deadline => "TscDeadline",
+            Phase::OneShot => "OneShot",
+            Phase::Periodic => "Periodic",
+        }
+    }
+}
 
 /// A lull serving the API with `pause-timers` created; killed if the test fails early.
 struct PausedVm {
@@ -150,11 +179,30 @@ impl PausedVm {
         }
     }
 
-    /// Whether lull said guest time stood still over its pauses (KVM could move the TSC).
-    fn time_stood_still(&self) -> bool {
-        self.log
+    /// What lull said of guest time over its `resumes` resumes: `true` if it stood still (KVM
+    /// moved the TSC back), `false` if it ran on (it cannot: PVM hosts). Fails unless every
+    /// "VM resumed" line says one or the other, the same each time.
+    fn time_stood_still(&self, resumes: usize) -> Result<bool, Failed> {
+        let said: Vec<bool> = self
+            .log
             .try_iter()
-            .any(|l| l.contains("guest time stood still"))
+            .filter(|l| l.contains("VM resumed"))
+            .map(|l| {
+                if l.contains("guest time stood still") {
+                    Ok(true)
+                } else if l.contains("guest time ran on") {
+                    Ok(false)
+                } else {
+                    Err(format!(
+                        "lull's resume does not say what guest time did: {l}"
+                    ))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        match said.first() {
+            Some(&first) if said.len() == resumes && said.iter().all(|&s| s == first) => Ok(first),
+            _ => Err(format!("{resumes} resumes, lull said of guest time: {said:?}").into()),
+        }
     }
 }
 
@@ -220,12 +268,23 @@ fn pauses_keep_every_timer(extra: &[&str], name: &str) -> Result<(), Failed> {
     if extra.contains(&"--global-timers") && globals(&vm.counters()?) <= at_last_resume {
         return Err("the global timers did not fire again after the resume".into());
     }
-    if vm.time_stood_still() {
+    // Four resumes: the short pause's, the one of the state errors, the two long pauses'.
+    let late = max_lateness_ns(&console).ok_or("no max_late_ns line")?;
+    let pause = i64::try_from(LONG_PAUSE.as_nanos()).unwrap_or(i64::MAX);
+    if vm.time_stood_still(4)? {
         // Guest time did not run while paused: no timer can be as late as a pause.
-        let late = max_lateness_ns(&console).ok_or("no max_late_ns line")?;
-        if late >= i64::try_from(LONG_PAUSE.as_nanos()).unwrap_or(i64::MAX) {
+        if late >= pause {
             return Err(format!("a timer was {late} ns late: guest time ran while paused").into());
         }
+    } else if late < pause - LONGEST_TIMER_NS || late >= 2 * pause {
+        // Guest time ran on (the TSC could not be moved back): the timer each vCPU had armed
+        // came due during a long pause and fired at the resume, late by the rest of the pause
+        // (not by a pause more: lull's clocks ran on with the guest's).
+        return Err(format!(
+            "lull said guest time ran on over a {LONG_PAUSE:?} pause; the latest timer was \
+             {late} ns late"
+        )
+        .into());
     }
     vm.expect("PUT", "vm.pause", 405)?;
     vm.finish()
@@ -383,8 +442,8 @@ fn restore_into_new_lull_with(
 }
 
 /// `pause-timers` started with `extra` (an irqchip mode, a timer model), snapshotted
-/// mid-flight (`into` after its timers started: which phase the snapshot catches, see
-/// [`ONESHOT_PHASE`]), its lull ended, and restored into a new lull: it starts paused, stays paused
+/// mid-flight (with `--irqchip user`, in `phase` on every vCPU, which the snapshot's LAPICs
+/// must show), its lull ended, and restored into a new lull: it starts paused, stays paused
 /// `held` (longer than the guest's longest timer in some runs), and once resumed the guest
 /// finishes its timers, every one once and none early (its console is the same file). Then the
 /// same snapshot through `lull run --restore DIR --resume`, through `vm.restore` with the
@@ -394,19 +453,24 @@ fn restore_into_new_lull_with(
 fn restore_finishes_the_timers(
     extra: &[&str],
     name: &str,
-    into: Duration,
+    phase: Option<Phase>,
     held: Duration,
 ) -> Result<PathBuf, Failed> {
     let first_metrics = temp_path(&format!("{name}-1.json"));
     let metrics_arg = first_metrics.display().to_string();
     let mut flags = extra.to_vec();
     flags.extend(["--metrics", &metrics_arg]);
-    let first = PausedVm::start(&format!("{name}-1"), 20, &flags)?;
+    let first = PausedVm::start(&format!("{name}-1"), COUNT, &flags)?;
     first.expect("PUT", "vm.boot", 204)?;
     first.wait_for_line("pause-timers: running")?;
-    std::thread::sleep(into);
-    first.expect("PUT", "vm.pause", 204)?;
+    match phase {
+        Some(phase) => pause_in_phase(&first, phase)?,
+        None => first.expect("PUT", "vm.pause", 204).map(drop)?,
+    }
     let dir = snapshot_into(&first.socket, &format!("{name}-snapshot"))?;
+    if let Some(phase) = phase {
+        snapshot_caught(&dir, phase)?;
+    }
     let serial = first.serial.clone();
     // 204 once the run ended and its report is written.
     first.expect("PUT", "vmm.shutdown", 204)?;
@@ -496,7 +560,7 @@ fn restore_finishes_the_timers(
 /// refused with a reason and leaves the new lull without a VM.
 fn restore_kernel_irqchip() -> Result<(), Failed> {
     let zero = Duration::ZERO;
-    let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", zero, zero)?;
+    let dir = restore_finishes_the_timers(&["--irqchip", "kernel"], "restore", None, zero)?;
     let memory = dir.join("memory");
     let len = std::fs::metadata(&memory).map_err(|e| e.to_string())?.len();
     std::fs::OpenOptions::new()
@@ -511,6 +575,58 @@ fn restore_kernel_irqchip() -> Result<(), Failed> {
     third.expect("GET", "vm.info", 404)?;
     drop(third);
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Pauses the VM once every vCPU is in `phase`, a timer of the phase fired and one is left:
+/// pauses, reads lull's count of each vCPU's timer fires, and resumes to try again while a
+/// vCPU has not reached the phase. Fails if one passed it first (a host so loaded that the
+/// guest's phases no longer overlap), or after 120 s. Returns with the VM paused.
+fn pause_in_phase(vm: &PausedVm, phase: Phase) -> Result<(), Failed> {
+    let (low, high) = (
+        phase.fires_before(),
+        phase.fires_before() + u64::from(COUNT),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        vm.expect("PUT", "vm.pause", 204)?;
+        let fires: Vec<u64> = vm
+            .counters()?
+            .vcpus
+            .iter()
+            .map(|v| v.lapic_timer_fires)
+            .collect();
+        if fires.len() == 2 && fires.iter().all(|&f| low < f && f < high) {
+            return Ok(());
+        }
+        if fires.iter().any(|&f| f >= high) || Instant::now() > deadline {
+            return Err(format!(
+                "no pause caught every vCPU in its {phase:?} phase: timer fires {fires:?}, the \
+                 phase's are {low}..{high}"
+            )
+            .into());
+        }
+        vm.expect("PUT", "vm.resume", 204)?;
+        // Pacing only: each try is checked on the counters above.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Fails unless every vCPU's LAPIC in the snapshot in `dir` has its timer in `phase`'s mode.
+fn snapshot_caught(dir: &Path, phase: Phase) -> Result<(), Failed> {
+    for cpu in 0..2 {
+        let path = dir.join(format!("vcpu-{cpu}.json"));
+        let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let state: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let timer = &state["user_irqchip"]["lapic"]["timer"];
+        if timer["mode"] != phase.mode() {
+            return Err(format!(
+                "the snapshot caught vCPU {cpu} outside its {phase:?} phase: timer {timer}"
+            )
+            .into());
+        }
+    }
     Ok(())
 }
 
@@ -543,20 +659,20 @@ fn rewrite_state(
     std::fs::write(dir.join("manifest.json"), text).map_err(|e| e.to_string().into())
 }
 
-/// `--irqchip user` restore with `extra`, snapshotted `into` its timers, held paused for
-/// `held`; then (`refusals`) a vCPU
+/// `--irqchip user` restore with `extra`, snapshotted in `phase` of its timers, held paused
+/// for `held`; then (`refusals`) a vCPU
 /// file whose LAPIC state is corrupt, with a matching checksum, is refused by the field's
 /// name, and a snapshot of the previous format version by its version.
 fn restore_user_irqchip(
     extra: &[&str],
     name: &str,
-    into: Duration,
+    phase: Phase,
     held: Duration,
     refusals: bool,
 ) -> Result<(), Failed> {
     let mut args = vec!["--irqchip", "user"];
     args.extend_from_slice(extra);
-    let dir = restore_finishes_the_timers(&args, name, into, held)?;
+    let dir = restore_finishes_the_timers(&args, name, Some(phase), held)?;
     if refusals {
         rewrite_state(&dir, "vcpu-1.json", |v| {
             v["user_irqchip"]["lapic"]["nmis_pending"] = 9.into();
@@ -616,18 +732,30 @@ fn main() {
             || {
                 let extra = ["--timer-model", "pull", "--global-timers", "4,period=5"];
                 let zero = Duration::ZERO;
-                restore_user_irqchip(&extra, "restore-pull", zero, zero, true)
+                restore_user_irqchip(&extra, "restore-pull", Phase::Deadline, zero, true)
             },
         ),
         kvm_trial("restore_user_irqchip_push_one_shots", || {
             let extra = ["--timer-model", "push"];
-            restore_user_irqchip(&extra, "restore-push", ONESHOT_PHASE, Duration::ZERO, false)
+            restore_user_irqchip(
+                &extra,
+                "restore-push",
+                Phase::OneShot,
+                Duration::ZERO,
+                false,
+            )
         }),
         kvm_trial(
             "restore_user_irqchip_central_periodic_held_past_the_longest_timer",
             || {
                 let extra = ["--timer-model", "central"];
-                restore_user_irqchip(&extra, "restore-central", PERIODIC_PHASE, LONG_PAUSE, false)
+                restore_user_irqchip(
+                    &extra,
+                    "restore-central",
+                    Phase::Periodic,
+                    LONG_PAUSE,
+                    false,
+                )
             },
         ),
         kvm_trial("pause_a_thousand_times_loses_nothing", || {

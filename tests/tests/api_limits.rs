@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lull_tests::exit_status::API_STOP;
 use lull_tests::{kit_file, kvm_trial, start_api_server, temp_path, ApiLull, Arguments, Failed};
 
 /// How long the whole exchange may take before the test gives up.
@@ -182,7 +183,7 @@ fn pause_resume_under_polling_clients() -> Result<(), Failed> {
     if paused {
         lull.put("vm.resume", "")?;
     }
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     let _ = std::fs::remove_file(&metrics);
     Ok(())
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lull_tests::exit_status::GUEST_PASS;
+use lull_tests::exit_status::{API_STOP, GUEST_PASS};
 use lull_tests::{
     api_call, kit_file, kvm_trial, lull_bin, run_lull, snapshot_file, snapshot_into,
     start_api_server, ApiLull, Arguments, Failed,
@@ -96,7 +96,7 @@ fn snapshot_of_a_running_guest(name: &str, irqchip: &str) -> Result<PathBuf, Fai
     lull.put("vm.boot", "")?;
     lull.put("vm.pause", "")?;
     let dir = snapshot_into(lull.socket(), &format!("{name}-snapshot"))?;
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     Ok(dir)
 }
 

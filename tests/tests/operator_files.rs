@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
     api_call, kit_file, kvm_trial, read_json, run_lull, snapshot_file, start_api_server,
     start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Failed, Trial,
@@ -161,7 +161,7 @@ fn snapshot_writes_through_no_link_and_over_no_input() -> Result<(), Failed> {
     if status != 204 {
         return Err(format!("vm.snapshot beside the VM's kernel: {status} {text}").into());
     }
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     if std::fs::read(&victim).map_err(io(&victim))? != b"a host file" {
         return Err("vm.snapshot wrote through a link planted in its destination".into());
     }
@@ -208,7 +208,7 @@ fn a_mapped_snapshot_is_not_replaced() -> Result<(), Failed> {
     if status != 204 || memory.exists() {
         return Err(format!("vm.snapshot once unlocked: {status} {text}").into());
     }
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     restores_and_passes(&dir, &serial)?;
     let _ = std::fs::remove_file(&kernel);
     let _ = std::fs::remove_file(&serial);
@@ -227,7 +227,7 @@ fn a_snapshot_killed_halfway_leaves_the_old_one() -> Result<(), Failed> {
     if status != 204 {
         return Err(format!("the first vm.snapshot: {status} {text}").into());
     }
-    first.shutdown()?;
+    first.shutdown(API_STOP)?;
     // The second lull may write files of at most 2 MiB (the state files), not 64 MiB of memory.
     let limited = ["sh", "-c", "ulimit -f 2048; exec \"$0\" \"$@\""];
     let (second, second_serial) = paused_guest(&format!("{name}-2"), &kernel, &limited)?;
@@ -282,7 +282,7 @@ fn a_restore_trusts_no_path_or_layout_of_the_snapshot() -> Result<(), Failed> {
     if status != 204 {
         return Err(format!("vm.snapshot: {status} {text}").into());
     }
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     let manifest_path = dir.join("manifest.json");
     let original = std::fs::read(&manifest_path).map_err(io(&manifest_path))?;
     let planted = temp_path(&format!("{name}.planted"));
@@ -388,7 +388,7 @@ fn a_fifo_manifest_is_refused_at_once() -> Result<(), Failed> {
     if status != 200 {
         return Err(format!("vmm.ping after the refused restore: {status}").into());
     }
-    lull.shutdown()?;
+    lull.shutdown(0)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

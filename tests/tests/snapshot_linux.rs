@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use libtest_mimic::{Completion, Trial};
-use lull_tests::exit_status::GUEST_PASS;
+use lull_tests::exit_status::{API_STOP, GUEST_PASS};
 use lull_tests::{
     kit_file, kvm_unavailable, linux_cmdline, run_lull, start_api_server, temp_path,
     wait_for_console, ApiLull, Arguments, Failed,
@@ -90,7 +90,7 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
         return Err(format!("the workload ended before the pause:\n{before}").into());
     }
     let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
-    first.shutdown()?;
+    first.shutdown(API_STOP)?;
 
     let dir_arg = dir.display().to_string();
     let serial_flag = format!("file={}", serial.display());

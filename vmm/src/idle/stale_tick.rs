@@ -58,8 +58,11 @@ impl StaleTick {
     /// A deferral ended at `now`; its host tick is armed for `tick_at`: kept or moved.
     pub fn deferral_ended(&mut self, now: Nanos, tick_at: Nanos) {
         self.ended_at = Some(now);
+        // Compared without a division, so that a tick is kept only at 5/4 of the learned
+        // time or more, exactly (a rounded-down margin kept ticks a few ns short of it).
         let keep = self.to_next_arm_ns.is_some_and(|t| {
-            tick_at.saturating_sub(now) >= t.saturating_mul(KEEP_MARGIN_NUM) / KEEP_MARGIN_DEN
+            tick_at.saturating_sub(now).saturating_mul(KEEP_MARGIN_DEN)
+                >= t.saturating_mul(KEEP_MARGIN_NUM)
         });
         self.state = if keep { State::Kept } else { State::Move };
     }

@@ -387,8 +387,8 @@ const BAD_INPUT_CASES: &[(&[&str], i32, &str)] = &[
         4,
         "Cannot read config file",
     ),
-    // The cause is said once, not once per error in the chain.
-    (&["run", "--kernel", "/"], 4, "Is a directory (os error 21)"),
+    // A directory (or a FIFO, a device) is refused before anything reads it.
+    (&["run", "--kernel", "/"], 4, "--kernel / is not a regular file"),
     // Output files are checked before the guest runs, not after.
     (
         &["run", "--metrics", "/nonexistent/m.json"],

@@ -67,7 +67,9 @@ fn refuse_non_files(
     images: [(&'static str, &'static str, Option<&PathBuf>); 2],
 ) -> Result<(), VmError> {
     for (role, what, path) in images {
-        if let Some(path) = path.filter(|p| !p.is_file()) {
+        // A missing file is left to the loader, which says it cannot read it and why.
+        let not_a_file = |p: &&PathBuf| std::fs::metadata(p).is_ok_and(|m| !m.is_file());
+        if let Some(path) = path.filter(not_a_file) {
             return Err(InputError::NotAFile {
                 role,
                 what,

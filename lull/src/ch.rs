@@ -132,7 +132,13 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {
-            crate::run::restore(&restore.dir, true, restore.memory, None, started)
+            let taps = |snapshot: &[vmm::config::NetConfig]| {
+                let sent = vmm::host::sys::scm::SentFds::default();
+                vmm::api::restore_taps::resolve(snapshot, &restore.nets, sent)
+                    .map(|taps| taps.nets)
+                    .map_err(|e| e.messages().join(": "))
+            };
+            crate::run::restore(&restore.dir, true, restore.memory, None, taps, started)
         }
         (None, Some(_)) => refused(&ChError::Missing(
             "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \

@@ -46,13 +46,17 @@ fn main() -> ExitCode {
         return serve_api(&args, socket);
     }
     if let Some(dir) = &args.restore {
-        return match args.vm.metrics_for_restore() {
-            Ok(metrics) => {
+        return match args.vm.for_restore() {
+            Ok(flags) => {
                 let memory = vmm::config::MemoryRestore {
                     mode: args.memory_restore.unwrap_or_default(),
                     prefault: false,
                 };
-                restore(dir, args.resume, memory, metrics, started)
+                let taps = |snapshot: &[vmm::config::NetConfig]| {
+                    vmm::config::restore_nets::on_named_taps(snapshot, &flags.nets)
+                        .map_err(|e| e.to_string())
+                };
+                restore(dir, args.resume, memory, flags.metrics, taps, started)
             }
             Err(e) => {
                 eprintln!("lull: {e}");

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 use vmm::api::InitialVm;
+use vmm::config::NetConfig;
 use vmm::exit_code;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
@@ -143,13 +144,15 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
     finish_run(cfg, vmm::vm::run(cfg, other, started))
 }
 
-/// `lull run --restore DIR --resume [--metrics PATH]`: the snapshot's VM, resumed at once,
-/// run to its end, its report written to `metrics`.
+/// `lull run --restore DIR --resume [--metrics PATH] [--net tap=NAME ...]`: the snapshot's
+/// VM, its nets on the taps `taps` gives them, resumed at once, run to its end, its report
+/// written to `metrics`.
 pub(crate) fn restore(
     dir: &std::path::Path,
     resume: bool,
     memory: vmm::config::MemoryRestore,
     metrics: Option<std::path::PathBuf>,
+    taps: impl FnOnce(&[NetConfig]) -> Result<Vec<NetConfig>, String>,
     started: Instant,
 ) -> ExitCode {
     if !resume {
@@ -164,6 +167,13 @@ pub(crate) fn restore(
         Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
     };
     snapshot.manifest.config.metrics = metrics;
+    match taps(&snapshot.manifest.config.nets) {
+        Ok(nets) => snapshot.manifest.config.nets = nets,
+        Err(e) => {
+            eprintln!("lull: {e}");
+            return status(exit_code::BAD_INPUT);
+        }
+    }
     let cfg = snapshot.manifest.config.clone();
     let result = vmm::vm::restore_observed(&snapshot, memory, started, |live| {
         if let Err(e) = live.resume() {

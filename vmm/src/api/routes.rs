@@ -301,6 +301,7 @@ mod tests {
             dir: "/tmp/s".into(),
             resume: false,
             memory: MemoryRestore::default(),
+            nets: Vec::new(),
         };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
@@ -328,6 +329,7 @@ mod tests {
                 dir: "/tmp/s".into(),
                 resume: true,
                 memory: MemoryRestore::default(),
+                nets: Vec::new(),
             })
         );
         for bad in [

@@ -68,6 +68,15 @@ impl Args for VmFlags {
     }
 }
 
+/// What the VM flags given with `--restore` say ([`VmArgs::for_restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreFlags {
+    /// `--metrics`: where this run writes its report.
+    pub metrics: Option<PathBuf>,
+    /// `--net`s: a host tap for each of the snapshot's nets, in order (none: the snapshot's).
+    pub nets: Vec<super::NetConfig>,
+}
+
 /// The flags of `lull run` that describe the VM. Each one overrides the same field of
 /// `--config`.
 #[derive(Debug, Clone, Args)]
@@ -94,14 +103,15 @@ impl VmArgs {
     }
 
     /// With `--restore` the VM is the snapshot's: of these flags only `--metrics` (where this
-    /// run writes its report) may be given. Its path; the flags that may not be given, or
-    /// `--config`, are refused by name.
-    pub fn metrics_for_restore(&self) -> Result<Option<PathBuf>, ConfigError> {
+    /// run writes its report) and `--net` (the host taps of the snapshot's nets, see
+    /// [`super::restore_nets`]) may be given. What they say; the flags that may not be given,
+    /// or `--config`, are refused by name.
+    pub fn for_restore(&self) -> Result<RestoreFlags, ConfigError> {
         let mut refused: Vec<String> = self
             .flags
             .given()
             .into_iter()
-            .filter(|flag| flag != "--metrics")
+            .filter(|flag| flag != "--metrics" && flag != "--net")
             .collect();
         if self.config.is_some() {
             refused.push("--config".to_string());
@@ -111,7 +121,10 @@ impl VmArgs {
         }
         let mut cfg = VmConfig::default();
         self.flags.apply(&mut cfg).map_err(ConfigError::Flags)?;
-        Ok(cfg.metrics)
+        Ok(RestoreFlags {
+            metrics: cfg.metrics,
+            nets: cfg.nets,
+        })
     }
 
     /// The configuration these flags describe: defaults, then `--config`, then flags.
@@ -285,15 +298,22 @@ mod tests {
     }
 
     #[test]
-    fn restore_takes_metrics_and_names_every_other_flag() {
-        assert_eq!(parsed(&[]).metrics_for_restore().unwrap(), None);
+    fn restore_takes_metrics_and_nets_and_names_every_other_flag() {
+        let none = RestoreFlags {
+            metrics: None,
+            nets: Vec::new(),
+        };
+        assert_eq!(parsed(&[]).for_restore().unwrap(), none);
         assert_eq!(
-            parsed(&["--metrics", "/m.json"])
-                .metrics_for_restore()
+            parsed(&["--metrics", "/m.json", "--net", "tap=t0", "--net", "tap=t1"])
+                .for_restore()
                 .unwrap(),
-            Some(PathBuf::from("/m.json"))
+            RestoreFlags {
+                metrics: Some(PathBuf::from("/m.json")),
+                nets: vec!["tap=t0".parse().unwrap(), "tap=t1".parse().unwrap()],
+            }
         );
-        let refused = |args: &[&str]| match parsed(args).metrics_for_restore() {
+        let refused = |args: &[&str]| match parsed(args).for_restore() {
             Err(ConfigError::FlagsWithRestore(flags)) => flags,
             other => panic!("{args:?}: {other:?}"),
         };
@@ -305,9 +325,11 @@ mod tests {
                 "--timer-model",
                 "pull",
                 "--net",
-                "tap=t0"
+                "tap=t0",
+                "--disk",
+                "path=/d"
             ]),
-            "--timer-model, --net"
+            "--timer-model, --disk"
         );
         assert_eq!(refused(&["--config", "/vm.json"]), "--config");
     }

@@ -85,7 +85,11 @@ pub enum ConfigError {
     /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics` aside).
     #[error(
         "{0} cannot be given with --restore: the restored VM is the snapshot's, as it was \
-         saved; of the VM's flags only --metrics (this run's report) goes with --restore"
+         saved; of the VM's flags only --metrics (this run's report) and --net tap=NAME (a tap of \
+         its own for each of the snapshot's nets) go with --restore"
     )]
     FlagsWithRestore(String),
+    /// `--net` with `--restore` that cannot replace the snapshot's taps.
+    #[error(transparent)]
+    RestoreNets(#[from] super::restore_nets::RestoreNetsError),
 }

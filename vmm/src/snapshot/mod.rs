@@ -23,13 +23,13 @@
 //! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
 //! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
 //! host lacks, a memory file whose size is
-//! not the manifest's (truncated or replaced), a disk missing or resized since, a tap that
-//! does not exist on this host (a restore attaches to each tap by name, also one the VM had
-//! as a passed descriptor: the manifest names its tap), a vCPU or device file
-//! whose checksum or content is wrong,
+//! not the manifest's (truncated or replaced), a disk missing or resized since, a vCPU or
+//! device file whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
 //! (the `snapshot` fuzz target feeds [`parse_manifest`], [`parse_vcpu`] and
-//! [`parse_devices`], and restores what the last accepts onto a virtio device).
+//! [`parse_devices`], and restores what the last accepts onto a virtio device). The taps are
+//! checked at restore (`Manifest::check_taps`), once the caller has given the nets taps of
+//! their own if it does (`config::restore_nets`).
 //!
 //! lull's LAPIC timers are held in guest time (a count's time left, a TSC deadline's value):
 //! the timer queues and hierarchy are not saved but rebuilt, each vCPU arming its restored
@@ -243,7 +243,6 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
     }
     manifest.check_cpu_flags(&host_cpu_flags())?;
     manifest.check_disks()?;
-    manifest.check_taps(crate::host::sys::tap::interface_exists)?;
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {
         let path = dir.join(&entry.file);

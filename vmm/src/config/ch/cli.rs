@@ -239,6 +239,7 @@ mod tests {
                 prefault: true,
                 ..Default::default()
             },
+            nets: Vec::new(),
         };
         assert_eq!(l.restore, Some(paused));
         assert!(!l.boots);

@@ -5,12 +5,14 @@
 //! The kit's `virtio-net` guest ARPs for 10.0.2.1 once a second, five times, and passes on
 //! the first reply. It is booted on tap A in a network namespace where nothing has 10.0.2.1
 //! (no reply comes), paused while it asks (its first frame counted), snapshotted, and its lull
-//! ended: the snapshot names tap A. Two clones are then restored from it at once, each in a
+//! ended: the snapshot names tap A. Three clones are then restored from it at once, each in a
 //! namespace of its own where its tap has 10.0.2.1/24:
 //! - clone B: `lull run --restore DIR --resume --net tap=B`;
 //! - clone C: `vm.restore` with `"net_fds": [{"id": "net0", "num_fds": 1}]` and tap C's fd
 //!   sent with the request (the tap was opened, then moved into C's namespace); before it, a
-//!   `vm.restore` naming a net the snapshot lacks is refused (400, naming it).
+//!   `vm.restore` naming a net the snapshot lacks is refused (400, naming it);
+//! - clone D: `lull ch --api-socket S --restore source_url=...,resume=true,net_fds=[net0@[0]]`
+//!   with tap D's fd inherited as lull's fd 0 (Cloud Hypervisor's `--restore` form).
 //!
 //! Each clone passes (only its own tap could answer), and its report counts frames each way
 //! on its own tap under the snapshot's MAC (the one lull derived from A's name, which the
@@ -23,13 +25,13 @@ use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_unavailable, report_from, run_lull_in, start_api_server_in, temp_path,
-    ApiLull, Arguments, Completion, Failed, Trial,
+    api_call, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, start_api_server_in,
+    temp_path, ApiLull, Arguments, Completion, Failed, Trial,
 };
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -126,6 +128,16 @@ impl Drop for HostTap {
     }
 }
 
+/// A lull of the test's own: killed and reaped on drop.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The first net of the VM of the lull at `socket` (`vm.counters`): tap, MAC, frames sent by
 /// the guest and received.
 fn first_net(socket: &Path) -> Result<(String, String, u64, u64, i32), Failed> {
@@ -190,8 +202,9 @@ fn wait_net(
 fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     let kernel = kit_file("guests/virtio-net.elf")?.display().to_string();
     let (tap_a, tap_b) = ("lullcloneA", "lullcloneB");
-    // Tap C is opened in the test's namespace, so its name is unique on the host.
+    // Taps C and D are opened in the test's namespace, so their names are unique on the host.
     let tap_c = HostTap(format!("lullcl{}c", std::process::id() % 100_000));
+    let tap_d = HostTap(format!("lullcl{}d", std::process::id() % 100_000));
     let ns_a = Netns::new("a")?;
     ns_a.tap(tap_a, false, false)?;
 
@@ -199,7 +212,15 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     let first = ApiLull::from(start_api_server_in(
         &ns_a.wrapper(),
         "clone-taps-a",
-        &["--kernel", &kernel, "--net", &format!("tap={tap_a}")],
+        // No console: clone D's stdin is its tap.
+        &[
+            "--kernel",
+            &kernel,
+            "--net",
+            &format!("tap={tap_a}"),
+            "--serial",
+            "off",
+        ],
     )?);
     first.put("vm.boot", "")?;
     let (_, snapshot_mac, ..) = wait_net(first.socket(), "the guest's first ARP", |n| n.2 >= 1)?;
@@ -237,6 +258,10 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     let fd_c = vmm::host::sys::tap::Tap::open(&tap_c.0).map_err(|e| e.to_string())?;
     let ns_c = Netns::new("c")?;
     ns_c.tap(&tap_c.0, true, true)?;
+    sh("ip", &["tuntap", "add", "dev", &tap_d.0, "mode", "tap"])?;
+    let fd_d = vmm::host::sys::tap::Tap::open(&tap_d.0).map_err(|e| e.to_string())?;
+    let ns_d = Netns::new("d")?;
+    ns_d.tap(&tap_d.0, true, true)?;
 
     // Clone B, by name, on the command line; it runs while clone C is restored.
     let metrics_b = temp_path("clone-taps-b.json");
@@ -260,6 +285,28 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
         })
     };
 
+    // Clone D, by lull's own fd 0, on Cloud Hypervisor's command line.
+    let socket_d = temp_path("clone-taps-d.sock");
+    let _ = std::fs::remove_file(&socket_d);
+    let clone_d = Reaped(
+        Command::new("ip")
+            .args(&ns_d.wrapper()[1..])
+            .arg(lull_bin())
+            .arg("ch")
+            .arg("--api-socket")
+            .arg(&socket_d)
+            .arg("--restore")
+            .arg(format!(
+                "source_url=file://{},resume=true,net_fds=[net0@[0]]",
+                dir.display()
+            ))
+            .stdin(Stdio::from(fd_d.into_fd()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start lull ch: {e}"))?,
+    );
+
     // Clone C, by fd, through the API.
     let clone_c = ApiLull::from(start_api_server_in(&ns_c.wrapper(), "clone-taps-c", &[])?);
     let body = |id: &str| {
@@ -278,11 +325,19 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     }
     drop(fd_c);
     let net_c = wait_net(clone_c.socket(), "clone C's end", |n| n.4 != 0)?;
+    let end = Instant::now() + DEADLINE;
+    while UnixStream::connect(&socket_d).is_err() {
+        if Instant::now() > end {
+            return Err("clone D (lull ch --restore) never served its API".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let net_d = wait_net(&socket_d, "clone D's end", |n| n.4 != 0)?;
+    drop(clone_d);
 
     let b = clone_b.join().map_err(|_| "clone B's thread panicked")??;
     let report_b = lull_tests::take_metrics(&metrics_b);
     b.expect_code(GUEST_PASS)?;
-    b.expect_stdout("virtio-net: PASS")?;
     let report_b = report_b?;
     let net_b = report_b.nets.first().ok_or("clone B has no net")?;
     let net_b = (
@@ -292,7 +347,11 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
         net_b.stats.rx_frames,
         report_b.exit_status,
     );
-    for (clone, tap, net) in [("B", tap_b, &net_b), ("C", tap_c.0.as_str(), &net_c)] {
+    for (clone, tap, net) in [
+        ("B", tap_b, &net_b),
+        ("C", tap_c.0.as_str(), &net_c),
+        ("D", tap_d.0.as_str(), &net_d),
+    ] {
         let (on, mac, tx, rx, exit) = net;
         if on != tap || *mac != snapshot_mac || *tx < 1 || *rx < 1 || *exit != GUEST_PASS {
             return Err(format!(
@@ -303,6 +362,7 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
         }
     }
     drop(clone_c);
+    let _ = std::fs::remove_file(&socket_d);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

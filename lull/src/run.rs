@@ -9,6 +9,7 @@ use tracing_subscriber::EnvFilter;
 use vmm::api::InitialVm;
 use vmm::config::NetConfig;
 use vmm::exit_code;
+use vmm::snapshot::ReadError;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
 
@@ -162,18 +163,15 @@ pub(crate) fn restore(
         );
         return status(exit_code::BAD_INPUT);
     }
-    let mut snapshot = match vmm::snapshot::read(dir) {
+    let mut snapshot = match vmm::snapshot::read_with_taps(dir, taps) {
         Ok(s) => s,
-        Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
-    };
-    snapshot.manifest.config.metrics = metrics;
-    match taps(&snapshot.manifest.config.nets) {
-        Ok(nets) => snapshot.manifest.config.nets = nets,
-        Err(e) => {
+        Err(ReadError::Snapshot(e)) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
+        Err(ReadError::Taps(e)) => {
             eprintln!("lull: {e}");
             return status(exit_code::BAD_INPUT);
         }
-    }
+    };
+    snapshot.manifest.config.metrics = metrics;
     let cfg = snapshot.manifest.config.clone();
     let result = vmm::vm::restore_observed(&snapshot, memory, started, |live| {
         if let Err(e) = live.resume() {

@@ -36,6 +36,7 @@ use crate::exit_code;
 use crate::host::sys::scm::SentFds;
 use crate::host::sys::tap::Tap;
 use crate::metrics::RunReport;
+use crate::snapshot::ReadError;
 use crate::state::StopReason;
 use crate::vm::report;
 
@@ -410,10 +411,18 @@ impl Controller {
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
-        let mut snapshot = crate::snapshot::read(dir)
-            .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
-        let taps = restore_taps::resolve(&snapshot.manifest.config.nets, &restore.nets, fds)?;
-        snapshot.manifest.config.nets = taps.nets;
+        // The sent fds the nets take, kept open while the VM runs.
+        let mut keep = Vec::new();
+        let snapshot = crate::snapshot::read_with_taps(dir, |nets| {
+            restore_taps::resolve(nets, &restore.nets, fds).map(|taps| {
+                keep = taps.keep;
+                taps.nets
+            })
+        })
+        .map_err(|e| match e {
+            ReadError::Snapshot(e) => ApiError::Restore(crate::vm::VmError::Snapshot(e)),
+            ReadError::Taps(e) => e,
+        })?;
         let cfg = Box::new(snapshot.manifest.config.clone());
         let vm = runner::restore(snapshot, restore.memory, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),
@@ -425,7 +434,7 @@ impl Controller {
             restore.memory.mode.name()
         );
         self.state = VmState::Running { cfg, vm };
-        self.net_fds = taps.keep;
+        self.net_fds = keep;
         if restore.resume {
             return self.pause_or_resume("resume");
         }

@@ -190,10 +190,6 @@ pub fn restore_observed(
 ) -> Result<RunOutcome, VmError> {
     let cfg = &snapshot.manifest.config;
     restore::check(snapshot)?;
-    // After the caller gave the nets their own taps (`config::restore_nets`), if it did.
-    snapshot
-        .manifest
-        .check_taps(crate::host::sys::tap::interface_exists)?;
     let files = snapshot.files();
     let other = inputs::OtherPaths {
         snapshot: &files,

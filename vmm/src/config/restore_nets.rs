@@ -53,6 +53,9 @@ pub enum RestoreNetsError {
          the rate limit is the snapshot's"
     )]
     NotHostSide(String),
+    /// `--net` with `--restore` naming one tap for two nets.
+    #[error("Tap {0} is given to two nets with --restore: give each net its own tap")]
+    SameTap(String),
     /// A `net_fds` id that names no net.
     #[error(
         "net_fds: '{id}' names no net of the snapshot, which has {count}: lull's nets are \
@@ -127,6 +130,13 @@ pub fn on_named_taps(
             given: given.len(),
             snapshot: snapshot.len(),
         });
+    }
+    if let Some((_, n)) = given
+        .iter()
+        .enumerate()
+        .find(|(i, n)| given[..*i].iter().any(|m| m.tap == n.tap))
+    {
+        return Err(RestoreNetsError::SameTap(n.tap.clone()));
     }
     snapshot
         .iter()
@@ -226,5 +236,9 @@ mod tests {
         let err = on_named_taps(&snapshot, &[net("tap=c,bandwidth=1M")]).unwrap_err();
         assert!(matches!(err, RestoreNetsError::NotHostSide(_)), "{err}");
         assert!(on_named_taps(&[], &[net("tap=c")]).is_err());
+        assert_eq!(
+            on_named_taps(&[net("tap=a"), net("tap=b")], &[net("tap=c"), net("tap=c")]),
+            Err(RestoreNetsError::SameTap("c".into()))
+        );
     }
 }

@@ -10,7 +10,8 @@
 //! - clone B: `lull run --restore DIR --resume --net tap=B`;
 //! - clone C: `vm.restore` with `"net_fds": [{"id": "net0", "num_fds": 1}]` and tap C's fd
 //!   sent with the request (the tap was opened, then moved into C's namespace); before it, a
-//!   `vm.restore` naming a net the snapshot lacks is refused (400, naming it);
+//!   `vm.restore` naming a net the snapshot lacks is refused (400, naming it) and lull keeps
+//!   no descriptor of the fd sent with it;
 //! - clone D: `lull ch --api-socket S --restore source_url=...,resume=true,net_fds=[net0@[0]]`
 //!   with tap D's fd inherited as lull's fd 0 (Cloud Hypervisor's `--restore` form).
 //!
@@ -154,6 +155,16 @@ fn first_net(socket: &Path) -> Result<(String, String, u64, u64, i32), Failed> {
         net.stats.rx_frames,
         report.exit_status,
     ))
+}
+
+/// How many of process `pid`'s descriptors are open on /dev/net/tun.
+fn tun_fds(pid: u32) -> Result<usize, Failed> {
+    let dir = format!("/proc/{pid}/fd");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+    Ok(entries
+        .filter_map(Result::ok)
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|p| p == Path::new("/dev/net/tun")))
+        .count())
 }
 
 /// `PUT vm.restore` with `body`, `fds` sent by SCM_RIGHTS with the request's first bytes, as
@@ -308,7 +319,9 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     );
 
     // Clone C, by fd, through the API.
-    let clone_c = ApiLull::from(start_api_server_in(&ns_c.wrapper(), "clone-taps-c", &[])?);
+    let server_c = start_api_server_in(&ns_c.wrapper(), "clone-taps-c", &[])?;
+    let pid_c = server_c.child.id();
+    let clone_c = ApiLull::from(server_c);
     let body = |id: &str| {
         format!(
             r#"{{"source_url": "file://{}", "resume": true, "net_fds": [{{"id": "{id}", "num_fds": 1, "fds": [-1]}}]}}"#,
@@ -319,11 +332,20 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     if status != 400 || !answer.contains("'net1' names no net") {
         return Err(format!("vm.restore naming net1: {status} {answer}").into());
     }
+    // The refused request's fd is closed.
+    let taps_held = tun_fds(pid_c)?;
+    if taps_held != 0 {
+        return Err(format!("after a refused vm.restore lull holds {taps_held} tap fd(s)").into());
+    }
     let (status, answer) = restore_with_fds(clone_c.socket(), &body("net0"), &[fd_c.as_raw_fd()])?;
     if status != 204 {
         return Err(format!("vm.restore with tap C's fd: {status} {answer}").into());
     }
     drop(fd_c);
+    // ... and the one it takes is held (the refused one would have been counted too).
+    if tun_fds(pid_c)? == 0 {
+        return Err("the restored clone C holds no tap fd".into());
+    }
     let net_c = wait_net(clone_c.socket(), "clone C's end", |n| n.4 != 0)?;
     let end = Instant::now() + DEADLINE;
     while UnixStream::connect(&socket_d).is_err() {

@@ -20,7 +20,7 @@ help:
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
-	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot  the other lull bench experiments"
+	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot|bench-clones  the other lull bench experiments"
 	@echo "make bench-floor    the least a user-space LAPIC's timer event and IPI wake-up cost here, against KVM's"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
@@ -158,7 +158,8 @@ bench: build-release guests
 	    | tee docs/bench/wakeup.txt
 
 # The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
-.PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux bench-snapshot
+.PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux bench-snapshot \
+        bench-clones
 bench-timer-modes: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
@@ -189,6 +190,14 @@ bench-snapshot: build-release guests
 	LULL_KIT=$(KIT) target/release/lull bench snapshot --cpus 2 --memory 256M --reps 1000 \
 	    --restores 5 --count 300 --modes kernel,pull,central \
 	    --json docs/bench/snapshot.json | tee docs/bench/snapshot.txt
+
+# Fleets of the kit's Linux restored from one snapshot (issue 43): per mode one boot (30-400 s
+# here), restores by mapping and by copy, then 8, 64 and 256 clones at once, each left a minute.
+bench-clones: build-release kit
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench clones --modes kernel,pull --timer-slack 1ms \
+	    --clones 8,64,256 --fleet-memory map --restores 5 \
+	    --json docs/bench/clones.json | tee docs/bench/clones.txt
 
 # The floor: a timer event and an IPI wake-up with the LAPIC in user space at their cheapest
 # (no VMM: resources/bench/floor.c), against KVM's LAPIC, interleaved (about 8 minutes with the

@@ -250,7 +250,13 @@ impl Bench<'_> {
         call(&socket, "vmm.shutdown", "")?;
         lull.stop();
         // The page cache holds the memory file from now on, as it does for a fleet's clones.
-        std::fs::read(dir.join("memory")).map_err(|e| format!("memory file: {e}"))?;
+        let manifest = std::fs::read(dir.join("manifest.json")).map_err(|e| e.to_string())?;
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&manifest).map_err(|e| format!("manifest: {e}"))?;
+        let memory = manifest["memory_file"]
+            .as_str()
+            .ok_or("the manifest names no memory file")?;
+        std::fs::read(dir.join(memory)).map_err(|e| format!("memory file: {e}"))?;
         Ok(dir)
     }
 

@@ -653,7 +653,7 @@ pub(crate) fn finish(report: &DensityReport, plot: Option<&PathBuf>) -> Result<(
     }
     if let Some(path) = plot {
         let svg = plot::density_svg(report)?;
-        std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
+        crate::report::write_output(path, svg.as_bytes())?;
         eprintln!("bench: plot written to {}", path.display());
     }
     Ok(())

@@ -199,6 +199,18 @@ pub(crate) fn package(w: &PowerWindow) -> Result<(f64, f64), String> {
     })
 }
 
+/// What the host wake-up figures count where the host has cpuidle states.
+const CPUIDLE_EXITS: &str = "cpuidle idle exits";
+/// ... and where it has none: the interrupts that wake a host CPU, above the baseline.
+const IRQ_PROXY: &str = "LOC+RES+CAL interrupts above the baseline";
+
+/// The host's local timer, rescheduling and function-call interrupts per second in `w`.
+fn wakeup_irqs_per_s(w: &PowerWindow) -> Result<f64, String> {
+    Ok(value(&w.local_timer_irqs_per_s)?
+        + value(&w.resched_irqs_per_s)?
+        + value(&w.call_irqs_per_s)?)
+}
+
 /// `f(row value, baseline value)`, or why either is missing.
 fn above<T>(
     row: Result<T, String>,
@@ -235,12 +247,21 @@ pub fn row_power(
     let exits = w.clone().and_then(|w| value(&w.idle_exits_per_s));
     let base_exits = b.clone().and_then(|b| value(&b.idle_exits_per_s));
     let meter = w.clone().and_then(|w| value(&w.meter).map(|m| m.watts));
-    let base_meter = b.and_then(|b| value(&b.meter).map(|m| m.watts));
+    let base_meter = b.clone().and_then(|b| value(&b.meter).map(|m| m.watts));
     let events_per_s = row.guest_timer_events_per_vcpu_s * f64::from(row.vcpus);
     let on_window = |f: fn(&PowerWindow) -> &Reading<f64>| match &w {
         Ok(w) => f(w).clone(),
         Err(e) => Reading::missing(e),
     };
+    // Host wake-ups: cpuidle's idle exits where the host has idle states, else the interrupts
+    // that wake a host CPU (a proxy), each above the no-VM baseline.
+    let proxy = w.clone().and_then(|w| wakeup_irqs_per_s(&w));
+    let base_proxy = b.clone().and_then(|b| wakeup_irqs_per_s(&b));
+    let (wakeups, base_wakeups, source) = match (&exits, &base_exits) {
+        (Ok(_), Ok(_)) => (exits.clone(), base_exits.clone(), CPUIDLE_EXITS),
+        _ => (proxy, base_proxy, IRQ_PROXY),
+    };
+    let wakeups_above = above(wakeups.clone(), base_wakeups, |r, b| r - b);
     DensityPower {
         watts_per_vm: above(pkg.clone(), base_pkg.clone(), |r, b| (r.0 - b.0) / vms),
         watts_per_vcpu: above(pkg.clone(), base_pkg.clone(), |r, b| (r.0 - b.0) / vcpus),
@@ -254,10 +275,19 @@ pub fn row_power(
             Ok(w) => Reading::from(value(&w.idle).map(|i| i.states)),
             Err(e) => Reading::missing(e),
         },
-        host_wakeups_per_timer_event: match exits {
-            Ok(_) if events_per_s <= 0.0 => Reading::missing(DensityPowerError::NoTimerEvents),
-            Ok(x) => Reading::ok(x / events_per_s),
-            Err(e) => Reading::missing(e),
+        host_wakeups_per_vcpu_s: match &wakeups_above.value {
+            Some(x) => Reading::ok(x / vcpus),
+            None => wakeups_above.clone(),
+        },
+        host_wakeups_source: wakeups_above.value.map(|_| source.to_string()),
+        host_wakeups_per_timer_event: match (&exits, &wakeups_above.value) {
+            _ if events_per_s <= 0.0 => Reading::missing(DensityPowerError::NoTimerEvents),
+            (Ok(x), _) => Reading::ok(x / events_per_s),
+            (Err(_), Some(x)) => Reading::ok(x / events_per_s),
+            (Err(e), None) => Reading::missing(format!(
+                "{e}; and {}",
+                wakeups_above.reason.clone().unwrap_or_default()
+            )),
         },
         local_timer_irqs_per_s: on_window(|w| &w.local_timer_irqs_per_s),
         resched_irqs_per_s: on_window(|w| &w.resched_irqs_per_s),
@@ -278,9 +308,21 @@ pub fn notes(report: &DensityReport) -> Vec<String> {
     };
     let mut lines = vec![baseline_line(base)];
     let powers = report.results.iter().filter_map(|r| r.power.as_ref());
+    let proxied = report
+        .results
+        .iter()
+        .filter_map(|r| r.power.as_ref())
+        .any(|p| p.host_wakeups_source.as_deref() == Some(IRQ_PROXY));
+    if proxied {
+        lines.push(format!(
+            "hwk/v/s, hwk/tev: host wake-ups counted as {IRQ_PROXY} (a proxy: this host has no \
+             cpuidle states to count idle exits)"
+        ));
+    }
     lines.extend(missing_reasons(powers.flat_map(|p| {
         [
             ("idlx/v/s", &p.idle_exits_per_vcpu_s),
+            ("hwk/v/s", &p.host_wakeups_per_vcpu_s),
             ("W/VM", &p.watts_per_vm),
             ("hwk/tev", &p.host_wakeups_per_timer_event),
         ]
@@ -293,11 +335,12 @@ pub(crate) fn baseline_line(base: &Reading<PowerWindow>) -> String {
     match &base.value {
         Some(b) => format!(
             "power baseline (no VM, {:.1} s): host idle exits {}/s, LOC {}/s, RES {}/s, \
-             package {} W",
+             CAL {}/s, package {} W",
             b.seconds,
             opt(Some(&b.idle_exits_per_s), 0),
             opt(Some(&b.local_timer_irqs_per_s), 0),
             opt(Some(&b.resched_irqs_per_s), 0),
+            opt(Some(&b.call_irqs_per_s), 0),
             package(b).map_or_else(|_| "-".into(), |(w, _)| format!("{w:.1}")),
         ),
         None => format!(
@@ -358,6 +401,7 @@ pub(crate) mod tests {
             idle_exits_per_s: Reading::ok(exits),
             local_timer_irqs_per_s: Reading::ok(250.0),
             resched_irqs_per_s: Reading::ok(5.0),
+            call_irqs_per_s: Reading::missing("-"),
             processes: Vec::new(),
             context_switches_per_s: Reading::missing(PowerError::NoProcesses),
             meter: Reading::missing(PowerError::NoMeter),
@@ -436,6 +480,54 @@ pub(crate) mod tests {
         );
     }
 
+    /// [`window`] of a host without cpuidle states: `irqs` LOC, RES and CAL per second.
+    fn window_without_cpuidle(irqs: [f64; 3]) -> Reading<PowerWindow> {
+        let mut w = window(2.0, None, 0.0);
+        if let Some(w) = w.value.as_mut() {
+            w.idle_exits_per_s = Reading::missing("no cpuidle states (driver none)");
+            w.local_timer_irqs_per_s = Reading::ok(irqs[0]);
+            w.resched_irqs_per_s = Reading::ok(irqs[1]);
+            w.call_irqs_per_s = Reading::ok(irqs[2]);
+        }
+        w
+    }
+
+    #[test]
+    fn without_cpuidle_host_wakeups_are_the_interrupts_above_the_baseline() {
+        let base = window_without_cpuidle([200.0, 10.0, 0.0]);
+        let p = row_power(&row(), window_without_cpuidle([1000.0, 50.0, 10.0]), &base);
+        assert_eq!(p.idle_exits_per_vcpu_s.value, None);
+        // (1060 - 210) interrupts/s above the baseline, over 8 vCPUs and 800 events/s.
+        assert_eq!(p.host_wakeups_per_vcpu_s.value, Some(106.25));
+        assert_eq!(p.host_wakeups_per_timer_event.value, Some(1.0625));
+        assert_eq!(p.host_wakeups_source.as_deref(), Some(IRQ_PROXY));
+        let mut r = row();
+        r.power = Some(p);
+        let mut report = density_report(vec![r]);
+        report.power_baseline = Some(base.clone());
+        let lines = notes(&report);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("LOC+RES+CAL") && l.contains("proxy")),
+            "{lines:?}"
+        );
+        // With cpuidle states, the idle exits are the figure, named as such.
+        let p = row_power(&row(), window(2.0, None, 1000.0), &window(3.0, None, 200.0));
+        assert_eq!(p.host_wakeups_per_vcpu_s.value, Some(100.0));
+        assert_eq!(p.host_wakeups_source.as_deref(), Some(CPUIDLE_EXITS));
+        // Neither: null, with both reasons.
+        let mut blind = window_without_cpuidle([0.0; 3]);
+        if let Some(w) = blind.value.as_mut() {
+            w.call_irqs_per_s = Reading::missing("no CAL row");
+        }
+        let p = row_power(&row(), blind, &base);
+        assert_eq!(p.host_wakeups_per_vcpu_s.value, None);
+        assert_eq!(p.host_wakeups_source, None);
+        let why = p.host_wakeups_per_timer_event.reason.unwrap_or_default();
+        assert!(why.contains("cpuidle") && why.contains("CAL"), "{why}");
+    }
+
     #[test]
     fn the_table_shows_dashes_and_says_why_once() {
         let base = window(3.0, None, 200.0);
@@ -447,7 +539,7 @@ pub(crate) mod tests {
         report.power_baseline = Some(base);
         assert_eq!(
             columns(report.results[0].power.as_ref()),
-            format!("{:>10}{:>8}{:>8}", "100.0", "-", "1.25")
+            format!("{:>10}{:>9}{:>8}{:>8}", "100.0", "100.0", "-", "1.25")
         );
         let lines = notes(&report);
         assert!(

@@ -26,8 +26,18 @@ pub struct DensityPower {
     pub idle_exits_per_vcpu_s: Reading<f64>,
     /// Per host idle state: entries per second and residency share, all host CPUs.
     pub residency: Reading<Vec<StateSummary>>,
+    /// Host wake-ups per second above the baseline, per vCPU: the host CPUs' idle exits
+    /// (cpuidle) where the host has idle states, else its local timer, rescheduling and
+    /// function-call interrupts (LOC + RES + CAL), a proxy: `host_wakeups_source` says which.
+    #[serde(default = "Reading::not_recorded")]
+    pub host_wakeups_per_vcpu_s: Reading<f64>,
+    /// What [`Self::host_wakeups_per_vcpu_s`] and [`Self::host_wakeups_per_timer_event`]
+    /// count: `cpuidle idle exits`, or `LOC+RES+CAL interrupts above the baseline`.
+    #[serde(default)]
+    pub host_wakeups_source: Option<String>,
     /// Host CPU idle exits in the window per guest timer event (the guests' events per
-    /// second of their run, all vCPUs).
+    /// second of their run, all vCPUs); without cpuidle states, the LOC + RES + CAL
+    /// interrupts above the baseline per guest timer event.
     pub host_wakeups_per_timer_event: Reading<f64>,
     /// Local timer interrupts (`LOC`) per second, all host CPUs.
     pub local_timer_irqs_per_s: Reading<f64>,
@@ -45,15 +55,19 @@ pub fn opt(r: Option<&Reading<f64>>, prec: usize) -> String {
 
 /// The power columns of the density table's header.
 pub fn header_columns() -> String {
-    format!("{:>10}{:>8}{:>8}", "idlx/v/s", "W/VM", "hwk/tev")
+    format!(
+        "{:>10}{:>9}{:>8}{:>8}",
+        "idlx/v/s", "hwk/v/s", "W/VM", "hwk/tev"
+    )
 }
 
 /// The power columns of a row whose figures are `p` (`-` where a figure is missing;
 /// `density_power::notes` says why).
 pub fn columns(p: Option<&DensityPower>) -> String {
     format!(
-        "{:>10}{:>8}{:>8}",
+        "{:>10}{:>9}{:>8}{:>8}",
         opt(p.map(|p| &p.idle_exits_per_vcpu_s), 1),
+        opt(p.map(|p| &p.host_wakeups_per_vcpu_s), 1),
         opt(p.map(|p| &p.watts_per_vm), 2),
         opt(p.map(|p| &p.host_wakeups_per_timer_event), 2)
     )

@@ -296,7 +296,7 @@ fn finish(report: &MaxVmsReport, plot: Option<&PathBuf>) -> Result<(), BenchErro
     }
     if let Some(path) = plot {
         let svg = max_vms_plot::svg(report)?;
-        std::fs::write(path, svg).map_err(|e| BenchError::Io(path.clone(), e))?;
+        crate::report::write_output(path, svg.as_bytes())?;
         eprintln!("bench: plot written to {}", path.display());
     }
     Ok(())

@@ -236,6 +236,7 @@ mod tests {
                 idle_exits_per_s: Reading::ok(exits),
                 local_timer_irqs_per_s: Reading::missing("-"),
                 resched_irqs_per_s: Reading::missing("-"),
+                call_irqs_per_s: Reading::missing("-"),
                 processes: Vec::new(),
                 context_switches_per_s: Reading::missing(PowerError::NoProcesses),
                 meter: Reading::missing(PowerError::NoMeter),

@@ -602,7 +602,16 @@ pub fn write_json<T: Serialize>(
     value: &T,
 ) -> Result<(), super::BenchError> {
     let text = serde_json::to_string_pretty(value)? + "\n";
-    std::fs::write(path, text).map_err(|e| super::BenchError::Io(path.to_path_buf(), e))
+    write_output(path, text.as_bytes())
+}
+
+/// Writes `bytes` to the output `path`, replacing it, opened as every file lull writes is
+/// (`vmm::host::files::open_output`: no link followed, a regular file or a character device).
+pub fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), super::BenchError> {
+    use std::io::Write;
+    vmm::host::files::open_output(path, vmm::host::files::OutputMode::Replace)
+        .and_then(|mut file| file.write_all(bytes))
+        .map_err(|e| super::BenchError::Io(path.to_path_buf(), e))
 }
 
 #[cfg(test)]

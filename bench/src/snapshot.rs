@@ -19,8 +19,9 @@
 //!     each restored guest runs to its end and must pass (its console is the same file).
 //! ```
 //!
-//! A mode whose snapshot lull refuses to restore has its restore figures `null` with lull's
-//! reason in `missing`, not a failure. The guest prints nothing while its timers run, so
+//! Every mode restores: a restore lull refuses or that fails counts as run and not passed,
+//! with lull's reason in `failures` (and the restore figures it left without a sample `null`,
+//! "no restore succeeded: see failures"). The guest prints nothing while its timers run, so
 //! "until the guest's next console line" is not measured: the earliest sign of a running guest
 //! here is `vm.resume`'s reply (lull answers it once every vCPU thread it released has left
 //! the pause gate).
@@ -73,8 +74,8 @@ pub struct SnapshotArgs {
     /// the pause cycles and the snapshot to happen while it runs.
     #[arg(long, default_value_t = 300)]
     pub count: u32,
-    /// Modes, comma-separated: kernel, pull, push, central (a mode whose restore lull
-    /// refuses gets its restore figures as missing, with the reason).
+    /// Modes, comma-separated: kernel, pull, push, central (a restore lull refuses is a
+    /// failure of its mode's row, with lull's reason).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "kernel,pull")]
     pub modes: Vec<Mode>,
     /// Results, lull binary, kit and logs.
@@ -288,11 +289,10 @@ impl ModeRun<'_> {
         snapshot: &Path,
         console: &Path,
     ) -> Result<(), BenchError> {
-        let memory = snapshot.join("memory");
+        let memory = memory_file(snapshot).map_err(|e| BenchError::Io(snapshot.into(), e))?;
         read_through(&memory).map_err(|e| BenchError::Io(memory.clone(), e))?;
         let (mut api, mut calls, mut cli) = (Vec::new(), Vec::new(), Vec::new());
-        let mut refused = None;
-        'restores: for i in 0..self.args.restores {
+        for i in 0..self.args.restores {
             for path in ["API", "CLI"] {
                 let passes_before = console_text(console).matches("pause-timers: PASS").count();
                 let run = RestoreRun {
@@ -306,23 +306,18 @@ impl ModeRun<'_> {
                 } else {
                     self.restore_cli(&run)
                 };
+                row.restores_run += 1;
                 let Ran {
                     total,
                     call,
                     passed,
                 } = match result {
-                    Ok(Restored::Ran(ran)) => ran,
-                    Ok(Restored::Refused(why)) => {
-                        refused = Some(why);
-                        break 'restores;
-                    }
+                    Ok(ran) => ran,
                     Err(e) => {
-                        row.restores_run += 1;
                         row.failures.push(format!("{path} restore {i}: {e}"));
                         continue;
                     }
                 };
-                row.restores_run += 1;
                 row.restores_passed += u32::from(passed);
                 if !passed {
                     row.failures
@@ -335,24 +330,21 @@ impl ModeRun<'_> {
         row.restore_api_ms = Spread::of(api);
         row.restore_call_ms = Spread::of(calls);
         row.restore_cli_ms = Spread::of(cli);
-        let why = refused.map_or_else(
-            || "no restore succeeded: see failures".to_string(),
-            |w| format!("lull refuses this snapshot: {w}"),
-        );
+        let why = "no restore succeeded: see failures";
         for (figure, has) in [
             ("restore_api_ms", row.restore_api_ms.is_some()),
             ("restore_call_ms", row.restore_call_ms.is_some()),
             ("restore_cli_ms", row.restore_cli_ms.is_some()),
         ] {
             if !has {
-                row.miss(figure, why.clone());
+                row.miss(figure, why);
             }
         }
         Ok(())
     }
 
     /// A new `lull run --api-socket`: vm.restore, vm.resume, then the guest to its end.
-    fn restore_api(&self, r: &RestoreRun) -> Result<Restored, String> {
+    fn restore_api(&self, r: &RestoreRun) -> Result<Ran, String> {
         let (snapshot, console, i) = (r.snapshot, r.console, r.i);
         let socket = self.path(&format!("restore-{i}.sock"));
         let _ = std::fs::remove_file(&socket);
@@ -363,41 +355,54 @@ impl ModeRun<'_> {
             .spawn(&["run", "--api-socket", &socket_arg], &stderr)
             .map_err(|e| e.to_string())?;
         wait_for_socket(&socket, &mut lull)?;
-        let body = format!(r#"{{"source_url": "file://{}"}}"#, snapshot.display());
+        // The console is given again: a restore never reuses the snapshot's own.
+        let body = format!(
+            r#"{{"source_url": "file://{}", "serial": "file={}"}}"#,
+            snapshot.display(),
+            console.display()
+        );
         let sent = Instant::now();
         let a = send(&socket, "PUT", "vm.restore", &body)?;
         let call_ms = ms(sent.elapsed());
         if a.status != 204 {
             let _ = call(&socket, "PUT", "vmm.shutdown", "");
             let _ = wait_with_deadline(&mut lull.0, GUEST_DEADLINE);
-            return Ok(Restored::Refused(a.body.trim().to_string()));
+            return Err(format!(
+                "vm.restore answered {}: {}",
+                a.status,
+                a.body.trim()
+            ));
         }
         call(&socket, "PUT", "vm.resume", "")?;
         let total = ms(start.elapsed());
         let passed = guest_ends_passing(&socket, console, r.passes_before + 1)?;
         call(&socket, "PUT", "vmm.shutdown", "")?;
         let _ = lull.0.wait();
-        Ok(Restored::Ran(Ran {
+        Ok(Ran {
             total,
             call: Some(call_ms),
             passed,
-        }))
+        })
     }
 
     /// `lull run --restore DIR --resume`, run to its end: spawn -> its "VM resumed" line.
-    fn restore_cli(&self, r: &RestoreRun) -> Result<Restored, String> {
+    fn restore_cli(&self, r: &RestoreRun) -> Result<Ran, String> {
         let (snapshot, console, i) = (r.snapshot, r.console, r.i);
         let stderr = self.path(&format!("restore-cli-{i}.stderr"));
         let dir = snapshot.display().to_string();
+        let serial = format!("file={}", console.display());
         let spawned = SystemTime::now();
         let mut lull = self
-            .spawn(&["run", "--restore", &dir, "--resume"], &stderr)
+            .spawn(
+                &["run", "--restore", &dir, "--resume", "--serial", &serial],
+                &stderr,
+            )
             .map_err(|e| e.to_string())?;
         let status = wait_with_deadline(&mut lull.0, GUEST_DEADLINE)?;
         let log = std::fs::read_to_string(&stderr).unwrap_or_default();
         if status == Some(crate::EXIT_BAD_INPUT.into()) {
             let why = log.lines().last().unwrap_or("(no reason logged)");
-            return Ok(Restored::Refused(why.trim().to_string()));
+            return Err(format!("lull refused the snapshot: {}", why.trim()));
         }
         let resumed = log
             .lines()
@@ -413,11 +418,11 @@ impl ModeRun<'_> {
         let passes = console_text(console).matches("pause-timers: PASS").count();
         // lull exits with 1 when its guest passes through the test port.
         let passed = status == Some(1) && passes == r.passes_before + 1;
-        Ok(Restored::Ran(Ran {
+        Ok(Ran {
             total,
             call: None,
             passed,
-        }))
+        })
     }
 }
 
@@ -438,14 +443,6 @@ struct Ran {
     call: Option<f64>,
     /// Whether its guest passed.
     passed: bool,
-}
-
-/// What a restore did.
-enum Restored {
-    /// It ran.
-    Ran(Ran),
-    /// lull refused the snapshot, with its reason.
-    Refused(String),
 }
 
 fn ms(d: Duration) -> f64 {
@@ -567,4 +564,14 @@ fn read_through(path: &Path) -> std::io::Result<()> {
         }
         file.consume(n);
     }
+}
+
+/// The memory file of the snapshot in `dir`, as its manifest names it.
+fn memory_file(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    let text = std::fs::read(dir.join("manifest.json"))?;
+    let manifest: serde_json::Value = serde_json::from_slice(&text)?;
+    manifest["memory_file"]
+        .as_str()
+        .map(|name| dir.join(name))
+        .ok_or_else(|| std::io::Error::other("the manifest names no memory_file"))
 }

@@ -3,8 +3,9 @@
 //! (`vmm::snapshot`).
 //!
 //! Checks: nothing panics; a manifest that is accepted is of this format and lull version,
-//! its regions add up to its memory size, it lists one `vcpu-N.json` per vCPU in order (so no
-//! name can leave the snapshot directory); a vCPU file that is accepted has the manifest's
+//! its regions add up to its memory size and are the layout of its memory size, it lists one
+//! vCPU file per vCPU and names every file by a plain name, each once (so no name can leave
+//! the snapshot directory); a vCPU file that is accepted has the manifest's
 //! size and checksum and holds the state of the vCPU at its place; so does an accepted VM
 //! state file. An accepted devices file lists one virtio device per disk and net of the
 //! manifest; each of its states is restored onto a real virtio-blk transport over a small
@@ -26,7 +27,7 @@ use devices::virtio::disk::MemDisk;
 use devices::virtio::mmio::VirtioMmio;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::snapshot::devices::DevicesState;
-use vmm::snapshot::manifest::vcpu_file_name;
+use vmm::snapshot::manifest::is_plain_name;
 use vmm::snapshot::{fnv64, parse_devices, parse_kvm_vm, parse_vcpu, Manifest, FORMAT_VERSION};
 
 /// The host vendor the manifests are checked against.
@@ -51,13 +52,18 @@ pub fn run(data: &[u8]) {
         .try_fold(0u64, |s, r| s.checked_add(r.bytes));
     assert_eq!(total, Some(m.memory_bytes), "regions must fill the memory");
     assert_eq!(usize::try_from(m.config.cpus).ok(), Some(m.vcpus.len()));
-    for (i, v) in m.vcpus.iter().enumerate() {
-        assert_eq!(
-            v.file,
-            vcpu_file_name(i),
-            "a vCPU file lull would not write"
+    let names: Vec<&str> = m.file_names().collect();
+    for name in &names {
+        assert!(
+            is_plain_name(name),
+            "{name:?} leaves the snapshot directory"
         );
     }
+    let distinct: std::collections::BTreeSet<&&str> = names.iter().collect();
+    assert_eq!(distinct.len(), names.len(), "a file named twice");
+    let layout = vmm::setup::layout::ram_ranges(m.config.memory.0);
+    let regions: Vec<(u64, u64)> = m.regions.iter().map(|r| (r.guest_addr, r.bytes)).collect();
+    assert_eq!(regions, layout, "regions that are not the memory's layout");
     for (i, entry) in m.vcpus.iter().enumerate() {
         if let Ok(state) = parse_vcpu(i, entry, Path::new(&entry.file), vcpu) {
             assert_eq!(usize::try_from(state.id).ok(), Some(i));

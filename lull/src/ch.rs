@@ -79,6 +79,11 @@ fn prepare(mut launch: ChLaunch) -> Result<ChLaunch, ExitCode> {
         eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
         return Err(crate::run::status(exit_code::VMM_FAILURE));
     }
+    let restore_dir = launch.restore.as_ref().map(|r| r.dir.as_path());
+    let log_file = launch.log_file.as_deref();
+    if let Err(e) = vmm::vm::inputs::check_log_file(&launch.config, log_file, restore_dir) {
+        return Err(crate::run::vm_failed(&e));
+    }
     if let Err(e) = crate::run::init_logging(launch.verbose, launch.log_file.as_deref()) {
         eprintln!("lull: cannot open the log file: {e}");
         return Err(crate::run::status(exit_code::BAD_INPUT));
@@ -138,7 +143,16 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
                     .map(|taps| taps.nets)
                     .map_err(|e| e.messages().join(": "))
             };
-            crate::run::restore(&restore.dir, true, restore.memory, None, taps, started)
+            let serial = restore.serial.clone();
+            crate::run::restore(
+                &restore.dir,
+                true,
+                restore.memory,
+                None,
+                serial,
+                taps,
+                started,
+            )
         }
         (None, Some(_)) => refused(&ChError::Missing(
             "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \

@@ -18,10 +18,10 @@ Exit status:
   6        KVM unavailable: no /dev/kvm, no permission, or a missing capability
   8        lull failed while running the guest
   10       the guest crashed (triple fault, KVM internal error or entry failure)
-  12       stopped by the user (Ctrl-A x on the console, SIGINT or SIGTERM)
+  12       stopped by the user (Ctrl-A x on the console, SIGINT, SIGTERM or SIGHUP)
   14       stopped through the management API (vm.shutdown, or vmm.shutdown of a running VM)
 With --api-socket, lull exits with the status of its VM's run; if none ran, 0 after
-vmm.shutdown and 12 after SIGINT or SIGTERM.";
+vmm.shutdown and 12 after SIGINT, SIGTERM or SIGHUP.";
 
 /// lull: a KVM virtual machine monitor whose speciality is vCPU timers and idle.
 #[derive(Debug, Parser)]
@@ -65,15 +65,16 @@ pub struct RunArgs {
     /// --config given with it form the created VM (boot it with vm.boot); without them, the
     /// VM comes from vm.create, which checks the kernel, initramfs, disks, taps and output
     /// paths as `lull run` does and answers 400 with the reason; a VM whose vm.boot failed may
-    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM. See docs/API.md.
+    /// be created again. lull runs until vmm.shutdown or SIGINT/SIGTERM/SIGHUP. See docs/API.md.
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
     /// Build the VM from the snapshot in DIR (written by vm.snapshot, either irqchip mode)
-    /// instead of booting a guest; the VM flags are the snapshot's: of them only --metrics
-    /// (this run's report; the saving run's path is not reused) and --net tap=NAME (once per
-    /// net of the snapshot, in its order: a host tap of the clone's own, the guest's MAC and
-    /// device state kept) go with --restore. The
+    /// instead of booting a guest; the VM flags are the snapshot's: of them only this run's
+    /// outputs go with --restore, --metrics (its report) and --serial (its console, off if
+    /// not given: the saving run's paths are not reused), and --net tap=NAME (once per net of
+    /// the snapshot, in its order: a host tap of the clone's own, the guest's MAC and device
+    /// state kept). The
     /// restored VM starts paused: give --resume to run it (without --api-socket, lull needs
     /// it). With --api-socket, restore through vm.restore instead. See docs/API.md
     /// ("Snapshots").

@@ -17,6 +17,12 @@ mod cli;
 mod run;
 
 fn main() -> ExitCode {
+    // First of all, before any thread: a stop signal from now on waits for its handler
+    // (`install_early` below, or `ch::main`'s) instead of killing lull unheard.
+    if let Err(e) = vmm::host::sys::stop_signals::block_early() {
+        eprintln!("lull: cannot block the stop signals until their handlers are in place: {e}");
+        return status(exit_code::VMM_FAILURE);
+    }
     let started = Instant::now();
     if let Some(args) = ch::invoked_as_cloud_hypervisor() {
         return ch::main(&args, started);
@@ -24,11 +30,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Command::Run(args) => args,
-        Command::Bench(args) => return bench::main(&args),
+        Command::Bench(args) => {
+            // lull bench takes SIGINT/SIGTERM its own way; SIGHUP keeps its default action.
+            if let Err(e) = vmm::host::sys::stop_signals::unblock() {
+                eprintln!("lull: cannot unblock the stop signals: {e}");
+                return status(exit_code::VMM_FAILURE);
+            }
+            return bench::main(&args);
+        }
     };
-    // First, so that a SIGINT or SIGTERM from now on ends the run as a stop (status 12).
+    // Before anything that takes time: a SIGINT, SIGTERM or SIGHUP (one pending since
+    // `block_early` too) ends the run as a stop (status 12).
     if let Err(e) = vmm::host::sys::stop_signals::install_early() {
-        eprintln!("lull: cannot install the SIGINT/SIGTERM handlers: {e}");
+        eprintln!("lull: cannot install the SIGINT/SIGTERM/SIGHUP handlers: {e}");
         return status(exit_code::VMM_FAILURE);
     }
     // Before anything starts a thread (see `move_own_text_to_huge_pages`).
@@ -52,11 +66,16 @@ fn main() -> ExitCode {
                     mode: args.memory_restore.unwrap_or_default(),
                     prefault: false,
                 };
+                let vmm::config::RestoreFlags {
+                    metrics,
+                    serial,
+                    nets,
+                } = flags;
                 let taps = |snapshot: &[vmm::config::NetConfig]| {
-                    vmm::config::restore_nets::on_named_taps(snapshot, &flags.nets)
+                    vmm::config::restore_nets::on_named_taps(snapshot, &nets)
                         .map_err(|e| e.to_string())
                 };
-                restore(dir, args.resume, memory, flags.metrics, taps, started)
+                restore(dir, args.resume, memory, metrics, serial, taps, started)
             }
             Err(e) => {
                 eprintln!("lull: {e}");

@@ -28,10 +28,7 @@ pub(crate) fn init_logging(verbose: u8, file: Option<&std::path::Path>) -> std::
         .with_target(false);
     match file {
         Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
+            let file = vmm::vm::paths::open_log_file(path)?;
             logger
                 .with_writer(std::sync::Mutex::new(file))
                 .with_ansi(false)
@@ -145,14 +142,16 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
     finish_run(cfg, vmm::vm::run(cfg, other, started))
 }
 
-/// `lull run --restore DIR --resume [--metrics PATH] [--net tap=NAME ...]`: the snapshot's
-/// VM, its nets on the taps `taps` gives them, resumed at once, run to its end, its report
-/// written to `metrics`.
+/// `lull run --restore DIR --resume [--metrics PATH] [--serial MODE] [--net tap=NAME ...]`:
+/// the snapshot's VM, its nets on the taps `taps` gives them, resumed at once, run to its
+/// end, its report written to `metrics` and its console where `serial` says (never the
+/// snapshot's own console file unless given again).
 pub(crate) fn restore(
     dir: &std::path::Path,
     resume: bool,
     memory: vmm::config::MemoryRestore,
     metrics: Option<std::path::PathBuf>,
+    serial: Option<vmm::config::SerialMode>,
     taps: impl FnOnce(&[NetConfig]) -> Result<Vec<NetConfig>, String>,
     started: Instant,
 ) -> ExitCode {
@@ -172,6 +171,9 @@ pub(crate) fn restore(
         }
     };
     snapshot.manifest.config.metrics = metrics;
+    if let Some(serial) = serial {
+        snapshot.manifest.config.serial = serial;
+    }
     let cfg = snapshot.manifest.config.clone();
     let result = vmm::vm::restore_observed(&snapshot, memory, started, |live| {
         if let Err(e) = live.resume() {

@@ -507,6 +507,7 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
         r.expect_stdout(experiment)?;
     }
     let r = run_lull(&["bench", "density", "--help"], Duration::from_secs(30))?;
+    r.expect_code(0)?;
     for flag in [
         "--vms",
         "--modes",

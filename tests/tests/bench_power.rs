@@ -72,7 +72,17 @@ fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
             most_exits = most_exits.max(exits);
             reading(&p["idle_exits_per_vcpu_s"], "idle exits")?
                 .ok_or_else(|| format!("idle exits above the baseline missing: {p}"))?;
+            if p["host_wakeups_source"] != "cpuidle idle exits" {
+                return Err(format!("host wake-ups not counted as idle exits: {p}").into());
+            }
         } else {
+            // The host's wake-ups fall back to its LOC + RES + CAL interrupts, named so.
+            reading(&p["host_wakeups_per_vcpu_s"], "host_wakeups_per_vcpu_s")?
+                .ok_or_else(|| format!("no host wake-up proxy without cpuidle: {p}"))?;
+            let source = p["host_wakeups_source"].as_str().unwrap_or("");
+            if !source.contains("LOC+RES+CAL") {
+                return Err(format!("the wake-up proxy is not named: {p}").into());
+            }
             for (figure, what) in [
                 (&w["idle_exits_per_s"], "idle_exits_per_s"),
                 (&w["idle"], "idle"),
@@ -94,6 +104,7 @@ fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
             "joules_per_vcpu",
             "meter_watts_per_vm",
             "idle_exits_per_vcpu_s",
+            "host_wakeups_per_vcpu_s",
             "residency",
             "host_wakeups_per_timer_event",
             "local_timer_irqs_per_s",

@@ -29,7 +29,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
     api_call, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, start_api_server_in,
     temp_path, ApiLull, Arguments, Completion, Failed, Trial,
@@ -237,7 +237,7 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     let (_, snapshot_mac, ..) = wait_net(first.socket(), "the guest's first ARP", |n| n.2 >= 1)?;
     first.put("vm.pause", "")?;
     let dir = first.snapshot_into("clone-taps-snapshot")?;
-    first.shutdown()?;
+    first.shutdown(API_STOP)?;
     let manifest = std::fs::read_to_string(dir.join("manifest.json"))
         .map_err(|e| format!("the snapshot's manifest: {e}"))?;
     if !manifest.contains(&format!("tap={tap_a}")) {

@@ -9,7 +9,8 @@
 //! While A and B run, `/proc/PID/smaps` of each shows the snapshot's memory file mapped, with
 //! pages that both map (`Shared_*`, so their PSS is below their RSS) and pages each has
 //! written (`Private_Dirty`: its own copies); C maps no part of the file. The memory file is
-//! byte for byte what it was. Clone A is then paused and snapshotted in turn (its memory is
+//! byte for byte what it was. Clone A is then paused; a snapshot over the one it maps is
+//! refused and leaves it as it was; clone A is snapshotted elsewhere (its memory is
 //! the file's pages and its own written pages together), and that snapshot restored by
 //! `lull run --restore`: the guest passes there, as it does in clone B.
 
@@ -17,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lull_tests::exit_status::GUEST_PASS;
+use lull_tests::exit_status::{API_STOP, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, lull_bin, run_lull, snapshot_into, start_api_server, ApiLull,
-    Arguments, Failed,
+    api_call, kit_file, kvm_trial, lull_bin, run_lull, snapshot_file, snapshot_into,
+    start_api_server, ApiLull, Arguments, Failed,
 };
 
 /// How long the guest runs its timers (guest time): long enough for the clones to be seen
@@ -95,7 +96,7 @@ fn snapshot_of_a_running_guest(name: &str, irqchip: &str) -> Result<PathBuf, Fai
     lull.put("vm.boot", "")?;
     lull.put("vm.pause", "")?;
     let dir = snapshot_into(lull.socket(), &format!("{name}-snapshot"))?;
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     Ok(dir)
 }
 
@@ -142,7 +143,7 @@ fn exit_code_within(child: &mut Child, limit: Duration) -> Result<i32, Failed> {
 fn clones_share_the_snapshot(irqchip: &str) -> Result<(), Failed> {
     let name = format!("clones-{irqchip}");
     let dir = snapshot_of_a_running_guest(&name, irqchip)?;
-    let memory = dir.join("memory");
+    let memory = snapshot_file(&dir, "/memory_file")?;
     let before = std::fs::read(&memory).map_err(|e| format!("{}: {e}", memory.display()))?;
 
     let (a, pid_a) = restored_clone(&format!("{name}-a"), &dir, "")?;
@@ -196,8 +197,18 @@ fn clones_share_the_snapshot(irqchip: &str) -> Result<(), Failed> {
     }
     drop(c);
 
-    // Clone A, its memory half file pages and half its own, becomes a snapshot in turn.
+    // Clone A, its memory half file pages and half its own, becomes a snapshot in turn; not
+    // over the snapshot it maps (refused, the directory left as it was), but elsewhere.
     a.put("vm.pause", "")?;
+    let manifest = std::fs::read(dir.join("manifest.json")).map_err(|e| e.to_string())?;
+    let over = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
+    let (status, text) = api_call(a.socket(), "PUT", "vm.snapshot", &over)?;
+    if status != 500 || !text.contains("mapped by a running VM") {
+        return Err(format!("a snapshot over the one clone A maps: {status} {text}").into());
+    }
+    if std::fs::read(dir.join("manifest.json")).map_err(|e| e.to_string())? != manifest {
+        return Err("the refused snapshot changed the manifest it would have replaced".into());
+    }
     let again = snapshot_into(a.socket(), &format!("{name}-of-a"))?;
     drop(a);
     let code = exit_code_within(&mut b.0, Duration::from_secs(180))?;

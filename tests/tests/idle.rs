@@ -78,17 +78,27 @@ fn idle_injection_holds_every_vcpu() -> Result<(), Failed> {
         ],
         "spin: PASS",
     )?;
+    // The target: 25% of the run, in 5 ms windows every 20 ms of the VM clock. A vCPU thread
+    // kicked late into a window (a loaded host) is held for less of it, and one woken late at
+    // its end for more, so the comparison allows a factor: at least an eighth of the target
+    // (each vCPU was held in many windows, not once) and at most twice it (no window was
+    // longer than its share of the period, none was missed at its end).
     let run_ns = m.run_time_ms * 1_000_000;
+    let target = run_ns / 4;
     for v in &m.vcpus {
         let injected = v.injected_idle_ns;
-        // Held at least once, never longer than the run.
-        if injected == 0 || injected > run_ns {
-            return Err(format!("vCPU held {injected} ns of a {run_ns} ns run: {m:?}").into());
+        if injected < target / 8 || injected > 2 * target {
+            return Err(format!(
+                "vCPU {} held {injected} ns of a {run_ns} ns run, target 25% ({target} ns): {m:?}",
+                v.vcpu
+            )
+            .into());
         }
     }
+    // The windows are the VM's: its vCPUs were held idle together in some of them.
     let together = m.idle_inject.as_ref().map_or(0, |i| i.all_idle_together_ns);
-    if together == 0 || together > run_ns {
-        return Err(format!("all-idle-together {together} ns out of range: {m:?}").into());
+    if together == 0 {
+        return Err(format!("the vCPUs were never idle together: {m:?}").into());
     }
     Ok(())
 }
@@ -274,7 +284,8 @@ fn global_timer_load_fires_and_rearms() -> Result<(), Failed> {
         )?;
         let fires = sum(&m, |v| v.global_timer_fires)
             + m.global_timers.as_ref().map_or(0, |g| g.timer_thread_fires);
-        if fires < 8 {
+        // 2 vCPUs x 4 timers fire 8 times at most unless re-armed.
+        if fires <= 8 {
             return Err(
                 format!("{model}: expected global timers to fire and re-arm: {m:?}").into(),
             );

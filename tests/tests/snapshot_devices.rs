@@ -5,8 +5,12 @@
 //! guest reads the pattern back through the same virtqueue, which only works if the device
 //! continues at its saved indices (a device from reset ignores the notification: the guest
 //! fails with no interrupt), compares it, runs its usual checks on the disk and passes. The
-//! console is the snapshot's `--serial file=` (appended to), so the test sees that the
-//! restored run did not boot again. With a rate-limited disk, the limiter's buckets travel too.
+//! console is the saving run's `--serial file=`, given again to the restore (appended to), so
+//! the test sees that the restored run did not boot again. With a rate-limited disk, the
+//! limiter's buckets travel too: the snapshot restored into a new lull (`vm.restore`, left
+//! paused) and snapshotted again holds the same buckets (tokens, unspent burst, refill
+//! fraction), which the guest's requests left short of full, where a limiter built afresh
+//! would be full.
 //! The saving run's `--metrics` file is its own: the restored run leaves it as it was.
 //!
 //! Before that restore, `lull run --restore DIR` refuses (status 4, named) a VM flag besides
@@ -21,10 +25,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, run_lull, start_api_server, temp_path, wait_for_console,
-    ApiLull, Arguments, Failed,
+    api_call, kit_file, kvm_trial, run_lull, snapshot_file, start_api_server, temp_path,
+    wait_for_console, ApiLull, Arguments, Failed,
 };
 
 /// The irqchip and extra `--disk` options of each case.
@@ -115,15 +119,75 @@ fn snapshot_after_flush(
     }
     check_sectors(image, SNAP_SECTORS)?;
     let dir = lull.snapshot_into(&format!("{name}-snapshot"))?;
-    lull.shutdown()?;
+    lull.shutdown(API_STOP)?;
     Ok(dir)
+}
+
+/// The saved buckets of the first disk's rate limiter in the snapshot in `dir`: its
+/// `devices.json`'s `virtio[0].throttle.limiter`.
+fn saved_buckets(dir: &Path) -> Result<serde_json::Value, Failed> {
+    let path = snapshot_file(dir, "/devices/file")?;
+    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let devices: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let limiter = &devices["virtio"][0]["throttle"]["limiter"];
+    if !limiter.is_object() {
+        return Err(format!("no rate limiter in {}: {devices}", path.display()).into());
+    }
+    Ok(limiter.clone())
+}
+
+/// A rate limiter's buckets survive a restore: the snapshot in `dir` (its disk limited to
+/// `ops` operations per second), restored into a new lull and snapshotted again while still
+/// paused, holds the same buckets. The guest's requests left the operations bucket short of
+/// full (a limiter built afresh would be full, so a restore that dropped the buckets fails).
+fn buckets_survive_a_restore(name: &str, dir: &Path, ops: i64) -> Result<(), Failed> {
+    let first = saved_buckets(dir)?;
+    // A fresh bucket is full, 100 ms of the rate (docs/CLI.md: `refill=`), with no fraction.
+    let size = ops / 10;
+    let (budget, frac) = (
+        first["ops"]["budget"].as_i64(),
+        first["ops"]["frac"].as_u64(),
+    );
+    let (Some(budget), Some(frac)) = (budget, frac) else {
+        return Err(format!("no ops bucket saved: {first}").into());
+    };
+    if budget >= size && frac == 0 {
+        return Err(format!(
+            "the guest's requests left the ops bucket as a new one ({budget} of {size}): \
+             nothing tells a restored bucket from a new one: {first}"
+        )
+        .into());
+    }
+    let lull = ApiLull::from(start_api_server(&format!("{name}-again"), &[])?);
+    lull.put(
+        "vm.restore",
+        &format!(r#"{{"source_url": "file://{}"}}"#, dir.display()),
+    )?;
+    let again = lull.snapshot_into(&format!("{name}-again-snapshot"))?;
+    lull.shutdown(API_STOP)?;
+    let second = saved_buckets(&again)?;
+    let _ = std::fs::remove_dir_all(&again);
+    for bucket in ["bytes", "ops"] {
+        for field in ["budget", "burst", "frac"] {
+            if first[bucket][field] != second[bucket][field] {
+                return Err(format!(
+                    "the restored limiter's {bucket} {field} is {}, the snapshot's {}: \
+                     saved {first}, restored and saved again {second}",
+                    second[bucket][field], first[bucket][field]
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What `lull run --restore DIR` refuses before it builds anything (status 4, the reason
 /// named): a VM flag besides `--metrics` (the VM is the snapshot's), and a `--metrics` that is
 /// one of the snapshot's files, which it would overwrite: the file is left as it was.
 fn restore_refuses_flags_and_clashes(dir: &Path) -> Result<(), Failed> {
-    let memory = dir.join("memory");
+    let memory = snapshot_file(dir, "/memory_file")?;
     let cases = [
         (
             ["--cpus".to_string(), "4".to_string()],
@@ -168,10 +232,21 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
     let dir = snapshot_after_flush(&name, irqchip, &disk, &image, &serial, &first_metrics)?;
     let first_report =
         std::fs::read(&first_metrics).map_err(|e| format!("first run's report: {e}"))?;
+    if let Some(ops) = options.strip_prefix(",ops=") {
+        buckets_survive_a_restore(&name, &dir, ops.parse().map_err(|_| "ops is not a number")?)?;
+    }
     restore_refuses_flags_and_clashes(&dir)?;
     let dir_arg = dir.display().to_string();
+    let serial_flag = format!("file={}", serial.display());
     let run = run_lull(
-        &["run", "--restore", &dir_arg, "--resume"],
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
         Duration::from_secs(120),
     )?;
     let text = std::fs::read_to_string(&serial).unwrap_or_default();

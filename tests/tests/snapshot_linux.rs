@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use libtest_mimic::{Completion, Trial};
-use lull_tests::exit_status::GUEST_PASS;
+use lull_tests::exit_status::{API_STOP, GUEST_PASS};
 use lull_tests::{
     kit_file, kvm_unavailable, linux_cmdline, run_lull, start_api_server, temp_path,
     wait_for_console, ApiLull, Arguments, Failed,
@@ -90,10 +90,21 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
         return Err(format!("the workload ended before the pause:\n{before}").into());
     }
     let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
-    first.shutdown()?;
+    first.shutdown(API_STOP)?;
 
     let dir_arg = dir.display().to_string();
-    let run = run_lull(&["run", "--restore", &dir_arg, "--resume"], LINUX_DEADLINE)?;
+    let serial_flag = format!("file={}", serial.display());
+    let run = run_lull(
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
+        LINUX_DEADLINE,
+    )?;
     let console = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
     let fail = |why: &str| -> Failed {
         format!("{why}; lull's stderr:\n{}\nconsole:\n{console}", run.stderr).into()

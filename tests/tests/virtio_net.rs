@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS, USAGE};
+use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USAGE};
 use lull_tests::{
     kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, start_api_server_in,
     temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed, Trial,
@@ -305,7 +305,7 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
     }
     first.put("vm.pause", "")?;
     let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
-    first.shutdown()?;
+    first.shutdown(API_STOP)?;
 
     // The restored lull runs until the workload ends; the namespace pings it meanwhile, for
     // up to 30 s (`-w`: it stops at the second reply), as the new lull comes up.
@@ -317,6 +317,8 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
         "--resume".into(),
         "--metrics".into(),
         metrics.display().to_string(),
+        "--serial".into(),
+        serial_flag.clone(),
     ];
     let wrap_owned: Vec<String> = wrap.iter().map(|s| s.to_string()).collect();
     let restored = std::thread::spawn(move || {

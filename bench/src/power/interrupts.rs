@@ -44,6 +44,8 @@ pub enum Kind {
     LocalTimer,
     /// Rescheduling interrupts (`RES`): an IPI that wakes a CPU for a task.
     Reschedule,
+    /// Function call interrupts (`CAL`): an IPI that runs a function on another CPU.
+    FunctionCall,
 }
 
 impl Kind {
@@ -51,6 +53,7 @@ impl Kind {
         match self {
             Kind::LocalTimer => "LOC",
             Kind::Reschedule => "RES",
+            Kind::FunctionCall => "CAL",
         }
     }
 
@@ -58,6 +61,7 @@ impl Kind {
         match self {
             Kind::LocalTimer => "Local timer interrupts",
             Kind::Reschedule => "Rescheduling interrupts",
+            Kind::FunctionCall => "Function call interrupts",
         }
     }
 }

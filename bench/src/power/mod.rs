@@ -76,6 +76,9 @@ pub struct PowerWindow {
     pub local_timer_irqs_per_s: Reading<f64>,
     /// Rescheduling interrupts per second, all host CPUs.
     pub resched_irqs_per_s: Reading<f64>,
+    /// Function call interrupts (`CAL`) per second, all host CPUs.
+    #[serde(default = "Reading::not_recorded")]
+    pub call_irqs_per_s: Reading<f64>,
     /// Context switches per process.
     pub processes: Vec<ProcessSwitches>,
     /// Context switches per second (voluntary and involuntary) of all the processes.
@@ -153,6 +156,7 @@ impl PowerSample {
             idle,
             local_timer_irqs_per_s: irq_rate(Kind::LocalTimer),
             resched_irqs_per_s: irq_rate(Kind::Reschedule),
+            call_irqs_per_s: irq_rate(Kind::FunctionCall),
             context_switches_per_s: Reading::from(switches_per_s(&processes)),
             processes,
             meter,

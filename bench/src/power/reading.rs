@@ -22,6 +22,14 @@ impl<T> Reading<T> {
         }
     }
 
+    /// No value in a report written before the figure existed (serde's default for it).
+    pub fn not_recorded() -> Self {
+        Self {
+            value: None,
+            reason: Some("not recorded by the lull bench that wrote this report".to_string()),
+        }
+    }
+
     /// No value, for `reason`.
     pub fn missing(reason: impl Display) -> Self {
         Self {

@@ -17,8 +17,10 @@
  *   idle-sim: PASS
  * Lateness = TSC at the top of the timer handler - the deadline; IPI latency = TSC at the top
  * of the target's handler - TSC before the sender's ICR write (vCPU TSCs are in sync). Both
- * go into log-linear histograms over TSC ticks (16 buckets per power of two, < 6.25% wide);
- * min, max and mean are exact, p50/p99 are the upper bound of the bucket they fall in.
+ * go into log-linear histograms over TSC ticks (16 buckets per power of two, < 6.25% wide;
+ * the last one is open-ended: 2^32 ticks and more, 1.65 s at 2.6 GHz, fall in it, and its
+ * printed upper bound is max + 1); min, max and mean are exact (64-bit: any value),
+ * p50/p99 are the upper bound of the bucket they fall in (at most max).
  * Interrupts that arrive more than early_ns before their deadline are counted as `early`.
  * With slack_ns=S (the VMM's timer slack, e.g. lull --timer-slack), each lateness is split at
  * S after the deadline: up to S is the slack the VM allowed, the rest (`past_slack`) is the
@@ -62,7 +64,7 @@
 #define IPI_VECTOR 0x50
 #define SPURIOUS_VECTOR 0xff
 #define MAX_MIX 8
-#define NBUCKETS 464 /* (31 - 3) * 16 + 16: every u32 tick count */
+#define NBUCKETS 464 /* (31 - 3) * 16 + 16: every u32 tick count; the last one, every larger */
 
 extern char rt_stacks[]; /* runtime.c: RT_MAX_CPUS stacks of RT_STACK_SIZE, index order */
 
@@ -72,8 +74,8 @@ struct mix_entry {
 
 struct histogram {
     u32 count[NBUCKETS];
-    u32 n, min, max;
-    u64 sum;
+    u32 n;
+    u64 min, max, sum;
 };
 
 struct cpu_state {
@@ -176,14 +178,14 @@ static u64 bucket_lo(u32 b)
 
 static void hist_add(struct histogram *h, u64 ticks)
 {
-    u32 v = ticks > 0xffffffffull ? 0xffffffffu : (u32)ticks;
-    h->count[bucket_of(v)]++;
-    if (h->n == 0 || v < h->min)
-        h->min = v;
-    if (v > h->max)
-        h->max = v;
+    /* Only the bucket is found from a clamped count: min, max and sum take the exact one. */
+    h->count[bucket_of(ticks > 0xffffffffull ? 0xffffffffu : (u32)ticks)]++;
+    if (h->n == 0 || ticks < h->min)
+        h->min = ticks;
+    if (ticks > h->max)
+        h->max = ticks;
     h->n++;
-    h->sum += v;
+    h->sum += ticks;
 }
 
 static void hist_merge(struct histogram *into, const struct histogram *h)
@@ -208,7 +210,7 @@ static u64 hist_quantile_ns(const struct histogram *h, u32 per_mille)
     for (u32 b = 0; b < NBUCKETS; b++) {
         seen += h->count[b];
         if (seen >= rank) {
-            u64 hi = b + 1 < NBUCKETS ? bucket_lo(b + 1) - 1 : 0xffffffffull;
+            u64 hi = b + 1 < NBUCKETS ? bucket_lo(b + 1) - 1 : h->max;
             if (hi > h->max)
                 hi = h->max;
             return (u64)tsc_to_ns((s64)hi);
@@ -225,15 +227,16 @@ static void hist_print(const char *what, const struct histogram *h)
     }
     u64 mean = tsc_to_ns((s64)(h->sum / h->n));
     printf("idle-sim: %s_ns n=%u min %lld p50 %llu p99 %llu max %lld mean %llu\n", what, h->n,
-           tsc_to_ns(h->min), hist_quantile_ns(h, 500), hist_quantile_ns(h, 990),
-           tsc_to_ns(h->max), mean);
+           tsc_to_ns((s64)h->min), hist_quantile_ns(h, 500), hist_quantile_ns(h, 990),
+           tsc_to_ns((s64)h->max), mean);
     char line[480];
     u32 len = 0, items = 0;
     for (u32 b = 0; b < NBUCKETS; b++) {
         if (!h->count[b])
             continue;
         u64 lo = tsc_to_ns((s64)bucket_lo(b));
-        u64 hi = tsc_to_ns((s64)(b + 1 < NBUCKETS ? bucket_lo(b + 1) : 0x100000000ull));
+        u64 top = h->max + 1 > 0x100000000ull ? h->max + 1 : 0x100000000ull;
+        u64 hi = tsc_to_ns((s64)(b + 1 < NBUCKETS ? bucket_lo(b + 1) : top));
         len += snprintf(line + len, sizeof(line) - len, " %llu-%llu:%u", lo, hi, h->count[b]);
         if (++items == 12) {
             printf("idle-sim: hist %s%s\n", what, line);

@@ -16,6 +16,11 @@
 //!         close (asked for, HTTP/1.0, MAX_REQUESTS reached, an error) ─► Closed
 //! ```
 //!
+//! A connection accepted while the server is full is a *refusing* one ([`Conn::refusing`]): it
+//! reads its client's request as any other (so that closing it resets nothing the client
+//! sent) and answers it 503 ("too many connections"), `Connection: close`, without handing it
+//! out: the request is not carried out.
+//!
 //! Bounds: the input buffer holds at most one partial request (a head up to
 //! [`http::MAX_HEAD`], a body up to [`http::MAX_BODY`]) plus what one read brings; no request
 //! is read while an answer waits to be written (pipelined requests wait in the socket), so a
@@ -72,6 +77,9 @@ pub struct Conn {
     continued: bool,
     /// The handed-out request asked for the connection to close after its answer.
     close_asked: bool,
+    /// The server was full when this connection came: its request is answered 503, not
+    /// handed out.
+    refuse: bool,
 }
 
 impl Conn {
@@ -87,7 +95,22 @@ impl Conn {
             eof: false,
             continued: false,
             close_asked: false,
+            refuse: false,
         }
+    }
+
+    /// A connection accepted at `now` while the server is full: its request is read whole
+    /// and answered 503 ([`ApiError::TooManyConnections`]), never handed out.
+    pub fn refusing(now: Instant) -> Self {
+        Self {
+            refuse: true,
+            ..Self::new(now)
+        }
+    }
+
+    /// Whether this connection refuses its request ([`Conn::refusing`]).
+    pub fn is_refusing(&self) -> bool {
+        self.refuse
     }
 
     /// Bytes the client sent.
@@ -122,6 +145,19 @@ impl Conn {
     /// Frames the buffered input while reading.
     fn frame(&mut self) -> Step {
         match http::parse_next(&self.input) {
+            Ok(Framing::Complete(parsed)) if self.refuse => {
+                self.input.drain(..parsed.len);
+                tracing::debug!("API request refused: {}", ApiError::TooManyConnections);
+                self.queue(&Response::error(&ApiError::TooManyConnections), true);
+                Step::Write
+            }
+            Ok(Framing::NeedBody {
+                expect_continue: true,
+            }) if self.refuse => {
+                // The client waits for a word before it sends its body: this one is final.
+                self.queue(&Response::error(&ApiError::TooManyConnections), true);
+                Step::Write
+            }
             Ok(Framing::Complete(parsed)) => {
                 self.input.drain(..parsed.len);
                 self.requests += 1;
@@ -204,10 +240,18 @@ impl Conn {
         }
     }
 
-    /// Nothing begun: no request bytes buffered, nothing to write, none being answered (the
-    /// cheapest connection to drop when the server is full).
+    /// Nothing begun: no request bytes buffered, nothing to write, none being answered. Only
+    /// such a connection may be closed to make room when the server is full, and only once the
+    /// server has made sure its client sent nothing meanwhile (`Clients::retire` in the
+    /// server); a refusing connection is never idle (it is there to answer).
     pub fn is_idle(&self) -> bool {
-        self.phase == Phase::Reading && self.input.is_empty()
+        self.awaits_request() && !self.refuse
+    }
+
+    /// Waiting for a request of which nothing has come yet, its client still there (an idle
+    /// connection, or a refusing one before its request).
+    pub fn awaits_request(&self) -> bool {
+        self.phase == Phase::Reading && self.input.is_empty() && !self.eof
     }
 
     /// Since when the connection waits for its current request (accept or the last answer).
@@ -375,6 +419,52 @@ mod tests {
         }
         assert_eq!(paths, ["/api/v1/vm.create", "/api/v1/vm.boot"]);
         assert_eq!(conn.step(), Step::Read);
+    }
+
+    #[test]
+    fn a_refusing_connection_reads_its_request_and_answers_503_without_handing_it_out() {
+        let now = Instant::now();
+        let mut conn = Conn::refusing(now);
+        assert!(conn.is_refusing());
+        assert!(!conn.is_idle());
+        conn.received(b"PUT /api/v1/vm.pause HTTP/1.1\r\n");
+        assert_eq!(conn.step(), Step::Read);
+        conn.received(b"Host: l\r\n\r\n");
+        let (paths, written) = drive(&mut conn, now);
+        assert!(paths.is_empty(), "handed out {paths:?}");
+        assert_eq!(statuses(&written), ["503"]);
+        let text = String::from_utf8_lossy(&written);
+        assert!(text.contains("Connection: close"), "{text}");
+        assert!(text.contains("too many connections"), "{text}");
+        assert_eq!(conn.step(), Step::Close);
+        let mut waiting = Conn::refusing(now);
+        waiting.received(b"PUT /api/v1/vm.create HTTP/1.1\r\nContent-Length: 2\r\n");
+        waiting.received(b"Expect: 100-continue\r\n\r\n");
+        let (paths, written) = drive(&mut waiting, now);
+        assert!(paths.is_empty());
+        assert_eq!(statuses(&written), ["503"]);
+        assert_eq!(waiting.step(), Step::Close);
+    }
+
+    #[test]
+    fn only_a_connection_with_nothing_begun_is_idle() {
+        let now = Instant::now();
+        let mut conn = Conn::new(now);
+        assert!(conn.is_idle());
+        conn.received(&PING[..4]);
+        assert!(!conn.is_idle());
+        conn.received(&PING[4..]);
+        match conn.step() {
+            Step::Answer(_) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(!conn.is_idle(), "a request being answered is not idle");
+        conn.answer(&Response::no_content());
+        assert!(!conn.is_idle(), "an answer not yet written is not idle");
+        drive(&mut conn, now);
+        assert!(conn.is_idle());
+        conn.end_of_stream();
+        assert!(!conn.is_idle(), "a client gone is closed, not evicted");
     }
 
     #[test]

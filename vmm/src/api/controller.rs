@@ -299,7 +299,7 @@ impl Controller {
             (None, Some(tap)) => {
                 let device: NetConfig = format!("tap={tap}")
                     .parse()
-                    .map_err(|e| ApiError::ChConfig(ChError::Net(e)))?;
+                    .map_err(|e| ApiError::ChNet(ChError::Net(e)))?;
                 NetConfig {
                     mac: net.mac,
                     ..device
@@ -307,7 +307,7 @@ impl Controller {
             }
             (Some(fd), _) => {
                 let tap = Tap::from_sent(fd.as_fd()).map_err(ApiError::AddNetFd)?;
-                options::fd_net(fd.as_raw_fd(), tap.name(), net.mac).map_err(ApiError::ChConfig)?
+                options::fd_net(fd.as_raw_fd(), tap.name(), net.mac).map_err(ApiError::ChNet)?
             }
         };
         let mut with = (**cfg).clone();
@@ -405,7 +405,8 @@ impl Controller {
     /// `vm.restore` of the snapshot in `restore.dir` on a lull with no VM, its memory restored
     /// as `restore.memory` says, the nets `net_fds` names on the tap fds given (`fds`, sent
     /// with the request: `restore_taps`): the VM runs, paused, or resumed at once with
-    /// `restore.resume`.
+    /// `restore.resume`; its console goes where `serial` says (never to the snapshot's own
+    /// console file unless `serial` names it).
     fn restore(&mut self, restore: &ChRestore, fds: SentFds) -> Result<Response, ApiError> {
         let dir = &restore.dir;
         if !matches!(self.state, VmState::NotCreated) {
@@ -413,7 +414,7 @@ impl Controller {
         }
         // The sent fds the nets take, kept open while the VM runs.
         let mut keep = Vec::new();
-        let snapshot = crate::snapshot::read_with_taps(dir, |nets| {
+        let mut snapshot = crate::snapshot::read_with_taps(dir, |nets| {
             restore_taps::resolve(nets, &restore.nets, fds).map(|taps| {
                 keep = taps.keep;
                 taps.nets
@@ -423,6 +424,9 @@ impl Controller {
             ReadError::Snapshot(e) => ApiError::Restore(crate::vm::VmError::Snapshot(e)),
             ReadError::Taps(e) => e,
         })?;
+        if let Some(serial) = &restore.serial {
+            snapshot.manifest.config.serial = serial.clone();
+        }
         let cfg = Box::new(snapshot.manifest.config.clone());
         let vm = runner::restore(snapshot, restore.memory, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),
@@ -663,7 +667,15 @@ mod tests {
         assert_eq!(status(&mut c, ApiRequest::VmShutdown), 405);
         assert_eq!(status(&mut c, ApiRequest::VmCounters), 405);
         let ping = body(&mut c, ApiRequest::VmmPing);
-        assert_eq!(ping["version"], env!("CARGO_PKG_VERSION"));
+        // The version lull is released as: the workspace's, as its Cargo.toml writes it.
+        let workspace = include_str!("../../../Cargo.toml");
+        let version = workspace
+            .lines()
+            .find_map(|l| l.strip_prefix("version = \""))
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap();
+        assert_eq!(ping["version"], version);
+        assert_eq!(ping["build_version"], version);
         assert_eq!(ping["pid"], std::process::id());
     }
 

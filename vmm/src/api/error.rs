@@ -41,6 +41,14 @@ pub enum ApiError {
     /// The client closed the connection before its request was complete.
     #[error("The client hung up before its request was complete")]
     HungUp,
+    /// The server was full when the connection came (every one of its connections was in the
+    /// middle of a request): the request was read and not carried out.
+    #[error(
+        "The API server has too many connections: lull serves {} at once and each is busy; \
+         the request was not carried out, send it again",
+        limits::MAX_CONNECTIONS
+    )]
+    TooManyConnections,
     /// The request did not arrive whole in time.
     #[error("The request was not complete within {} s", limits::REQUEST_TIMEOUT.as_secs())]
     Timeout,
@@ -75,6 +83,14 @@ pub enum ApiError {
     /// A body was sent to an endpoint that takes none.
     #[error("{0} takes no request body")]
     UnexpectedBody(&'static str),
+    /// The body is not JSON at all.
+    #[error("The body of {endpoint} is not valid JSON: {source}")]
+    NotJson {
+        /// The endpoint.
+        endpoint: &'static str,
+        /// Where and why the JSON breaks.
+        source: serde_json::Error,
+    },
     /// The body is JSON but not the object the endpoint takes.
     #[error("{endpoint} takes a JSON object as its body ({what}), not {found}")]
     BodyNotObject {
@@ -97,6 +113,14 @@ pub enum ApiError {
     /// The body is Cloud Hypervisor's `VmConfig` and asks for what lull does not have.
     #[error("The body is Cloud Hypervisor's VmConfig, and lull cannot take it as it is")]
     ChConfig(#[source] crate::config::ch::ChError),
+    /// The `vm.add-net` body is Cloud Hypervisor's `NetConfig` and asks for what lull does not
+    /// have.
+    #[error("The body is Cloud Hypervisor's NetConfig, and lull cannot take it as it is")]
+    ChNet(#[source] crate::config::ch::ChError),
+    /// The `vm.restore` body is Cloud Hypervisor's `RestoreConfig` and asks for what lull does
+    /// not have.
+    #[error("The body is Cloud Hypervisor's RestoreConfig, and lull cannot take it as it is")]
+    ChRestore(#[source] crate::config::ch::ChError),
     /// The configuration names a kernel, initramfs, disk, tap or path lull cannot use.
     #[error("The VM configuration cannot be used")]
     ConfigInputs(#[source] VmError),
@@ -209,11 +233,14 @@ impl ApiError {
             Self::Malformed(_)
             | Self::BadRequest(_)
             | Self::UnexpectedBody(_)
+            | Self::NotJson { .. }
             | Self::BodyNotObject { .. }
             | Self::MissingConfig
             | Self::ConfigJson(_)
             | Self::ConfigInvalid(_)
             | Self::ChConfig(_)
+            | Self::ChNet(_)
+            | Self::ChRestore(_)
             | Self::AddNetNoTap
             | Self::AddNetBodyFds
             | Self::AddNetFds(_)
@@ -234,6 +261,7 @@ impl ApiError {
             Self::BodyTooLarge(_) => 413,
             Self::HeadTooLarge => 431,
             Self::TransferEncoding => 501,
+            Self::TooManyConnections => 503,
             Self::Socket { .. }
             | Self::SocketExists(_)
             | Self::Inherited(_)

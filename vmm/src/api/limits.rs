@@ -19,5 +19,14 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most requests answered on one connection; the last one's answer says `Connection: close`.
 pub const MAX_REQUESTS: u32 = 100;
 
+/// Most connections served at once. When every one is in the middle of a request, a new one
+/// is refused (503, see [`MAX_REFUSING`]); when some are idle, the one idle longest is closed
+/// for it.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Most connections being refused at once (each reads its request and answers it 503); beyond
+/// [`MAX_CONNECTIONS`] + this, lull accepts no connection until one closes or goes idle:
+/// clients wait in the socket's backlog, as they would for a slow server.
+pub const MAX_REFUSING: usize = 64;
+
 /// How long a stop request may take to end the run.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);

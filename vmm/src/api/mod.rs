@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  clients ── HTTP/1.1 on the socket ──► server (lull's main thread: one epoll loop over the
-//!                                         listener, every connection, SIGINT/SIGTERM and
+//!                                         listener, every connection, stop signals and
 //!                                         "the VM thread ended"; seccomp-filtered)
 //!    conn::Conn           one connection: incremental framing, keep-alive, deadlines
 //!    http::parse_next     framing over `httparse`, size limits
@@ -22,7 +22,8 @@
 //! [`http::MAX_REQUESTS`] requests, unless the client says `Connection: close`; each request
 //! must arrive whole within [`http::REQUEST_TIMEOUT`] of the connection being ready for it
 //! (accepted, or the previous answer written), which is also the idle timeout. At most
-//! [`server::MAX_CONNECTIONS`] are open; one more closes the idle one that waited longest.
+//! [`server::MAX_CONNECTIONS`] are served; one more closes the idle one that waited longest,
+//! never one in the middle of a request, and with none idle is answered 503 unserved.
 //! Bodies are at most [`http::MAX_BODY`] (a larger Content-Length is answered 413 unread).
 //! A malformed, oversized or abandoned request gets an error (or, if the client hung up,
 //! nothing) and changes nothing; the VM runs on its own thread and never waits for the
@@ -30,8 +31,9 @@
 //!
 //! Status codes follow Cloud Hypervisor: 200 with a JSON body, 204 without; 400 for a request
 //! that cannot be understood, 404 for an unknown endpoint or a VM not created, 405 for a
-//! method the endpoint does not take or a VM not booted, 500 for everything else (creating
-//! twice, booting twice, a boot that fails). See `docs/API.md`.
+//! method the endpoint does not take or a VM not booted, 503 for a connection the server has
+//! no room for, 500 for everything else (creating twice, booting twice, a boot that fails).
+//! See `docs/API.md`.
 
 pub mod ch_client;
 pub mod conn;
@@ -43,6 +45,7 @@ pub mod restore_taps;
 pub mod routes;
 pub mod runner;
 pub mod server;
+mod socket;
 
 pub use error::ApiError;
 pub use server::{serve, serve_on, ApiSocket, InitialVm};

@@ -101,17 +101,16 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
     if body.is_empty() {
         return Err(ApiError::MissingConfig);
     }
-    json_object(body, "vm.create", "the VM configuration, as in --config")?;
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(body) {
-        if ch::is_ch_shape(&fields) {
-            let (cfg, notes) = ch::to_config(&fields).map_err(ApiError::ChConfig)?;
-            for note in notes {
-                tracing::info!("vm.create: accepted without effect: {note}");
-            }
-            let given = serde_json::Value::Object(fields);
-            return Ok(ApiRequest::VmCreateCh(Box::new(cfg), Box::new(given)));
+    let fields = json_object(body, "vm.create", "the VM configuration, as in --config")?;
+    if ch::is_ch_shape(&fields) {
+        let (cfg, notes) = ch::to_config(&fields).map_err(ApiError::ChConfig)?;
+        for note in notes {
+            tracing::info!("vm.create: accepted without effect: {note}");
         }
+        let given = serde_json::Value::Object(fields);
+        return Ok(ApiRequest::VmCreateCh(Box::new(cfg), Box::new(given)));
     }
+    // Valid JSON (checked above), so any error here is about the configuration's fields.
     let cfg: VmConfig = serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
     cfg.validate().map_err(ApiError::ConfigInvalid)?;
     Ok(ApiRequest::VmCreate(Box::new(cfg)))
@@ -119,10 +118,8 @@ fn create(body: &[u8]) -> Result<ApiRequest, ApiError> {
 
 /// `vm.add-net`: the body is Cloud Hypervisor's `NetConfig`.
 fn add_net(body: &[u8]) -> Result<ApiRequest, ApiError> {
-    json_object(body, "vm.add-net", "Cloud Hypervisor's NetConfig")?;
-    let fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(ApiError::ConfigJson)?;
-    let net = ch::add_net(&fields).map_err(ApiError::ChConfig)?;
+    let fields = json_object(body, "vm.add-net", "Cloud Hypervisor's NetConfig")?;
+    let net = ch::add_net(&fields).map_err(ApiError::ChNet)?;
     Ok(ApiRequest::VmAddNet(Box::new(net)))
 }
 
@@ -136,10 +133,8 @@ fn snapshot(body: &[u8]) -> Result<ApiRequest, ApiError> {
 /// "file:///DIR"}` and, as its clients send them, `prefault`, `memory_restore_mode`, `resume`,
 /// `net_fds`... (`config::ch::restore` says which lull honours, accepts or refuses).
 fn restore(body: &[u8]) -> Result<ApiRequest, ApiError> {
-    json_object(body, "vm.restore", "Cloud Hypervisor's RestoreConfig")?;
-    let fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(ApiError::SnapshotJson)?;
-    let (restore, notes) = ch::restore(&fields).map_err(ApiError::ChConfig)?;
+    let fields = json_object(body, "vm.restore", "Cloud Hypervisor's RestoreConfig")?;
+    let (restore, notes) = ch::restore(&fields).map_err(ApiError::ChRestore)?;
     for note in notes {
         tracing::info!("vm.restore: accepted without effect: {note}");
     }
@@ -166,17 +161,25 @@ fn dir_body(
     crate::snapshot::dir_of_url(&url).map_err(ApiError::SnapshotUrl)
 }
 
-/// Fails unless `body` is a JSON object (serde would read a struct from an array too, field
-/// by field in order). A body that is not JSON at all is left to the endpoint's own decoding,
-/// whose message says where it breaks.
-fn json_object(body: &[u8], endpoint: &'static str, what: &'static str) -> Result<(), ApiError> {
-    let found = match serde_json::from_slice::<serde_json::Value>(body) {
-        Err(_) | Ok(serde_json::Value::Object(_)) => return Ok(()),
-        Ok(serde_json::Value::Array(_)) => "an array",
-        Ok(serde_json::Value::String(_)) => "a string",
-        Ok(serde_json::Value::Number(_)) => "a number",
-        Ok(serde_json::Value::Bool(_)) => "a boolean",
-        Ok(serde_json::Value::Null) => "null",
+/// The body as a JSON object, checked before anything reads fields from it (serde would read
+/// a struct from an array too, field by field in order, and a struct's decoder stops at its
+/// first unknown field before it reaches a syntax error further on): a body that is not JSON
+/// is answered with where it breaks, JSON that is not an object with what `endpoint` takes
+/// (`what`).
+fn json_object(
+    body: &[u8],
+    endpoint: &'static str,
+    what: &'static str,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|source| ApiError::NotJson { endpoint, source })?;
+    let found = match value {
+        serde_json::Value::Object(fields) => return Ok(fields),
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Null => "null",
     };
     Err(ApiError::BodyNotObject {
         endpoint,
@@ -288,6 +291,55 @@ mod tests {
         assert!(messages[1].contains("vsock="), "{messages:?}");
     }
 
+    /// A body cut short is answered with where its JSON breaks, whichever endpoint it is for,
+    /// not with a complaint about a field before the break.
+    #[test]
+    fn a_body_that_is_not_json_is_answered_with_the_json_error() {
+        for (endpoint, body) in [
+            ("vm.create", r#"{"payload": {"kernel": "/k"}, "cpus": "#),
+            ("vm.create", r#"{"cpus": 2, "kernel": "/k"#),
+            ("vm.add-net", r#"{"tap": "t0", "mac": "#),
+            ("vm.restore", r#"{"source_url": "file:///s""#),
+            ("vm.snapshot", "{"),
+        ] {
+            let path = format!("{ROOT}{endpoint}");
+            let err = route(&request("PUT", &path, body)).unwrap_err();
+            let text = err.messages().join(" / ");
+            assert!(matches!(err, ApiError::NotJson { .. }), "{body}: {text}");
+            assert_eq!(err.status(), 400);
+            assert!(text.contains(endpoint), "{text}");
+            assert!(text.contains("EOF while parsing"), "{text}");
+            assert!(!text.contains("unknown field"), "{text}");
+        }
+    }
+
+    /// Each endpoint's refusal names the body it takes: NetConfig, RestoreConfig, VmConfig.
+    #[test]
+    fn a_refused_body_is_named_as_its_endpoint_s() {
+        for (endpoint, body, named) in [
+            ("vm.add-net", r#"{"mtu": 9000}"#, "NetConfig"),
+            (
+                "vm.restore",
+                r#"{"source_url": "file:///s", "memory_restore_mode": "lazy"}"#,
+                "RestoreConfig",
+            ),
+            (
+                "vm.create",
+                r#"{"payload": {"kernel": "/k"}, "vsock": {"cid": 3, "socket": "/v"}}"#,
+                "VmConfig",
+            ),
+        ] {
+            let path = format!("{ROOT}{endpoint}");
+            let err = route(&request("PUT", &path, body)).unwrap_err();
+            let first = &err.messages()[0];
+            assert_eq!(err.status(), 400);
+            assert!(first.contains(named), "{endpoint}: {first}");
+            if named != "VmConfig" {
+                assert!(!first.contains("VmConfig"), "{endpoint}: {first}");
+            }
+        }
+    }
+
     #[test]
     fn snapshot_takes_a_file_url() {
         let path = "/api/v1/vm.snapshot";
@@ -302,6 +354,7 @@ mod tests {
             resume: false,
             memory: MemoryRestore::default(),
             nets: Vec::new(),
+            serial: None,
         };
         assert_eq!(
             route(&request("PUT", "/api/v1/vm.restore", restore)).unwrap(),
@@ -330,6 +383,7 @@ mod tests {
                 resume: true,
                 memory: MemoryRestore::default(),
                 nets: Vec::new(),
+                serial: None,
             })
         );
         // net_fds as Cloud Hypervisor's clients send it: counts, the fds with the request.

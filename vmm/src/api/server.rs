@@ -6,14 +6,25 @@
 //!
 //! ```text
 //!   epoll_wait(timeout = the nearest connection deadline)
-//!     ├─ listener readable ─► accept all; at MAX_CONNECTIONS drop one first (the idle one
-//!     │                       waiting longest, else the oldest) ─► Conn::new(now), watch IN
+//!     ├─ listener readable ─► accept while there is room (see below) ─► Conn, watch IN
 //!     ├─ client readable   ─► one read ─► Conn: requests ─► routes ─► Controller ─► answers
 //!     ├─ client writable   ─► write what is queued (watch OUT only while something is)
 //!     ├─ VM-ended eventfd  ─► the controller takes note; the server takes the signals back
-//!     └─ SIGINT/SIGTERM    ─► stop the VM if it runs, end lull
+//!     └─ SIGINT/TERM/HUP  ─► stop the VM if it runs, end lull
 //!   then every connection past its deadline: 408 or closed (see `http::REQUEST_TIMEOUT`)
 //! ```
+//!
+//! Room: at most [`MAX_CONNECTIONS`] connections are served. A new one past that closes the
+//! connection idle longest, never one in the middle of a request; before it closes one it
+//! shuts down its reading (the client's next write fails with EPIPE instead of landing in a
+//! queue closed unread, which resets the client) and looks at its queue: one whose client
+//! sent something before that is served to the end instead, its request answered. With none
+//! idle, the new connection is a refusing one (`Conn::refusing`: its request read and
+//! answered 503, not carried out), up to [`MAX_REFUSING`] of them; past those, nothing is
+//! accepted (the listener leaves the epoll set) until a connection closes or goes idle, and
+//! clients wait in the backlog. So a request whose bytes reached lull is answered, or refused
+//! with 503 and not carried out, and never cut off by lull. The idle timeout closes a
+//! connection the same way (reading shut down, queue looked at).
 //!
 //! A request is handled to its end before the loop goes on (`vm.boot` waits for the VM's
 //! vCPUs to run, a stop for the run to end): the other clients wait for that, never for
@@ -30,10 +41,10 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::Shutdown;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -43,87 +54,16 @@ use super::conn::{Conn, Step};
 use super::controller::{Controller, Next};
 use super::error::ApiError;
 use super::http::{self, Response};
+pub use super::limits::{MAX_CONNECTIONS, MAX_REFUSING};
 use super::routes;
+pub use super::socket::ApiSocket;
 use crate::config::ch::restore::ChRestore;
 use crate::config::VmConfig;
 use crate::host::seccomp::{self, SeccompMode, ThreadKind};
+use crate::host::sys::peek::{self, Queue};
 use crate::host::sys::scm::{self, SentFds};
-use crate::host::sys::{listener, stop_signals};
+use crate::host::sys::stop_signals;
 
-/// The listening socket; its file (if lull created it) is removed when it is dropped.
-pub struct ApiSocket {
-    listener: UnixListener,
-    /// The file lull bound, or `None` for an inherited socket (its owner removes its file).
-    path: Option<PathBuf>,
-}
-
-impl ApiSocket {
-    /// Creates the socket at `path`, readable and writable by its owner only, and never
-    /// reachable with wider permissions: it is bound in a private directory, restricted, then
-    /// linked to `path` (which must not exist).
-    pub fn bind(path: &Path) -> Result<Self, ApiError> {
-        let fail = |source| ApiError::Socket {
-            path: path.to_path_buf(),
-            source,
-        };
-        if path.symlink_metadata().is_ok() {
-            return Err(ApiError::SocketExists(path.to_path_buf()));
-        }
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let private = parent.join(format!(".lull-api-{}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&private)
-            .map_err(fail)?;
-        let staged = private.join("s");
-        let bound = UnixListener::bind(&staged).and_then(|listener| {
-            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
-            std::fs::hard_link(&staged, path)?;
-            Ok(listener)
-        });
-        let _ = std::fs::remove_file(&staged);
-        let _ = std::fs::remove_dir(&private);
-        let listener = bound.map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists => ApiError::SocketExists(path.to_path_buf()),
-            _ => fail(e),
-        })?;
-        listener.set_nonblocking(true).map_err(fail)?;
-        Ok(Self {
-            listener,
-            path: Some(path.to_path_buf()),
-        })
-    }
-
-    /// The listening socket `fd` lull was started with (`--api-socket fd=N`), taken over.
-    pub fn inherit(fd: std::os::fd::RawFd) -> Result<Self, ApiError> {
-        Ok(Self {
-            listener: listener::inherited_listener(fd).map_err(ApiError::Inherited)?,
-            path: None,
-        })
-    }
-
-    /// How the log names the socket.
-    fn describe(&self) -> String {
-        match &self.path {
-            Some(path) => path.display().to_string(),
-            None => format!("fd {}", self.listener.as_raw_fd()),
-        }
-    }
-}
-
-impl Drop for ApiSocket {
-    fn drop(&mut self) {
-        if let Some(path) = &self.path {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// Most connections open at once; one more drops one of them (see [`Clients::make_room`]).
-pub const MAX_CONNECTIONS: usize = 64;
 /// Most bytes read from one connection per readiness event (a 1 MiB body takes 16), so that
 /// one busy client cannot hold the loop.
 const READ_CHUNK: usize = 64 * 1024;
@@ -141,7 +81,7 @@ fn host(what: &'static str) -> impl Fn(std::io::Error) -> ApiError {
 /// The server's epoll set.
 struct Events {
     epoll: Epoll,
-    /// The eventfd SIGINT/SIGTERM write while the server (not a VM) has the handlers.
+    /// The eventfd the stop signals write while the server (not a VM) has the handlers.
     signal: EventFd,
 }
 
@@ -162,9 +102,9 @@ impl Events {
         self.control(ControlOperation::Add, fd, EventSet::IN, token)
     }
 
-    /// Takes the SIGINT/SIGTERM handlers back from a VM whose run has ended.
+    /// Takes the stop-signal handlers back from a VM whose run has ended.
     fn reinstall_signals(&mut self) -> Result<(), ApiError> {
-        let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+        let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
         let _ = self.epoll.ctl(
             ControlOperation::Delete,
             self.signal.as_raw_fd(),
@@ -183,6 +123,9 @@ struct Client {
     /// Descriptors sent with the bytes read (SCM_RIGHTS), for the next request answered
     /// (a client sends them with its request's first write): kept, all counted.
     fds: SentFds,
+    /// Its reading was shut down to close it, and it held bytes: served to its end, then
+    /// closed (never retired twice).
+    retiring: bool,
 }
 
 /// The open connections, by epoll token.
@@ -191,6 +134,19 @@ struct Clients {
     next_token: u64,
     /// The read buffer, shared by every connection.
     chunk: Vec<u8>,
+    /// Whether the listener is in the epoll set (it leaves it while there is no room).
+    listening: bool,
+}
+
+/// What a new connection can be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// Service.
+    Serve,
+    /// A 503 for its request.
+    Refuse,
+    /// Nothing yet: it waits in the backlog.
+    None,
 }
 
 impl Clients {
@@ -199,15 +155,33 @@ impl Clients {
             open: BTreeMap::new(),
             next_token: FIRST_CLIENT,
             chunk: vec![0; READ_CHUNK],
+            listening: true,
         }
     }
 
-    /// Accepts every pending connection.
+    /// Connections served (not refusing).
+    fn serving(&self) -> usize {
+        self.open.values().filter(|c| !c.conn.is_refusing()).count()
+    }
+
+    /// Accepts pending connections while there is room; with none left, takes the listener out
+    /// of the epoll set ([`Clients::listen_again`] puts it back).
     fn accept_all(&mut self, listener: &UnixListener, events: &Events) {
         loop {
+            if !self.has_room() {
+                self.pause_listening(listener, events);
+                return;
+            }
             match listener.accept() {
                 Ok((stream, _)) => {
-                    if let Err(e) = self.add(stream, events) {
+                    // Room is made only for a connection that came: none closed for nothing.
+                    // Idle ones found holding bytes after all leave none: refused then (a
+                    // few more than MAX_REFUSING at most, as each is looked at once).
+                    let room = match self.make_room() {
+                        Room::None => Room::Refuse,
+                        room => room,
+                    };
+                    if let Err(e) = self.add(stream, room, events) {
                         tracing::warn!("API socket: cannot serve a connection: {e}");
                     }
                 }
@@ -222,37 +196,107 @@ impl Clients {
         }
     }
 
-    fn add(&mut self, stream: UnixStream, events: &Events) -> Result<(), ApiError> {
+    fn pause_listening(&mut self, listener: &UnixListener, events: &Events) {
+        if !self.listening {
+            return;
+        }
+        tracing::debug!("API socket full: new connections wait in the backlog");
+        let op = ControlOperation::Delete;
+        if events.control(op, listener, EventSet::IN, LISTENER).is_ok() {
+            self.listening = false;
+        }
+    }
+
+    /// Puts the listener back in the epoll set once there is room again (a connection closed,
+    /// or one went idle).
+    fn listen_again(&mut self, listener: &UnixListener, events: &Events) {
+        if self.listening || !self.has_room() {
+            return;
+        }
+        match events.watch(listener, LISTENER) {
+            Ok(()) => self.listening = true,
+            Err(e) => tracing::warn!("API socket: {e}"),
+        }
+    }
+
+    fn add(&mut self, stream: UnixStream, room: Room, events: &Events) -> Result<(), ApiError> {
         stream.set_nonblocking(true).map_err(ApiError::Connection)?;
-        self.make_room();
         let token = self.next_token;
         self.next_token += 1;
         events.control(ControlOperation::Add, &stream, EventSet::IN, token)?;
+        let now = Instant::now();
+        let conn = if room == Room::Refuse {
+            tracing::debug!("API socket full: connection {token} is refused (503)");
+            Conn::refusing(now)
+        } else {
+            Conn::new(now)
+        };
         let client = Client {
             stream,
-            conn: Conn::new(Instant::now()),
+            conn,
             watching: EventSet::IN,
             fds: SentFds::default(),
+            retiring: false,
         };
         self.open.insert(token, client);
         Ok(())
     }
 
-    /// At [`MAX_CONNECTIONS`], closes one connection for a new one: the idle one that has
-    /// waited longest, else (every one is in the middle of a request) the oldest wait.
-    fn make_room(&mut self) {
-        if self.open.len() < MAX_CONNECTIONS {
-            return;
+    /// Whether a new connection can get anything ([`Clients::make_room`] without its effects).
+    fn has_room(&self) -> bool {
+        self.serving() < MAX_CONNECTIONS
+            || self.open.len() - self.serving() < MAX_REFUSING
+            || self.open.values().any(|c| c.conn.is_idle() && !c.retiring)
+    }
+
+    /// What a new connection gets: service while fewer than [`MAX_CONNECTIONS`] are served or
+    /// an idle one can be closed for it (the one idle longest first), else a refusal while
+    /// fewer than [`MAX_REFUSING`] are being refused, else nothing for now.
+    fn make_room(&mut self) -> Room {
+        if self.serving() < MAX_CONNECTIONS {
+            return Room::Serve;
         }
-        let victim = self
+        let mut idle: Vec<(Instant, u64)> = self
             .open
             .iter()
-            .min_by_key(|(_, c)| (!c.conn.is_idle(), c.conn.since()))
-            .map(|(token, _)| *token);
-        if let Some(token) = victim {
-            tracing::debug!("API socket full: connection {token} dropped for a new one");
-            // Closing the socket takes it out of the epoll set.
-            self.open.remove(&token);
+            .filter(|(_, c)| c.conn.is_idle() && !c.retiring)
+            .map(|(token, c)| (c.conn.since(), *token))
+            .collect();
+        idle.sort_unstable();
+        for (_, token) in idle {
+            if self.retire(token) {
+                tracing::debug!("API socket full: idle connection {token} closed for a new one");
+                return Room::Serve;
+            }
+        }
+        let refusing = self.open.len() - self.serving();
+        if refusing < MAX_REFUSING {
+            Room::Refuse
+        } else {
+            Room::None
+        }
+    }
+
+    /// Closes the idle connection `token` unless its client has sent something: its reading is
+    /// shut down first (from then on the client's writes fail), then its queue looked at. One
+    /// with bytes is kept, served to its end and closed then. Returns whether it was closed.
+    fn retire(&mut self, token: u64) -> bool {
+        let Some(client) = self.open.get_mut(&token) else {
+            return false;
+        };
+        if let Err(e) = client.stream.shutdown(Shutdown::Read) {
+            tracing::debug!("API connection {token}: {e}");
+        }
+        match peek::receive_queue(&client.stream) {
+            Ok(Queue::Data) => {
+                client.retiring = true;
+                false
+            }
+            Ok(Queue::Empty | Queue::Closed) | Err(_) => {
+                // Closing the socket takes it out of the epoll set.
+                self.open.remove(&token);
+                true
+            }
         }
     }
 
@@ -366,6 +410,17 @@ impl Clients {
             .map(|(token, _)| *token)
             .collect();
         for token in due {
+            let Some(client) = self.open.get(&token) else {
+                continue;
+            };
+            if client.conn.awaits_request() {
+                // The idle timeout: closed now, or, if its client sent something at the last
+                // moment, served (its bytes are read at the next wait).
+                if !client.retiring {
+                    self.retire(token);
+                }
+                continue;
+            }
             if let Some(client) = self.open.get_mut(&token) {
                 client.conn.expire();
                 // An expired connection hands out no request, so `drive` cannot end lull.
@@ -435,7 +490,7 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
 pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> {
     let filter =
         seccomp::program(ThreadKind::Api, seccomp_mode(&initial)).map_err(ApiError::Seccomp)?;
-    let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+    let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
     let ended = EventFd::new(EFD_NONBLOCK).map_err(host("the VM-ended eventfd"))?;
     let (created, start) = match initial {
         InitialVm::None => (None, None),
@@ -460,7 +515,7 @@ pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> 
     }
     tracing::info!("management API on {}", socket.describe());
     let mut clients = Clients::new();
-    let mut ready = vec![EpollEvent::default(); MAX_CONNECTIONS + 4];
+    let mut ready = vec![EpollEvent::default(); MAX_CONNECTIONS + MAX_REFUSING + 4];
     loop {
         let timeout = clients.timeout_ms(Instant::now());
         let n = match events.epoll.wait(timeout, &mut ready) {
@@ -494,5 +549,6 @@ pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> 
             }
         }
         clients.expire(Instant::now(), &mut events, &mut controller);
+        clients.listen_again(&socket.listener, &events);
     }
 }

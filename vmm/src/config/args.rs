@@ -68,15 +68,6 @@ impl Args for VmFlags {
     }
 }
 
-/// What the VM flags given with `--restore` say ([`VmArgs::for_restore`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoreFlags {
-    /// `--metrics`: where this run writes its report.
-    pub metrics: Option<PathBuf>,
-    /// `--net`s: a host tap for each of the snapshot's nets, in order (none: the snapshot's).
-    pub nets: Vec<super::NetConfig>,
-}
-
 /// The flags of `lull run` that describe the VM. Each one overrides the same field of
 /// `--config`.
 #[derive(Debug, Clone, Args)]
@@ -96,22 +87,36 @@ pub struct VmArgs {
     pub config: Option<PathBuf>,
 }
 
+/// What the VM flags given with `--restore` say ([`VmArgs::for_restore`]): the outputs of
+/// the restored run (a snapshot's own are its saving run's, never reused:
+/// `crate::snapshot::read` drops them) and the host taps of its nets.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RestoreFlags {
+    /// `--metrics`: where this run writes its report.
+    pub metrics: Option<PathBuf>,
+    /// `--serial`: where the restored VM's console goes (`None`: the default, stdio).
+    pub serial: Option<crate::config::SerialMode>,
+    /// `--net`s: a host tap for each of the snapshot's nets, in order (none: the snapshot's).
+    pub nets: Vec<super::NetConfig>,
+}
+
 impl VmArgs {
     /// True if any flag that describes the VM (or `--config`) was given.
     pub fn describes_vm(&self) -> bool {
         self.config.is_some() || self.flags.any_given()
     }
 
-    /// With `--restore` the VM is the snapshot's: of these flags only `--metrics` (where this
-    /// run writes its report) and `--net` (the host taps of the snapshot's nets, see
-    /// [`super::restore_nets`]) may be given. What they say; the flags that may not be given,
-    /// or `--config`, are refused by name.
+    /// With `--restore` the VM is the snapshot's: of these flags only the run's outputs,
+    /// `--metrics` (where this run writes its report) and `--serial` (where its console goes),
+    /// and `--net` (the host taps of the snapshot's nets, see [`super::restore_nets`]) may be
+    /// given. What they say; the flags that may not be given, or `--config`, are refused by
+    /// name.
     pub fn for_restore(&self) -> Result<RestoreFlags, ConfigError> {
         let mut refused: Vec<String> = self
             .flags
             .given()
             .into_iter()
-            .filter(|flag| flag != "--metrics" && flag != "--net")
+            .filter(|flag| flag != "--metrics" && flag != "--serial" && flag != "--net")
             .collect();
         if self.config.is_some() {
             refused.push("--config".to_string());
@@ -121,8 +126,15 @@ impl VmArgs {
         }
         let mut cfg = VmConfig::default();
         self.flags.apply(&mut cfg).map_err(ConfigError::Flags)?;
+        let serial = self
+            .flags
+            .given()
+            .iter()
+            .any(|f| f == "--serial")
+            .then_some(cfg.serial);
         Ok(RestoreFlags {
             metrics: cfg.metrics,
+            serial,
             nets: cfg.nets,
         })
     }
@@ -298,20 +310,31 @@ mod tests {
     }
 
     #[test]
-    fn restore_takes_metrics_and_nets_and_names_every_other_flag() {
-        let none = RestoreFlags {
-            metrics: None,
-            nets: Vec::new(),
-        };
-        assert_eq!(parsed(&[]).for_restore().unwrap(), none);
+    fn restore_takes_metrics_serial_and_nets_and_names_every_other_flag() {
+        assert_eq!(parsed(&[]).for_restore().unwrap(), RestoreFlags::default());
+        assert_eq!(
+            parsed(&["--serial", "file=/c"])
+                .for_restore()
+                .unwrap()
+                .serial,
+            Some(SerialMode::File("/c".into()))
+        );
         assert_eq!(
             parsed(&["--metrics", "/m.json", "--net", "tap=t0", "--net", "tap=t1"])
                 .for_restore()
                 .unwrap(),
             RestoreFlags {
                 metrics: Some(PathBuf::from("/m.json")),
+                serial: None,
                 nets: vec!["tap=t0".parse().unwrap(), "tap=t1".parse().unwrap()],
             }
+        );
+        let all = parsed(&["--metrics", "/m", "--serial", "off", "--net", "tap=t0"])
+            .for_restore()
+            .unwrap();
+        assert_eq!(
+            (all.metrics.is_some(), all.serial, all.nets.len()),
+            (true, Some(SerialMode::Off), 1)
         );
         let refused = |args: &[&str]| match parsed(args).for_restore() {
             Err(ConfigError::FlagsWithRestore(flags)) => flags,

@@ -4,7 +4,7 @@
 //! Input is passed through byte for byte, Ctrl-C included. Ctrl-A then `x` stops the VM;
 //! Ctrl-A twice sends one Ctrl-A.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -31,12 +31,10 @@ pub enum ConsoleSink {
 }
 
 impl ConsoleSink {
-    /// Opens `path` for appending.
+    /// Opens `path` for appending, as an output (`super::files::open_output`: no link
+    /// followed, a regular file or a character device).
     pub fn file(path: &Path) -> io::Result<Self> {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
+        super::files::open_output(path, super::files::OutputMode::Append)
             .map(|file| Self::from_file(file, path.to_path_buf()))
     }
 

@@ -26,7 +26,8 @@
 //!   (`sched_{get,set}affinity` of pid 0: wake placement);
 //! - **timers**: nothing more;
 //! - **VMM**: epoll (taps too), directory reads (`/proc/self/task` at exit),
-//!   creating the `--metrics` file (`O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC`), the terminal's
+//!   creating the `--metrics` file (`files::OUTPUT_REPLACE`: `O_NOFOLLOW`, `O_NONBLOCK`;
+//!   `O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC` too), the terminal's
 //!   `TCGETS`/`TCSETS` (restoring it at exit), and `KVM_IRQ_LINE` (a disk's refill timerfd
 //!   fired there, or frames a tap delivered there, raise the device's line in KVM's IOAPIC).
 //!
@@ -34,16 +35,18 @@
 //!   timer threads are its descendants and a filter binds every descendant (filters stack:
 //!   the strictest answer wins); and what building a VM takes on the `vm` thread before its
 //!   own filter: opening `/dev/kvm`, disk images and taps read-write, the serial file for
-//!   appending, a snapshot's memory file read-only to map it (`O_NOFOLLOW|O_NONBLOCK`), any
-//!   KVM ioctl, `TUNSETIFF` (and `SIOCGIFINDEX` on a Unix datagram socket,
+//!   appending (`files::OUTPUT_APPEND`), a snapshot's memory file read-only to map it
+//!   (`files::INPUT`), any KVM ioctl, `TUNSETIFF` (and `SIOCGIFINDEX` on a Unix datagram socket,
 //!   which glibc's `if_nametoindex` opens to name a missing tap), eventfds, timerfds, epoll
 //!   sets, signal handlers, starting threads (`clone` with `CLONE_THREAD` only; `clone3`,
 //!   whose flags a filter cannot see, fails with `ENOSYS` so glibc falls back to `clone`),
 //!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own.
 //!   A tap given as an fd is checked with `TUNGETIFF`.
 //!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
-//!   a request) on the connections,
-//!   `FIONBIO`, and `unlink` (the socket's file, at exit).
+//!   a request) and `shutdown` (an idle connection closed for room) on the connections,
+//!   `FIONBIO`, and `unlink` (the socket's file, at exit). `vm.restore` reads a snapshot
+//!   (`files::INPUT`) and `vm.snapshot` writes one: new files (`files::CREATE_NEW`), the
+//!   manifest `rename`d into place, the old snapshot's files `unlink`ed.
 //!
 //! No thread may `execve`, `fork`, open sockets (but the API server's datagram one above), `ptrace`, signal other processes,
 //! `mmap` executable memory or open a file for writing (the VMM thread: only by creating one).
@@ -303,6 +306,7 @@ fn vmm_rules(
     for flags in [
         libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY,
         libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+        super::files::OUTPUT_REPLACE,
     ] {
         opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
     }
@@ -320,9 +324,13 @@ fn api_rules(
         libc::SYS_accept4,
         libc::SYS_sendto,
         libc::SYS_recvfrom,
+        // Closing an idle connection for room: its reading shut down first.
+        libc::SYS_shutdown,
         // Requests with fds (SCM_RIGHTS: vm.add-net's tap).
         libc::SYS_recvmsg,
         libc::SYS_unlink,
+        // vm.snapshot: the new manifest renamed over the old one.
+        libc::SYS_rename,
         // Building a VM and starting its threads; its disk images are locked for its life.
         libc::SYS_flock,
         libc::SYS_epoll_create1,
@@ -374,10 +382,9 @@ fn api_rules(
     for flags in [
         libc::O_RDWR | libc::O_CLOEXEC,
         libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
-        // `vm.restore` mapping a snapshot's memory file (`snapshot::mapped`): a planted link
-        // is not followed, a FIFO does not block.
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        super::files::OUTPUT_APPEND,
+        super::files::CREATE_NEW,
+        super::files::INPUT,
     ] {
         opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
     }

@@ -131,10 +131,28 @@ pub enum SnapshotError {
         /// The vCPU it holds.
         found: u32,
     },
-    /// The manifest names a state file lull would not write (`vcpu-N.json` in vCPU order,
-    /// `kvm-vm.json`).
-    #[error("The manifest names state file {0:?}, not one of lull's: corrupt manifest")]
+    /// The manifest names a file that is not a plain name in the snapshot's directory (a path,
+    /// `..`, the manifest itself), or names one file twice.
+    #[error("The manifest names file {0:?}, which is not a file of its own directory or is named twice: corrupt manifest")]
     VcpuFileName(String),
+    /// The manifest's memory regions are not those of its VM's memory size.
+    #[error("The manifest's memory regions are not the layout of a VM of {memory} bytes (overlapping, empty, out of order or moved): corrupt manifest")]
+    MemoryLayout {
+        /// The configuration's memory size.
+        memory: u64,
+    },
+    /// The destination's current snapshot is mapped by a VM restored from it.
+    #[error("The snapshot in {} is mapped by a running VM restored from it; write the snapshot elsewhere", dir.display())]
+    InUse {
+        /// The destination.
+        dir: PathBuf,
+    },
+    /// The destination is not a directory.
+    #[error("{} is not a directory: create the snapshot directory first", dir.display())]
+    NotADirectory {
+        /// The destination.
+        dir: PathBuf,
+    },
     /// A disk of the VM is missing.
     #[error("The VM's disk {path} cannot be found ({source}): put the image back where it was")]
     DiskMissing {

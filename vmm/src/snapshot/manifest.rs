@@ -5,12 +5,18 @@ use serde::{Deserialize, Serialize};
 use super::error::SnapshotError;
 use crate::config::VmConfig;
 
+/// The manifest's file name.
+pub const MANIFEST: &str = "manifest.json";
+/// The memory file's name before the unique token (`memory.TOKEN`).
+pub const MEMORY: &str = "memory";
+
 /// lull's version as a snapshot records it (all of lull's crates share the workspace's).
 pub const LULL_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The snapshot format this lull writes and reads. Any change to what a snapshot holds or how
-/// bumps it.
-pub const FORMAT_VERSION: u32 = 2;
+/// bumps it (3: every file of a snapshot is named by its manifest, `memory_file` included,
+/// under a name unique to that snapshot).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// What a snapshot holds in this format version (the manifest's `contents`): with
 /// `--irqchip user` each vCPU file holds lull's LAPIC and PV registrations too, and the VM
@@ -46,7 +52,8 @@ pub struct DiskRecord {
 /// One state file (a vCPU's, the VM's KVM state).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuFile {
-    /// Its name in the snapshot directory (`vcpu-N.json`).
+    /// Its name in the snapshot directory (`vcpu-N.TOKEN.json`): a plain name
+    /// ([`is_plain_name`]).
     pub file: String,
     /// Its size.
     pub bytes: u64,
@@ -70,6 +77,8 @@ pub struct Manifest {
     pub contents: Vec<String>,
     /// The VM's configuration (disks and taps by name: their contents are not copied).
     pub config: VmConfig,
+    /// The memory file's name in the snapshot directory (`memory.TOKEN`).
+    pub memory_file: String,
     /// Size of the memory file.
     pub memory_bytes: u64,
     /// Its regions, in file order.
@@ -130,20 +139,63 @@ impl Manifest {
                 want: m.config.cpus,
             });
         }
-        // Names are lull's own: a manifest cannot point outside its directory.
-        for (i, v) in m.vcpus.iter().enumerate() {
-            if v.file != vcpu_file_name(i) {
-                return Err(SnapshotError::VcpuFileName(v.file.clone()));
-            }
-        }
-        if m.kvm_vm.file != super::kvm_vm::FILE {
-            return Err(SnapshotError::VcpuFileName(m.kvm_vm.file.clone()));
-        }
-        if m.devices.file != super::devices::FILE {
-            return Err(SnapshotError::VcpuFileName(m.devices.file.clone()));
-        }
+        m.check_layout()?;
+        m.check_names()?;
         Ok(m)
     }
+}
+
+impl Manifest {
+    /// Fails unless the regions are exactly those of a VM of the configuration's memory size
+    /// (`setup::layout::ram_ranges`): none overlaps, none is empty, none is out of order or
+    /// moved, so the memory file goes into the new VM's memory as it came out of the old.
+    fn check_layout(&self) -> Result<(), SnapshotError> {
+        let want = crate::setup::layout::ram_ranges(self.config.memory.0);
+        let same = want.len() == self.regions.len()
+            && want
+                .iter()
+                .zip(&self.regions)
+                .all(|(&(start, len), r)| r.guest_addr == start && r.bytes == len);
+        if same {
+            return Ok(());
+        }
+        Err(SnapshotError::MemoryLayout {
+            memory: self.config.memory.0,
+        })
+    }
+
+    /// Every file the manifest names, the memory file first.
+    pub fn file_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.memory_file.as_str()).chain(
+            self.vcpus
+                .iter()
+                .chain([&self.kvm_vm, &self.devices])
+                .map(|f| f.file.as_str()),
+        )
+    }
+
+    /// Fails unless every file the manifest names is a plain name in its directory
+    /// ([`is_plain_name`]), named once, and not the manifest's own: a manifest cannot point
+    /// outside its directory.
+    fn check_names(&self) -> Result<(), SnapshotError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for name in self.file_names() {
+            if !is_plain_name(name) || name == MANIFEST || !seen.insert(name) {
+                return Err(SnapshotError::VcpuFileName(name.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` names a file right in a directory: not empty, no `/`, not `.` or `..`, no
+/// NUL, at most 255 bytes (what a reader of a snapshot takes from its manifest).
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\0'])
 }
 
 impl Manifest {
@@ -170,15 +222,22 @@ impl Manifest {
         })
     }
 
-    /// Fails unless every disk is where it was, with the size it had.
+    /// Fails unless every disk is where it was, a regular file (so that opening it cannot
+    /// wait: a FIFO would), with the size it had.
     pub fn check_disks(&self) -> Result<(), SnapshotError> {
         for d in &self.disks {
-            let found = std::fs::metadata(&d.path)
-                .map_err(|source| SnapshotError::DiskMissing {
-                    path: d.path.clone(),
-                    source,
-                })?
-                .len();
+            let missing = |source| SnapshotError::DiskMissing {
+                path: d.path.clone(),
+                source,
+            };
+            let meta = std::fs::metadata(&d.path).map_err(missing)?;
+            if !meta.is_file() {
+                return Err(missing(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a regular file",
+                )));
+            }
+            let found = meta.len();
             if found != d.bytes {
                 return Err(SnapshotError::DiskResized {
                     path: d.path.clone(),

@@ -34,10 +34,14 @@ fn guest_err(e: vm_memory::GuestMemoryError) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
 
-/// Writes `mem` to a new file at `path`; its regions and total size. Memory is read a
-/// [`CHUNK`] at a time and each run of pages that hold data goes out in one write.
-pub fn write(mem: &GuestMemoryMmap, path: &Path) -> Result<(Vec<Region>, u64), SnapshotError> {
-    let file = File::create(path).map_err(io("create", path))?;
+/// Writes `mem` to `file`, new and empty, at `path` (for messages), and syncs it; its regions
+/// and total size. Memory is read a [`CHUNK`] at a time and each run of pages that hold data
+/// goes out in one write.
+pub fn write(
+    mem: &GuestMemoryMmap,
+    file: &File,
+    path: &Path,
+) -> Result<(Vec<Region>, u64), SnapshotError> {
     let mut regions = Vec::new();
     let mut offset = 0u64;
     let mut chunk = vec![0u8; CHUNK];
@@ -65,6 +69,7 @@ pub fn write(mem: &GuestMemoryMmap, path: &Path) -> Result<(Vec<Region>, u64), S
         });
         offset += len;
     }
+    file.sync_data().map_err(io("sync", path))?;
     Ok((regions, offset))
 }
 

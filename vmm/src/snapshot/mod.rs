@@ -2,29 +2,37 @@
 //! lull writes and reads back, versioned, checked on the way in.
 //!
 //! ```text
-//!  DIR/manifest.json   format version, lull's version, the host's CPU vendor, the VM's
-//!                      configuration, its disks by path and size (images are not copied),
-//!                      the memory file's regions and size, each vCPU file's size and FNV-1a
-//!                      checksum
-//!  DIR/memory          guest memory, region after region, sparse: a page of zeros is a hole;
-//!                      a restore maps it copy-on-write ([`mapped`]) or copies it in
-//!  DIR/vcpu-N.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too with
-//!                      `--irqchip kernel`, lull's LAPIC and PV EOI / PV deadline
-//!                      registrations with `--irqchip user`: `irqchip::user::saved`)
-//!  DIR/kvm-vm.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT with
-//!                      `--irqchip kernel`, lull's IOAPIC with `--irqchip user`, kvmclock at
-//!                      the pause)
-//!  DIR/devices.json    the devices' state ([`devices::DevicesState`]: the serial port's
-//!                      registers and unread input; each virtio-mmio device's registers,
-//!                      queues with their next available and used index, InterruptStatus and
-//!                      rate-limiter buckets)
+//!  DIR/manifest.json         format version, lull's version, the host's CPU vendor, the VM's
+//!                            configuration, its disks by path and size (images are not
+//!                            copied), the name of every other file of the snapshot, the
+//!                            memory file's regions and size, each state file's size and
+//!                            FNV-1a checksum
+//!  DIR/memory.TOKEN          guest memory, region after region, sparse: a page of zeros is a
+//!                            hole; a restore maps it copy-on-write ([`mapped`]) or copies it in
+//!  DIR/vcpu-N.TOKEN.json     vCPU N's KVM state (`vcpu::state::VcpuKvmState`; KVM's LAPIC too
+//!                            with `--irqchip kernel`, lull's LAPIC and PV EOI / PV deadline
+//!                            registrations with `--irqchip user`: `irqchip::user::saved`)
+//!  DIR/kvm-vm.TOKEN.json     the VM's KVM state ([`kvm_vm::KvmVmState`]: PICs, IOAPIC and PIT
+//!                            with `--irqchip kernel`, lull's IOAPIC with `--irqchip user`,
+//!                            kvmclock at the pause)
+//!  DIR/devices.TOKEN.json    the devices' state ([`devices::DevicesState`]: the serial port's
+//!                            registers and unread input; each virtio-mmio device's registers,
+//!                            queues with their next available and used index, InterruptStatus
+//!                            and rate-limiter buckets)
 //! ```
 //!
-//! The reader ([`read`]) refuses, with an error that says what to do, a manifest of another
+//! TOKEN is new for every snapshot, so writing one never opens an existing file: the new files
+//! are created beside the old snapshot's, synced, and the new manifest renamed over the old one
+//! (`commit`); a crash leaves the old snapshot or the new one, never a mix.
+//!
+//! The reader ([`read`]) takes every file name from the manifest and refuses a name that is
+//! not a plain name in the directory; it opens every file without following a link and
+//! without blocking (a FIFO, a device or a directory is refused, never waited on: see
+//! `host::files`). It refuses, with an error that says what to do, a manifest of another
 //! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
-//! host lacks, a memory file whose size is
-//! not the manifest's (truncated or replaced), a disk missing or resized since, a tap missing,
-//! a vCPU or device file whose checksum or content is wrong,
+//! host lacks, memory regions that are not the layout of the VM's memory size, a memory file
+//! whose size is not the manifest's (truncated or replaced), a disk missing or resized since,
+//! a tap missing, a vCPU or device file whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
 //! (the `snapshot` fuzz target feeds [`parse_manifest`], [`parse_vcpu`] and
 //! [`parse_devices`], and restores what the last accepts onto a virtio device). A tap the VM
@@ -32,12 +40,17 @@
 //! snapshot's, or the one the caller gives a clone's net instead ([`read_with_taps`],
 //! `config::restore_nets`); a net given a tap fd needs no name.
 //!
+//! What a restore trusts: a snapshot is guest state, not an instruction to the host. The
+//! outputs its configuration names (the saving run's `--metrics` and `--serial file=`) are
+//! that run's and are dropped by [`read`]; a restore writes only where its own caller says.
+//!
 //! lull's LAPIC timers are held in guest time (a count's time left, a TSC deadline's value):
 //! the timer queues and hierarchy are not saved but rebuilt, each vCPU arming its restored
 //! LAPIC timer through the normal path. A saved LAPIC or IOAPIC is checked field by field when
 //! it is restored (`devices::lapic::LapicState`, `devices::ioapic::IoApicState`), and the
 //! fuzz target feeds those checks too. The manifest lists what a snapshot holds in `contents`.
 
+pub mod commit;
 pub mod devices;
 mod error;
 pub mod kvm_vm;
@@ -54,17 +67,16 @@ pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION, LULL_VERSION};
 use crate::config::NetConfig;
 use crate::vcpu::state::VcpuKvmState;
 
-/// The manifest's file name.
-pub const MANIFEST: &str = "manifest.json";
-/// The memory file's name.
-pub const MEMORY: &str = "memory";
 pub use error::MAX_SMALL_FILE;
+pub use manifest::{MANIFEST, MEMORY};
 
 /// A snapshot read back and checked.
 ///
-/// Its configuration is the saved VM's, but for `metrics`: where the saving run wrote its
-/// report is that run's output, not part of the VM, so [`read`] clears it; a restore writes a
-/// report only where its own caller sets one (`lull run --restore DIR --metrics PATH`).
+/// Its configuration is the saved VM's, but for its outputs: where the saving run wrote its
+/// report (`metrics`) and its console (`serial`, a file) are that run's outputs, not part of
+/// the VM, so [`read`] clears the report and turns a console file off; a restore writes them
+/// only where its own caller says (`lull run --restore DIR --metrics PATH --serial file=PATH`,
+/// `vm.restore`'s `serial`).
 #[derive(Debug)]
 pub struct Snapshot {
     /// The directory it was read from.
@@ -147,7 +159,7 @@ fn read_small(path: &Path) -> Result<Vec<u8>, SnapshotError> {
             source,
         }
     };
-    let file = std::fs::File::open(path).map_err(io("open"))?;
+    let file = crate::host::files::open_input(path).map_err(io("open"))?;
     let mut bytes = Vec::new();
     file.take(MAX_SMALL_FILE + 1)
         .read_to_end(&mut bytes)
@@ -232,8 +244,8 @@ pub enum ReadError<E> {
     Taps(E),
 }
 
-/// Reads the snapshot in `dir` and checks every file against its manifest; clears the saving
-/// run's `metrics` path (see [`Snapshot`]).
+/// Reads the snapshot in `dir` and checks every file against its manifest; drops the saving
+/// run's outputs (see [`Snapshot`]).
 pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
     read_with_taps(dir, |nets| Ok::<_, std::convert::Infallible>(nets.to_vec())).map_err(
         |e| match e {
@@ -258,10 +270,14 @@ pub fn read_with_taps<E>(
 fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {
     let mut manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
     manifest.config.metrics = None;
-    let memory = dir.join(MEMORY);
-    let found = std::fs::metadata(&memory)
+    if matches!(manifest.config.serial, crate::config::SerialMode::File(_)) {
+        manifest.config.serial = crate::config::SerialMode::Off;
+    }
+    let memory = dir.join(&manifest.memory_file);
+    let found = crate::host::files::open_input(&memory)
+        .and_then(|file| file.metadata())
         .map_err(|source| SnapshotError::Io {
-            what: "read the size of",
+            what: "open",
             path: memory.clone(),
             source,
         })?
@@ -281,7 +297,7 @@ fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {
 /// The rest of the snapshot in `dir` of `manifest`, its taps checked first.
 fn read_rest(dir: &Path, manifest: Manifest) -> Result<Snapshot, SnapshotError> {
     manifest.check_taps(crate::host::sys::tap::interface_exists)?;
-    let memory = dir.join(MEMORY);
+    let memory = dir.join(&manifest.memory_file);
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {
         let path = dir.join(&entry.file);

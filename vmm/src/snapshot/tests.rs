@@ -12,8 +12,10 @@ fn manifest(cpus: u32) -> Manifest {
         contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
         config: VmConfig {
             cpus,
+            memory: crate::size::ByteSize(8192),
             ..VmConfig::default()
         },
+        memory_file: "memory.t".to_string(),
         memory_bytes: 8192,
         regions: vec![Region {
             guest_addr: 0,
@@ -77,10 +79,30 @@ fn a_manifest_goes_through_and_mismatches_are_refused_by_name() {
         parse(&short, "GenuineIntel"),
         Err(SnapshotError::MemoryRegions(4096))
     ));
-    let mut escape = m.clone();
-    escape.vcpus[1].file = "../../etc/passwd".into();
+    for bad in [
+        "../../etc/passwd",
+        "a/b",
+        "..",
+        ".",
+        "",
+        MANIFEST,
+        "memory.t",
+        "kvm-vm.json",
+    ] {
+        let mut escape = m.clone();
+        escape.vcpus[1].file = bad.into();
+        assert!(
+            matches!(
+                parse(&escape, "GenuineIntel"),
+                Err(SnapshotError::VcpuFileName(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    let mut memory_outside = m.clone();
+    memory_outside.memory_file = "/dev/sda".into();
     assert!(matches!(
-        parse(&escape, "GenuineIntel"),
+        parse(&memory_outside, "GenuineIntel"),
         Err(SnapshotError::VcpuFileName(_))
     ));
     let mut other_vm_file = m.clone();
@@ -115,6 +137,63 @@ fn a_manifest_goes_through_and_mismatches_are_refused_by_name() {
             Err(SnapshotError::ManifestJson(_))
         ));
     }
+}
+
+#[test]
+fn regions_must_be_the_layout_of_the_memory_size() {
+    let m = manifest(1);
+    let region = |guest_addr, bytes| Region { guest_addr, bytes };
+    for regions in [
+        // Overlapping, out of order, empty, moved: each adds up to the memory size.
+        vec![region(0, 4096), region(0, 4096)],
+        vec![region(4096, 4096), region(0, 4096)],
+        vec![region(0, 8192), region(8192, 0)],
+        vec![region(1 << 20, 8192)],
+    ] {
+        let bad = Manifest {
+            regions: regions.clone(),
+            ..m.clone()
+        };
+        let err = parse(&bad, "GenuineIntel").unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::MemoryLayout { memory: 8192 }),
+            "{regions:?}: {err}"
+        );
+    }
+    let big = Manifest {
+        config: VmConfig {
+            memory: crate::size::ByteSize(4 << 30),
+            ..m.config.clone()
+        },
+        memory_bytes: 4 << 30,
+        regions: crate::setup::layout::ram_ranges(4 << 30)
+            .into_iter()
+            .map(|(a, b)| region(a, b))
+            .collect(),
+        ..m.clone()
+    };
+    assert!(parse(&big, "GenuineIntel").is_ok());
+}
+
+#[test]
+fn a_fifo_or_a_link_in_a_snapshot_is_refused_without_waiting() {
+    let dir = std::env::temp_dir().join(format!("lull-snapshot-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A FIFO with no writer: a plain open() of it would never return.
+    nix::unistd::mkfifo(&dir.join(MANIFEST), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let err = read(&dir).unwrap_err();
+    assert!(
+        err.to_string().contains("a FIFO, not a regular file"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.join(MANIFEST)).unwrap();
+    let elsewhere = dir.join("elsewhere.json");
+    std::fs::write(&elsewhere, serde_json::to_vec(&manifest(1)).unwrap()).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join(MANIFEST)).unwrap();
+    let err = read(&dir).unwrap_err();
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -158,7 +237,8 @@ fn memory_goes_to_a_sparse_file_and_back() {
     mem.write_slice(b"lull", GuestAddress(0x1234)).unwrap();
     mem.write_slice(b"end", GuestAddress((1 << 30) + 100))
         .unwrap();
-    let (regions, bytes) = memory::write(&mem, &path).unwrap();
+    let file = std::fs::File::create(&path).unwrap();
+    let (regions, bytes) = memory::write(&mem, &file, &path).unwrap();
     assert_eq!(bytes, (1 << 20) + (64 << 10));
     assert_eq!(std::fs::metadata(&path).unwrap().len(), bytes);
     use std::os::unix::fs::MetadataExt;
@@ -236,6 +316,11 @@ fn a_missing_or_resized_disk_is_refused() {
     let err = m.check_disks().unwrap_err();
     assert!(matches!(err, SnapshotError::DiskMissing { .. }), "{err}");
     assert!(err.to_string().contains("put the image back"), "{err}");
+    // A FIFO of the recorded size (0) would pass a size check and block the open after it.
+    nix::unistd::mkfifo(&image, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    m.disks[0].bytes = 0;
+    let err = m.check_disks().unwrap_err();
+    assert!(err.to_string().contains("not a regular file"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -74,7 +74,7 @@ pub enum StopReason {
     VmmError(String),
     /// The user asked to stop on the console (Ctrl-A x).
     User,
-    /// lull received SIGINT or SIGTERM.
+    /// lull received SIGINT, SIGTERM or SIGHUP.
     Signal(i32),
     /// A client of the management API asked for it (`vm.shutdown` or `vmm.shutdown`).
     Api,
@@ -94,6 +94,7 @@ impl std::fmt::Display for StopReason {
             Self::User => f.write_str("stopped by the user (Ctrl-A x)"),
             Self::Signal(libc::SIGTERM) => f.write_str("stopped by SIGTERM"),
             Self::Signal(libc::SIGINT) => f.write_str("stopped by SIGINT"),
+            Self::Signal(libc::SIGHUP) => f.write_str("stopped by SIGHUP"),
             Self::Signal(n) => write!(f, "stopped by signal {n}"),
             Self::Api => f.write_str("stopped through the management API"),
             Self::OutputFailed(why) => f.write_str(why),
@@ -223,6 +224,10 @@ mod tests {
         assert_eq!(
             StopReason::Signal(libc::SIGTERM).to_string(),
             "stopped by SIGTERM"
+        );
+        assert_eq!(
+            StopReason::Signal(libc::SIGHUP).to_string(),
+            "stopped by SIGHUP"
         );
         assert!(StopReason::User.to_string().contains("Ctrl-A"));
     }

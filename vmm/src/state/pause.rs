@@ -108,7 +108,8 @@ impl PauseGate {
         self.requested.load(Ordering::Acquire)
     }
 
-    /// A vCPU thread enters its run loop.
+    /// A vCPU thread is about to start (counted from before it exists, so that a pause
+    /// requested meanwhile waits for it to park).
     pub fn thread_started(&self) {
         lock(&self.state).running += 1;
         self.changed.notify_all();

@@ -139,6 +139,11 @@ pub fn spawn(
     buses: Arc<DeviceBuses>,
 ) -> Result<VcpuHandle, VcpuError> {
     let id = port.id;
+    // Counted by the pause gate before its thread exists: a vm.pause that comes before the
+    // thread reaches its loop waits for it to park there (counted from inside the thread, a
+    // pause right after vm.boot could complete, and a snapshot be written, without it).
+    shared.pause.thread_started();
+    let gate = Arc::clone(&shared);
     let thread = std::thread::Builder::new()
         .name(format!("vcpu{id}"))
         .spawn(move || {
@@ -148,11 +153,15 @@ pub fn spawn(
                 tracing::warn!(vcpu = id, "cannot set the vCPU thread's timer slack: {e}");
             }
             if let Err(e) = crate::host::seccomp::apply(crate::host::seccomp::ThreadKind::Vcpu) {
+                shared.pause.thread_ended();
                 shared.stop_from_thread(crate::state::StopReason::VmmError(e.to_string()));
                 return;
             }
             run::run(port, irq, &shared, &buses);
         })
-        .map_err(|source| VcpuError::Thread { id, source })?;
+        .map_err(|source| {
+            gate.pause.thread_ended();
+            VcpuError::Thread { id, source }
+        })?;
     Ok(VcpuHandle { id, thread })
 }

@@ -99,10 +99,10 @@ pub fn next_state(event: VcpuEvent) -> VcpuState {
     }
 }
 
-/// Runs the vCPU until the VM stops, its exits reaching `buses`. The body of the vCPU's thread.
+/// Runs the vCPU until the VM stops, its exits reaching `buses`. The body of the vCPU's thread,
+/// counted by the pause gate from before the thread starts (`spawn`) until this returns.
 pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, buses: &DeviceBuses) {
     irq.attach(&mut port);
-    shared.pause.thread_started();
     // A vCPU restored from a snapshot taken in its halt halts again.
     let mut state = match irq.take_restored_halt() {
         true => VcpuState::Halted,

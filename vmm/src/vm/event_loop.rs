@@ -1,7 +1,7 @@
-//! The VMM thread: its event loop over console input, stop requests, SIGINT/SIGTERM, the taps
-//! of virtio-net devices (edge-triggered: see `vm::nets`) and, with `--device-timers timerfd`,
-//! the refill timerfds of rate-limited devices. It runs until the first stop request (from any
-//! thread) and returns its reason.
+//! The VMM thread: its event loop over console input, stop requests, the stop signals
+//! (SIGINT, SIGTERM, SIGHUP), the taps of virtio-net devices (edge-triggered: see `vm::nets`)
+//! and, with `--device-timers timerfd`, the refill timerfds of rate-limited devices. It runs
+//! until the first stop request (from any thread) and returns its reason.
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -36,7 +36,7 @@ impl EventLoop {
         console: &ConsoleParts,
     ) -> Result<Self, VmError> {
         let host = |what| move |source| VmError::Host { what, source };
-        let signal = stop_signals::install().map_err(host("the SIGINT/SIGTERM handlers"))?;
+        let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
         let stdin_is_console = cfg.serial == SerialMode::Stdio;
         let mut manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
             EventManager::new().map_err(VmError::EventLoop)?;
@@ -77,7 +77,7 @@ pub struct VmmEvents {
     /// The virtio-net devices, in `--net` order: their taps wake the loop.
     nets: Vec<Arc<dyn NetPort>>,
     console: Arc<Mutex<Console>>,
-    /// Written by the SIGINT/SIGTERM handler.
+    /// Written by the stop-signal handler.
     signal: EventFd,
     /// Written when the guest has drained the console's input FIFO.
     drained: Arc<EventFd>,

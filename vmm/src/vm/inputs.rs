@@ -44,11 +44,28 @@ pub struct OtherPaths<'a> {
 
 /// Resolves, checks and opens every input of `cfg`; refuses an output that is an input.
 pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
+    // The configuration's own images first, by `stat` (which never waits): resolving reads
+    // the kernel, and reading a FIFO (which a snapshot's configuration may name) would wait
+    // for a writer forever.
+    refuse_non_files([
+        ("--kernel", "kernel", cfg.kernel.as_ref()),
+        ("--initramfs", "initramfs", cfg.initramfs.as_ref()),
+    ])?;
     let image = guest::resolve(cfg)?;
-    let images = [
+    refuse_non_files([
         ("--kernel", "kernel", Some(&image.kernel)),
         ("--initramfs", "initramfs", image.initramfs.as_ref()),
-    ];
+    ])?;
+    refuse_clashes(cfg, &image, other)?;
+    let disks = disks::open(&cfg.disks)?;
+    let nets = nets::open(&cfg.nets)?;
+    Ok(Inputs { image, disks, nets })
+}
+
+/// Refuses the first of `images` (flag, what it names, path) that is not a regular file.
+fn refuse_non_files(
+    images: [(&'static str, &'static str, Option<&PathBuf>); 2],
+) -> Result<(), VmError> {
     for (role, what, path) in images {
         if let Some(path) = path.filter(|p| !p.is_file()) {
             return Err(InputError::NotAFile {
@@ -59,10 +76,7 @@ pub fn check(cfg: &VmConfig, other: OtherPaths<'_>) -> Result<Inputs, VmError> {
             .into());
         }
     }
-    refuse_clashes(cfg, &image, other)?;
-    let disks = disks::open(&cfg.disks)?;
-    let nets = nets::open(&cfg.nets)?;
-    Ok(Inputs { image, disks, nets })
+    Ok(())
 }
 
 /// Refuses `cfg` if an output it names (metrics, serial file, API socket) is one of its
@@ -97,5 +111,50 @@ pub fn refuse_clashes(
     if let Some(p) = other.api_socket {
         outputs.push(NamedPath::new("--api-socket", p));
     }
+    let log = paths::process_outputs();
+    if let Some(p) = &log {
+        outputs.push(NamedPath::new("--log-file", p));
+    }
+    paths::refuse_clashes(&inputs, &outputs).map_err(|e| VmError::Input(e.into()))
+}
+
+/// Refuses the log file `log` (`lull ch --log-file`) if it is one of the files `cfg` names
+/// (kernel, initramfs, disks, metrics, serial file) or of the snapshot in `restore`: checked
+/// before the log is opened, so that nothing is appended to an input.
+pub fn check_log_file(
+    cfg: &VmConfig,
+    log: Option<&Path>,
+    restore: Option<&Path>,
+) -> Result<(), VmError> {
+    let Some(log) = log else {
+        return Ok(());
+    };
+    let mut inputs = Vec::new();
+    if let Some(p) = &cfg.kernel {
+        inputs.push(NamedPath::new("--kernel", p));
+    }
+    if let Some(p) = &cfg.initramfs {
+        inputs.push(NamedPath::new("--initramfs", p));
+    }
+    inputs.extend(cfg.disks.iter().map(|d| NamedPath::new("--disk", &d.path)));
+    let snapshot_files: Vec<PathBuf> = restore
+        .map(|dir| match crate::snapshot::read(dir) {
+            Ok(s) => s.files(),
+            Err(_) => vec![dir.join(crate::snapshot::MANIFEST)],
+        })
+        .unwrap_or_default();
+    inputs.extend(
+        snapshot_files
+            .iter()
+            .map(|p| NamedPath::new("--restore", p)),
+    );
+    let mut outputs = Vec::new();
+    if let Some(p) = cfg.metrics.as_deref().filter(|p| p.as_os_str() != "-") {
+        outputs.push(NamedPath::new("--metrics", p));
+    }
+    if let SerialMode::File(p) = &cfg.serial {
+        outputs.push(NamedPath::new("--serial", p));
+    }
+    outputs.push(NamedPath::new("--log-file", log));
     paths::refuse_clashes(&inputs, &outputs).map_err(|e| VmError::Input(e.into()))
 }

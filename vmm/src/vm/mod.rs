@@ -148,10 +148,7 @@ fn check_metrics_path(cfg: &VmConfig) -> Result<(), VmError> {
     let Some(path) = cfg.metrics.as_ref().filter(|p| p.as_os_str() != "-") else {
         return Ok(());
     };
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    crate::host::files::open_output(path, crate::host::files::OutputMode::Append)
         .map(drop)
         .map_err(|source| VmError::MetricsFile {
             path: path.clone(),

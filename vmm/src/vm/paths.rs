@@ -4,9 +4,38 @@
 //! one names (symlinks followed), so `./vmlinux`, a link to it and a hard link all clash.
 //! An output that does not exist yet clashes with nothing; character devices (`/dev/null`)
 //! are never compared, as writing them destroys nothing.
+//!
+//! The outputs are then opened by `host::files::open_output` (no link followed at the last
+//! component, a regular file or a character device only). The log file (`lull ch
+//! --log-file`) is lull's own output rather than a VM's: [`open_log_file`] keeps its path, and
+//! every VM of the process checks its files against it ([`process_outputs`]).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::host::files::{self, OutputMode};
+
+/// The log file of this process, once opened.
+static LOG_FILE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Opens the log file `path` (appended to, as an output: see `host::files::open_output`) and
+/// keeps its path as an output of every VM of this process.
+pub fn open_log_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let file = files::open_output(path, OutputMode::Append)?;
+    let _ = LOG_FILE.set(path.to_path_buf());
+    Ok(file)
+}
+
+/// lull's outputs besides a VM's own: the log file, if any.
+pub fn process_outputs() -> Option<PathBuf> {
+    LOG_FILE.get().cloned()
+}
+
+/// The identities of those of `paths` that exist (see [`first_clash`] for what counts).
+pub fn identities(paths: &[PathBuf]) -> Vec<FileId> {
+    paths.iter().filter_map(|p| file_id(p)).collect()
+}
 
 /// A path and the flag that named it.
 #[derive(Debug, Clone)]

@@ -78,6 +78,8 @@ pub fn write_json(report: &RunReport, path: &Path) -> std::io::Result<()> {
     if path.as_os_str() == "-" {
         std::io::Write::write_all(&mut std::io::stderr(), json.as_bytes())
     } else {
-        std::fs::write(path, json)
+        let mut file =
+            crate::host::files::open_output(path, crate::host::files::OutputMode::Replace)?;
+        std::io::Write::write_all(&mut file, json.as_bytes())
     }
 }

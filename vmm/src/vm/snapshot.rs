@@ -1,17 +1,19 @@
 //! `vm.snapshot` of a paused VM: every vCPU hands its KVM state over from its thread (the
 //! pause gate's `save_all`), the devices hand over theirs (quiesced since the pause: see
-//! `snapshot::devices`), guest memory goes to a sparse file, the manifest last (a directory
-//! without one is no snapshot). The format is `crate::snapshot`'s.
+//! `snapshot::devices`), guest memory goes to a sparse file, each under a new name, and the
+//! manifest last, renamed over the old one (`snapshot::commit`: a crash leaves the old
+//! snapshot or the new one). The format is `crate::snapshot`'s.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::live::LiveVm;
 use super::pause::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
+use crate::snapshot::commit::NewSnapshot;
 use crate::snapshot::devices::DevicesState;
 use crate::snapshot::kvm_vm::{self, KvmVmState};
-use crate::snapshot::manifest::{disk_records, recorded_config, vcpu_file_name, CONTENTS};
+use crate::snapshot::manifest::{disk_records, recorded_config, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
 use crate::state::pause::PauseWaitError;
 
@@ -37,10 +39,7 @@ impl LiveVm {
         if !self.is_paused() {
             return Err(TakeError::NotPaused);
         }
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SnapshotError::Io { what, path, source }
-        };
+        let mut new = NewSnapshot::begin(dir)?;
         let mut vcpus = Vec::new();
         for (index, (id, state)) in self
             .shared
@@ -50,9 +49,8 @@ impl LiveVm {
             .enumerate()
         {
             let bytes = state.map_err(|why| SnapshotError::Save { id, why })?;
-            let file = vcpu_file_name(index);
-            let path = dir.join(&file);
-            std::fs::write(&path, &bytes).map_err(io("write", &path))?;
+            let file = new.name(&format!("vcpu-{index}"), "json");
+            new.write(&file, &bytes)?;
             vcpus.push(VcpuFile {
                 file,
                 bytes: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
@@ -61,11 +59,12 @@ impl LiveVm {
         }
         let mut kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
         kvm_vm.user_ioapic = self.chip.save_ioapic();
-        let kvm_vm = write_state(dir, kvm_vm::FILE, &kvm_vm)?;
+        let kvm_vm = write_state(&mut new, kvm_vm::FILE, &kvm_vm)?;
         let devices = DevicesState::capture(&self.console, &self.buses.mmio);
-        let devices = write_state(dir, snapshot::devices::FILE, &devices)?;
-        let (regions, memory_bytes) =
-            snapshot::memory::write(&self.mem, &dir.join(snapshot::MEMORY))?;
+        let devices = write_state(&mut new, snapshot::devices::FILE, &devices)?;
+        let memory_file = new.name(snapshot::MEMORY, "");
+        let (path, file) = new.create(&memory_file)?;
+        let (regions, memory_bytes) = snapshot::memory::write(&self.mem, &file, &path)?;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             lull_version: snapshot::LULL_VERSION.to_string(),
@@ -73,6 +72,7 @@ impl LiveVm {
             cpu_flags: snapshot::host_cpu_flags(),
             contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
             config: recorded_config(cfg),
+            memory_file,
             memory_bytes,
             regions,
             vcpus,
@@ -80,9 +80,8 @@ impl LiveVm {
             kvm_vm,
             devices,
         };
-        let path = dir.join(snapshot::MANIFEST);
         let text = serde_json::to_vec_pretty(&manifest).map_err(SnapshotError::ManifestJson)?;
-        std::fs::write(&path, text).map_err(io("write", &path))?;
+        new.commit(&text, &super::paths::identities(&own_files(cfg)))?;
         let took = started.elapsed();
         tracing::info!(
             "snapshot of {} MiB and {} vCPU(s) written to {} in {} ms",
@@ -95,22 +94,39 @@ impl LiveVm {
     }
 }
 
-/// Writes `state` as JSON to `dir/file`; its manifest entry.
+/// Writes `state` as JSON to the new snapshot's file for `file` (`kvm-vm.json`:
+/// `kvm-vm.TOKEN.json`); its manifest entry.
 fn write_state(
-    dir: &Path,
+    new: &mut NewSnapshot,
     file: &str,
     state: &impl serde::Serialize,
 ) -> Result<VcpuFile, SnapshotError> {
     let bytes = serde_json::to_vec(state).map_err(SnapshotError::ManifestJson)?;
-    let path = dir.join(file);
-    std::fs::write(&path, &bytes).map_err(|source| SnapshotError::Io {
-        what: "write",
-        path,
-        source,
-    })?;
+    let (stem, extension) = file.rsplit_once('.').unwrap_or((file, ""));
+    let file = new.name(stem, extension);
+    new.write(&file, &bytes)?;
     Ok(VcpuFile {
-        file: file.to_string(),
+        file,
         bytes: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
         fnv64: fnv64(&bytes),
     })
+}
+
+/// The VM's own files (its inputs and outputs): a snapshot never removes one, whatever an old
+/// manifest in its directory names.
+fn own_files(cfg: &VmConfig) -> Vec<PathBuf> {
+    let image = super::guest::resolve(cfg).ok();
+    let mut files: Vec<PathBuf> = image
+        .iter()
+        .flat_map(|i| std::iter::once(i.kernel.clone()).chain(i.initramfs.clone()))
+        .chain(cfg.kernel.clone())
+        .chain(cfg.initramfs.clone())
+        .chain(cfg.disks.iter().map(|d| d.path.clone()))
+        .chain(cfg.metrics.clone())
+        .collect();
+    if let crate::config::SerialMode::File(p) = &cfg.serial {
+        files.push(p.clone());
+    }
+    files.extend(super::paths::process_outputs());
+    files
 }

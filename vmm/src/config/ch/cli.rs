@@ -240,6 +240,7 @@ mod tests {
                 ..Default::default()
             },
             nets: Vec::new(),
+            serial: None,
         };
         assert_eq!(l.restore, Some(paused));
         assert!(!l.boots);

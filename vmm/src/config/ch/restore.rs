@@ -13,6 +13,7 @@
 //! | `net_fds` | honoured: each listed net of the snapshot (`netN` or `_netN`: the N-th, `config::restore_nets`) is attached to the tap fd given for it instead of the tap the snapshot names, its MAC and device state kept. In `vm.restore`'s body (`[{"id": "net0", "num_fds": 1}]`) the fds are those sent with the request (`SCM_RIGHTS`), in order; in `--restore` (`net_fds=[net0@[N]]`) they are lull's own (inherited) fds. One fd per net (one queue pair) |
 //! | `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (no VFIO, no memory zones) |
 //! | `iommufd_fd` | refused (no VFIO) |
+//! | `serial` | lull's own: where the restored VM's console goes (`stdio`, `off`, `file=PATH`); a snapshot's own console file is its saving run's output and is not reused unless given here |
 
 use std::path::PathBuf;
 
@@ -60,6 +61,9 @@ pub struct ChRestore {
     pub memory: MemoryRestore,
     /// Nets given new tap fds (`net_fds`), in the order given.
     pub nets: Vec<RestoredNet>,
+    /// Where the restored VM's console goes (`serial`, lull's own option); `None`: the
+    /// default, never the snapshot's console file.
+    pub serial: Option<crate::config::SerialMode>,
 }
 
 /// Maps a `RestoreConfig`'s options read from `front`; `notes` gets what is accepted without
@@ -69,6 +73,7 @@ pub fn restore(opts: &[Opt], front: Front, notes: &mut Vec<String>) -> Result<Ch
     let mut nets = Vec::new();
     let mut resume = false;
     let mut memory = MemoryRestore::default();
+    let mut serial = None;
     for o in opts {
         match o.key.as_str() {
             "source_url" => {
@@ -77,6 +82,13 @@ pub fn restore(opts: &[Opt], front: Front, notes: &mut Vec<String>) -> Result<Ch
                 dir = Some(url);
             }
             "resume" => resume = o.toggle()?,
+            "serial" => {
+                serial = Some(
+                    o.value
+                        .parse()
+                        .map_err(|_| o.bad("stdio, off or file=PATH"))?,
+                );
+            }
             "prefault" => memory.prefault = o.toggle()?,
             "memory_restore_mode" => {
                 memory.mode = match o.value.as_str() {
@@ -102,6 +114,7 @@ pub fn restore(opts: &[Opt], front: Front, notes: &mut Vec<String>) -> Result<Ch
         resume,
         memory,
         nets,
+        serial,
     })
 }
 
@@ -222,6 +235,7 @@ mod tests {
                     prefault: false
                 },
                 nets: Vec::new(),
+                serial: None,
             }
         );
         let mut notes = Vec::new();
@@ -252,6 +266,12 @@ mod tests {
             let text = format!("source_url=file:///s,memory_restore_mode={mode}");
             assert_eq!(parsed(&text).unwrap().memory.mode, want, "{text}");
         }
+        let got = parsed("source_url=file:///s,serial=file=/var/log/console").unwrap();
+        assert_eq!(
+            got.serial,
+            Some(crate::config::SerialMode::File("/var/log/console".into()))
+        );
+        assert!(parsed("source_url=file:///s,serial=tty").is_err());
     }
 
     #[test]

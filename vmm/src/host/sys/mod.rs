@@ -9,7 +9,8 @@
 //! - [`kvm`]: the KVM calls kvm-ioctls does not wrap (KVM_INTERRUPT, KVM_GET_STATS_FD), the
 //!   memory-slot registration and the exit union's internal-error member.
 //! - [`poll`]: a blocked vCPU's wait on its kick eventfd and wake-up timerfd.
-//! - [`stop_signals`]: SIGINT/SIGTERM handlers that wake the VMM thread.
+//! - [`peek`]: what waits in an API connection's receive queue, left there.
+//! - [`stop_signals`]: SIGINT/SIGTERM/SIGHUP handlers that wake the VMM thread.
 //! - [`terminal`]: raw mode for a terminal on stdin.
 //! - [`thread`]: per-thread knobs (timer slack).
 //! - [`affinity`]: the host CPU a thread runs on, and binding it to one (wake placement).
@@ -27,6 +28,7 @@ pub mod huge_text;
 pub mod kick;
 pub mod kvm;
 pub mod listener;
+pub mod peek;
 pub mod poll;
 pub mod posix_timer;
 pub mod scm;

@@ -137,11 +137,22 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {
-            let outputs = vmm::config::RestoreOutputs {
-                metrics: None,
-                serial: restore.serial.clone(),
+            let taps = |snapshot: &[vmm::config::NetConfig]| {
+                let sent = vmm::host::sys::scm::SentFds::default();
+                vmm::api::restore_taps::resolve(snapshot, &restore.nets, sent)
+                    .map(|taps| taps.nets)
+                    .map_err(|e| e.messages().join(": "))
             };
-            crate::run::restore(&restore.dir, true, restore.memory, outputs, started)
+            let serial = restore.serial.clone();
+            crate::run::restore(
+                &restore.dir,
+                true,
+                restore.memory,
+                None,
+                serial,
+                taps,
+                started,
+            )
         }
         (None, Some(_)) => refused(&ChError::Missing(
             "resume=true in --restore, or --api-socket to resume the VM with vm.resume (a \

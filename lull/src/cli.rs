@@ -72,7 +72,9 @@ pub struct RunArgs {
     /// Build the VM from the snapshot in DIR (written by vm.snapshot, either irqchip mode)
     /// instead of booting a guest; the VM flags are the snapshot's: of them only this run's
     /// outputs go with --restore, --metrics (its report) and --serial (its console, off if
-    /// not given: the saving run's paths are not reused). The
+    /// not given: the saving run's paths are not reused), and --net tap=NAME (once per net of
+    /// the snapshot, in its order: a host tap of the clone's own, the guest's MAC and device
+    /// state kept). The
     /// restored VM starts paused: give --resume to run it (without --api-socket, lull needs
     /// it). With --api-socket, restore through vm.restore instead. See docs/API.md
     /// ("Snapshots").

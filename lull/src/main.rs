@@ -60,13 +60,22 @@ fn main() -> ExitCode {
         return serve_api(&args, socket);
     }
     if let Some(dir) = &args.restore {
-        return match args.vm.outputs_for_restore() {
-            Ok(outputs) => {
+        return match args.vm.for_restore() {
+            Ok(flags) => {
                 let memory = vmm::config::MemoryRestore {
                     mode: args.memory_restore.unwrap_or_default(),
                     prefault: false,
                 };
-                restore(dir, args.resume, memory, outputs, started)
+                let vmm::config::RestoreFlags {
+                    metrics,
+                    serial,
+                    nets,
+                } = flags;
+                let taps = |snapshot: &[vmm::config::NetConfig]| {
+                    vmm::config::restore_nets::on_named_taps(snapshot, &nets)
+                        .map_err(|e| e.to_string())
+                };
+                restore(dir, args.resume, memory, metrics, serial, taps, started)
             }
             Err(e) => {
                 eprintln!("lull: {e}");

@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 use vmm::api::InitialVm;
+use vmm::config::NetConfig;
 use vmm::exit_code;
+use vmm::snapshot::ReadError;
 use vmm::vm::inputs::OtherPaths;
 use vmm::vm::VmError;
 
@@ -140,14 +142,17 @@ pub(crate) fn run_vm(cfg: &vmm::config::VmConfig, other: OtherPaths, started: In
     finish_run(cfg, vmm::vm::run(cfg, other, started))
 }
 
-/// `lull run --restore DIR --resume [--metrics PATH] [--serial MODE]`: the snapshot's VM,
-/// resumed at once, run to its end, its report and console where `outputs` say (never the
+/// `lull run --restore DIR --resume [--metrics PATH] [--serial MODE] [--net tap=NAME ...]`:
+/// the snapshot's VM, its nets on the taps `taps` gives them, resumed at once, run to its
+/// end, its report written to `metrics` and its console where `serial` says (never the
 /// snapshot's own console file unless given again).
 pub(crate) fn restore(
     dir: &std::path::Path,
     resume: bool,
     memory: vmm::config::MemoryRestore,
-    outputs: vmm::config::RestoreOutputs,
+    metrics: Option<std::path::PathBuf>,
+    serial: Option<vmm::config::SerialMode>,
+    taps: impl FnOnce(&[NetConfig]) -> Result<Vec<NetConfig>, String>,
     started: Instant,
 ) -> ExitCode {
     if !resume {
@@ -157,12 +162,16 @@ pub(crate) fn restore(
         );
         return status(exit_code::BAD_INPUT);
     }
-    let mut snapshot = match vmm::snapshot::read(dir) {
+    let mut snapshot = match vmm::snapshot::read_with_taps(dir, taps) {
         Ok(s) => s,
-        Err(e) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
+        Err(ReadError::Snapshot(e)) => return vm_failed(&vmm::vm::VmError::Snapshot(e)),
+        Err(ReadError::Taps(e)) => {
+            eprintln!("lull: {e}");
+            return status(exit_code::BAD_INPUT);
+        }
     };
-    snapshot.manifest.config.metrics = outputs.metrics;
-    if let Some(serial) = outputs.serial {
+    snapshot.manifest.config.metrics = metrics;
+    if let Some(serial) = serial {
         snapshot.manifest.config.serial = serial;
     }
     let cfg = snapshot.manifest.config.clone();

@@ -24,10 +24,11 @@ pub mod knobs;
 mod limits;
 mod memory_restore;
 mod net;
+pub mod restore_nets;
 mod serial;
 mod validate;
 
-pub use args::{RestoreOutputs, VmArgs};
+pub use args::{RestoreFlags, VmArgs};
 pub use disk::{DiskConfig, DiskConfigError};
 pub use error::ConfigError;
 pub use limits::{

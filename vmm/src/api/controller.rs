@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::error::ApiError;
 use super::http::Response;
+use super::restore_taps;
 use super::routes::ApiRequest;
 use super::runner::{self, RunningVm};
 use crate::config::ch::json::AddNet;
@@ -35,6 +36,7 @@ use crate::exit_code;
 use crate::host::sys::scm::SentFds;
 use crate::host::sys::tap::Tap;
 use crate::metrics::RunReport;
+use crate::snapshot::ReadError;
 use crate::state::StopReason;
 use crate::vm::report;
 
@@ -104,8 +106,8 @@ pub struct Controller {
     state: VmState,
     /// The `vm.create` body of the VM, if it was Cloud Hypervisor's `VmConfig`.
     ch_config: Option<Box<serde_json::Value>>,
-    /// Tap fds received with `vm.add-net`, open for as long as the VM's configuration names
-    /// them (`NetConfig::fd`).
+    /// Tap fds received with `vm.add-net` or `vm.restore`, open for as long as the VM's
+    /// configuration names them (`NetConfig::fd`).
     net_fds: Vec<OwnedFd>,
     /// A run ended and no other has started since: the server must take the SIGINT/SIGTERM
     /// handlers back (see [`Controller::take_run_ended`]).
@@ -139,8 +141,8 @@ impl Controller {
         self.handle_with_fds(request, SentFds::default())
     }
 
-    /// Answers one request that came with `fds` (SCM_RIGHTS): `vm.add-net` takes them, any
-    /// other request closes them.
+    /// Answers one request that came with `fds` (SCM_RIGHTS): `vm.add-net` and `vm.restore`
+    /// take them, any other request (or one refused) closes them.
     pub fn handle_with_fds(&mut self, request: ApiRequest, fds: SentFds) -> (Response, Next) {
         // A run that ended by itself is taken note of first; if a signal ended it, lull ends
         // after this answer.
@@ -165,7 +167,7 @@ impl Controller {
             ApiRequest::VmPause => self.pause_or_resume("pause"),
             ApiRequest::VmResume => self.pause_or_resume("resume"),
             ApiRequest::VmSnapshot(dir) => self.snapshot(&dir),
-            ApiRequest::VmRestore(restore) => self.restore(&restore),
+            ApiRequest::VmRestore(restore) => self.restore(&restore, fds),
             ApiRequest::VmmShutdown => {
                 return match self.stop(StopReason::Api) {
                     Ok(code) => (Response::no_content(), Next::Exit(code)),
@@ -208,7 +210,7 @@ impl Controller {
     /// Restores `restore`'s snapshot before the server serves (Cloud Hypervisor's
     /// `--restore`), as `vm.restore` does.
     pub fn restore_at_start(&mut self, restore: &ChRestore) -> Result<(), ApiError> {
-        self.restore(restore).map(|_| ())
+        self.restore(restore, SentFds::default()).map(|_| ())
     }
 
     fn boot(&mut self) -> Result<Response, ApiError> {
@@ -290,7 +292,8 @@ impl Controller {
         if fds.count > 1 || fds.truncated {
             return Err(ApiError::AddNetFds(fds.said()));
         }
-        let device = match (&fds.first, &net.tap) {
+        let first = fds.fds.into_iter().next();
+        let device = match (&first, &net.tap) {
             (None, _) if net.body_fds => return Err(ApiError::AddNetBodyFds),
             (None, None) => return Err(ApiError::AddNetNoTap),
             (None, Some(tap)) => {
@@ -325,7 +328,7 @@ impl Controller {
                 }
             }
         }
-        self.net_fds.extend(fds.first);
+        self.net_fds.extend(first);
         self.state = VmState::Created {
             cfg: Box::new(with),
             boot_failed,
@@ -400,16 +403,27 @@ impl Controller {
     }
 
     /// `vm.restore` of the snapshot in `restore.dir` on a lull with no VM, its memory restored
-    /// as `restore.memory` says: the VM runs, paused, or resumed at once with `restore.resume`;
-    /// its console goes where `serial` says (never to the snapshot's own console file unless
-    /// `serial` names it).
-    fn restore(&mut self, restore: &ChRestore) -> Result<Response, ApiError> {
+    /// as `restore.memory` says, the nets `net_fds` names on the tap fds given (`fds`, sent
+    /// with the request: `restore_taps`): the VM runs, paused, or resumed at once with
+    /// `restore.resume`; its console goes where `serial` says (never to the snapshot's own
+    /// console file unless `serial` names it).
+    fn restore(&mut self, restore: &ChRestore, fds: SentFds) -> Result<Response, ApiError> {
         let dir = &restore.dir;
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
-        let mut snapshot = crate::snapshot::read(dir)
-            .map_err(|e| ApiError::Restore(crate::vm::VmError::Snapshot(e)))?;
+        // The sent fds the nets take, kept open while the VM runs.
+        let mut keep = Vec::new();
+        let mut snapshot = crate::snapshot::read_with_taps(dir, |nets| {
+            restore_taps::resolve(nets, &restore.nets, fds).map(|taps| {
+                keep = taps.keep;
+                taps.nets
+            })
+        })
+        .map_err(|e| match e {
+            ReadError::Snapshot(e) => ApiError::Restore(crate::vm::VmError::Snapshot(e)),
+            ReadError::Taps(e) => e,
+        })?;
         if let Some(serial) = &restore.serial {
             snapshot.manifest.config.serial = serial.clone();
         }
@@ -424,6 +438,7 @@ impl Controller {
             restore.memory.mode.name()
         );
         self.state = VmState::Running { cfg, vm };
+        self.net_fds = keep;
         if restore.resume {
             return self.pause_or_resume("resume");
         }

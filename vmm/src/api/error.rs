@@ -156,6 +156,29 @@ pub enum ApiError {
     /// The fd sent with `vm.add-net` is not a usable tap.
     #[error("vm.add-net: the fd sent is not a usable tap")]
     AddNetFd(#[source] crate::host::sys::tap::TapError),
+    /// `vm.restore` with another count of fds sent than its `net_fds` names.
+    #[error(
+        "vm.restore: net_fds names {want} fd(s) and {sent} were sent with the request: send \
+         one tap fd (SCM_RIGHTS) for each net listed, in the order listed"
+    )]
+    RestoreNetFds {
+        /// The fds `net_fds` names.
+        want: usize,
+        /// The fds sent, as [`SentFds::said`](crate::host::sys::scm::SentFds::said) says.
+        sent: String,
+    },
+    /// A `net_fds` that names no net, or one net twice, or too many fds for one.
+    #[error("vm.restore: {0}")]
+    RestoreNets(crate::config::restore_nets::RestoreNetsError),
+    /// An fd given in `net_fds` that is not a usable tap.
+    #[error("vm.restore: the fd given for {id} is not a usable tap")]
+    RestoreNetFd {
+        /// The net's id.
+        id: String,
+        /// Why.
+        #[source]
+        source: crate::host::sys::tap::TapError,
+    },
     /// `vm.power-button`: lull's machine has no ACPI.
     #[error(
         "lull's machine has no ACPI power button, so the guest cannot be asked to power off: \
@@ -222,6 +245,9 @@ impl ApiError {
             | Self::AddNetBodyFds
             | Self::AddNetFds(_)
             | Self::AddNetFd(_)
+            | Self::RestoreNetFds { .. }
+            | Self::RestoreNets(_)
+            | Self::RestoreNetFd { .. }
             | Self::ConfigInputs(_)
             | Self::SnapshotJson(_)
             | Self::SnapshotUrl(_) => 400,
@@ -260,9 +286,12 @@ impl ApiError {
     /// lull's exit status when the API cannot be served at all (see [`crate::exit_code`]).
     pub fn exit_status(&self) -> i32 {
         match self {
-            Self::Socket { .. } | Self::SocketExists(_) | Self::Inherited(_) => {
-                crate::exit_code::BAD_INPUT
-            }
+            Self::Socket { .. }
+            | Self::SocketExists(_)
+            | Self::Inherited(_)
+            | Self::RestoreNetFds { .. }
+            | Self::RestoreNets(_)
+            | Self::RestoreNetFd { .. } => crate::exit_code::BAD_INPUT,
             // A snapshot refused at start (`--restore`): as `lull run --restore` says it.
             Self::Restore(e) => crate::exit_code::for_vm_error(e),
             _ => crate::exit_code::VMM_FAILURE,

@@ -41,6 +41,7 @@ pub mod controller;
 mod error;
 pub mod http;
 mod limits;
+pub mod restore_taps;
 pub mod routes;
 pub mod runner;
 pub mod server;

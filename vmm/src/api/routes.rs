@@ -353,6 +353,7 @@ mod tests {
             dir: "/tmp/s".into(),
             resume: false,
             memory: MemoryRestore::default(),
+            nets: Vec::new(),
             serial: None,
         };
         assert_eq!(
@@ -381,13 +382,29 @@ mod tests {
                 dir: "/tmp/s".into(),
                 resume: true,
                 memory: MemoryRestore::default(),
+                nets: Vec::new(),
                 serial: None,
             })
+        );
+        // net_fds as Cloud Hypervisor's clients send it: counts, the fds with the request.
+        let with_fds =
+            r#"{"source_url": "file:///tmp/s", "net_fds": [{"id": "net0", "fds": [3]}]}"#;
+        let Ok(ApiRequest::VmRestore(got)) = route(&request("PUT", "/api/v1/vm.restore", with_fds))
+        else {
+            panic!("{with_fds}");
+        };
+        assert_eq!(
+            got.nets,
+            [crate::config::ch::restore::RestoredNet {
+                id: "net0".into(),
+                fds: crate::config::ch::restore::NetFds::Sent(1),
+            }]
         );
         for bad in [
             r#"{"source_url": "/tmp/s"}"#,
             r#"{"source_url": "file:///tmp/s", "memory_restore_mode": "Lazy"}"#,
-            r#"{"source_url": "file:///tmp/s", "net_fds": [{"id": "net0", "fds": [3]}]}"#,
+            r#"{"source_url": "file:///tmp/s", "net_fds": [{"id": "net0", "fds": [3, 4]}]}"#,
+            r#"{"source_url": "file:///tmp/s", "net_fds": "[net0@[3]]"}"#,
             r#"{"source_url": "file:///tmp/s", "extra": 1}"#,
             r#"{"prefault": true}"#,
             "[]",

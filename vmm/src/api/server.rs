@@ -121,7 +121,7 @@ struct Client {
     conn: Conn,
     watching: EventSet,
     /// Descriptors sent with the bytes read (SCM_RIGHTS), for the next request answered
-    /// (a client sends them with its request's first write): the first kept, all counted.
+    /// (a client sends them with its request's first write): kept, all counted.
     fds: SentFds,
     /// Its reading was shut down to close it, and it held bytes: served to its end, then
     /// closed (never retired twice).

@@ -87,14 +87,17 @@ pub struct VmArgs {
     pub config: Option<PathBuf>,
 }
 
-/// The outputs of a restored run its caller gives: a snapshot's own are its saving run's,
-/// never reused (`crate::snapshot::read` drops them).
+/// What the VM flags given with `--restore` say ([`VmArgs::for_restore`]): the outputs of
+/// the restored run (a snapshot's own are its saving run's, never reused:
+/// `crate::snapshot::read` drops them) and the host taps of its nets.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct RestoreOutputs {
+pub struct RestoreFlags {
     /// `--metrics`: where this run writes its report.
     pub metrics: Option<PathBuf>,
     /// `--serial`: where the restored VM's console goes (`None`: the default, stdio).
     pub serial: Option<crate::config::SerialMode>,
+    /// `--net`s: a host tap for each of the snapshot's nets, in order (none: the snapshot's).
+    pub nets: Vec<super::NetConfig>,
 }
 
 impl VmArgs {
@@ -105,14 +108,15 @@ impl VmArgs {
 
     /// With `--restore` the VM is the snapshot's: of these flags only the run's outputs,
     /// `--metrics` (where this run writes its report) and `--serial` (where its console goes),
-    /// may be given. Those; the flags that may not be given, or `--config`, are refused by
+    /// and `--net` (the host taps of the snapshot's nets, see [`super::restore_nets`]) may be
+    /// given. What they say; the flags that may not be given, or `--config`, are refused by
     /// name.
-    pub fn outputs_for_restore(&self) -> Result<RestoreOutputs, ConfigError> {
+    pub fn for_restore(&self) -> Result<RestoreFlags, ConfigError> {
         let mut refused: Vec<String> = self
             .flags
             .given()
             .into_iter()
-            .filter(|flag| flag != "--metrics" && flag != "--serial")
+            .filter(|flag| flag != "--metrics" && flag != "--serial" && flag != "--net")
             .collect();
         if self.config.is_some() {
             refused.push("--config".to_string());
@@ -128,9 +132,10 @@ impl VmArgs {
             .iter()
             .any(|f| f == "--serial")
             .then_some(cfg.serial);
-        Ok(RestoreOutputs {
+        Ok(RestoreFlags {
             metrics: cfg.metrics,
             serial,
+            nets: cfg.nets,
         })
     }
 
@@ -305,26 +310,33 @@ mod tests {
     }
 
     #[test]
-    fn restore_takes_metrics_and_serial_and_names_every_other_flag() {
-        assert_eq!(
-            parsed(&[]).outputs_for_restore().unwrap(),
-            RestoreOutputs::default()
-        );
+    fn restore_takes_metrics_serial_and_nets_and_names_every_other_flag() {
+        assert_eq!(parsed(&[]).for_restore().unwrap(), RestoreFlags::default());
         assert_eq!(
             parsed(&["--serial", "file=/c"])
-                .outputs_for_restore()
+                .for_restore()
                 .unwrap()
                 .serial,
             Some(SerialMode::File("/c".into()))
         );
         assert_eq!(
-            parsed(&["--metrics", "/m.json"])
-                .outputs_for_restore()
-                .unwrap()
-                .metrics,
-            Some(PathBuf::from("/m.json"))
+            parsed(&["--metrics", "/m.json", "--net", "tap=t0", "--net", "tap=t1"])
+                .for_restore()
+                .unwrap(),
+            RestoreFlags {
+                metrics: Some(PathBuf::from("/m.json")),
+                serial: None,
+                nets: vec!["tap=t0".parse().unwrap(), "tap=t1".parse().unwrap()],
+            }
         );
-        let refused = |args: &[&str]| match parsed(args).outputs_for_restore() {
+        let all = parsed(&["--metrics", "/m", "--serial", "off", "--net", "tap=t0"])
+            .for_restore()
+            .unwrap();
+        assert_eq!(
+            (all.metrics.is_some(), all.serial, all.nets.len()),
+            (true, Some(SerialMode::Off), 1)
+        );
+        let refused = |args: &[&str]| match parsed(args).for_restore() {
             Err(ConfigError::FlagsWithRestore(flags)) => flags,
             other => panic!("{args:?}: {other:?}"),
         };
@@ -336,9 +348,11 @@ mod tests {
                 "--timer-model",
                 "pull",
                 "--net",
-                "tap=t0"
+                "tap=t0",
+                "--disk",
+                "path=/d"
             ]),
-            "--timer-model, --net"
+            "--timer-model, --disk"
         );
         assert_eq!(refused(&["--config", "/vm.json"]), "--config");
     }

@@ -82,12 +82,16 @@ pub enum ConfigError {
     /// An idle-manager knob was given without the user irqchip.
     #[error("{0} needs --irqchip user (with --irqchip kernel, KVM decides when vCPUs run)")]
     NeedsUserIrqchip(&'static str),
-    /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics` and
-    /// `--serial` aside).
+    /// VM flags given with `--restore`, whose VM is the snapshot's (`--metrics`, `--serial`
+    /// and `--net` aside).
     #[error(
         "{0} cannot be given with --restore: the restored VM is the snapshot's, as it was \
          saved; of the VM's flags only this run's outputs, --metrics (its report) and \
-         --serial (its console), go with --restore"
+         --serial (its console), and --net tap=NAME (a tap of its own for each of the \
+         snapshot's nets) go with --restore"
     )]
     FlagsWithRestore(String),
+    /// `--net` with `--restore` that cannot replace the snapshot's taps.
+    #[error(transparent)]
+    RestoreNets(#[from] super::restore_nets::RestoreNetsError),
 }

@@ -251,11 +251,13 @@ impl Manifest {
 }
 
 impl Manifest {
-    /// Fails unless every tap of the VM exists (`exists` says whether an interface does).
-    /// Restore attaches to each by name, fd-passed ones too (the snapshot's configuration
-    /// names the tap their descriptor was attached to).
+    /// Fails unless every tap the VM attaches to by name exists (`exists` says whether an
+    /// interface does). A restore attaches to each by name, fd-passed ones too (the
+    /// snapshot's configuration names the tap their descriptor was attached to), unless it
+    /// was given a tap fd of its own for the net (`net_fds`).
     pub fn check_taps(&self, exists: impl Fn(&str) -> bool) -> Result<(), SnapshotError> {
-        match self.config.nets.iter().find(|n| !exists(&n.tap)) {
+        let mut by_name = self.config.nets.iter().filter(|n| n.fd.is_none());
+        match by_name.find(|n| !exists(&n.tap)) {
             Some(n) => Err(SnapshotError::TapMissing {
                 name: n.tap.clone(),
             }),

@@ -32,12 +32,13 @@
 //! format or lull version, a snapshot from a CPU of another vendor or with a CPU feature this
 //! host lacks, memory regions that are not the layout of the VM's memory size, a memory file
 //! whose size is not the manifest's (truncated or replaced), a disk missing or resized since,
-//! a tap that does not exist on this host (a restore attaches to each tap by name, also one
-//! the VM had as a passed descriptor: the manifest names its tap), a vCPU or device file
-//! whose checksum or content is wrong,
+//! a tap missing, a vCPU or device file whose checksum or content is wrong,
 //! and files too large to be a manifest or a vCPU's state; it never panics on what it reads
 //! (the `snapshot` fuzz target feeds [`parse_manifest`], [`parse_vcpu`] and
-//! [`parse_devices`], and restores what the last accepts onto a virtio device).
+//! [`parse_devices`], and restores what the last accepts onto a virtio device). A tap the VM
+//! attaches to by name must exist on this host (a restore never creates one): the
+//! snapshot's, or the one the caller gives a clone's net instead ([`read_with_taps`],
+//! `config::restore_nets`); a net given a tap fd needs no name.
 //!
 //! What a restore trusts: a snapshot is guest state, not an instruction to the host. The
 //! outputs its configuration names (the saving run's `--metrics` and `--serial file=`) are
@@ -63,6 +64,7 @@ use std::path::{Path, PathBuf};
 pub use error::SnapshotError;
 pub use manifest::{Manifest, VcpuFile, FORMAT_VERSION, LULL_VERSION};
 
+use crate::config::NetConfig;
 use crate::vcpu::state::VcpuKvmState;
 
 pub use error::MAX_SMALL_FILE;
@@ -233,9 +235,39 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
     Manifest::parse(bytes, &host_cpu_vendor())
 }
 
+/// Why [`read_with_taps`] failed.
+#[derive(Debug)]
+pub enum ReadError<E> {
+    /// The snapshot is refused.
+    Snapshot(SnapshotError),
+    /// The caller's taps for its nets are.
+    Taps(E),
+}
+
 /// Reads the snapshot in `dir` and checks every file against its manifest; drops the saving
 /// run's outputs (see [`Snapshot`]).
 pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
+    read_with_taps(dir, |nets| Ok::<_, std::convert::Infallible>(nets.to_vec())).map_err(
+        |e| match e {
+            ReadError::Snapshot(e) => e,
+            ReadError::Taps(never) => match never {},
+        },
+    )
+}
+
+/// [`read`], the VM's nets given the host taps `taps` returns for them (a clone's own:
+/// `config::restore_nets`) before the taps are checked to exist.
+pub fn read_with_taps<E>(
+    dir: &Path,
+    taps: impl FnOnce(&[NetConfig]) -> Result<Vec<NetConfig>, E>,
+) -> Result<Snapshot, ReadError<E>> {
+    let mut manifest = read_manifest(dir).map_err(ReadError::Snapshot)?;
+    manifest.config.nets = taps(&manifest.config.nets).map_err(ReadError::Taps)?;
+    read_rest(dir, manifest).map_err(ReadError::Snapshot)
+}
+
+/// The manifest in `dir`, checked against the memory file, the host's CPU and the disks.
+fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {
     let mut manifest = parse_manifest(&read_small(&dir.join(MANIFEST))?)?;
     manifest.config.metrics = None;
     if matches!(manifest.config.serial, crate::config::SerialMode::File(_)) {
@@ -259,7 +291,13 @@ pub fn read(dir: &Path) -> Result<Snapshot, SnapshotError> {
     }
     manifest.check_cpu_flags(&host_cpu_flags())?;
     manifest.check_disks()?;
+    Ok(manifest)
+}
+
+/// The rest of the snapshot in `dir` of `manifest`, its taps checked first.
+fn read_rest(dir: &Path, manifest: Manifest) -> Result<Snapshot, SnapshotError> {
     manifest.check_taps(crate::host::sys::tap::interface_exists)?;
+    let memory = dir.join(&manifest.memory_file);
     let mut vcpus = Vec::new();
     for (index, entry) in manifest.vcpus.iter().enumerate() {
         let path = dir.join(&entry.file);

@@ -239,6 +239,7 @@ mod tests {
                 prefault: true,
                 ..Default::default()
             },
+            nets: Vec::new(),
             serial: None,
         };
         assert_eq!(l.restore, Some(paused));

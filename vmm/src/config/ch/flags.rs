@@ -456,6 +456,10 @@ fn add_lull_knobs(p: &mut Parsed, _: &str, v: Vec<String>) -> Result<(), ChError
 
 fn set_restore(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
     let opts = options::split(name, &one(v));
-    p.launch.restore = Some(restore::restore(&opts, &mut p.launch.notes)?);
+    p.launch.restore = Some(restore::restore(
+        &opts,
+        restore::Front::Flag,
+        &mut p.launch.notes,
+    )?);
     Ok(())
 }

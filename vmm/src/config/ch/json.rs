@@ -148,7 +148,7 @@ pub fn add_net(body: &Map<String, Value>) -> Result<AddNet, ChError> {
 pub fn restore(body: &Map<String, Value>) -> Result<(ChRestore, Vec<String>), ChError> {
     let mut notes = Vec::new();
     let opts = opts("vm.restore", &Value::Object(body.clone()))?;
-    let restore = super::restore::restore(&opts, &mut notes)?;
+    let restore = super::restore::restore(&opts, super::restore::Front::Api, &mut notes)?;
     Ok((restore, notes))
 }
 

@@ -28,12 +28,13 @@ pub struct Received {
     pub truncated: bool,
 }
 
-/// The descriptors sent with one request, over however many reads: the first kept, every
-/// other closed as it comes (a request takes at most one), all counted.
+/// The descriptors sent with one request, over however many reads: kept in the order they
+/// came, up to [`MAX_FDS_PER_MESSAGE`] (any more are closed as they come), all counted.
+/// `vm.add-net` takes one, `vm.restore` one per net it names; dropping them closes them.
 #[derive(Debug, Default)]
 pub struct SentFds {
-    /// The first descriptor sent.
-    pub first: Option<OwnedFd>,
+    /// The descriptors kept, in the order sent.
+    pub fds: Vec<OwnedFd>,
     /// How many were received.
     pub count: usize,
     /// Some read was truncated: more were sent than [`SentFds::count`].
@@ -45,11 +46,14 @@ impl SentFds {
     pub fn add(&mut self, received: Received) {
         self.count += received.fds.len();
         self.truncated |= received.truncated;
-        for fd in received.fds {
-            if self.first.is_none() {
-                self.first = Some(fd);
-            }
-        }
+        let room = MAX_FDS_PER_MESSAGE.saturating_sub(self.fds.len());
+        self.fds.extend(received.fds.into_iter().take(room));
+    }
+
+    /// Whether every descriptor received is kept: none was truncated or closed for lack of
+    /// room.
+    pub fn complete(&self) -> bool {
+        !self.truncated && self.fds.len() == self.count
     }
 
     /// How many were sent, as a message says it: `3`, or `more than 253`.

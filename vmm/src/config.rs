@@ -254,7 +254,7 @@ pub struct VmConfig {
     /// `log`: it is allowed and logged by the kernel (find what a new path needs); `off`: no
     /// filter. Default: on.
     #[arg(long, value_enum, value_name = "MODE")]
-    pub seccomp: crate::host::seccomp::SeccompMode,
+    pub seccomp: crate::config::knobs::SeccompMode,
 
     /// KVM's paravirtual EOI with `--irqchip user`: lull advertises it in CPUID and the guest
     /// ends an interrupt by clearing a flag in its memory instead of writing the EOI register
@@ -346,7 +346,7 @@ impl Default for VmConfig {
             global_timers: None,
             serial: SerialMode::Stdio,
             metrics: None,
-            seccomp: crate::host::seccomp::SeccompMode::On,
+            seccomp: crate::config::knobs::SeccompMode::On,
             pv_eoi: Switch::On,
             pv_deadline: Switch::On,
             x2apic: Switch::On,

@@ -25,6 +25,7 @@ mod limits;
 mod memory_restore;
 mod net;
 mod serial;
+mod snapshot_url;
 mod validate;
 
 pub use args::{RestoreOutputs, VmArgs};
@@ -37,6 +38,7 @@ pub use limits::{
 pub use memory_restore::{MemoryRestore, MemoryRestoreMode};
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 pub use serial::{SerialMode, SerialModeError};
+pub use snapshot_url::{dir_of_url, SnapshotUrlError};
 
 /// Which interrupt controller model the VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

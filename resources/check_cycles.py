@@ -9,6 +9,10 @@ a module's file and its children (`foo/mod.rs` uses `foo::bar`, whose file impor
 defined in `foo/mod.rs`), siblings (a.rs uses b.rs, b.rs uses a.rs), and longer rounds.
 Cycles wholly inside a directory listed in the allow-list file are reported but pass.
 
+Then check_layers.py checks each crate module to module, from the same parse: no cycle between
+its top-level modules, and in a crate whose root has a `layers:` line, no import up that order
+(see there). The allow-list does not apply to it.
+
 What it sees:
 - the module tree, from the crate root (lib.rs, main.rs) through `mod x;` and `mod x { .. }`,
   with `#[path = "..."]`; a `mod x;` whose file is missing is an error (exit status 2);
@@ -522,7 +526,11 @@ def check(srcs, allow, root, out=sys.stdout):
         for crate_root in crate_roots(src):
             crate = Crate(crate_root)
             bad += check_files(crate, allow, root, used, out)
-            bad += check_modules(crate, crate_root, root, out)
+            try:
+                bad += check_layers.check_modules(crate, crate_root, root, out,
+                                                  strongly_connected)
+            except check_layers.LayerError as e:
+                raise InputError(str(e)) from e
     for d in allow:
         if d not in used:
             print(f"allow-list entry {d} has no cycle left: delete it", file=out)
@@ -553,37 +561,6 @@ def check_files(crate, allow, root, used, out):
                     more = len(graph[a][b]) - 1
                     tail = f" (+{more} more)" if more else ""
                     print(f"  {rel(a)}:{line} uses {rel(b)}: {text}{tail}", file=out)
-    return bad
-
-
-def check_modules(crate, crate_root, root, out):
-    """The module-level cycles and upward imports of a crate (check_layers.py); returns their
-    number."""
-    try:
-        layers = check_layers.read_layers(crate_root, crate.root.children)
-    except check_layers.LayerError as e:
-        raise InputError(str(e)) from e
-    graph = check_layers.module_edges(crate)
-    rel = rel_to(root)
-    crate_dir = rel(os.path.dirname(crate_root))
-
-    def where(a, b):
-        file, line, text = graph[a][b][0]
-        more = len(graph[a][b]) - 1
-        tail = f" (+{more} more)" if more else ""
-        return f"{rel(file)}:{line} {text}{tail}"
-
-    bad = 0
-    for comp in strongly_connected(graph):
-        bad += 1
-        print(f"module cycle in {crate_dir}: {', '.join(comp)}", file=out)
-        for a in comp:
-            for b in sorted(graph[a]):
-                if b in comp:
-                    print(f"  {a} -> {b}: {where(a, b)}", file=out)
-    for a, b, why in check_layers.upward_edges(graph, layers) if layers else []:
-        bad += 1
-        print(f"upward import in {crate_dir}: {why}: {where(a, b)}", file=out)
     return bad
 
 

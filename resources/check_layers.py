@@ -22,6 +22,7 @@ the crate a user builds; paths to other crates, doc comments and strings are ign
   status 2).
 """
 
+import os
 import re
 
 LAYERS_LINE = re.compile(r"^\s*//!\s*`?layers:\s*([^;`]*);\s*leaves:\s*([^`]*)`?\s*$")
@@ -120,3 +121,34 @@ def upward_edges(graph, layers):
                 continue
             out.append((source, dest, why))
     return out
+
+
+def check_modules(crate, crate_root, root, out, strongly_connected):
+    """Prints the module-level cycles and upward imports of a crate (a check_cycles.Crate read
+    from crate_root), paths relative to root; returns their number."""
+    layers = read_layers(crate_root, crate.root.children)
+    graph = module_edges(crate)
+
+    def rel(f):
+        return os.path.relpath(f, root)
+
+    crate_dir = rel(os.path.dirname(crate_root))
+
+    def where(a, b):
+        file, line, text = graph[a][b][0]
+        more = len(graph[a][b]) - 1
+        tail = f" (+{more} more)" if more else ""
+        return f"{rel(file)}:{line} {text}{tail}"
+
+    bad = 0
+    for comp in strongly_connected(graph):
+        bad += 1
+        print(f"module cycle in {crate_dir}: {', '.join(comp)}", file=out)
+        for a in comp:
+            for b in sorted(graph[a]):
+                if b in comp:
+                    print(f"  {a} -> {b}: {where(a, b)}", file=out)
+    for a, b, why in upward_edges(graph, layers) if layers else []:
+        bad += 1
+        print(f"upward import in {crate_dir}: {why}: {where(a, b)}", file=out)
+    return bad

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of check_cycles.py and check_layers.py on small crates written to a temporary directory: each tree with a
-cycle must fail and name the files, each without must pass. Ends with a cargo-style
+"""Tests of check_cycles.py and check_layers.py on small crates written to a temporary
+directory: each tree with a cycle (or an import up its layers) must fail and name the files,
+each without must pass. Ends with a cargo-style
 `test result:` line so that .ci/run counts these tests with the others."""
 
 import io

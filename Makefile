@@ -15,7 +15,7 @@ help:
 	@echo "make run            build lull and the kit, boot the default guest (Linux) on this terminal"
 	@echo "make run GUEST=hello  boot a test guest from target/kit/guests instead"
 	@echo "make test           format check, clippy, import cycles, unit, property, loom and integration tests"
-	@echo "make check-cycles   no file-level import cycle in the crates (resources/check_cycles.py)"
+	@echo "make check-cycles   no file- or module-level import cycle in the crates, no import up vmm's layers"
 	@echo "make loom-tests     the timer crate's loom models (LOOM_MAX_PREEMPTIONS=N searches deeper)"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
@@ -65,7 +65,9 @@ clippy:
 	$(FUZZ_CHECK) $(CARGO) clippy --all-targets -- -D warnings
 
 # No file-level import cycle (a module's file and its children, siblings) in any crate, but in
-# the modules resources/check_cycles.allow lists (the check's own tests first).
+# the modules resources/check_cycles.allow lists; no cycle between a crate's top-level modules,
+# and no import up the `layers:` line of vmm/src/lib.rs (resources/check_layers.py). The
+# checks' own tests first.
 CYCLE_CRATES := vmm/src lull/src bench/src devices/src timer/src schema/src kit/src tests/src fuzz/src
 check-cycles:
 	python3 resources/test_check_cycles.py

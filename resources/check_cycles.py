@@ -9,6 +9,10 @@ a module's file and its children (`foo/mod.rs` uses `foo::bar`, whose file impor
 defined in `foo/mod.rs`), siblings (a.rs uses b.rs, b.rs uses a.rs), and longer rounds.
 Cycles wholly inside a directory listed in the allow-list file are reported but pass.
 
+Then check_layers.py checks each crate module to module, from the same parse: no cycle between
+its top-level modules, and in a crate whose root has a `layers:` line, no import up that order
+(see there). The allow-list does not apply to it.
+
 What it sees:
 - the module tree, from the crate root (lib.rs, main.rs) through `mod x;` and `mod x { .. }`,
   with `#[path = "..."]`; a `mod x;` whose file is missing is an error (exit status 2);
@@ -41,6 +45,8 @@ import argparse
 import os
 import re
 import sys
+
+import check_layers
 
 ITEM_KEYWORDS = {"fn", "struct", "enum", "union", "trait", "type", "const", "static"}
 IDENT = re.compile(r"(?:r#)?[A-Za-z_][A-Za-z0-9_]*")
@@ -141,7 +147,10 @@ class Module:
         self.globs = []  # path segments
         self.refs = []  # (line, path segments, glob) named here
         self.reexports = set()  # names imported by a `pub use`
+        self.reexport_refs = []  # (line, path segments, glob) of each `pub use`
         self.names = []  # (line, identifier) outside paths and `use`
+        # Test code: declared `#[cfg(test)] mod`, or inside such a module.
+        self.test = parent is not None and parent.test
 
     def path(self):
         names = []
@@ -166,6 +175,28 @@ def is_pub(tokens, i):
             j -= 1
         j -= 1
     return j >= 0 and tokens[j][1] == "pub"
+
+
+def is_cfg_test_mod(tokens, i):
+    """Whether tokens[i] starts `#[cfg(test)]` on a module (other attributes and `pub` may
+    follow it before `mod`)."""
+    if [t[1] for t in tokens[i:i + 7]] != ["#", "[", "cfg", "(", "test", ")", "]"]:
+        return False
+    j = i + 7
+    while j < len(tokens) and tokens[j][0] == "#":  # further attributes
+        depth, j = 0, j + 1
+        while j < len(tokens):
+            depth += {"[": 1, "]": -1}.get(tokens[j][0], 0)
+            j += 1
+            if depth == 0:
+                break
+    if j < len(tokens) and tokens[j][1] == "pub":
+        j += 1
+        if j < len(tokens) and tokens[j][0] == "(":
+            while j < len(tokens) and tokens[j][0] != ")":
+                j += 1
+            j += 1
+    return j < len(tokens) and tokens[j][1] == "mod"
 
 
 def parse_use_tree(tokens, i, prefix, out):
@@ -214,10 +245,11 @@ class Crate:
         directory = os.path.dirname(root_file)
         self.root = self.load(root_file, None, None, directory)
 
-    def load(self, file, name, parent, directory):
+    def load(self, file, name, parent, directory, test=False):
         with open(file, encoding="utf-8") as f:
             tokens = tokenize(f.read())
         module = Module(name, parent, file, directory)
+        module.test = module.test or test
         if parent is not None:
             parent.children[name] = module
         self.files[file] = module
@@ -242,6 +274,7 @@ class Crate:
         stack = [(top, 0)]  # (module, brace depth its body is at)
         depth = 0
         path_attr = None
+        test_mod = False
         i = 0
         while i < len(tokens):
             kind, value, line = tokens[i]
@@ -257,22 +290,26 @@ class Crate:
                     and tokens[i + 2][1] == "path" and tokens[i + 3][0] == "=" \
                     and tokens[i + 4][0] == "str":
                 path_attr = tokens[i + 4][1]  # #[path = "x.rs"]; other attributes: as code
+            elif kind == "#" and is_cfg_test_mod(tokens, i):
+                test_mod = True
             elif kind == "id" and value == "mod" and i + 2 < len(tokens) and tokens[i + 1][0] == "id":
                 name = tokens[i + 1][1]
                 if tokens[i + 2][0] == ";":
                     file, sub = self.child_file(module, name, path_attr)
                     if not os.path.isfile(file):
                         raise InputError(f"{module.file}:{line}: `mod {name};` has no file {file}")
-                    self.load(file, name, module, sub or os.path.join(os.path.dirname(file), name))
-                    path_attr = None
+                    self.load(file, name, module, sub or os.path.join(os.path.dirname(file), name),
+                              test_mod)
+                    path_attr, test_mod = None, False
                     i += 3
                     continue
                 if tokens[i + 2][0] == "{":
                     child = Module(name, module, module.file, os.path.join(module.directory, name))
+                    child.test = child.test or test_mod
                     module.children[name] = child
                     depth += 1
                     stack.append((child, depth))
-                    path_attr = None
+                    path_attr, test_mod = None, False
                     i += 3
                     continue
             elif kind == "id" and value == "use" and (i == 0 or tokens[i - 1][0] != "::"):
@@ -288,6 +325,8 @@ class Crate:
                             module.reexports.add(alias)
                     if not reexport:
                         module.refs.append((line, segs, glob))
+                    else:
+                        module.reexport_refs.append((line, segs, glob))
                 while j < len(tokens) and tokens[j][0] != ";":
                     j += 1
                 i = j + 1
@@ -475,7 +514,8 @@ def crate_roots(src):
 
 
 def check(srcs, allow, root, out=sys.stdout):
-    """Prints every cycle; returns the number of cycles not allowed."""
+    """Prints every cycle (file- and module-level) and upward import; returns the number of
+    them not allowed."""
     for d in allow:
         path = os.path.join(root, d)
         if not os.path.isdir(path) and not os.path.isfile(path + ".rs"):
@@ -485,26 +525,42 @@ def check(srcs, allow, root, out=sys.stdout):
     for src in srcs:
         for crate_root in crate_roots(src):
             crate = Crate(crate_root)
-            graph = crate.edges()
-            for comp in strongly_connected(graph):
-                ok = allowed(comp, allow, root)
-                used.update(d for d in allow if allowed(comp, [d], root))
-                bad += not ok
-                rel = lambda f: os.path.relpath(f, root)  # noqa: E731
-                label = "allowed cycle" if ok else "cycle"
-                print(f"{label}: {', '.join(rel(f) for f in comp)}", file=out)
-                if ok:
-                    continue
-                for a in comp:
-                    for b in sorted(graph[a]):
-                        if b in comp:
-                            line, text = graph[a][b][0]
-                            more = len(graph[a][b]) - 1
-                            tail = f" (+{more} more)" if more else ""
-                            print(f"  {rel(a)}:{line} uses {rel(b)}: {text}{tail}", file=out)
+            bad += check_files(crate, allow, root, used, out)
+            try:
+                bad += check_layers.check_modules(crate, crate_root, root, out,
+                                                  strongly_connected)
+            except check_layers.LayerError as e:
+                raise InputError(str(e)) from e
     for d in allow:
         if d not in used:
             print(f"allow-list entry {d} has no cycle left: delete it", file=out)
+    return bad
+
+
+def rel_to(root):
+    return lambda f: os.path.relpath(f, root)
+
+
+def check_files(crate, allow, root, used, out):
+    """The file-level cycles of a crate (see the module doc); returns those not allowed."""
+    graph = crate.edges()
+    rel = rel_to(root)
+    bad = 0
+    for comp in strongly_connected(graph):
+        ok = allowed(comp, allow, root)
+        used.update(d for d in allow if allowed(comp, [d], root))
+        bad += not ok
+        label = "allowed cycle" if ok else "cycle"
+        print(f"{label}: {', '.join(rel(f) for f in comp)}", file=out)
+        if ok:
+            continue
+        for a in comp:
+            for b in sorted(graph[a]):
+                if b in comp:
+                    line, text = graph[a][b][0]
+                    more = len(graph[a][b]) - 1
+                    tail = f" (+{more} more)" if more else ""
+                    print(f"  {rel(a)}:{line} uses {rel(b)}: {text}{tail}", file=out)
     return bad
 
 
@@ -521,10 +577,12 @@ def main(argv=None):
         print(f"check_cycles: {e}", file=sys.stderr)
         return 2
     if bad:
-        print(f"check_cycles: {bad} file-level import cycle(s): move what both sides need to a "
-              "file of its own (see resources/check_cycles.py)", file=sys.stderr)
+        print(f"check_cycles: {bad} import cycle(s) or upward import(s): move what both sides "
+              "need to a file of its own, or an item to the lowest layer that uses it (see "
+              "resources/check_cycles.py, resources/check_layers.py)", file=sys.stderr)
         return 1
-    print(f"check_cycles: no file-level import cycle in {' '.join(args.srcs)}")
+    print(f"check_cycles: no file- or module-level import cycle, no upward import in "
+          f"{' '.join(args.srcs)}")
     return 0
 
 

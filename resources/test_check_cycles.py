@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Tests of check_cycles.py on small crates written to a temporary directory: each tree with a
-cycle must fail and name the files, each without must pass. Ends with a cargo-style
+"""Tests of check_cycles.py and check_layers.py on small crates written to a temporary
+directory: each tree with a cycle (or an import up its layers) must fail and name the files,
+each without must pass. Ends with a cargo-style
 `test result:` line so that .ci/run counts these tests with the others."""
 
 import io
@@ -116,9 +117,10 @@ class CheckCycles(unittest.TestCase):
             "a.rs": "pub fn f() { crate::b::g() }\n",
             "b.rs": "use super::a::{self};\npub fn g() {}\npub fn h() { a::f() }\n",
         })
-        self.assertEqual(bad, 1, report)
+        self.assertEqual(bad, 2, report)  # the files' cycle, and the same as modules'
         self.assertIn("cycle: src/a.rs, src/b.rs", report)
         self.assertIn("src/b.rs:3 uses src/a.rs: a::f", report)
+        self.assertIn("module cycle in src: a, b", report)
 
     def test_one_way_use_comments_strings_and_other_crates_are_no_cycle(self):
         bad, report = run_check({
@@ -166,6 +168,88 @@ class CheckCycles(unittest.TestCase):
     def test_a_module_without_its_file_is_an_error(self):
         with self.assertRaises(check_cycles.InputError):
             run_check({"lib.rs": "mod missing;\n"})
+
+
+# Modules a and b import each other, but b names a's item through a's `pub use` of c's: the
+# file-level check follows that to c.rs and sees no cycle.
+THROUGH_REEXPORT = {
+    "lib.rs": "mod a;\nmod b;\nmod c;\n",
+    "a.rs": "pub use crate::c::Item;\npub fn f() { crate::b::g() }\n",
+    "b.rs": "use crate::a::Item;\npub fn g() { let _ = Item; }\n",
+    "c.rs": "pub struct Item;\n",
+}
+
+# A crate with declared layers: top > bottom, and a leaf any layer may use.
+LAYERED = {
+    "lib.rs": "//! `layers: top > bottom; leaves: leaf`\nmod bottom;\nmod leaf;\nmod top;\n",
+    "top/mod.rs": "mod run;\npub struct Top;\n",
+    "top/run.rs": "use crate::bottom::Bottom;\nuse super::super::leaf::Leaf;\n",
+    "bottom/mod.rs": """
+        mod inner;
+        pub struct Bottom;
+        #[cfg(test)]
+        mod tests {
+            use crate::top::Top;
+        }
+    """,
+    "bottom/inner.rs": "use crate::leaf::Leaf;\n",
+    "leaf.rs": "pub struct Leaf;\n",
+}
+
+
+class CheckModules(unittest.TestCase):
+    def test_modules_that_import_each_other_through_a_re_export_are_a_cycle(self):
+        bad, report = run_check(THROUGH_REEXPORT)
+        self.assertEqual(bad, 1, report)
+        self.assertNotIn("\ncycle:", "\n" + report)  # no file-level cycle
+        self.assertIn("module cycle in src: a, b", report)
+        self.assertIn("  a -> b: src/a.rs:2 crate::b::g", report)
+        self.assertIn("  b -> a: src/b.rs:1 crate::a::Item", report)
+        # With the item imported from where it is defined, the modules form no cycle.
+        files = dict(THROUGH_REEXPORT, **{"b.rs": "use crate::c::Item;\npub fn g() {}\n"})
+        self.assertEqual(run_check(files), (0, ""))
+
+    def test_a_re_export_is_an_edge_of_the_module_that_writes_it(self):
+        files = dict(THROUGH_REEXPORT)
+        files["c.rs"] = "pub use crate::a::f;\npub struct Item;\n"
+        files["b.rs"] = "pub fn g() {}\n"
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("module cycle in src: a, c", report)
+        self.assertIn("  c -> a: src/c.rs:1 crate::a::f", report)
+
+    def test_imports_down_the_layers_and_of_leaves_pass_and_test_modules_are_not_layered(self):
+        self.assertEqual(run_check(LAYERED), (0, ""))
+
+    def test_an_import_up_a_layer_fails(self):
+        files = dict(LAYERED, **{"top/run.rs": "use super::super::leaf::Leaf;\n"})
+        files["bottom/inner.rs"] = "use super::super::top::Top;\n"
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("upward import in src: bottom imports top, a layer above it: "
+                      "src/bottom/inner.rs:1 super::super::top::Top", report)
+        # A re-export up a layer is one too.
+        files["bottom/inner.rs"] = "pub use crate::top::Top;\n"
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("bottom imports top, a layer above it: src/bottom/inner.rs:1 "
+                      "crate::top::Top", report)
+
+    def test_a_leaf_that_imports_a_layer_fails(self):
+        files = dict(LAYERED, **{"leaf.rs": "pub struct Leaf(crate::bottom::Bottom);\n"})
+        files["bottom/inner.rs"] = ""
+        bad, report = run_check(files)
+        self.assertEqual(bad, 1, report)
+        self.assertIn("upward import in src: the leaf leaf imports the layer bottom: "
+                      "src/leaf.rs:1 crate::bottom::Bottom", report)
+
+    def test_every_module_must_be_placed_in_the_layers_line(self):
+        files = dict(LAYERED, **{"lib.rs": LAYERED["lib.rs"] + "mod extra;\n", "extra.rs": ""})
+        with self.assertRaisesRegex(check_cycles.InputError, "module extra is in no layer"):
+            run_check(files)
+        files = dict(LAYERED, **{"lib.rs": LAYERED["lib.rs"].replace("leaf`", "leaf gone`")})
+        with self.assertRaisesRegex(check_cycles.InputError, "names gone, which is no module"):
+            run_check(files)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::virtio::transport_state::{TransportState, TransportStateError};
-
 /// A device on the MMIO bus.
 pub trait MmioDevice: Send {
     /// Guest read of `data.len()` bytes at `offset` from the start of the device's window.
@@ -22,14 +20,6 @@ pub trait MmioDevice: Send {
     /// came meanwhile is served when it is turned off. A paused VM's devices are quiesced, so
     /// that their state and guest memory stay as the snapshot takes them.
     fn quiesce(&mut self, _on: bool) {}
-    /// A virtio device's transport state for a snapshot; `None` for any other device.
-    fn save_virtio(&self) -> Option<TransportState> {
-        None
-    }
-    /// Restores what [`Self::save_virtio`] saved; a device that is not virtio refuses.
-    fn restore_virtio(&mut self, _state: &TransportState) -> Result<(), TransportStateError> {
-        Err(TransportStateError::NotVirtio)
-    }
 }
 
 /// A shared, lockable device on the bus.

@@ -388,7 +388,11 @@ const BAD_INPUT_CASES: &[(&[&str], i32, &str)] = &[
         "Cannot read config file",
     ),
     // A directory (or a FIFO, a device) is refused before anything reads it.
-    (&["run", "--kernel", "/"], 4, "--kernel / is not a regular file"),
+    (
+        &["run", "--kernel", "/"],
+        4,
+        "--kernel / is not a regular file",
+    ),
     // Output files are checked before the guest runs, not after.
     (
         &["run", "--metrics", "/nonexistent/m.json"],

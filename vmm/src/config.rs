@@ -26,6 +26,7 @@ mod memory_restore;
 mod net;
 pub mod restore_nets;
 mod serial;
+mod snapshot_url;
 mod validate;
 
 pub use args::{RestoreFlags, VmArgs};
@@ -38,6 +39,7 @@ pub use limits::{
 pub use memory_restore::{MemoryRestore, MemoryRestoreMode};
 pub use net::{MacAddr, MacAddrError, NetConfig, NetConfigError, TAP_NAME_MAX};
 pub use serial::{SerialMode, SerialModeError};
+pub use snapshot_url::{dir_of_url, SnapshotUrlError};
 
 /// Which interrupt controller model the VM uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -255,7 +257,7 @@ pub struct VmConfig {
     /// `log`: it is allowed and logged by the kernel (find what a new path needs); `off`: no
     /// filter. Default: on.
     #[arg(long, value_enum, value_name = "MODE")]
-    pub seccomp: crate::host::seccomp::SeccompMode,
+    pub seccomp: crate::config::knobs::SeccompMode,
 
     /// KVM's paravirtual EOI with `--irqchip user`: lull advertises it in CPUID and the guest
     /// ends an interrupt by clearing a flag in its memory instead of writing the EOI register
@@ -347,7 +349,7 @@ impl Default for VmConfig {
             global_timers: None,
             serial: SerialMode::Stdio,
             metrics: None,
-            seccomp: crate::host::seccomp::SeccompMode::On,
+            seccomp: crate::config::knobs::SeccompMode::On,
             pv_eoi: Switch::On,
             pv_deadline: Switch::On,
             x2apic: Switch::On,

@@ -18,7 +18,7 @@
 //! rings lie in guest memory; a device that answered sets bit 0 of InterruptStatus, and the
 //! interrupt line is high while InterruptStatus is not zero.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_F_VERSION_1,
@@ -301,6 +301,19 @@ fn high(v: u64) -> u32 {
     u32::try_from(v >> 32).unwrap_or(0)
 }
 
+/// A virtio-mmio device as the VMM keeps it beside the MMIO bus, for a snapshot: its transport
+/// state is saved and restored behind the device; the bus knows no device's state.
+pub trait SavedTransport: MmioDevice {
+    /// [`VirtioMmioDevice::save`].
+    fn save_transport(&self) -> TransportState;
+    /// [`VirtioMmioDevice::restore`].
+    fn restore_transport(&mut self, state: &TransportState) -> Result<(), TransportStateError>;
+}
+
+/// A shared, lockable virtio-mmio device as a snapshot reaches it (the same device is on the
+/// bus as a [`crate::mmio::SharedMmioDevice`]).
+pub type SharedTransport = Arc<Mutex<dyn SavedTransport>>;
+
 /// A [`VirtioMmio`] on the MMIO bus, its interrupt on input `line` of an interrupt controller:
 /// after every access the line follows [`VirtioMmio::interrupt_pending`] (raised when a used
 /// buffer was added, lowered when the driver acknowledged all of InterruptStatus).
@@ -405,14 +418,6 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
         self.forward_timer_request(request);
     }
 
-    fn save_virtio(&self) -> Option<TransportState> {
-        Some(self.save())
-    }
-
-    fn restore_virtio(&mut self, state: &TransportState) -> Result<(), TransportStateError> {
-        self.restore(state)
-    }
-
     fn quiesce(&mut self, on: bool) {
         self.quiesced = on;
         self.transport.device_mut().freeze_throttle(on);
@@ -436,5 +441,15 @@ impl<D: VirtioDevice, M: GuestMemory + Send + Sync> MmioDevice for VirtioMmioDev
         let request = self.transport.timer_fired();
         self.update_line();
         self.forward_timer_request(request);
+    }
+}
+
+impl<D: VirtioDevice, M: GuestMemory + Send + Sync> SavedTransport for VirtioMmioDevice<D, M> {
+    fn save_transport(&self) -> TransportState {
+        self.save()
+    }
+
+    fn restore_transport(&mut self, state: &TransportState) -> Result<(), TransportStateError> {
+        self.restore(state)
     }
 }

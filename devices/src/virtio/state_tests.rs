@@ -11,7 +11,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::block::Block;
 use super::disk::MemDisk;
-use super::mmio::{TransportState, TransportStateError, VirtioMmioDevice};
+use super::mmio::{SavedTransport, TransportState, TransportStateError, VirtioMmioDevice};
 use super::tests::{Driver, Lines, Timers, MEM_SIZE, QSIZE};
 use crate::mmio::MmioDevice;
 use crate::rate_limiter::RateLimit;
@@ -188,7 +188,7 @@ fn a_rate_limiter_keeps_its_buckets_and_asks_again_for_its_refill() {
     dev.restore(&saved).unwrap();
     let asked = timers.0.lock().unwrap().clone();
     assert_eq!(asked, vec![later.load(Ordering::Relaxed) + 400_000_000]);
-    assert_eq!(dev.save_virtio(), Some(saved.clone()));
+    assert_eq!(dev.save_transport(), saved.clone());
     // An unlimited device refuses a limited one's state.
     let mut plain = Driver::raw(8, false);
     assert!(matches!(

@@ -58,11 +58,6 @@ pub struct TransportState {
 /// Why a saved transport cannot be restored.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportStateError {
-    /// The snapshot has a virtio state for a device that is not virtio.
-    #[error(
-        "The snapshot has a virtio device's state for a device that is not one: corrupt snapshot"
-    )]
-    NotVirtio,
     /// The saved device is not this one.
     #[error("The saved device is of type {found}; the VM has a device of type {want} there: the snapshot's configuration or state is corrupt")]
     DeviceType {

@@ -214,7 +214,7 @@ pub enum ApiError {
     SnapshotJson(#[source] serde_json::Error),
     /// The destination is not a `file:///DIR` URL.
     #[error("Bad snapshot destination")]
-    SnapshotUrl(#[source] crate::snapshot::SnapshotError),
+    SnapshotUrl(#[source] crate::config::SnapshotUrlError),
     /// The snapshot could not be restored (read, refused, or built).
     #[error("Cannot restore the VM")]
     Restore(#[source] VmError),
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_refused_at_start_ends_lull_as_lull_run_does() {
-        let refused = VmError::Snapshot(crate::snapshot::SnapshotError::NotFileUrl("x".into()));
+        let refused = VmError::Snapshot(crate::snapshot::SnapshotError::VcpuFileName("x".into()));
         assert_eq!(
             ApiError::Restore(refused).exit_status(),
             crate::exit_code::BAD_INPUT

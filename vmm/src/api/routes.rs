@@ -158,7 +158,7 @@ fn dir_body(
                 "{endpoint} takes exactly one field, {field}"
             )))
         })?;
-    crate::snapshot::dir_of_url(&url).map_err(ApiError::SnapshotUrl)
+    crate::config::dir_of_url(&url).map_err(ApiError::SnapshotUrl)
 }
 
 /// The body as a JSON object, checked before anything reads fields from it (serde would read

@@ -65,31 +65,8 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
     SeccompRule, TargetArch,
 };
-use serde::{Deserialize, Serialize};
 
-/// What `--seccomp` selects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum SeccompMode {
-    /// No filter.
-    Off,
-    /// Allow-list; other syscalls are allowed and logged by the kernel.
-    Log,
-    /// Allow-list; any other syscall kills the process.
-    #[default]
-    On,
-}
-
-impl SeccompMode {
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::Log => "log",
-            Self::On => "on",
-        }
-    }
-}
+use crate::config::knobs::SeccompMode;
 
 /// Which of lull's threads a filter is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,7 @@
 //! Where things live in guest-physical memory (see docs/GUEST-ABI.md).
 
+use crate::config::MAX_VIRTIO_DEVICES;
+
 /// The GDT lull writes for the boot CPU.
 pub const GDT_ADDR: u64 = 0x500;
 /// An empty IDT (limit 0) for the boot CPU.
@@ -39,8 +41,9 @@ pub const MMIO_HOLE_END: u64 = 1 << 32;
 /// pages.
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 /// The IOAPIC input of each virtio-mmio device, in window order: ISA lines the MP table
-/// declares (edge, active high) that no other lull device uses (COM1 is 4, the RTC 8).
-pub const VIRTIO_MMIO_IRQS: [u32; 8] = [5, 6, 7, 9, 10, 11, 14, 15];
+/// declares (edge, active high) that no other lull device uses (COM1 is 4, the RTC 8). One
+/// per device the configuration accepts (`config::MAX_VIRTIO_DEVICES`).
+pub const VIRTIO_MMIO_IRQS: [u32; MAX_VIRTIO_DEVICES] = [5, 6, 7, 9, 10, 11, 14, 15];
 /// IOAPIC MMIO base.
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// LAPIC MMIO base.

@@ -10,17 +10,14 @@
 //! configuration has: each state is checked against its device and the new guest memory
 //! (`VirtioMmio::restore`), and the first that does not fit refuses the restore.
 
-use std::sync::Mutex;
-
 use devices::mmio::MmioBus;
 use devices::serial::SerialSnapshot;
-use devices::virtio::mmio::TransportState;
+use devices::virtio::mmio::{SharedTransport, TransportState};
 use serde::{Deserialize, Serialize};
 
 use super::SnapshotError;
 use crate::config::VmConfig;
 use crate::state::lock;
-use crate::vm::devices::Console;
 
 /// The file name of the devices' state.
 pub const FILE: &str = "devices.json";
@@ -36,13 +33,14 @@ pub struct DevicesState {
 }
 
 impl DevicesState {
-    /// The state of `console` and of every virtio device on `mmio`.
-    pub fn capture(console: &Mutex<Console>, mmio: &MmioBus) -> Self {
+    /// The console's saved `serial` state and that of every device of `virtio` (the VM's
+    /// virtio devices in window order).
+    pub fn capture(serial: SerialSnapshot, virtio: &[SharedTransport]) -> Self {
         Self {
-            serial: lock(console).save(),
-            virtio: mmio
-                .devices()
-                .filter_map(|(_, device)| lock(device).save_virtio())
+            serial,
+            virtio: virtio
+                .iter()
+                .map(|device| lock(device).save_transport())
                 .collect(),
         }
     }
@@ -59,21 +57,20 @@ impl DevicesState {
         Ok(())
     }
 
-    /// Gives every virtio device on `mmio` its saved state, and quiesces it (the restored VM
-    /// starts paused; its resume releases them).
-    pub fn restore_virtio(&self, mmio: &MmioBus) -> Result<(), SnapshotError> {
-        let devices: Vec<_> = mmio.devices().collect();
-        if devices.len() != self.virtio.len() {
+    /// Gives every device of `virtio` (the VM's virtio devices in window order) its saved
+    /// state, and quiesces it (the restored VM starts paused; its resume releases them).
+    pub fn restore_virtio(&self, virtio: &[SharedTransport]) -> Result<(), SnapshotError> {
+        if virtio.len() != self.virtio.len() {
             return Err(SnapshotError::DeviceCount {
                 found: self.virtio.len(),
-                want: devices.len(),
+                want: virtio.len(),
             });
         }
-        for (index, ((_, device), state)) in devices.into_iter().zip(&self.virtio).enumerate() {
+        for (index, (device, state)) in virtio.iter().zip(&self.virtio).enumerate() {
             let mut device = lock(device);
             device.quiesce(true);
             device
-                .restore_virtio(state)
+                .restore_transport(state)
                 .map_err(|source| SnapshotError::Device { index, source })?;
         }
         Ok(())

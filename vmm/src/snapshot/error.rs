@@ -9,11 +9,6 @@ pub const MAX_SMALL_FILE: u64 = 1 << 20;
 /// Why a snapshot cannot be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    /// The URL is not `file:///absolute/dir`.
-    #[error(
-        "{0:?} is not a file:///DIR URL: give the snapshot directory as file:///absolute/path"
-    )]
-    NotFileUrl(String),
     /// A file could not be read or written.
     #[error("Cannot {what} {path}: {source}")]
     Io {

@@ -110,14 +110,6 @@ impl Snapshot {
     }
 }
 
-/// The directory of a `file:///DIR` URL.
-pub fn dir_of_url(url: &str) -> Result<PathBuf, SnapshotError> {
-    url.strip_prefix("file://")
-        .filter(|p| p.starts_with('/'))
-        .map(PathBuf::from)
-        .ok_or_else(|| SnapshotError::NotFileUrl(url.to_string()))
-}
-
 /// 64-bit FNV-1a of `bytes`: a check against corruption, not against tampering.
 pub fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {

@@ -325,17 +325,6 @@ fn a_missing_or_resized_disk_is_refused() {
 }
 
 #[test]
-fn urls_must_be_absolute_file_urls() {
-    assert_eq!(
-        dir_of_url("file:///tmp/snap").unwrap(),
-        PathBuf::from("/tmp/snap")
-    );
-    for bad in ["/tmp/snap", "file://tmp/snap", "http://x/y", ""] {
-        assert!(matches!(dir_of_url(bad), Err(SnapshotError::NotFileUrl(_))));
-    }
-}
-
-#[test]
 fn a_missing_tap_is_refused_and_a_passed_tap_is_recorded_by_name() {
     let mut m = manifest(1);
     m.config.nets = vec![

@@ -36,7 +36,7 @@ use devices::mmio::{MmioBus, MmioBusError, SharedMmioDevice};
 use devices::testdev::IrqLines;
 use devices::virtio::block::Block;
 use devices::virtio::disk::{DiskError, FileDisk};
-use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
+use devices::virtio::mmio::{SharedTransport, VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
 use devices::virtio::throttle::DeviceClock;
 use vm_memory::GuestMemoryMmap;
 
@@ -83,6 +83,8 @@ pub struct Disks {
     pub files: Vec<Arc<File>>,
     /// The devices in `--disk` order (their device-timer ids), for [`DeviceTimers`].
     pub devices: Vec<SharedMmioDevice>,
+    /// The same devices' transports, for a snapshot.
+    pub transports: Vec<SharedTransport>,
     /// Each disk's requests that failed because its image shrank, in `--disk` order.
     pub shrink_errors: Vec<Arc<AtomicU64>>,
 }
@@ -189,6 +191,7 @@ pub fn attach(
     let mut bus = MmioBus::new();
     let mut files = Vec::new();
     let mut devices: Vec<SharedMmioDevice> = Vec::new();
+    let mut transports: Vec<SharedTransport> = Vec::new();
     let mut shrink_errors = Vec::new();
     // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
     let clock: DeviceClock = Arc::new(crate::host::sys::clock::monotonic_ns);
@@ -205,7 +208,8 @@ pub fn attach(
         if cfg.rate.is_limited() {
             device = device.with_timer(timers.handle(u32::try_from(index).unwrap_or(u32::MAX)));
         }
-        let device: SharedMmioDevice = Arc::new(Mutex::new(device));
+        let device = Arc::new(Mutex::new(device));
+        transports.push(device.clone());
         devices.push(device.clone());
         bus.insert(base, WINDOW_SIZE, device)?;
         tracing::debug!(path = %cfg.path.display(), base, irq, "virtio-blk disk attached");
@@ -214,6 +218,7 @@ pub fn attach(
         bus,
         files,
         devices,
+        transports,
         shrink_errors,
     })
 }

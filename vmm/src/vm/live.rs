@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use ::devices::serial::SerialCounters;
+use ::devices::virtio::mmio::SharedTransport;
 use kvm_ioctls::VmFd;
 use vm_memory::GuestMemoryMmap;
 
@@ -25,6 +26,8 @@ pub struct LiveVm {
     pub(super) pause: Arc<PauseState>,
     pub(super) mem: Arc<GuestMemoryMmap>,
     pub(super) console: Arc<std::sync::Mutex<super::devices::Console>>,
+    /// The virtio devices in window order (disks, then nets), for a snapshot.
+    pub(super) virtio: Arc<[SharedTransport]>,
 }
 
 impl LiveVm {

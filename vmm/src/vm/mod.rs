@@ -36,6 +36,7 @@ pub mod vcpus;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use ::devices::virtio::mmio::SharedTransport;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -235,8 +236,11 @@ fn run_from(
     })?;
     shared.device_timers = device_timers;
     let shared = Arc::new(shared);
+    // Every virtio device in window order: the disks, then the nets.
+    let virtio: Arc<[SharedTransport]> =
+        disks.transports.drain(..).chain(nets.transports).collect();
     if let Some(s) = snapshot {
-        s.devices.restore_virtio(&disks.bus)?;
+        s.devices.restore_virtio(&virtio)?;
     }
     let buses = Arc::new(DeviceBuses::new(pio, disks.bus));
     let stats = Arc::new(RunStats {
@@ -275,6 +279,7 @@ fn run_from(
         },
         mem: loaded.mem.clone(),
         console: console.console.clone(),
+        virtio,
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {

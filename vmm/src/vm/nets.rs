@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 
 use devices::mmio::{MmioBus, MmioBusError, SharedMmioDevice};
 use devices::testdev::IrqLines;
-use devices::virtio::mmio::{VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
+use devices::virtio::mmio::{SharedTransport, VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
 use devices::virtio::net::{Net, RX_QUEUE};
 use devices::virtio::throttle::DeviceClock;
 use vm_memory::GuestMemoryMmap;
@@ -98,6 +98,8 @@ pub struct Nets {
     pub ports: Vec<Arc<dyn NetPort>>,
     /// The devices by device-timer id order (after the disks'), for [`DeviceTimers`].
     pub devices: Vec<SharedMmioDevice>,
+    /// The same devices' transports, for a snapshot.
+    pub transports: Vec<SharedTransport>,
 }
 
 /// Puts every attached tap's device on `bus` after `first` devices (the disks), with its
@@ -114,6 +116,7 @@ pub fn attach(
     let mut nets = Nets {
         ports: Vec::new(),
         devices: Vec::new(),
+        transports: Vec::new(),
     };
     // Device times are CLOCK_MONOTONIC, like the timerfds; the irqchip converts.
     let clock: DeviceClock = Arc::new(crate::host::sys::clock::monotonic_ns);
@@ -131,6 +134,7 @@ pub fn attach(
             device = device.with_timer(timers.handle(u32::try_from(index).unwrap_or(u32::MAX)));
         }
         let device = Arc::new(Mutex::new(device));
+        nets.transports.push(device.clone());
         nets.devices.push(device.clone());
         bus.insert(base, WINDOW_SIZE, device.clone())?;
         tracing::debug!(tap = %cfg.tap, %mac, base, irq, "virtio-net attached");

@@ -15,6 +15,7 @@ use crate::snapshot::devices::DevicesState;
 use crate::snapshot::kvm_vm::{self, KvmVmState};
 use crate::snapshot::manifest::{disk_records, recorded_config, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
+use crate::state::lock;
 use crate::state::pause::PauseWaitError;
 
 /// Why a snapshot was not taken.
@@ -60,7 +61,7 @@ impl LiveVm {
         let mut kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
         kvm_vm.user_ioapic = self.chip.save_ioapic();
         let kvm_vm = write_state(&mut new, kvm_vm::FILE, &kvm_vm)?;
-        let devices = DevicesState::capture(&self.console, &self.buses.mmio);
+        let devices = DevicesState::capture(lock(&self.console).save(), &self.virtio);
         let devices = write_state(&mut new, snapshot::devices::FILE, &devices)?;
         let memory_file = new.name(snapshot::MEMORY, "");
         let (path, file) = new.create(&memory_file)?;

@@ -141,8 +141,8 @@ mod tests {
     use super::*;
     use crate::config::ch::options::TapSource;
     use crate::config::ch::restore::ChRestore;
+    use crate::config::knobs::SeccompMode;
     use crate::config::{IrqchipMode, SerialMode, TimerModelKind};
-    use crate::host::seccomp::SeccompMode;
     use crate::size::ByteSize;
 
     fn launch(args: &str) -> Result<ChLaunch, ChError> {

@@ -14,8 +14,8 @@ use super::launch::{ApiSocketArg, ChLaunch};
 use super::options::{self, TapSource};
 use super::restore;
 use super::{ChError, CH_VERSION};
+use crate::config::knobs::SeccompMode;
 use crate::config::{SerialMode, VmConfig};
-use crate::host::seccomp::SeccompMode;
 use crate::size::ByteSize;
 
 /// How a flag takes its values.

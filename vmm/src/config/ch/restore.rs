@@ -77,7 +77,7 @@ pub fn restore(opts: &[Opt], front: Front, notes: &mut Vec<String>) -> Result<Ch
     for o in opts {
         match o.key.as_str() {
             "source_url" => {
-                let url = crate::snapshot::dir_of_url(&o.value)
+                let url = crate::config::dir_of_url(&o.value)
                     .map_err(|_| o.bad("a file:///DIR URL (an absolute path)"))?;
                 dir = Some(url);
             }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use seccompiler::BpfProgram;
 
+use crate::config::knobs::SeccompMode;
 use crate::host::seccomp::*;
 
 /// What the child does after installing its filter.

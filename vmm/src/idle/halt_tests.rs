@@ -353,6 +353,46 @@ fn a_poll_never_runs_past_the_deadline() {
     assert!(r.chip.pending, "the timer's interrupt ended the halt");
 }
 
+/// Adaptive polling, nothing learned yet: a deadline nearer than a block and wake-up cost is
+/// polled to, and the poll ends at it, never past it.
+#[test]
+fn a_near_deadline_is_polled_to_not_blocked_for() {
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    r.chip.deadline = Some(40_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "blocked: {:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls), 1);
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert!(
+        (40_000..40_000 + POLL_STEP_NS).contains(&r.now()),
+        "the poll ended at {}, not at the deadline",
+        r.now()
+    );
+    assert!(r.chip.pending, "the timer's interrupt ended the halt");
+    assert_eq!(r.count(|c| &c.wake_timer), 0, "no block, no wake-up");
+}
+
+/// ...a far one is blocked for, and an interrupt during a poll to a near one ends the poll.
+#[test]
+fn a_far_deadline_blocks_and_mail_ends_a_poll_to_a_near_one() {
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    let far = 1 + crate::idle::halt_poll::NEAR_DEADLINE_NS;
+    r.chip.deadline = Some(far);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.count(|c| &c.polls), 0);
+    assert_eq!(r.chip.waits.len(), 1);
+    assert_eq!(r.chip.waits[0].end, far);
+
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    r.chip.deadline = Some(60_000);
+    r.chip.mail = Some((20_000, Mail::Interrupt));
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "blocked: {:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert!((20_000..20_000 + POLL_STEP_NS).contains(&r.now()));
+    assert_eq!(r.chip.deadline, Some(60_000), "its timer did not fire");
+}
+
 #[test]
 fn a_stop_ends_a_halt_and_a_sipi_wait() {
     let mut r = Rig::new(0, HaltPollMode::Fixed(100_000), None);

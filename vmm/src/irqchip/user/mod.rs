@@ -28,6 +28,7 @@ pub mod cr8;
 pub mod exit;
 pub mod guest_tsc;
 pub mod host_timer;
+pub mod lapic_timer_host;
 pub mod mailbox;
 pub mod pv_deadline;
 pub mod pv_eoi;
@@ -187,7 +188,7 @@ impl UserIrqChip<VmClock> {
     /// waits on and other threads may re-arm (see `UserVcpuIrq::block_until`).
     fn attach_wake_timers(&mut self) -> Result<(), IrqChipError> {
         let clock = self.clock.clone();
-        let ranged = !crate::idle::slack::hard_wait(self.idle.timer_slack);
+        let ranged = !lapic_timer_host::slack::hard_wait(self.idle.timer_slack);
         for part in lock(&self.parts).iter_mut().flatten() {
             let fd = if ranged {
                 SharedTimerFd::ranged_for_poll(clock.clone())

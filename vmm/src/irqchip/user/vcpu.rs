@@ -19,13 +19,15 @@ use std::sync::Arc;
 use devices::lapic::regs::MSR_TSC_DEADLINE;
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::VcpuExit;
-use timer::{CpuTimers, Nanos, TimerHandle, TimerKind};
+use timer::{CpuTimers, Nanos, TimerKind};
 use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::guest_tsc::TscAnchor;
 use super::host_timer::SharedTimerFd;
+use super::lapic_timer_host::slack::thread_slack_ns;
+use super::lapic_timer_host::LapicTimerHost;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
 use super::pv_msr::PvMsrs;
@@ -33,11 +35,8 @@ use super::router::InterruptRouter;
 use super::saved::UserVcpuState;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
-use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
 use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
-use crate::idle::slack::thread_slack_ns;
-use crate::idle::tick_defer::TickDefer;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
@@ -93,15 +92,8 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     id: u32,
     lapic: Lapic<E>,
     timers: Box<dyn CpuTimers<VcpuTimer>>,
-    lapic_timer: Option<TimerHandle>,
-    /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
-    lapic_armed_at: Option<Nanos>,
-    advance: TimerAdvance,
-    /// Whether the LAPIC timer's host tick is deferred past its deadline (`idle/tick_defer.rs`).
-    tick_defer: TickDefer,
-    /// The LAPIC timer was taken out of the timer model at an exit, due (`lapic_timer.rs`):
-    /// the next service pass counts it as fired on this thread.
-    lapic_taken: bool,
+    /// The LAPIC timer's host side: its host timer, advance and tick deferral.
+    lapic_timer: LapicTimerHost,
     global_armed: bool,
     router: Arc<InterruptRouter>,
     clock: C,
@@ -147,11 +139,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             id: parts.id,
             lapic: parts.lapic,
             timers: parts.timers,
-            lapic_timer: None,
-            lapic_armed_at: None,
-            advance: TimerAdvance::new(parts.idle.timer_advance),
-            tick_defer: TickDefer::default(),
-            lapic_taken: false,
+            lapic_timer: LapicTimerHost::new(parts.idle.timer_advance, parts.idle.timer_slack),
             global_armed: false,
             router: parts.router,
             clock: parts.clock,
@@ -201,7 +189,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         self.rearm_global_load(now);
         self.arm_device_timers();
         let mut summary = self.run_timers(now);
-        if std::mem::take(&mut self.lapic_taken) {
+        if self.lapic_timer.take_taken() {
             summary.own_pinned += 1;
         }
         // Re-arm the global timers that just fired at once (and arm what devices asked for
@@ -221,7 +209,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             let ran_on = !self.halted && cpu.interrupts_enabled();
             let now = self.lapic_timer_due(now, ran_on);
             if let Some(next) = self.lapic.timer_fired(now) {
-                self.arm_lapic_timer(next);
+                self.lapic_timer.arm(self.timers.as_mut(), next);
                 // Armed after this pass's timer run: program the host tick for it now (`pull`
                 // programs a running vCPU's tick only in `run`), or a periodic timer's next
                 // period would wait for the vCPU's next exit (none with PV EOI in a busy loop).
@@ -261,7 +249,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
         if self.halted {
             self.timers.run_halted(now, &mut on_fire);
-        } else if self.tick_defer.take_stale() {
+        } else if self.lapic_timer.take_stale() {
             // The tick armed for an ended deferral would interrupt the guest for nothing.
             self.timers.run_exact(now, &mut on_fire);
         } else {
@@ -570,7 +558,7 @@ impl<E: LapicEvents + Send, C: VmTime> IdleChip for ChipOnCpu<'_, E, C> {
     }
 
     fn wake_at(&self) -> Option<Nanos> {
-        self.chip.lapic_timer.and(self.chip.lapic_armed_at)
+        self.chip.lapic_timer.wake_at()
     }
 
     fn timers(&mut self) -> &mut dyn CpuTimers<VcpuTimer> {

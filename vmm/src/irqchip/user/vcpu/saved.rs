@@ -59,7 +59,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// registers of the vCPU's KVM state.
     pub(super) fn arm_restored(&mut self) {
         if let Some(deadline) = self.lapic.timer_deadline() {
-            self.arm_lapic_timer(deadline);
+            self.lapic_timer.arm(self.timers.as_mut(), deadline);
         }
     }
 }

@@ -9,6 +9,7 @@ use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NE
 
 use super::*;
 use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::idle::global_load::GlobalLoad;
 use crate::idle::inject::IdleInjector;
 
 /// How long one look at the mailbox takes while the fake vCPU polls.
@@ -217,7 +218,7 @@ impl Rig {
         });
         let counters = Arc::new(VcpuCounters::default());
         Self {
-            idle: VcpuIdle::new(shared, 1, clock.clone(), counters.clone()),
+            idle: VcpuIdle::new(shared, 0, 1, clock.clone(), counters.clone()),
             chip: FakeChip::new(&clock),
             clock,
             counters,
@@ -474,4 +475,37 @@ fn a_wake_up_serving_k_expiries_counts_k_minus_1_coalesced() {
     assert_eq!(r.count(|c| &c.blocks), 2);
     assert_eq!(r.count(|c| &c.wake_multi_expiry), 1);
     assert_eq!(r.count(|c| &c.wake_coalesced), 2);
+}
+
+/// The idle manager arms the vCPU's share of the global-timer load once the vCPU runs (not
+/// in INIT), and re-arms on its timers the load's timers that fired anywhere.
+#[test]
+fn the_global_load_is_armed_once_the_vcpu_runs_and_re_armed_after_it_fires() {
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    let shared = Arc::new(IdleShared {
+        halt_poll: HaltPollMode::Off,
+        timer_advance: TimerAdvanceMode::Off,
+        timer_slack: crate::config::knobs::TimerSlack::Off,
+        inject: None,
+        quota: None,
+        global: Some(GlobalLoad::new("2,period=1".parse().unwrap())),
+        wake_placement: WakePlacementMode::Off,
+    });
+    r.idle = VcpuIdle::new(shared.clone(), 0, 1, r.clock.clone(), r.counters.clone());
+    r.chip.init = true;
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::WaitForSipi);
+    assert_eq!(r.chip.timers.next_deadline(), NEVER, "armed in INIT");
+    r.chip.init = false;
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Enter);
+    let first = r.chip.timers.next_deadline();
+    assert!((500_000..1_500_000).contains(&first), "{first}");
+    // Both fired (their expiry queued them with the load): re-armed here, a period on.
+    let load = shared.global.as_ref().unwrap();
+    load.fired(0);
+    load.fired(1);
+    r.clock.set(2_000_000);
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Enter);
+    let next = r.chip.timers.next_deadline();
+    assert!((2_500_000..3_500_000).contains(&next), "{next}");
+    assert!(load.take_pending().is_empty());
 }

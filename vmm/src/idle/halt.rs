@@ -27,7 +27,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use timer::{Clock, CpuTimers, Nanos, TimerKind};
+use timer::{CpuTimers, Nanos, TimerKind, VmTime};
 
 use super::core::{classify_wake, HaltStep, Hold, HoldReason, IdleCore, WakeCause, WakeCount};
 use super::halt_poll::WakeKind;
@@ -35,26 +35,6 @@ use super::shared::IdleShared;
 use super::vcpu_placement::VcpuPlacement;
 use super::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::state::counters::VcpuCounters;
-
-/// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report and
-/// absolute host deadlines).
-pub trait VmTime: Clock + Clone + 'static {
-    /// The CLOCK_MONOTONIC value of VM-clock time `t`.
-    fn to_monotonic(&self, t: Nanos) -> u64;
-    /// The VM is paused at CLOCK_MONOTONIC time `monotonic`: stop (the VM clock's
-    /// `freeze_at`; a fake clock stands still unless its test moves it).
-    fn freeze_at(&self, _monotonic: u64) {}
-    /// The VM resumes after `paused_ns`: go on from where the clock stopped.
-    fn thaw(&self, _paused_ns: u64) {}
-}
-
-/// Tests: the fake clock's zero is CLOCK_MONOTONIC's.
-#[cfg(test)]
-impl VmTime for timer::FakeClock {
-    fn to_monotonic(&self, t: Nanos) -> u64 {
-        t
-    }
-}
 
 /// What the vCPU does before the next entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

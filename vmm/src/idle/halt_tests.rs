@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
+use timer::{build, AfterFire, Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
 use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};

@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits};
 use devices::testdev::IrqLines;
-use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
+use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -60,7 +60,6 @@ use crate::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
     TimerSlack, WakePlacementMode,
 };
-use crate::idle::halt::VmTime;
 use crate::idle::quota::CpuQuota;
 use crate::idle::shared::IdleKnobs;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};

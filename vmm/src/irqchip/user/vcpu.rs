@@ -19,7 +19,7 @@ use std::sync::Arc;
 use devices::lapic::regs::MSR_TSC_DEADLINE;
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::VcpuExit;
-use timer::{CpuTimers, Nanos, TimerKind};
+use timer::{CpuTimers, Nanos, TimerKind, VmTime};
 use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
@@ -36,7 +36,7 @@ use super::saved::UserVcpuState;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
 use crate::idle::core::WakeCause;
-use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
+use crate::idle::halt::{IdleChip, VcpuIdle};
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};

@@ -5,10 +5,9 @@
 use std::sync::atomic::Ordering;
 
 use devices::lapic::{LapicEvents, LapicTimerChange};
-use timer::Nanos;
+use timer::{Nanos, VmTime};
 
 use super::VcpuChip;
-use crate::idle::halt::VmTime;
 
 impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// The guest halts, or exited able to take interrupts, at `now`: a deferred tick goes

@@ -4,9 +4,9 @@
 //! and hierarchy, the advance, the VM clock's re-arm at a thaw).
 
 use devices::lapic::LapicEvents;
+use timer::VmTime;
 
 use super::{UserVcpuIrq, VcpuChip};
-use crate::idle::halt::VmTime;
 use crate::irqchip::user::pv_deadline::PvDeadline;
 use crate::irqchip::user::pv_eoi::PvEoi;
 use crate::irqchip::user::saved::{ChipStateError, UserVcpuState};

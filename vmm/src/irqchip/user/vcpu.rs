@@ -6,8 +6,9 @@
 //! interrupt or asks for an interrupt window. At HLT and in INIT the idle manager runs the
 //! whole halt (`idle/halt.rs`); the chip answers whether the vCPU is runnable, services its
 //! mailbox and timers, and waits on its kick eventfd and the wake-up timerfd the timer model
-//! arms (see [`VcpuWait`]). Also here: PV EOI offered and read back, timer advance, CR8 kept
-//! equal to the TPR. The clock is a type parameter and the vCPU is reached only through
+//! arms (see [`VcpuWait`]). Also here: PV EOI offered and read back, CR8 kept equal to the
+//! TPR; the LAPIC timer's host side (host timer, advance, tick deferral) is
+//! [`LapicTimerHost`]'s, which `vcpu/lapic_timer.rs` carries out. The clock is a type parameter and the vCPU is reached only through
 //! [`CpuPort`], so all of this runs in tests without KVM.
 
 mod lapic_timer;

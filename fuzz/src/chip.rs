@@ -16,12 +16,11 @@ use std::time::Instant;
 
 use devices::mmio::MmioBus;
 use devices::pio::PioBus;
-use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos};
+use timer::{Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, Nanos, VmTime};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
 };
-use vmm::idle::halt::VmTime;
 use vmm::irqchip::user::{UserChipConfig, UserIrqChip};
 use vmm::state::VcpuShared;
 use vmm::vcpu::DeviceBuses;

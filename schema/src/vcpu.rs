@@ -44,7 +44,7 @@ pub struct VcpuSnapshot {
     /// Time spent waiting for LAPIC deadlines after an advanced host timer, ns.
     pub advance_wait_ns: u64,
     /// Short LAPIC deadlines armed with interrupts off whose host tick lull deferred to the
-    /// guest's next exit (`vmm/src/idle/tick_defer.rs`; user irqchip).
+    /// guest's next exit (`vmm/src/irqchip/user/lapic_timer_host/tick_defer.rs`; user irqchip).
     pub ticks_deferred: u64,
     /// Deferred host ticks that fired because the guest ran on without an exit.
     pub ticks_deferred_missed: u64,

@@ -16,6 +16,18 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Nanos;
 }
 
+/// A VM's clock: one whose times can be turned into CLOCK_MONOTONIC ones (for absolute host
+/// deadlines and reports), and which stands still while the VM is paused.
+pub trait VmTime: Clock + Clone + 'static {
+    /// The CLOCK_MONOTONIC value of VM-clock time `t`.
+    fn to_monotonic(&self, t: Nanos) -> u64;
+    /// The VM is paused at CLOCK_MONOTONIC time `monotonic`: stop (a fake clock stands still
+    /// unless its test moves it).
+    fn freeze_at(&self, _monotonic: u64) {}
+    /// The VM resumes after `paused_ns`: go on from where the clock stopped.
+    fn thaw(&self, _paused_ns: u64) {}
+}
+
 /// The host's monotonic clock, counted from the moment the clock was created.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
@@ -66,6 +78,13 @@ impl FakeClock {
     /// Moves the clock forward by `d` nanoseconds.
     pub fn advance(&self, d: Nanos) {
         self.now.fetch_add(d, Ordering::SeqCst);
+    }
+}
+
+/// Tests: the fake clock's zero is CLOCK_MONOTONIC's.
+impl VmTime for FakeClock {
+    fn to_monotonic(&self, t: Nanos) -> u64 {
+        t
     }
 }
 

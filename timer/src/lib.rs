@@ -93,7 +93,7 @@ mod sync;
 pub mod testing;
 
 pub use base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, TimerKind};
-pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, NEVER};
+pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, VmTime, NEVER};
 pub use hierarchy::{
     Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry, RemoteOutcome,
 };

@@ -10,7 +10,7 @@ use timer::{Clock, ModelKind};
 use vm_memory::{Bytes, GuestAddress};
 use vmm::idle::inject::IdleInjector;
 use vmm::idle::quota::CpuQuota;
-use vmm::idle::tick_defer::GRACE_NS;
+use vmm::irqchip::user::lapic_timer_host::tick_defer::GRACE_NS;
 use vmm::irqchip::{ChipExit, IrqChip, VcpuIrq};
 use vmm::metrics::VcpuCounters;
 use vmm::vcpu::exit::VcpuAction;
@@ -312,7 +312,7 @@ impl Machine {
             };
             // A deadline armed while the guest could not take interrupts may have its tick
             // deferred past it, by at most the grace, until an entry where it can
-            // (`vmm::idle::tick_defer`).
+            // (`vmm::irqchip::user::lapic_timer_host::tick_defer`).
             let bound = if v.port.open {
                 deadline
             } else {

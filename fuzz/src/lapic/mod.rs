@@ -29,7 +29,7 @@
 //! - IA32_APIC_BASE as last told to KVM (`CpuPort::set_apic_base`) is the LAPIC's;
 //! - **no lost timer**: a vCPU in the guest with a LAPIC deadline has a host timer armed no
 //!   later (its own tick, or the `central` thread's), or, while the guest cannot take
-//!   interrupts, no later than the tick deferral's grace after it (`vmm::idle::tick_defer`);
+//!   interrupts, no later than the tick deferral's grace after it (`vmm::irqchip::user::lapic_timer_host::tick_defer`);
 //!   **the clamp bounds the storm**: LAPIC
 //!   timer fires <= the guest's LAPIC writes + elapsed time / `min_period_ns`.
 //!

@@ -20,12 +20,14 @@
 //! ```
 //!
 //! What the idle core arms on the vCPU's timers (the injection window's start, the quota
-//! check) it arms here, through [`IdleChip::timers`]; the chip arms only the guest's own.
+//! check) it arms here, through [`IdleChip::timers`], and so is the synthetic global-timer
+//! load (`--global-timers`) armed and re-armed, at each service; the chip arms only the
+//! guest's own timers and the devices'.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use timer::{Clock, CpuTimers, Nanos};
+use timer::{CpuTimers, Nanos, TimerKind, VmTime};
 
 use super::core::{classify_wake, HaltStep, Hold, HoldReason, IdleCore, WakeCause, WakeCount};
 use super::halt_poll::WakeKind;
@@ -33,26 +35,6 @@ use super::shared::IdleShared;
 use super::vcpu_placement::VcpuPlacement;
 use super::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::state::counters::VcpuCounters;
-
-/// A clock whose times can be turned into CLOCK_MONOTONIC ones (for the quota's report and
-/// absolute host deadlines).
-pub trait VmTime: Clock + Clone + 'static {
-    /// The CLOCK_MONOTONIC value of VM-clock time `t`.
-    fn to_monotonic(&self, t: Nanos) -> u64;
-    /// The VM is paused at CLOCK_MONOTONIC time `monotonic`: stop (the VM clock's
-    /// `freeze_at`; a fake clock stands still unless its test moves it).
-    fn freeze_at(&self, _monotonic: u64) {}
-    /// The VM resumes after `paused_ns`: go on from where the clock stopped.
-    fn thaw(&self, _paused_ns: u64) {}
-}
-
-/// Tests: the fake clock's zero is CLOCK_MONOTONIC's.
-#[cfg(test)]
-impl VmTime for timer::FakeClock {
-    fn to_monotonic(&self, t: Nanos) -> u64 {
-        t
-    }
-}
 
 /// What the vCPU does before the next entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,9 +95,14 @@ pub trait IdleChip {
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool);
 }
 
-/// One vCPU's idle manager: its idle core, wake placement and the VM-wide idle state.
+/// One vCPU's idle manager: its idle core, wake placement, its share of the global-timer
+/// load and the VM-wide idle state.
 #[derive(Debug)]
 pub struct VcpuIdle<C: VmTime> {
+    /// The vCPU's index.
+    id: u32,
+    /// Its share of the global-timer load is armed (once it runs).
+    global_armed: bool,
     core: IdleCore,
     shared: Arc<IdleShared>,
     placement: VcpuPlacement,
@@ -126,14 +113,17 @@ pub struct VcpuIdle<C: VmTime> {
 }
 
 impl<C: VmTime> VcpuIdle<C> {
-    /// The idle manager of one vCPU of a VM with `cpus` vCPUs, counting in `counters`.
+    /// The idle manager of vCPU `id` of a VM with `cpus` vCPUs, counting in `counters`.
     pub fn new(
         shared: Arc<IdleShared>,
+        id: u32,
         cpus: usize,
         clock: C,
         counters: Arc<VcpuCounters>,
     ) -> Self {
         Self {
+            id,
+            global_armed: false,
             core: IdleCore::new(&shared, cpus),
             placement: VcpuPlacement::new(shared.wake_placement),
             shared,
@@ -242,11 +232,37 @@ impl<C: VmTime> VcpuIdle<C> {
         }
     }
 
-    /// Services the chip at `now` and forgets the idle core's timers that fired by then.
+    /// Services the chip at `now` and forgets the idle core's timers that fired by then; the
+    /// global-timer load's timers that fired (on any thread) are re-armed on this vCPU.
     fn service(&mut self, chip: &mut impl IdleChip, now: Nanos) -> FiredSummary {
+        self.rearm_global_load(chip, now);
         let fired = chip.service(now);
+        if fired.global() > 0 && self.rearm_global_load(chip, now) {
+            // Re-armed after the chip's timer pass: cover them with the host tick.
+            chip.run_timers(now);
+        }
         self.core.timers_fired(now);
         fired
+    }
+
+    /// Arms this vCPU's share of the global-timer load once it runs (out of INIT), and
+    /// re-arms the load's fired timers on this vCPU's timers. True if anything was armed.
+    fn rearm_global_load(&mut self, chip: &mut impl IdleChip, now: Nanos) -> bool {
+        let Some(global) = self.shared.global.as_ref() else {
+            return false;
+        };
+        let mut slots = global.take_pending();
+        if !self.global_armed && !chip.in_init() {
+            self.global_armed = true;
+            slots.extend(global.initial_slots(self.id));
+        }
+        let armed = !slots.is_empty();
+        let timers = chip.timers();
+        for slot in slots {
+            let deadline = global.next_deadline(slot, now);
+            timers.arm(TimerKind::Global, deadline, VcpuTimer::Global(slot));
+        }
+        armed
     }
 
     /// Holds the vCPU out of the guest until `until` (an injection window or a used-up

@@ -5,10 +5,11 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use timer::{build, AfterFire, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
+use timer::{build, AfterFire, Clock, FakeClock, FakeHostTimer, HostTimer, ModelKind, NEVER};
 
 use super::*;
 use crate::config::knobs::{HaltPollMode, IdleInjectConfig, TimerAdvanceMode, WakePlacementMode};
+use crate::idle::global_load::GlobalLoad;
 use crate::idle::inject::IdleInjector;
 
 /// How long one look at the mailbox takes while the fake vCPU polls.
@@ -217,7 +218,7 @@ impl Rig {
         });
         let counters = Arc::new(VcpuCounters::default());
         Self {
-            idle: VcpuIdle::new(shared, 1, clock.clone(), counters.clone()),
+            idle: VcpuIdle::new(shared, 0, 1, clock.clone(), counters.clone()),
             chip: FakeChip::new(&clock),
             clock,
             counters,
@@ -353,6 +354,46 @@ fn a_poll_never_runs_past_the_deadline() {
     assert!(r.chip.pending, "the timer's interrupt ended the halt");
 }
 
+/// Adaptive polling, nothing learned yet: a deadline nearer than a block and wake-up cost is
+/// polled to, and the poll ends at it, never past it.
+#[test]
+fn a_near_deadline_is_polled_to_not_blocked_for() {
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    r.chip.deadline = Some(40_000);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "blocked: {:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls), 1);
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert!(
+        (40_000..40_000 + POLL_STEP_NS).contains(&r.now()),
+        "the poll ended at {}, not at the deadline",
+        r.now()
+    );
+    assert!(r.chip.pending, "the timer's interrupt ended the halt");
+    assert_eq!(r.count(|c| &c.wake_timer), 0, "no block, no wake-up");
+}
+
+/// ...a far one is blocked for, and an interrupt during a poll to a near one ends the poll.
+#[test]
+fn a_far_deadline_blocks_and_mail_ends_a_poll_to_a_near_one() {
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    let far = 1 + crate::idle::halt_poll::NEAR_DEADLINE_NS;
+    r.chip.deadline = Some(far);
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert_eq!(r.count(|c| &c.polls), 0);
+    assert_eq!(r.chip.waits.len(), 1);
+    assert_eq!(r.chip.waits[0].end, far);
+
+    let mut r = Rig::new(0, HaltPollMode::Adaptive, None);
+    r.chip.deadline = Some(60_000);
+    r.chip.mail = Some((20_000, Mail::Interrupt));
+    assert_eq!(r.halt(), HaltEnd::Resume);
+    assert!(r.chip.waits.is_empty(), "blocked: {:?}", r.chip.waits);
+    assert_eq!(r.count(|c| &c.polls_won), 1);
+    assert!((20_000..20_000 + POLL_STEP_NS).contains(&r.now()));
+    assert_eq!(r.chip.deadline, Some(60_000), "its timer did not fire");
+}
+
 #[test]
 fn a_stop_ends_a_halt_and_a_sipi_wait() {
     let mut r = Rig::new(0, HaltPollMode::Fixed(100_000), None);
@@ -434,4 +475,37 @@ fn a_wake_up_serving_k_expiries_counts_k_minus_1_coalesced() {
     assert_eq!(r.count(|c| &c.blocks), 2);
     assert_eq!(r.count(|c| &c.wake_multi_expiry), 1);
     assert_eq!(r.count(|c| &c.wake_coalesced), 2);
+}
+
+/// The idle manager arms the vCPU's share of the global-timer load once the vCPU runs (not
+/// in INIT), and re-arms on its timers the load's timers that fired anywhere.
+#[test]
+fn the_global_load_is_armed_once_the_vcpu_runs_and_re_armed_after_it_fires() {
+    let mut r = Rig::new(0, HaltPollMode::Off, None);
+    let shared = Arc::new(IdleShared {
+        halt_poll: HaltPollMode::Off,
+        timer_advance: TimerAdvanceMode::Off,
+        timer_slack: crate::config::knobs::TimerSlack::Off,
+        inject: None,
+        quota: None,
+        global: Some(GlobalLoad::new("2,period=1".parse().unwrap())),
+        wake_placement: WakePlacementMode::Off,
+    });
+    r.idle = VcpuIdle::new(shared.clone(), 0, 1, r.clock.clone(), r.counters.clone());
+    r.chip.init = true;
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::WaitForSipi);
+    assert_eq!(r.chip.timers.next_deadline(), NEVER, "armed in INIT");
+    r.chip.init = false;
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Enter);
+    let first = r.chip.timers.next_deadline();
+    assert!((500_000..1_500_000).contains(&first), "{first}");
+    // Both fired (their expiry queued them with the load): re-armed here, a period on.
+    let load = shared.global.as_ref().unwrap();
+    load.fired(0);
+    load.fired(1);
+    r.clock.set(2_000_000);
+    assert_eq!(r.idle.before_entry(&mut r.chip), Entry::Enter);
+    let next = r.chip.timers.next_deadline();
+    assert!((2_500_000..3_500_000).contains(&next), "{next}");
+    assert!(load.take_pending().is_empty());
 }

@@ -8,11 +8,6 @@
 //!   periods start at a random phase so VMs started together interleave.
 //! - [`global_load`]: a synthetic load of device/housekeeping deadlines (global timers), to
 //!   exercise the timer models.
-//! - [`advance`]: timer advance (wake before a LAPIC deadline by the learned latency, wait
-//!   for the deadline), after KVM's `lapic_timer_advance`; [`tick_defer`]: no host tick
-//!   before the guest's next exit for a short deadline armed with interrupts off;
-//!   [`stale_tick`]: that tick, once the deferral ended, kept until the guest's next arm.
-//! - [`slack`]: timer slack, the range a halted vCPU's wake-up may fall in (never early).
 //! - [`core`]: the per-vCPU decisions (hold before entry, poll/block/resume at HLT, how a
 //!   wake-up counts) as pure functions, tested with a fake clock; [`vcpu_timer`]: what a
 //!   vCPU's timers carry.
@@ -25,7 +20,6 @@
 //! Each knob has a textual form shared by the command line and the JSON config
 //! ([`crate::config::knob`]).
 
-pub mod advance;
 pub mod core;
 pub mod global_load;
 pub mod halt;
@@ -34,9 +28,6 @@ pub mod inject;
 pub mod placement;
 pub mod quota;
 pub mod shared;
-pub mod slack;
-pub mod stale_tick;
-pub mod tick_defer;
 pub mod vcpu_placement;
 pub mod vcpu_timer;
 

@@ -28,6 +28,7 @@ pub mod cr8;
 pub mod exit;
 pub mod guest_tsc;
 pub mod host_timer;
+pub mod lapic_timer_host;
 pub mod mailbox;
 pub mod pv_deadline;
 pub mod pv_eoi;
@@ -50,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits};
 use devices::testdev::IrqLines;
-use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, Waker};
+use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -59,10 +60,8 @@ use crate::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
     TimerSlack, WakePlacementMode,
 };
-use crate::idle::global_load::GlobalLoad;
-use crate::idle::halt::VmTime;
-use crate::idle::inject::IdleInjector;
 use crate::idle::quota::CpuQuota;
+use crate::idle::shared::IdleKnobs;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport};
@@ -109,6 +108,21 @@ pub struct UserChipConfig {
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]): IA32_APIC_BASE bits at or above it
     /// are reserved.
     pub max_phys_addr_bits: u8,
+}
+
+impl UserChipConfig {
+    /// Its idle knobs, which the idle manager's VM-wide state is built from.
+    pub fn idle_knobs(&self) -> IdleKnobs {
+        IdleKnobs {
+            halt_poll: self.halt_poll,
+            timer_advance: self.timer_advance,
+            timer_slack: self.timer_slack,
+            wake_placement: self.wake_placement,
+            idle_inject: self.idle_inject,
+            cpu_quota: self.cpu_quota,
+            global_timers: self.global_timers,
+        }
+    }
 }
 
 /// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, and the wake-up
@@ -187,7 +201,7 @@ impl UserIrqChip<VmClock> {
     /// waits on and other threads may re-arm (see `UserVcpuIrq::block_until`).
     fn attach_wake_timers(&mut self) -> Result<(), IrqChipError> {
         let clock = self.clock.clone();
-        let ranged = !crate::idle::slack::hard_wait(self.idle.timer_slack);
+        let ranged = !lapic_timer_host::slack::hard_wait(self.idle.timer_slack);
         for part in lock(&self.parts).iter_mut().flatten() {
             let fd = if ranged {
                 SharedTimerFd::ranged_for_poll(clock.clone())
@@ -262,17 +276,11 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         let model = timer::build::<VcpuTimer>(cfg.model, &nodes, host, waker)?;
         // `pull`: a running vCPU's host tick for global timers at the end of their range.
         model.shared.set_global_slack(cfg.timer_slack.ns());
-        let idle = Arc::new(IdleShared {
-            halt_poll: cfg.halt_poll,
-            timer_advance: cfg.timer_advance,
-            timer_slack: cfg.timer_slack,
-            inject: cfg.idle_inject.map(|c| IdleInjector::new(c, lapics.len())),
-            quota: cfg
-                .cpu_quota
-                .map(|q| CpuQuota::new(q, clock.to_monotonic(0))),
-            global: cfg.global_timers.map(GlobalLoad::new),
-            wake_placement: cfg.wake_placement,
-        });
+        let idle = Arc::new(IdleShared::new(
+            cfg.idle_knobs(),
+            lapics.len(),
+            clock.to_monotonic(0),
+        ));
         let parts = lapics
             .into_iter()
             .zip(model.cpus)

@@ -3,6 +3,7 @@
 //! feature the VM does not offer is left to the generic MSR path, which refuses it (#GP).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use kvm_ioctls::VcpuExit;
 use vm_memory::GuestMemoryMmap;
@@ -10,6 +11,17 @@ use vm_memory::GuestMemoryMmap;
 use super::pv_deadline::{PvDeadline, MSR_LULL_PV_DEADLINE};
 use super::pv_eoi::{PvEoi, MSR_KVM_PV_EOI_EN};
 use crate::metrics::VcpuCounters;
+
+/// One vCPU's paravirtual state and the guest memory it lives in: `None` for a feature the
+/// VM does not offer.
+pub struct GuestPv {
+    /// Guest memory (the PV EOI flag and the PV deadline slot live there).
+    pub mem: Arc<GuestMemoryMmap>,
+    /// PV EOI.
+    pub eoi: Option<PvEoi>,
+    /// PV TSC deadline.
+    pub deadline: Option<PvDeadline>,
+}
 
 /// One vCPU's paravirtual MSR state: `None` for a feature the VM does not offer.
 pub struct PvMsrs<'s> {

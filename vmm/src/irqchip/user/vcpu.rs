@@ -6,8 +6,9 @@
 //! interrupt or asks for an interrupt window. At HLT and in INIT the idle manager runs the
 //! whole halt (`idle/halt.rs`); the chip answers whether the vCPU is runnable, services its
 //! mailbox and timers, and waits on its kick eventfd and the wake-up timerfd the timer model
-//! arms (see [`VcpuWait`]). Also here: PV EOI offered and read back, timer advance, CR8 kept
-//! equal to the TPR. The clock is a type parameter and the vCPU is reached only through
+//! arms (see [`VcpuWait`]). Also here: PV EOI offered and read back, CR8 kept equal to the
+//! TPR; the LAPIC timer's host side (host timer, advance, tick deferral) is
+//! [`LapicTimerHost`]'s, which `vcpu/lapic_timer.rs` carries out. The clock is a type parameter and the vCPU is reached only through
 //! [`CpuPort`], so all of this runs in tests without KVM.
 
 mod lapic_timer;
@@ -19,25 +20,24 @@ use std::sync::Arc;
 use devices::lapic::regs::MSR_TSC_DEADLINE;
 use devices::lapic::{InitSipiState, Lapic, LapicEffects, LapicEvents};
 use kvm_ioctls::VcpuExit;
-use timer::{CpuTimers, Nanos, TimerHandle, TimerKind};
+use timer::{CpuTimers, Nanos, TimerKind, VmTime};
 use vm_memory::GuestMemoryMmap;
 
 use super::cr8::TprPoll;
 use super::exit::{handle_user_exit, UserExitContext};
 use super::guest_tsc::TscAnchor;
 use super::host_timer::SharedTimerFd;
+use super::lapic_timer_host::slack::thread_slack_ns;
+use super::lapic_timer_host::LapicTimerHost;
 use super::pv_deadline::PvDeadline;
 use super::pv_eoi::PvEoi;
-use super::pv_msr::PvMsrs;
+use super::pv_msr::{GuestPv, PvMsrs};
 use super::router::InterruptRouter;
 use super::saved::UserVcpuState;
 use super::timers::on_timer_fired;
 use super::wait::VcpuWait;
-use crate::idle::advance::TimerAdvance;
 use crate::idle::core::WakeCause;
-use crate::idle::halt::{IdleChip, VcpuIdle, VmTime};
-use crate::idle::slack::thread_slack_ns;
-use crate::idle::tick_defer::TickDefer;
+use crate::idle::halt::{IdleChip, VcpuIdle};
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
 use crate::idle::IdleShared;
 use crate::irqchip::{ChipExit, CpuPort, Entry, HaltEnd, KvmNmi, VcpuIrq};
@@ -93,29 +93,16 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     id: u32,
     lapic: Lapic<E>,
     timers: Box<dyn CpuTimers<VcpuTimer>>,
-    lapic_timer: Option<TimerHandle>,
-    /// When the LAPIC timer's host timer is armed for (its deadline less the advance).
-    lapic_armed_at: Option<Nanos>,
-    advance: TimerAdvance,
-    /// Whether the LAPIC timer's host tick is deferred past its deadline (`idle/tick_defer.rs`).
-    tick_defer: TickDefer,
-    /// The LAPIC timer was taken out of the timer model at an exit, due (`lapic_timer.rs`):
-    /// the next service pass counts it as fired on this thread.
-    lapic_taken: bool,
-    global_armed: bool,
-    router: Arc<InterruptRouter>,
+    /// The LAPIC timer's host side: its host timer, advance and tick deferral.
+    lapic_timer: LapicTimerHost,
+    /// What it shares with the VM's other threads.
+    vm: ChipVm,
     clock: C,
-    /// The idle manager's VM-wide state (the chip runs its global-timer load).
-    idle: Arc<IdleShared>,
-    shared: Arc<VcpuShared>,
     counters: Arc<VcpuCounters>,
-    unknown_msr: Arc<LogLimiter>,
+    /// What the last exit asked of the LAPIC's surroundings, applied at `exit_done`.
     effects: Option<LapicEffects>,
-    mem: Arc<GuestMemoryMmap>,
-    /// PV EOI state, if the guest may use it.
-    pv_eoi: Option<PvEoi>,
-    /// PV TSC deadline state, if the guest may use it.
-    pv_deadline: Option<PvDeadline>,
+    /// PV EOI and PV deadline, as far as the guest may use them.
+    pv: GuestPv,
     /// Keeps the TSC map from drifting (see `guest_tsc`).
     tsc_anchor: Option<TscAnchor>,
     /// What it blocks on.
@@ -129,6 +116,18 @@ struct VcpuChip<E: LapicEvents, C: VmTime> {
     restored_halt: bool,
 }
 
+/// What one vCPU's chip shares with the VM's other threads.
+struct ChipVm {
+    /// The interrupt fabric (holds every vCPU's mailbox).
+    router: Arc<InterruptRouter>,
+    /// The idle manager's VM-wide state (the global-timer load whose timers fire here).
+    idle: Arc<IdleShared>,
+    /// Stop and pause requests, counters, device timers.
+    shared: Arc<VcpuShared>,
+    /// Unimplemented-MSR log limiter.
+    unknown_msr: Arc<LogLimiter>,
+}
+
 impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
     /// The per-vCPU irqchip of vCPU `parts.id`; `None` if the router has no mailbox or the
     /// VM no counters for it.
@@ -139,6 +138,7 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
         let cpus = parts.router.mailboxes().len();
         let idle = VcpuIdle::new(
             parts.idle.clone(),
+            parts.id,
             cpus,
             parts.clock.clone(),
             counters.clone(),
@@ -147,22 +147,21 @@ impl<E: LapicEvents + Send, C: VmTime> UserVcpuIrq<E, C> {
             id: parts.id,
             lapic: parts.lapic,
             timers: parts.timers,
-            lapic_timer: None,
-            lapic_armed_at: None,
-            advance: TimerAdvance::new(parts.idle.timer_advance),
-            tick_defer: TickDefer::default(),
-            lapic_taken: false,
-            global_armed: false,
-            router: parts.router,
+            lapic_timer: LapicTimerHost::new(parts.idle.timer_advance, parts.idle.timer_slack),
+            vm: ChipVm {
+                router: parts.router,
+                idle: parts.idle,
+                shared: parts.shared,
+                unknown_msr: parts.unknown_msr,
+            },
             clock: parts.clock,
-            idle: parts.idle,
-            shared: parts.shared,
             counters,
-            unknown_msr: parts.unknown_msr,
             effects: None,
-            mem: parts.mem,
-            pv_eoi: parts.pv_eoi.then(PvEoi::default),
-            pv_deadline: parts.pv_deadline.then(PvDeadline::default),
+            pv: GuestPv {
+                mem: parts.mem,
+                eoi: parts.pv_eoi.then(PvEoi::default),
+                deadline: parts.pv_deadline.then(PvDeadline::default),
+            },
             tsc_anchor: parts.tsc_anchor,
             wait: VcpuWait {
                 mailbox,
@@ -189,7 +188,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// A stop or a pause: either way the vCPU leaves its halt or wait (`vcpu::run` tells them
     /// apart and parks for a pause).
     fn stop_requested(&self) -> bool {
-        self.shared.stop.is_requested() || self.shared.pause.is_requested()
+        self.vm.shared.stop.is_requested() || self.vm.shared.pause.is_requested()
     }
 
     /// Drains the mailbox, runs due timers and the LAPIC timer, re-arms queued global timers.
@@ -198,15 +197,14 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             self.lapic.receive(&ipi);
         }
         self.wait.mailbox.take_recheck();
-        self.rearm_global_load(now);
         self.arm_device_timers();
         let mut summary = self.run_timers(now);
-        if std::mem::take(&mut self.lapic_taken) {
+        if self.lapic_timer.take_taken() {
             summary.own_pinned += 1;
         }
-        // Re-arm the global timers that just fired at once (and arm what devices asked for
-        // in their callbacks), and cover them with the host tick.
-        if summary.global() > 0 && (self.rearm_global_load(now) | self.arm_device_timers()) {
+        // Arm what devices asked for in their callbacks, and cover it with the host tick (the
+        // idle manager re-arms the global-timer load's: `VcpuIdle::service`).
+        if summary.global() > 0 && self.arm_device_timers() {
             self.run_timers(now);
         }
         if summary.device > 0 {
@@ -221,7 +219,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             let ran_on = !self.halted && cpu.interrupts_enabled();
             let now = self.lapic_timer_due(now, ran_on);
             if let Some(next) = self.lapic.timer_fired(now) {
-                self.arm_lapic_timer(next);
+                self.lapic_timer.arm(self.timers.as_mut(), next);
                 // Armed after this pass's timer run: program the host tick for it now (`pull`
                 // programs a running vCPU's tick only in `run`), or a periodic timer's next
                 // period would wait for the vCPU's next exit (none with PV EOI in a busy loop).
@@ -254,21 +252,21 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// One pass of the timer model: expires what is due (this vCPU's timers, and other
     /// vCPUs' global ones if it is a migrator), programs the host tick, counts global fires.
     fn run_timers(&mut self, now: Nanos) -> FiredSummary {
-        let (router, global) = (&self.router, self.idle.global.as_ref());
+        let (router, global) = (&self.vm.router, self.vm.idle.global.as_ref());
         let mut summary = FiredSummary::default();
         let mut devices_due = Vec::new();
         let mut on_fire =
             |fired| on_timer_fired(router, global, &mut devices_due, &mut summary, fired);
         if self.halted {
             self.timers.run_halted(now, &mut on_fire);
-        } else if self.tick_defer.take_stale() {
+        } else if self.lapic_timer.take_stale() {
             // The tick armed for an ended deferral would interrupt the guest for nothing.
             self.timers.run_exact(now, &mut on_fire);
         } else {
             self.timers.run(now, &mut on_fire);
         }
         for id in devices_due {
-            self.shared.device_timers.fire(id);
+            self.vm.shared.device_timers.fire(id);
         }
         if summary.global() > 0 {
             self.counters()
@@ -278,30 +276,10 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         summary
     }
 
-    /// Arms this vCPU's share of the global-timer load once it runs, and re-arms the load's
-    /// fired timers on this vCPU's base. True if anything was armed.
-    fn rearm_global_load(&mut self, now: Nanos) -> bool {
-        let Some(global) = self.idle.global.as_ref() else {
-            return false;
-        };
-        let mut slots = global.take_pending();
-        if !self.global_armed && self.lapic.init_sipi_state() == InitSipiState::Running {
-            self.global_armed = true;
-            slots.extend(global.initial_slots(self.id));
-        }
-        let armed = !slots.is_empty();
-        for slot in slots {
-            let deadline = global.next_deadline(slot, now);
-            self.timers
-                .arm(TimerKind::Global, deadline, VcpuTimer::Global(slot));
-        }
-        armed
-    }
-
     /// Arms the device timers devices asked for (in MMIO exits or timer callbacks) as global
     /// timers on this vCPU's base. True if anything was armed.
     fn arm_device_timers(&mut self) -> bool {
-        let pending = self.shared.device_timers.take_pending();
+        let pending = self.vm.shared.device_timers.take_pending();
         let epoch = self.clock.to_monotonic(0);
         for &(id, at) in &pending {
             let deadline = at.saturating_sub(epoch);
@@ -317,12 +295,13 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         self.apply_timer(effects.timer, effects.timer_expired, interruptible);
         if effects.destination_changed {
             if let Ok(index) = usize::try_from(self.id) {
-                self.router
+                self.vm
+                    .router
                     .update_destination(index, self.lapic.destination_info());
             }
         }
         if let Some(ipi) = effects.ipi {
-            self.router.send_ipi(&ipi);
+            self.vm.router.send_ipi(&ipi);
         }
         if effects.base_change.is_some() {
             if let Ok(value) = self.lapic.read_msr(MSR_IA32_APIC_BASE, self.clock.now()) {
@@ -331,7 +310,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
         if let Some(eoi) = effects.eoi {
             if eoi.level_triggered {
-                self.router.end_of_interrupt(eoi.vector);
+                self.vm.router.end_of_interrupt(eoi.vector);
             }
         }
     }
@@ -365,7 +344,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// Blocks the thread until `until`, VM control and (with `wake_on_work`) mail or its
     /// wake-up (see [`VcpuWait`]); counts the time asleep.
     fn block_until(&mut self, until: Option<Nanos>, wake_on_work: bool) {
-        let shared = self.shared.clone();
+        let shared = self.vm.shared.clone();
         let asleep = self.wait.block_until(
             self.timers.as_mut(),
             &self.clock,
@@ -388,8 +367,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         if self.tpr_poll.before_entry(held, now, self.timers.as_mut()) {
             self.run_timers(now);
         }
-        if let Some(pv) = &mut self.pv_eoi {
-            pv.before_entry(&self.lapic, &self.mem);
+        if let Some(pv) = &mut self.pv.eoi {
+            pv.before_entry(&self.lapic, &self.pv.mem);
         }
     }
 
@@ -401,13 +380,18 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
                 self.lapic.set_tsc_map(map);
             }
         }
-        if let Some(pv) = &mut self.pv_eoi {
-            if pv.after_exit(&mut self.lapic, &self.mem).is_some() {
+        if let Some(pv) = &mut self.pv.eoi {
+            if pv.after_exit(&mut self.lapic, &self.pv.mem).is_some() {
                 self.counters.pv_eois.fetch_add(1, Ordering::Relaxed);
             }
         }
         // Before the exit itself: a deadline stored in the PV slot is older than it.
-        if let Some(tsc) = self.pv_deadline.as_ref().and_then(|pv| pv.take(&self.mem)) {
+        if let Some(tsc) = self
+            .pv
+            .deadline
+            .as_ref()
+            .and_then(|pv| pv.take(&self.pv.mem))
+        {
             self.counters.pv_deadlines.fetch_add(1, Ordering::Relaxed);
             let now = self.clock.now();
             if let Ok(effects) = self.lapic.write_msr(MSR_TSC_DEADLINE, tsc, now) {
@@ -424,19 +408,19 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
             self.tpr_poll.cancel(self.timers.as_mut());
         }
         let pv = PvMsrs {
-            eoi: self.pv_eoi.as_mut(),
-            deadline: self.pv_deadline.as_mut(),
+            eoi: self.pv.eoi.as_mut(),
+            deadline: self.pv.deadline.as_mut(),
         };
-        let Err(exit) = pv.handle(exit, &self.mem, &self.counters) else {
+        let Err(exit) = pv.handle(exit, &self.pv.mem, &self.counters) else {
             return Ok(ChipExit::Continue);
         };
         let mut ctx = UserExitContext {
             vcpu: self.id,
             counters: &self.counters,
             lapic: &mut self.lapic,
-            router: &self.router,
+            router: &self.vm.router,
             now: self.clock.now(),
-            unknown_msr: &self.unknown_msr,
+            unknown_msr: &self.vm.unknown_msr,
         };
         self.effects = handle_user_exit(exit, &mut ctx)?;
         Ok(ChipExit::Continue)
@@ -446,7 +430,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
 impl<E: LapicEvents + Send, C: VmTime> VcpuIrq for UserVcpuIrq<E, C> {
     fn attach(&mut self, cpu: &mut dyn CpuPort) {
         self.chip.wait.mailbox.bind_current_thread();
-        let slack = self.chip.idle.timer_slack;
+        let slack = self.chip.vm.idle.timer_slack;
         if slack.is_on() {
             // The ranged wait's timeout expires within this slack (`ranged_wake.rs`).
             if let Err(e) = crate::host::sys::thread::set_timer_slack(thread_slack_ns(slack)) {
@@ -570,7 +554,7 @@ impl<E: LapicEvents + Send, C: VmTime> IdleChip for ChipOnCpu<'_, E, C> {
     }
 
     fn wake_at(&self) -> Option<Nanos> {
-        self.chip.lapic_timer.and(self.chip.lapic_armed_at)
+        self.chip.lapic_timer.wake_at()
     }
 
     fn timers(&mut self) -> &mut dyn CpuTimers<VcpuTimer> {

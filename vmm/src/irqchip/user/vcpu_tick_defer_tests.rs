@@ -1,9 +1,9 @@
-//! Deferred ticks at the chip (`idle/tick_defer.rs`): a short deadline armed inside the
+//! Deferred ticks at the chip (`lapic_timer_host/tick_defer.rs`): a short deadline armed inside the
 //! guest's handler, the HLT that takes it, and deferred ticks that fire (a miss, or late).
 
 use super::*;
 
-use crate::idle::tick_defer::GRACE_NS;
+use crate::irqchip::user::lapic_timer_host::tick_defer::GRACE_NS;
 
 /// vCPU 0 in `kind`, inside its timer handler (interrupts off) at 1 ms: its LVT timer in
 /// TSC-deadline mode (vector 0x40), a deadline 77 us ahead written, EOI, entered again; the

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use timer::{Clock, CpuTimers, Nanos, NEVER};
 
 use super::host_timer::SharedTimerFd;
+use super::lapic_timer_host::slack::ranged_timeout;
 use super::mailbox::Mailbox;
 use crate::idle::core::block_deadline;
-use crate::idle::slack::ranged_timeout;
 use crate::idle::vcpu_timer::VcpuTimer;
 use crate::ratelimit::LogLimiter;
 

@@ -4,9 +4,9 @@
 //! and hierarchy, the advance, the VM clock's re-arm at a thaw).
 
 use devices::lapic::LapicEvents;
+use timer::VmTime;
 
 use super::{UserVcpuIrq, VcpuChip};
-use crate::idle::halt::VmTime;
 use crate::irqchip::user::pv_deadline::PvDeadline;
 use crate::irqchip::user::pv_eoi::PvEoi;
 use crate::irqchip::user::saved::{ChipStateError, UserVcpuState};
@@ -20,8 +20,8 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
         }
         UserVcpuState {
             lapic: self.lapic.save(self.clock.now()),
-            pv_eoi_msr: self.pv_eoi.as_ref().map_or(0, PvEoi::msr),
-            pv_deadline_msr: self.pv_deadline.as_ref().map_or(0, PvDeadline::msr),
+            pv_eoi_msr: self.pv.eoi.as_ref().map_or(0, PvEoi::msr),
+            pv_deadline_msr: self.pv.deadline.as_ref().map_or(0, PvDeadline::msr),
             halted,
         }
     }
@@ -29,26 +29,27 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// Takes `state`, all checked before anything changes: the LAPIC against its
     /// configuration, the PV registrations against guest memory and the VM's features.
     pub(super) fn restore(&mut self, state: &UserVcpuState) -> Result<(), ChipStateError> {
-        let mut pv_eoi = self.pv_eoi.as_ref().map(|_| PvEoi::default());
+        let mut pv_eoi = self.pv.eoi.as_ref().map(|_| PvEoi::default());
         match (&mut pv_eoi, state.pv_eoi_msr) {
             (_, 0) => {}
-            (Some(pv), msr) => pv.write_msr(msr, &self.mem)?,
+            (Some(pv), msr) => pv.write_msr(msr, &self.pv.mem)?,
             (None, _) => return Err(ChipStateError::PvEoiNotOffered),
         }
-        let mut pv_deadline = self.pv_deadline.as_ref().map(|_| PvDeadline::default());
+        let mut pv_deadline = self.pv.deadline.as_ref().map(|_| PvDeadline::default());
         match (&mut pv_deadline, state.pv_deadline_msr) {
             (_, 0) => {}
-            (Some(pv), msr) => pv.write_msr(msr, &self.mem)?,
+            (Some(pv), msr) => pv.write_msr(msr, &self.pv.mem)?,
             (None, _) => return Err(ChipStateError::PvDeadlineNotOffered),
         }
         // The host timer is armed at `attach` (see the module's comment): the change is
         // the LAPIC's timer deadline, which that reads.
         let _ = self.lapic.restore(&state.lapic, self.clock.now())?;
-        self.pv_eoi = pv_eoi;
-        self.pv_deadline = pv_deadline;
+        self.pv.eoi = pv_eoi;
+        self.pv.deadline = pv_deadline;
         self.restored_halt = state.halted;
         if let Ok(index) = usize::try_from(self.id) {
-            self.router
+            self.vm
+                .router
                 .update_destination(index, self.lapic.destination_info());
         }
         Ok(())
@@ -59,7 +60,7 @@ impl<E: LapicEvents + Send, C: VmTime> VcpuChip<E, C> {
     /// registers of the vCPU's KVM state.
     pub(super) fn arm_restored(&mut self) {
         if let Some(deadline) = self.lapic.timer_deadline() {
-            self.arm_lapic_timer(deadline);
+            self.lapic_timer.arm(self.timers.as_mut(), deadline);
         }
     }
 }

@@ -134,12 +134,17 @@ impl Variant {
 struct Lull(Child);
 
 impl Lull {
+    /// Sends SIGTERM unless it has ended.
+    fn terminate(&mut self) {
+        if let (Ok(None), Ok(pid)) = (self.0.try_wait(), i32::try_from(self.0.id())) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+
     /// SIGTERM, then up to [`GRACE`] for it to exit, then SIGKILL.
     fn stop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            if let Ok(pid) = i32::try_from(self.0.id()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-            }
+            self.terminate();
             let deadline = Instant::now() + GRACE;
             while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
@@ -426,6 +431,10 @@ impl Bench<'_> {
         row.load_1m = std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        // SIGTERM to every clone first, so that they end together, then each reaped.
+        for c in &mut clones {
+            c.terminate();
+        }
         for c in &mut clones {
             c.stop();
         }

@@ -492,6 +492,67 @@ fn boot_times_hello_and_reads_lull_memory() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `lull bench clones` on the kit's Linux: one boot, a restore by each path and memory mode,
+/// and fleets of two clones, mapped and copied, all still running at the end of the window;
+/// the mapped clones hold less than half the copied ones' memory of their own.
+fn clones_restores_a_fleet_that_shares_its_snapshot() -> Result<(), Failed> {
+    kit_file("linux/vmlinux")?;
+    // The kit's Linux boots in 30-400 s here.
+    let (v, r) = lull_tests::run_bench(
+        "bench-clones-run",
+        "clones",
+        &[
+            "--modes",
+            "pull",
+            "--clones",
+            "2",
+            "--restores",
+            "1",
+            "--settle",
+            "2s",
+            "--window",
+            "1s",
+            "--fleet-memory",
+            "map,copy",
+        ],
+        Duration::from_secs(900),
+    )?;
+    if v["schema"] != "lull-bench-clones/1" || !r.stdout.contains("restore to running") {
+        return Err(format!("not a clones report:\n{}", r.stdout).into());
+    }
+    let restores = v["restores"].as_array().cloned().unwrap_or_default();
+    let memories: Vec<&str> = restores
+        .iter()
+        .filter_map(|r| r["memory"].as_str())
+        .collect();
+    if memories != ["map", "copy"] {
+        return Err(format!("restore rows: {memories:?}").into());
+    }
+    for row in &restores {
+        for path in ["api_ms", "cli_ms"] {
+            if row[path]["n"] != 1 || row["failures"].as_array().is_none_or(|f| !f.is_empty()) {
+                return Err(format!("a restore by {path} did not run: {row}").into());
+            }
+        }
+    }
+    let (mapped, copied) = (&v["fleets"][0], &v["fleets"][1]);
+    for fleet in [mapped, copied] {
+        if fleet["clones"] != 2 || fleet["running"] != 2 {
+            return Err(format!("the fleet's clones did not all run: {fleet}").into());
+        }
+    }
+    let kib = |fleet: &Value, f: &str| fleet[f].as_f64().unwrap_or(0.0);
+    if mapped["memory"] != "map" || !(kib(mapped, "pss_kib") > 0.0) {
+        return Err(format!("no mapped fleet first: {mapped}").into());
+    }
+    // The mapped clones' own (anonymous) memory is what they wrote; the copied ones hold the
+    // snapshot's data besides.
+    if kib(mapped, "pss_anon_kib") * 2.0 >= kib(copied, "pss_anon_kib") {
+        return Err(format!("mapping saved no memory: {mapped} against {copied}").into());
+    }
+    Ok(())
+}
+
 fn bench_help_names_the_experiments() -> Result<(), Failed> {
     let r = run_lull(&["bench", "--help"], Duration::from_secs(30))?;
     r.expect_code(0)?;
@@ -503,6 +564,8 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
         "boot",
         "global-timers",
         "latency",
+        "snapshot",
+        "clones",
     ] {
         r.expect_stdout(experiment)?;
     }
@@ -550,6 +613,10 @@ fn main() {
         kvm_trial(
             "density_linux_measures_inside_the_workload",
             density_linux_measures_inside_the_workload,
+        ),
+        kvm_trial(
+            "clones_restores_a_fleet_that_shares_its_snapshot",
+            clones_restores_a_fleet_that_shares_its_snapshot,
         ),
         kvm_trial(
             "timer_modes_measures_every_model",

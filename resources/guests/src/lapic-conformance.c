@@ -631,12 +631,19 @@ static void check_timer(void)
     check("periodic_reload", got && reload > 0 && reload <= bus_ticks_per_ms(1) * 2,
           "%u interrupts, TMCCT %u", irq_count[0], reload);
 
-    /* Mode switches. */
-    xapic_write(APIC_LVT_TIMER, LVT_MASKED | VEC_TIMER);
+    /* Mode switches. The one-shot count must still run when the LVT turns periodic: on a
+     * loaded host the vCPU can be descheduled for the count's 4 ms between the two writes
+     * (the count then stops at zero, as it should), so the switch is tried again, up to 8
+     * times, until it lands inside the count. */
     u32 big = bus_ticks_per_ms(1) * 4;
-    xapic_write(APIC_TIMER_INIT, big);
-    xapic_write(APIC_LVT_TIMER, LVT_MASKED | LVT_TIMER_PERIODIC | VEC_TIMER);
-    u32 mi = xapic_read(APIC_TIMER_INIT), mc = xapic_read(APIC_TIMER_CUR);
+    u32 mi = 0, mc = 0;
+    for (int attempt = 0; attempt < 8 && mc == 0; attempt++) {
+        xapic_write(APIC_LVT_TIMER, LVT_MASKED | VEC_TIMER);
+        xapic_write(APIC_TIMER_INIT, big);
+        xapic_write(APIC_LVT_TIMER, LVT_MASKED | LVT_TIMER_PERIODIC | VEC_TIMER);
+        mi = xapic_read(APIC_TIMER_INIT);
+        mc = xapic_read(APIC_TIMER_CUR);
+    }
     delay_ns(5000000); /* past the first zero: periodic reloads */
     u32 mc2 = xapic_read(APIC_TIMER_CUR);
     xapic_write(APIC_LVT_TIMER, LVT_MASKED | VEC_TIMER); /* back to one-shot: stops at zero */

@@ -542,7 +542,7 @@ fn clones_restores_a_fleet_that_shares_its_snapshot() -> Result<(), Failed> {
         }
     }
     let kib = |fleet: &Value, f: &str| fleet[f].as_f64().unwrap_or(0.0);
-    if mapped["memory"] != "map" || !(kib(mapped, "pss_kib") > 0.0) {
+    if mapped["memory"] != "map" || kib(mapped, "pss_kib") <= 0.0 {
         return Err(format!("no mapped fleet first: {mapped}").into());
     }
     // The mapped clones' own (anonymous) memory is what they wrote; the copied ones hold the

@@ -12,6 +12,7 @@ use super::kvm::{ioctl_err, KvmError};
 use crate::config::knobs::HaltPollMode;
 use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
 use crate::host::sys;
+use crate::idle::shared::IdleKnobs;
 use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
@@ -115,13 +116,15 @@ pub fn irqchip(
             TimerModelKind::Central => timer::ModelKind::Central,
         },
         tsc_khz: vcpus.tsc_khz,
-        halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
-        timer_advance: cfg.timer_advance.unwrap_or_default(),
-        timer_slack: cfg.timer_slack.unwrap_or_default(),
-        wake_placement: cfg.wake_placement.unwrap_or_default(),
-        idle_inject: cfg.idle_inject,
-        cpu_quota: cfg.cpu_quota,
-        global_timers: cfg.global_timers,
+        idle: IdleKnobs {
+            halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
+            timer_advance: cfg.timer_advance.unwrap_or_default(),
+            timer_slack: cfg.timer_slack.unwrap_or_default(),
+            wake_placement: cfg.wake_placement.unwrap_or_default(),
+            idle_inject: cfg.idle_inject,
+            cpu_quota: cfg.cpu_quota,
+            global_timers: cfg.global_timers,
+        },
         pv_eoi: cfg.pv_eoi.is_on(),
         pv_deadline: cfg.pv_deadline.is_on(),
         x2apic: cfg.x2apic.is_on(),

@@ -56,10 +56,6 @@ use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
 use super::{EdgeIrq, IrqChip, IrqChipError, VcpuIrq};
-use crate::config::knobs::{
-    CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
-    TimerSlack, WakePlacementMode,
-};
 use crate::idle::quota::CpuQuota;
 use crate::idle::shared::IdleKnobs;
 use crate::idle::vcpu_timer::{FiredSummary, VcpuTimer};
@@ -85,20 +81,8 @@ pub struct UserChipConfig {
     pub model: ModelKind,
     /// The guest's TSC frequency.
     pub tsc_khz: u32,
-    /// Halt polling.
-    pub halt_poll: HaltPollMode,
-    /// Timer advance.
-    pub timer_advance: TimerAdvanceMode,
-    /// Timer slack of halted vCPUs' wake-ups.
-    pub timer_slack: TimerSlack,
-    /// Wake placement.
-    pub wake_placement: WakePlacementMode,
-    /// Synchronized idle injection.
-    pub idle_inject: Option<IdleInjectConfig>,
-    /// Per-VM CPU quota.
-    pub cpu_quota: Option<CpuQuotaConfig>,
-    /// Synthetic global-timer load.
-    pub global_timers: Option<GlobalTimersConfig>,
+    /// The idle knobs, which the idle manager's VM-wide state is built from.
+    pub idle: IdleKnobs,
     /// Offer KVM's PV EOI to the guest.
     pub pv_eoi: bool,
     /// Offer lull's PV TSC deadline to the guest.
@@ -108,21 +92,6 @@ pub struct UserChipConfig {
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0]): IA32_APIC_BASE bits at or above it
     /// are reserved.
     pub max_phys_addr_bits: u8,
-}
-
-impl UserChipConfig {
-    /// Its idle knobs, which the idle manager's VM-wide state is built from.
-    pub fn idle_knobs(&self) -> IdleKnobs {
-        IdleKnobs {
-            halt_poll: self.halt_poll,
-            timer_advance: self.timer_advance,
-            timer_slack: self.timer_slack,
-            wake_placement: self.wake_placement,
-            idle_inject: self.idle_inject,
-            cpu_quota: self.cpu_quota,
-            global_timers: self.global_timers,
-        }
-    }
 }
 
 /// The per-vCPU parts handed out by [`IrqChip::vcpu`]: LAPIC, timers, and the wake-up
@@ -275,9 +244,9 @@ impl<C: VmTime + Send + Sync> UserIrqChip<C> {
         let nodes = vec![0; lapics.len()];
         let model = timer::build::<VcpuTimer>(cfg.model, &nodes, host, waker)?;
         // `pull`: a running vCPU's host tick for global timers at the end of their range.
-        model.shared.set_global_slack(cfg.timer_slack.ns());
+        model.shared.set_global_slack(cfg.idle.timer_slack.ns());
         let idle = Arc::new(IdleShared::new(
-            cfg.idle_knobs(),
+            cfg.idle,
             lapics.len(),
             clock.to_monotonic(0),
         ));

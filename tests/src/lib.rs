@@ -504,6 +504,77 @@ pub fn api_raw(socket: &Path, bytes: &[u8]) -> Result<(u16, String), Failed> {
     Ok((status, body))
 }
 
+/// `PUT endpoint` with `body` on the lull at `socket`, `fds` sent by SCM_RIGHTS with the
+/// request's first bytes, as Cloud Hypervisor's clients (ch-remote, Kata, libvirt) send them;
+/// reads the answer until lull closes the connection (up to 60 s): the status and the whole
+/// answer.
+pub fn api_put_with_fds(
+    socket: &Path,
+    endpoint: &str,
+    body: &str,
+    fds: &[std::os::fd::RawFd],
+) -> Result<(u16, String), Failed> {
+    use std::io::Write;
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    let mut conn =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let first = format!("PUT /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
+    conn.send_with_fds(&[first.as_bytes()], fds)
+        .map_err(|e| format!("send the fds: {e}"))?;
+    let rest = format!(
+        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer)
+        .map_err(|e| format!("{endpoint}: {e}"))?;
+    let status = answer
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
+    Ok((status, answer))
+}
+
+/// Runs a command to completion; fails with its output unless it succeeds.
+pub fn sh(program: &str, args: &[&str]) -> Result<String, Failed> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("{program} {args:?}: {}\n{text}", out.status).into())
+    }
+}
+
+/// `lull run --restore DIR --resume --serial file=SERIAL` (the restored console given again:
+/// a restore does not reuse the snapshot's own), killed after `deadline`.
+pub fn run_restored(dir: &Path, serial: &Path, deadline: Duration) -> Result<RunResult, Failed> {
+    let dir_arg = dir.display().to_string();
+    let serial_flag = format!("file={}", serial.display());
+    run_lull(
+        &[
+            "run",
+            "--restore",
+            &dir_arg,
+            "--resume",
+            "--serial",
+            &serial_flag,
+        ],
+        deadline,
+    )
+}
+
 /// lull's exit statuses as `docs/CLI.md` documents them: the contract the tests hold lull to,
 /// written out here rather than taken from `vmm::exit_code`, so that a change of a status
 /// fails the tests instead of passing with it.

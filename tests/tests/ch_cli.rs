@@ -10,14 +10,15 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lull_tests::exit_status::USAGE;
-use lull_tests::{api_call, kit_file, lull_bin, run_lull, temp_path, Arguments, Failed, Trial};
+use lull_tests::{
+    api_call, api_put_with_fds, kit_file, lull_bin, run_lull, temp_path, Arguments, Failed, Trial,
+};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -158,28 +159,7 @@ impl Drop for ChApi {
 
 /// ch-remote's `add-net` (and Kata's): the request's first write carries the fds.
 fn add_net_with_fds(socket: &Path, fds: &[i32]) -> Result<(u16, String), Failed> {
-    use std::io::{Read, Write};
-    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-    let mut conn = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
-    let first = b"PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n";
-    conn.send_with_fds(&[&first[..]], fds)
-        .map_err(|e| format!("send the fds: {e}"))?;
-    let body = r#"{"mac": "52:54:00:00:00:45"}"#;
-    let rest = format!(
-        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer)
-        .map_err(|e| format!("vm.add-net: {e}"))?;
-    let status = answer
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
-    Ok((status, answer))
+    api_put_with_fds(socket, "vm.add-net", r#"{"mac": "52:54:00:00:00:45"}"#, fds)
 }
 
 fn add_net_counts_every_fd_sent_and_closes_them() -> Result<(), Failed> {

@@ -22,7 +22,6 @@
 //! Needs `/dev/kvm`, root and `ip` (iproute2); without them the test is reported as ignored
 //! with the reason, never as passed.
 
-use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -31,10 +30,9 @@ use std::time::{Duration, Instant};
 
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, start_api_server_in,
-    temp_path, ApiLull, Arguments, Completion, Failed, Trial,
+    api_call, api_put_with_fds, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, sh,
+    start_api_server_in, temp_path, ApiLull, Arguments, Completion, Failed, Trial,
 };
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -50,25 +48,6 @@ fn unavailable() -> Option<String> {
     match Command::new("ip").arg("-V").output() {
         Ok(o) if o.status.success() => None,
         _ => Some("needs `ip` (iproute2: resources/ensure-apt.sh iproute2)".into()),
-    }
-}
-
-/// Runs a command to completion; fails with its output unless it succeeds.
-fn sh(program: &str, args: &[&str]) -> Result<String, Failed> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("{program} {args:?}: {}\n{text}", out.status).into())
     }
 }
 
@@ -165,30 +144,6 @@ fn tun_fds(pid: u32) -> Result<usize, Failed> {
         .filter_map(Result::ok)
         .filter(|e| std::fs::read_link(e.path()).is_ok_and(|p| p == Path::new("/dev/net/tun")))
         .count())
-}
-
-/// `PUT vm.restore` with `body`, `fds` sent by SCM_RIGHTS with the request's first bytes, as
-/// Cloud Hypervisor's clients send them: the status and the answer.
-fn restore_with_fds(socket: &Path, body: &str, fds: &[i32]) -> Result<(u16, String), Failed> {
-    let mut conn = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(DEADLINE))
-        .map_err(|e| e.to_string())?;
-    let first = b"PUT /api/v1/vm.restore HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n";
-    conn.send_with_fds(&[&first[..]], fds)
-        .map_err(|e| format!("send the fds: {e}"))?;
-    let rest = format!(
-        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer)
-        .map_err(|e| format!("vm.restore: {e}"))?;
-    let status = answer
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
-    Ok((status, answer))
 }
 
 /// Waits until `check` says yes about the first net of the lull at `socket`, or fails.
@@ -328,7 +283,12 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
             dir.display()
         )
     };
-    let (status, answer) = restore_with_fds(clone_c.socket(), &body("net1"), &[fd_c.as_raw_fd()])?;
+    let (status, answer) = api_put_with_fds(
+        clone_c.socket(),
+        "vm.restore",
+        &body("net1"),
+        &[fd_c.as_raw_fd()],
+    )?;
     if status != 400 || !answer.contains("'net1' names no net") {
         return Err(format!("vm.restore naming net1: {status} {answer}").into());
     }
@@ -337,7 +297,12 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
     if taps_held != 0 {
         return Err(format!("after a refused vm.restore lull holds {taps_held} tap fd(s)").into());
     }
-    let (status, answer) = restore_with_fds(clone_c.socket(), &body("net0"), &[fd_c.as_raw_fd()])?;
+    let (status, answer) = api_put_with_fds(
+        clone_c.socket(),
+        "vm.restore",
+        &body("net0"),
+        &[fd_c.as_raw_fd()],
+    )?;
     if status != 204 {
         return Err(format!("vm.restore with tap C's fd: {status} {answer}").into());
     }

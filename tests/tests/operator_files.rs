@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, read_json, run_lull, snapshot_file, start_api_server,
-    start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Failed, Trial,
+    api_call, kit_file, kvm_trial, read_json, run_lull, run_restored, snapshot_file,
+    start_api_server, start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Failed,
+    Trial,
 };
 
 /// Timers per phase of `pause-timers`: it runs ~3 x N x 10 ms, long enough to be paused
@@ -92,21 +93,7 @@ fn fresh_dir(name: &str) -> Result<PathBuf, Failed> {
 /// `serial` (given again: a restore does not reuse the snapshot's).
 fn restores_and_passes(dir: &Path, serial: &Path) -> Result<(), Failed> {
     let _ = std::fs::remove_file(serial);
-    let (dir_arg, serial_flag) = (
-        dir.display().to_string(),
-        format!("file={}", serial.display()),
-    );
-    let run = run_lull(
-        &[
-            "run",
-            "--restore",
-            &dir_arg,
-            "--resume",
-            "--serial",
-            &serial_flag,
-        ],
-        Duration::from_secs(120),
-    )?;
+    let run = run_restored(dir, serial, Duration::from_secs(120))?;
     let text = std::fs::read_to_string(serial).unwrap_or_default();
     if run.code()? != GUEST_PASS || !text.contains("pause-timers: PASS") {
         return Err(run.failure(&format!("the restored guest did not pass:\n{text}")));

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, kit_file, kvm_trial, run_lull, snapshot_file, start_api_server, temp_path,
-    wait_for_console, ApiLull, Arguments, Failed,
+    api_call, kit_file, kvm_trial, run_lull, run_restored, snapshot_file, start_api_server,
+    temp_path, wait_for_console, ApiLull, Arguments, Failed,
 };
 
 /// The irqchip and extra `--disk` options of each case.
@@ -237,18 +237,7 @@ fn blk_survives_a_restore(index: usize, irqchip: &str, options: &str) -> Result<
     }
     restore_refuses_flags_and_clashes(&dir)?;
     let dir_arg = dir.display().to_string();
-    let serial_flag = format!("file={}", serial.display());
-    let run = run_lull(
-        &[
-            "run",
-            "--restore",
-            &dir_arg,
-            "--resume",
-            "--serial",
-            &serial_flag,
-        ],
-        Duration::from_secs(120),
-    )?;
+    let run = run_restored(&dir, &serial, Duration::from_secs(120))?;
     let text = std::fs::read_to_string(&serial).unwrap_or_default();
     let fail = |what: &str| run.failure(&format!("{what}; console:\n{text}"));
     run.expect_code(GUEST_PASS)

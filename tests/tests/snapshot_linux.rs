@@ -21,7 +21,7 @@ use std::time::Duration;
 use libtest_mimic::{Completion, Trial};
 use lull_tests::exit_status::{API_STOP, GUEST_PASS};
 use lull_tests::{
-    kit_file, kvm_unavailable, linux_cmdline, run_lull, start_api_server, temp_path,
+    kit_file, kvm_unavailable, linux_cmdline, run_restored, start_api_server, temp_path,
     wait_for_console, ApiLull, Arguments, Failed,
 };
 
@@ -92,19 +92,7 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
     let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
     first.shutdown(API_STOP)?;
 
-    let dir_arg = dir.display().to_string();
-    let serial_flag = format!("file={}", serial.display());
-    let run = run_lull(
-        &[
-            "run",
-            "--restore",
-            &dir_arg,
-            "--resume",
-            "--serial",
-            &serial_flag,
-        ],
-        LINUX_DEADLINE,
-    )?;
+    let run = run_restored(&dir, &serial, LINUX_DEADLINE)?;
     let console = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
     let fail = |why: &str| -> Failed {
         format!("{why}; lull's stderr:\n{}\nconsole:\n{console}", run.stderr).into()

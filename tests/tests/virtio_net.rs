@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USAGE};
 use lull_tests::{
-    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, start_api_server_in,
-    temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed, Trial,
+    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, sh,
+    start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed,
+    Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -68,25 +69,6 @@ where
         Some(reason) => Ok(Completion::ignored_with(reason)),
         None => body().map(|()| Completion::Completed),
     })
-}
-
-/// Runs a command to completion; fails with its output unless it succeeds.
-fn sh(program: &str, args: &[&str]) -> Result<String, Failed> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("{program} {args:?}: {}\n{text}", out.status).into())
-    }
 }
 
 /// A network namespace with `lulltap0` (10.0.2.1/24, up); deleted, tap and all, on drop.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use lull_tests::exit_status::{BAD_INPUT, GUEST_PASS};
 use lull_tests::{
-    api_call, run_lull, snapshot_file, snapshot_into, start_api_server, temp_path, Failed,
+    api_call, run_lull, run_restored, snapshot_file, snapshot_into, start_api_server, temp_path,
+    Failed,
 };
 
 use super::paused_vm::{activity, PausedVm};
@@ -149,18 +150,8 @@ fn restore_finishes_the_timers(
     // again; without --resume lull refuses (a VM nobody could resume).
     let dir_arg = dir.display().to_string();
     run_lull(&["run", "--restore", &dir_arg], Duration::from_secs(60))?.expect_code(BAD_INPUT)?;
+    let run = run_restored(&dir, &serial, Duration::from_secs(120))?;
     let serial_flag = format!("file={}", serial.display());
-    let run = run_lull(
-        &[
-            "run",
-            "--restore",
-            &dir_arg,
-            "--resume",
-            "--serial",
-            &serial_flag,
-        ],
-        Duration::from_secs(120),
-    )?;
     run.expect_code(GUEST_PASS)?;
     let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
     if !text.contains("pause-timers: PASS") {

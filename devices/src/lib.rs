@@ -15,6 +15,7 @@ pub mod mmio;
 pub mod pio;
 pub mod port92;
 pub mod rate_limiter;
+pub mod restore_count;
 pub mod serial;
 mod sync;
 pub mod test_exit;

@@ -28,6 +28,7 @@ use devices::fw_cfg::{FW_CFG_PORT, FW_CFG_PORT_COUNT};
 use devices::i8042;
 use devices::mmio::MmioBus;
 use devices::port92;
+use devices::restore_count::{RESTORE_COUNT_PORT, RESTORE_COUNT_PORT_COUNT};
 use devices::serial::{COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT};
 use devices::testdev::{IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT, SCRATCH_PORT_COUNT};
@@ -47,12 +48,13 @@ use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 use crate::chip::{ChipSpec, FakeChip, FakePort, FuzzClock};
 
 /// The ports lull's bus claims: (base, count), from the devices' own constants.
-const LAYOUT: [(u16, u16); 14] = [
+const LAYOUT: [(u16, u16); 15] = [
     (COM1_PORT, COM_PORT_COUNT),
     (0x60, i8042::PORT_COUNT),
     (port92::PORT, 1),
     (TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT),
     (BOOT_MARKER_PORT, 1),
+    (RESTORE_COUNT_PORT, RESTORE_COUNT_PORT_COUNT),
     (CMOS_PORT, CMOS_PORT_COUNT),
     (0x40, 4),
     (0x80, 1),
@@ -163,7 +165,7 @@ impl<'a> Fuzz<'a> {
         let out = ConsoleSink::from_file(sink.try_clone().ok()?, "fuzz-serial".into());
         let parts = console(&fake.chip, out, None).ok()?;
         let cmos = Cmos::new(Box::new(move || clock));
-        let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos)
+        let bus = pio_bus_with_cmos(&cfg, parts.console.clone(), &fake.chip, cmos, 0)
             .unwrap_or_else(|e| panic!("lull's port layout refused: {e}"));
         let mut port = crate::chip::fake_port();
         let mut irq = fake

@@ -30,14 +30,19 @@ pub struct DevicesState {
     pub serial: SerialSnapshot,
     /// Each virtio device, in window order (disks, then nets).
     pub virtio: Vec<TransportState>,
+    /// How many times the VM had been restored when it was saved (0: it booted); its restore
+    /// reads one more at the restore-count port (`devices::restore_count`).
+    #[serde(default)]
+    pub restores: u32,
 }
 
 impl DevicesState {
     /// The console's saved `serial` state and that of every device of `virtio` (the VM's
-    /// virtio devices in window order).
-    pub fn capture(serial: SerialSnapshot, virtio: &[SharedTransport]) -> Self {
+    /// virtio devices in window order), of a VM restored `restores` times.
+    pub fn capture(serial: SerialSnapshot, virtio: &[SharedTransport], restores: u32) -> Self {
         Self {
             serial,
+            restores,
             virtio: virtio
                 .iter()
                 .map(|device| lock(device).save_transport())

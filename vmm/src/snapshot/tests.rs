@@ -362,6 +362,7 @@ fn a_devices_file_must_match_its_checksum_and_the_vms_devices() {
     let state = devices::DevicesState {
         serial,
         virtio: Vec::new(),
+        restores: 2,
     };
     let bytes = serde_json::to_vec(&state).unwrap();
     let entry = VcpuFile {
@@ -395,4 +396,19 @@ impl ::devices::serial::Trigger for NoIrq {
     fn trigger(&self) -> Result<(), ()> {
         Ok(())
     }
+}
+
+#[test]
+fn a_devices_file_of_an_older_lull_reads_as_never_restored() {
+    use ::devices::serial::SerialPort;
+    let state = devices::DevicesState {
+        serial: SerialPort::new(NoIrq, Vec::new()).save(),
+        virtio: Vec::new(),
+        restores: 5,
+    };
+    let mut json = serde_json::to_value(&state).unwrap();
+    assert_eq!(json["restores"], 5);
+    json.as_object_mut().unwrap().remove("restores");
+    let older: devices::DevicesState = serde_json::from_value(json).unwrap();
+    assert_eq!(older.restores, 0);
 }

@@ -7,6 +7,7 @@ use devices::cmos::{Cmos, CMOS_PORT, CMOS_PORT_COUNT};
 use devices::i8042::{self, I8042};
 use devices::pio::{IgnoredPorts, PioBus, PioBusError};
 use devices::port92::{self, SystemControlA};
+use devices::restore_count::{RestoreCount, RESTORE_COUNT_PORT, RESTORE_COUNT_PORT_COUNT};
 use devices::serial::{SerialPort, SerialSnapshot, COM1_IRQ, COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
@@ -68,13 +69,15 @@ pub fn console(
     Ok(ConsoleParts { console, drained })
 }
 
-/// Every port-I/O device of the VM.
+/// Every port-I/O device of the VM; `restores`: how many times it has been restored (0: it
+/// booted), for the restore-count port.
 pub fn pio_bus(
     cfg: &VmConfig,
     console: Arc<Mutex<Console>>,
     chip: &dyn IrqChip,
+    restores: u32,
 ) -> Result<PioBus, PioBusError> {
-    pio_bus_with_cmos(cfg, console, chip, Cmos::with_host_clock())
+    pio_bus_with_cmos(cfg, console, chip, Cmos::with_host_clock(), restores)
 }
 
 /// [`pio_bus`] with the CMOS (RTC) given: the serial fuzz target's reads a clock chosen by its
@@ -84,6 +87,7 @@ pub fn pio_bus_with_cmos(
     console: Arc<Mutex<Console>>,
     chip: &dyn IrqChip,
     cmos: Cmos,
+    restores: u32,
 ) -> Result<PioBus, PioBusError> {
     let mut bus = PioBus::new();
     bus.insert(COM1_PORT, COM_PORT_COUNT, console)?;
@@ -99,6 +103,11 @@ pub fn pio_bus_with_cmos(
         Arc::new(Mutex::new(TestExit)),
     )?;
     bus.insert(BOOT_MARKER_PORT, 1, Arc::new(Mutex::new(BootMarker)))?;
+    bus.insert(
+        RESTORE_COUNT_PORT,
+        RESTORE_COUNT_PORT_COUNT,
+        Arc::new(Mutex::new(RestoreCount::new(restores))),
+    )?;
     bus.insert(CMOS_PORT, CMOS_PORT_COUNT, Arc::new(Mutex::new(cmos)))?;
     let ignored = Arc::new(Mutex::new(IgnoredPorts));
     bus.insert(0x40, 4, ignored.clone())?; // PIT: Linux stops it; lull has none

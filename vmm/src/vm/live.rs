@@ -28,6 +28,8 @@ pub struct LiveVm {
     pub(super) console: Arc<std::sync::Mutex<super::devices::Console>>,
     /// The virtio devices in window order (disks, then nets), for a snapshot.
     pub(super) virtio: Arc<[SharedTransport]>,
+    /// How many times the VM has been restored (0: it booted), for its snapshots.
+    pub(super) restores: u32,
 }
 
 impl LiveVm {

@@ -222,7 +222,9 @@ fn run_from(
     let chip = vcpus::irqchip(cfg, &loaded.vm, &loaded.mem, &vcpus)?;
     let console = devices::console(chip.as_ref(), sink, snapshot.map(|s| &s.devices.serial))?;
     let serial_counters = lock(&console.console).counters();
-    let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
+    // The restore-count port: one more than the snapshot's VM had (0 for a boot).
+    let restores = snapshot.map_or(0, |s| s.devices.restores.saturating_add(1));
+    let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref(), restores)?;
     let (device_timers, mut disks, nets) =
         attach_timed_devices(cfg, open_disks, open_nets, &loaded.mem, chip.as_ref())?;
     let kvm_stats = vcpus
@@ -280,6 +282,7 @@ fn run_from(
         mem: loaded.mem.clone(),
         console: console.console.clone(),
         virtio,
+        restores,
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {

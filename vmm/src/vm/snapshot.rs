@@ -61,7 +61,8 @@ impl LiveVm {
         let mut kvm_vm = KvmVmState::capture(&self.vm, self.kvm_clock_at_pause());
         kvm_vm.user_ioapic = self.chip.save_ioapic();
         let kvm_vm = write_state(&mut new, kvm_vm::FILE, &kvm_vm)?;
-        let devices = DevicesState::capture(lock(&self.console).save(), &self.virtio);
+        let devices =
+            DevicesState::capture(lock(&self.console).save(), &self.virtio, self.restores);
         let devices = write_state(&mut new, snapshot::devices::FILE, &devices)?;
         let memory_file = new.name(snapshot::MEMORY, "");
         let (path, file) = new.create(&memory_file)?;

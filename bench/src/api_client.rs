@@ -1,5 +1,6 @@
 //! A client of lull's management API (`lull run --api-socket PATH`, `docs/API.md`) with just
-//! what the bench needs: boot a created VM, read its live counters and state, end lull.
+//! what the bench needs: boot a created VM (or restore one from a snapshot), read its live
+//! counters and state, end lull.
 //!
 //! One request per connection: the request asks the server to close the connection after
 //! its answer (`Connection: close`; lull keeps HTTP/1.1 connections open otherwise), then the
@@ -16,6 +17,8 @@ use serde_json::Value;
 
 /// Longest wait for one answer.
 pub const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for a `vm.restore` (a copy of a large VM's memory on a loaded host).
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a request to lull's API failed.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +118,21 @@ pub fn boot(socket: &Path) -> Result<(), ApiClientError> {
     expect_ok(socket, "PUT", "vm.boot").map(drop)
 }
 
+/// `PUT vm.restore` with `body` (its `RestoreConfig`); waits up to `timeout` for the answer.
+pub fn restore(socket: &Path, body: &str, timeout: Duration) -> Result<(), ApiClientError> {
+    let a = request_with_body(socket, "PUT", "vm.restore", body, timeout)?;
+    if (200..300).contains(&a.status) {
+        Ok(())
+    } else {
+        Err(ApiClientError::Status(
+            socket.to_path_buf(),
+            a.status,
+            "vm.restore",
+            a.body.trim().to_string(),
+        ))
+    }
+}
+
 /// `GET vm.counters`: the `--metrics` report, live while the VM runs.
 pub fn counters(socket: &Path) -> Result<RunReport, ApiClientError> {
     let body = expect_ok(socket, "GET", "vm.counters")?;
@@ -135,6 +153,8 @@ pub fn shutdown(socket: &Path) -> Result<(), ApiClientError> {
 /// One VM of a fleet (`fleet.rs`) as the bench drives it through the API.
 pub(crate) struct ApiVm {
     socket: PathBuf,
+    /// The `vm.restore` body that starts it, instead of `vm.boot`.
+    restore: Option<String>,
     booted: bool,
     shut_down: bool,
     /// Its live counters as the window opened.
@@ -143,18 +163,24 @@ pub(crate) struct ApiVm {
     pub(crate) at_end: Option<RunReport>,
     /// The first thing that went wrong with its API.
     pub(crate) error: Option<String>,
+    /// A restored VM: from its `vm.restore` (with `resume`) sent to the answer, when it
+    /// runs, ms.
+    pub(crate) restore_ms: Option<f64>,
 }
 
 impl ApiVm {
-    /// A VM whose lull will listen on `socket`.
-    pub(crate) fn new(socket: PathBuf) -> Self {
+    /// A VM whose lull will listen on `socket`, restored with `restore` (a `vm.restore`
+    /// body that resumes it), or booted without one.
+    pub(crate) fn starting(socket: PathBuf, restore: Option<String>) -> Self {
         Self {
             socket,
+            restore,
             booted: false,
             shut_down: false,
             at_start: None,
             at_end: None,
             error: None,
+            restore_ms: None,
         }
     }
 
@@ -168,7 +194,16 @@ impl ApiVm {
             if !self.socket.exists() {
                 return true;
             }
-            boot(&self.socket).map(|()| self.booted = true)
+            match &self.restore {
+                None => boot(&self.socket),
+                Some(body) => {
+                    let sent = std::time::Instant::now();
+                    let done = restore(&self.socket, body, RESTORE_TIMEOUT);
+                    self.restore_ms = Some(sent.elapsed().as_secs_f64() * 1e3);
+                    done
+                }
+            }
+            .map(|()| self.booted = true)
         } else {
             match state(&self.socket) {
                 Ok(state) if state == "Shutdown" => {

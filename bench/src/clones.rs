@@ -22,15 +22,10 @@
 //! copy-on-write, `docs/API.md`); a copied clone owns every page of data.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 
-use super::api_client::request_with_body;
-use super::children::{guard, GRACE};
 use super::clones_report::{
     clones_table, ClonesParams, ClonesReport, FleetRow, RestoreRow, CLONES_SCHEMA,
 };
@@ -38,13 +33,12 @@ use super::common::{lull_binary, lull_has_flag, work_dir, CommonArgs};
 use super::density::Mode;
 use super::error::BenchError;
 use super::host::host_info;
-use super::proc_sample;
+use super::linux_snapshot::{call, wait_for_socket, Lull, SnapshotSpec};
+use super::proc_sample::{self, mem_available_kib, rollup, Rollup};
 use super::snapshot_log::{log_time_of_day, since_time_of_day};
 use super::snapshot_report::Spread;
 use super::units::parse_duration;
 
-/// Longest wait for one API answer (a restore of a large VM by copy on a loaded host).
-const REQUEST: Duration = Duration::from_secs(60);
 /// Longest wait for a restored VM to log that it runs.
 const RUNNING: Duration = Duration::from_secs(120);
 /// How long the snapshotted guest's workload runs: longer than any fleet.
@@ -130,41 +124,6 @@ impl Variant {
     }
 }
 
-/// A child lull, killed (SIGTERM, then SIGKILL) when dropped.
-struct Lull(Child);
-
-impl Lull {
-    /// Sends SIGTERM unless it has ended.
-    fn terminate(&mut self) {
-        if let (Ok(None), Ok(pid)) = (self.0.try_wait(), i32::try_from(self.0.id())) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-    }
-
-    /// SIGTERM, then up to [`GRACE`] for it to exit, then SIGKILL.
-    fn stop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            self.terminate();
-            let deadline = Instant::now() + GRACE;
-            while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.0.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Lull {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 struct Bench<'a> {
     args: &'a ClonesArgs,
     lull: PathBuf,
@@ -179,90 +138,26 @@ impl Bench<'_> {
     }
 
     fn spawn(&self, args: &[&str], stderr: &Path) -> Result<Lull, String> {
-        let file =
-            std::fs::File::create(stderr).map_err(|e| format!("{}: {e}", stderr.display()))?;
-        guard(Command::new(&self.lull).args(args))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .map(Lull)
-            .map_err(|e| format!("cannot start {}: {e}", self.lull.display()))
+        Lull::spawn(&self.lull, args, stderr)
     }
 
     /// Boots the variant's VM to its workload, snapshots it: the snapshot's directory.
     fn snapshot(&self, v: &Variant) -> Result<PathBuf, String> {
-        let stem = v.name().replace(['+', '='], "-");
-        let socket = self.path(&format!("{stem}-base.sock"));
-        let console = self.path(&format!("{stem}-base.console"));
-        let dir = self.path(&format!("{stem}-snapshot"));
-        for stale in [&socket, &console] {
-            let _ = std::fs::remove_file(stale);
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let (socket_arg, kernel, serial) = (
-            socket.display().to_string(),
-            self.kernel.display().to_string(),
-            format!("file={}", console.display()),
-        );
-        let cpus = self.args.cpus.to_string();
-        let mut args = vec![
-            "run",
-            "--api-socket",
-            &socket_arg,
-            "--kernel",
-            &kernel,
-            "--cpus",
-            &cpus,
-            "--memory",
-            &self.args.memory,
-            "--cmdline",
-            &self.cmdline,
-            "--serial",
-            &serial,
-        ];
-        args.extend_from_slice(v.mode.lull_args());
+        let mut lull_args: Vec<String> = v.mode.lull_args().iter().map(|a| a.to_string()).collect();
         if let Some(s) = &v.slack {
-            args.extend_from_slice(&["--timer-slack", s]);
+            lull_args.extend(["--timer-slack".to_string(), s.clone()]);
         }
-        let mut lull = self.spawn(&args, &self.path(&format!("{stem}-base.stderr")))?;
-        wait_for_socket(&socket, &mut lull)?;
-        call(&socket, "vm.boot", "")?;
-        let deadline = Instant::now() + self.args.boot_timeout;
-        loop {
-            let text = std::fs::read_to_string(&console).unwrap_or_default();
-            if text.contains("lull-workload: start") {
-                break;
-            }
-            if text.contains("lull-workload: FAIL") || !lull.running() {
-                return Err(format!(
-                    "the kernel failed before its workload: {}",
-                    console.display()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the kernel did not reach its workload within {:?}",
-                    self.args.boot_timeout
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        SnapshotSpec {
+            lull: &self.lull,
+            kernel: &self.kernel,
+            cmdline: &self.cmdline,
+            cpus: self.args.cpus,
+            memory: &self.args.memory,
+            lull_args,
+            stem: self.path(&v.name().replace(['+', '='], "-")),
+            boot_timeout: self.args.boot_timeout,
         }
-        call(&socket, "vm.pause", "")?;
-        let body = format!(r#"{{"destination_url": "file://{}"}}"#, dir.display());
-        call(&socket, "vm.snapshot", &body)?;
-        call(&socket, "vmm.shutdown", "")?;
-        lull.stop();
-        // The page cache holds the memory file from now on, as it does for a fleet's clones.
-        let manifest = std::fs::read(dir.join("manifest.json")).map_err(|e| e.to_string())?;
-        let manifest: serde_json::Value =
-            serde_json::from_slice(&manifest).map_err(|e| format!("manifest: {e}"))?;
-        let memory = manifest["memory_file"]
-            .as_str()
-            .ok_or("the manifest names no memory file")?;
-        std::fs::read(dir.join(memory)).map_err(|e| format!("memory file: {e}"))?;
-        Ok(dir)
+        .take()
     }
 
     /// `--restores` restores to running through the API and the command line.
@@ -442,56 +337,6 @@ impl Bench<'_> {
     }
 }
 
-/// A process's memory from `/proc/PID/smaps_rollup`, KiB.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Rollup {
-    rss: u64,
-    pss: u64,
-    pss_anon: u64,
-    pss_file: u64,
-    shared: u64,
-    private: u64,
-}
-
-fn rollup(pid: u32) -> Option<Rollup> {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .ok()
-        .map(|t| parse_rollup(&t))
-}
-
-fn parse_rollup(text: &str) -> Rollup {
-    let mut r = Rollup::default();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let (Some(key), Some(kib)) = (
-            words.next(),
-            words.next().and_then(|v| v.parse::<u64>().ok()),
-        ) else {
-            continue;
-        };
-        match key {
-            "Rss:" => r.rss += kib,
-            "Pss:" => r.pss += kib,
-            "Pss_Anon:" => r.pss_anon += kib,
-            "Pss_File:" => r.pss_file += kib,
-            "Shared_Clean:" | "Shared_Dirty:" => r.shared += kib,
-            "Private_Clean:" | "Private_Dirty:" => r.private += kib,
-            _ => {}
-        }
-    }
-    r
-}
-
-fn mem_available_kib() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// The host's CPU time, all CPUs, in ticks: total and idle (idle + iowait).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct HostTicks {
@@ -515,30 +360,6 @@ fn parse_host_ticks(line: &str) -> Option<HostTicks> {
         total: v.iter().sum(),
         idle: v[3] + v[4],
     })
-}
-
-fn wait_for_socket(socket: &Path, lull: &mut Lull) -> Result<(), String> {
-    let deadline = Instant::now() + REQUEST;
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        if !lull.running() {
-            return Err("lull exited before its API socket was up".into());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no API socket at {}", socket.display()));
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(())
-}
-
-/// `PUT endpoint` with `body`, which must answer 2xx.
-fn call(socket: &Path, endpoint: &str, body: &str) -> Result<(), String> {
-    let a = request_with_body(socket, "PUT", endpoint, body, REQUEST).map_err(|e| e.to_string())?;
-    if (200..300).contains(&a.status) {
-        Ok(())
-    } else {
-        Err(format!("{endpoint}: {} {}", a.status, a.body.trim()))
-    }
 }
 
 /// Runs `lull bench clones`; `Ok(false)` if a restore or a clone failed.
@@ -658,24 +479,6 @@ mod tests {
     struct Clones {
         #[command(flatten)]
         args: ClonesArgs,
-    }
-
-    #[test]
-    fn smaps_rollup_is_summed_by_kind() {
-        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 12888 kB\nPss: 2008 kB\n\
-                    Pss_Anon: 568 kB\nPss_File: 1440 kB\nShared_Clean: 12256 kB\n\
-                    Shared_Dirty: 4 kB\nPrivate_Clean: 60 kB\nPrivate_Dirty: 572 kB\n";
-        assert_eq!(
-            parse_rollup(text),
-            Rollup {
-                rss: 12888,
-                pss: 2008,
-                pss_anon: 568,
-                pss_file: 1440,
-                shared: 12260,
-                private: 632,
-            }
-        );
     }
 
     #[test]

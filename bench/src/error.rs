@@ -41,6 +41,9 @@ pub enum BenchError {
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),
+    /// The VM whose snapshot a row's clones restore could not be booted or snapshotted.
+    #[error("Cannot snapshot the {0} VM to clone: {1}")]
+    Snapshot(String, String),
     /// `--timer-slack` was given to a lull binary without it.
     #[error(
         "--timer-slack was given but {0} has no --timer-slack: build a newer lull \

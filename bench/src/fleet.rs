@@ -27,7 +27,7 @@ use lull_schema::RunReport;
 
 use super::api_client::ApiVm;
 use super::error::BenchError;
-use super::proc_sample::{self, ProcSample};
+use super::proc_sample::{self, ProcSample, Rollup};
 use super::progress::Progress;
 use super::window::{self, WindowError, WindowPlan, WindowRule};
 
@@ -42,6 +42,8 @@ pub struct VmSpec {
     pub stderr: PathBuf,
     /// lull's management API socket (`--api-socket`), if the VM is to be driven through it.
     pub api: Option<PathBuf>,
+    /// With `api`: the `vm.restore` body (resuming) that starts the VM instead of `vm.boot`.
+    pub restore: Option<String>,
 }
 
 /// What became of one VM.
@@ -63,6 +65,10 @@ pub struct VmOutcome {
     pub counters: Option<(RunReport, RunReport)>,
     /// What went wrong with its API, if anything.
     pub api_error: Option<String>,
+    /// A restored VM: its `vm.restore` to running, ms.
+    pub restore_ms: Option<f64>,
+    /// Its memory as the window opened (`/proc/PID/smaps_rollup`), if read.
+    pub rollup: Option<Rollup>,
 }
 
 /// Host counters of the whole fleet over its steady-state window.
@@ -88,6 +94,8 @@ pub struct FleetRun {
     pub plan: Option<Result<WindowPlan, WindowError>>,
     /// Why a planned window closed before its time, if it did.
     pub cut: Option<String>,
+    /// The host's `MemAvailable` before the first VM started and as the window opened, KiB.
+    pub mem_available_kib: (Option<u64>, Option<u64>),
 }
 
 impl FleetRun {
@@ -137,6 +145,7 @@ struct Member {
     code: Option<Option<i32>>,
     max_rss: u64,
     split: Option<(u64, u64)>,
+    rollup: Option<Rollup>,
     api: Option<ApiVm>,
 }
 
@@ -190,7 +199,8 @@ fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
         code: None,
         max_rss: 0,
         split: None,
-        api: spec.api.map(ApiVm::new),
+        rollup: None,
+        api: spec.api.map(|socket| ApiVm::starting(socket, spec.restore)),
     })
 }
 
@@ -211,6 +221,7 @@ fn sample_all(members: &[Member]) -> Vec<Option<ProcSample>> {
 /// Launches every VM at once, watches them to the end, returns what each did and the window.
 pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
     let start = Instant::now();
+    let mem_before = proc_sample::mem_available_kib();
     let n = specs.len();
     let mut pending = specs.into_iter();
     let mut members = launch_first(&mut pending, watch.stagger)?;
@@ -219,6 +230,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
         plan: None,
         cut: None,
         all_booted_at: None,
+        mem_available_at_open: None,
     };
     let mut any_exited = false;
     let mut progress = Progress::start(&watch.label, watch.expected);
@@ -265,6 +277,7 @@ pub fn run(specs: Vec<VmSpec>, watch: &Watch) -> Result<FleetRun, BenchError> {
         window: window_of(tracker.phase),
         plan: tracker.plan,
         cut: tracker.cut,
+        mem_available_kib: (mem_before, tracker.mem_available_at_open),
     })
 }
 
@@ -378,6 +391,8 @@ struct WindowTracker {
     cut: Option<String>,
     /// When every VM had booted.
     all_booted_at: Option<Instant>,
+    /// The host's `MemAvailable` as the window opened, KiB.
+    mem_available_at_open: Option<u64>,
 }
 
 impl WindowTracker {
@@ -395,6 +410,7 @@ impl WindowTracker {
     fn before(&mut self, members: &mut [Member], watch: &Watch, r: &Round) -> Phase {
         match (self.all_booted_at, watch.planned) {
             (Some(t), None) if r.all_alive && r.now >= t + watch.settle => {
+                self.mem_available_at_open = proc_sample::mem_available_kib();
                 open_window(members, watch, r.now, None)
             }
             (Some(_), Some(rule)) if self.plan.is_none() => {
@@ -407,6 +423,7 @@ impl WindowTracker {
                     }
                     Ok(p) if r.all_alive && r.since >= p.start => {
                         self.plan = Some(Ok(p));
+                        self.mem_available_at_open = proc_sample::mem_available_kib();
                         open_window(members, watch, r.now, Some(p))
                     }
                     Ok(_) => Phase::Before,
@@ -508,9 +525,9 @@ fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<Vm
     members
         .into_iter()
         .map(|m| {
-            let (counters, api_error) = match m.api {
-                Some(api) => (api.at_start.zip(api.at_end), api.error),
-                None => (None, None),
+            let (counters, api_error, restore_ms) = match m.api {
+                Some(api) => (api.at_start.zip(api.at_end), api.error, api.restore_ms),
+                None => (None, None, None),
             };
             VmOutcome {
                 code: m.code.flatten(),
@@ -521,6 +538,8 @@ fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<Vm
                 stderr: std::fs::read_to_string(&m.stderr).unwrap_or_default(),
                 counters,
                 api_error,
+                restore_ms,
+                rollup: m.rollup,
             }
         })
         .chain(pending.map(|spec| VmOutcome {
@@ -535,6 +554,8 @@ fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<Vm
             ),
             counters: None,
             api_error: None,
+            restore_ms: None,
+            rollup: None,
         }))
         .collect()
 }
@@ -552,6 +573,7 @@ fn open_window(
     }
     for m in members.iter_mut() {
         m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
+        m.rollup = proc_sample::rollup(m.pid);
     }
     let at = Instant::now().max(now);
     let samples = sample_all(members);

@@ -346,6 +346,7 @@ pub fn run(args: &GlobalTimersArgs) -> Result<bool, BenchError> {
                 serial,
                 stderr: stem.with_extension("stderr"),
                 api: None,
+                restore: None,
             };
             let fleet = fleet::run(vec![spec], &watch)?;
             let vm = &fleet.vms[0];

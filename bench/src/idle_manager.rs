@@ -280,6 +280,7 @@ impl Plan {
             serial,
             stderr: stem.with_extension("stderr"),
             api: None,
+            restore: None,
         };
         (spec, metrics)
     }

@@ -49,6 +49,7 @@ mod idle_manager_power;
 mod latency;
 mod latency_report;
 mod linux_density;
+mod linux_snapshot;
 mod lull_metrics;
 mod max_vms;
 mod max_vms_plot;

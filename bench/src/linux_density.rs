@@ -20,8 +20,17 @@
 //!
 //! Each workload is a separate experiment (its own VMs and rows): in one boot the kernel runs
 //! one workload and leaves the VM, and a second boot per mode costs as much as the first.
+//!
+//! With `--clones` each (mode, slack, workload) boots one VM only, snapshotted once its
+//! workload started (linux_snapshot.rs, the workload as long as the largest row needs); every
+//! VM of its rows is a clone: `lull run --api-socket S`, then `vm.restore {resume, serial}`
+//! (the memory file mapped copy-on-write), one after the other, each once the one before said
+//! "lull-workload: restored count=N" (its window started again after its own restore). The
+//! rows add restore-to-running per clone and memory as the host sees it (PSS per VM, private
+//! and shared, and the host's `MemAvailable` used per VM).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use super::common::{lull_binary, lull_has_flag, work_dir};
@@ -30,10 +39,15 @@ use super::density_power;
 use super::error::BenchError;
 use super::fleet::{self, FleetRun, VmOutcome, VmSpec, Watch};
 use super::guest_output::LatencySummary;
+use super::linux_snapshot::SnapshotSpec;
 use super::lull_metrics::MetricsSum;
 use super::power::{PowerWindow, Reading};
+use super::proc_sample;
 use super::qemu;
-use super::report::{self, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode};
+use super::report::{
+    self, CloneRow, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode,
+};
+use super::snapshot_report::Spread;
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload};
 use super::workload_rates::GuestRates;
@@ -45,6 +59,10 @@ const MARGIN: Duration = Duration::from_secs(3);
 /// The boot spread allowed for by default, per VM beyond the first: the VMs boot one after
 /// the other (a boot alone takes 20-40 s here at a host load of 2-4).
 const SPREAD_PER_VM: Duration = Duration::from_secs(60);
+/// ... and with `--clones`: a clone runs its workload again within a second of its restore.
+const CLONE_SPREAD_PER_VM: Duration = Duration::from_secs(1);
+/// A clone's workload has started its window again after its restore (`lull_workload.c`).
+const RESTORED_MARKER: &str = "lull-workload: restored count=";
 
 struct Plan<'a> {
     args: &'a DensityArgs,
@@ -72,7 +90,8 @@ impl Plan<'_> {
         format!("{} lull.workload={arg}", self.base_cmdline)
     }
 
-    fn spec(&self, e: &Experiment, i: u32, cmdline: &str) -> VmSpec {
+    /// VM `i` of `e`: booted with `cmdline`, or a clone restored from `snapshot`.
+    fn spec(&self, e: &Experiment, i: u32, cmdline: &str, snapshot: Option<&Path>) -> VmSpec {
         let (mode, workload, n) = (e.mode, e.workload, e.n);
         let slack = e.slack.as_deref();
         let slack_part = slack.map(|s| format!("-slack{s}")).unwrap_or_default();
@@ -86,6 +105,17 @@ impl Plan<'_> {
         let socket = stem.with_extension("sock");
         for stale in [&serial, &metrics, &socket] {
             let _ = std::fs::remove_file(stale);
+        }
+        if let Some(dir) = snapshot {
+            let mut command = Command::new(&self.lull);
+            command.arg("run").arg("--api-socket").arg(&socket);
+            return VmSpec {
+                command,
+                restore: Some(restore_body(dir, &serial)),
+                serial,
+                stderr: stem.with_extension("stderr"),
+                api: Some(socket),
+            };
         }
         let launch = Launch {
             kernel: &self.kernel,
@@ -114,7 +144,76 @@ impl Plan<'_> {
             serial,
             stderr: stem.with_extension("stderr"),
             api,
+            restore: None,
         }
+    }
+}
+
+/// The `vm.restore` of a clone: `dir`'s VM, resumed at once, its console into `serial`.
+fn restore_body(dir: &Path, serial: &Path) -> String {
+    serde_json::json!({
+        "source_url": format!("file://{}", dir.display()),
+        "resume": true,
+        "serial": format!("file={}", serial.display()),
+    })
+    .to_string()
+}
+
+/// The snapshots the rows of `--clones` restore: one per mode, slack and workload, taken when
+/// a row first needs it.
+#[derive(Default)]
+struct Snapshots {
+    taken: Vec<(SnapshotKey, PathBuf)>,
+}
+
+/// What a snapshot of `--clones` is of: mode, slack, workload.
+type SnapshotKey = (Mode, Option<String>, Workload);
+
+impl Snapshots {
+    /// The snapshot `e`'s clones restore: its VM booted with the workload the largest row
+    /// needs, snapshotted as the workload starts.
+    fn get(&mut self, plan: &Plan, e: &Experiment) -> Result<PathBuf, BenchError> {
+        let key = (e.mode, e.slack.clone(), e.workload);
+        if let Some((_, dir)) = self.taken.iter().find(|(k, _)| *k == key) {
+            return Ok(dir.clone());
+        }
+        let args = plan.args;
+        let seconds = args
+            .vms
+            .iter()
+            .map(|&n| window_rule(args, n).workload)
+            .max()
+            .unwrap_or_default()
+            .as_secs();
+        let cmdline = plan.cmdline(e.workload, seconds);
+        let mut lull_args: Vec<String> = e.mode.lull_args().iter().map(|a| a.to_string()).collect();
+        if let (Some(g), false) = (plan.global_timers, e.mode == Mode::Kernel) {
+            lull_args.extend(["--global-timers".to_string(), g.to_string()]);
+        }
+        if let Some(slack) = &e.slack {
+            lull_args.extend(["--timer-slack".to_string(), slack.clone()]);
+        }
+        let slack = e
+            .slack
+            .as_deref()
+            .map(|s| format!("-slack{s}"))
+            .unwrap_or_default();
+        let name = format!("{}{slack}-{}", e.mode.name(), e.workload.name());
+        eprintln!("bench: {name}: booting the VM its clones restore ({seconds} s workload)");
+        let dir = SnapshotSpec {
+            lull: &plan.lull,
+            kernel: &plan.kernel,
+            cmdline: &cmdline,
+            cpus: args.cpus,
+            memory: &format!("{}K", args.memory_bytes() >> 10),
+            lull_args,
+            stem: plan.work.join(&name),
+            boot_timeout: args.boot_timeout,
+        }
+        .take()
+        .map_err(|why| BenchError::Snapshot(name, why))?;
+        self.taken.push((key, dir.clone()));
+        Ok(dir)
     }
 }
 
@@ -133,8 +232,12 @@ fn base_cmdline(linux: &kit::DefaultGuest) -> String {
 
 /// The boot spread allowed for with `n` VMs.
 fn boot_spread(args: &DensityArgs, n: u32) -> Duration {
-    args.boot_spread
-        .unwrap_or(SPREAD_PER_VM * n.saturating_sub(1))
+    let per_vm = if args.clones {
+        CLONE_SPREAD_PER_VM
+    } else {
+        SPREAD_PER_VM
+    };
+    args.boot_spread.unwrap_or(per_vm * n.saturating_sub(1))
 }
 
 /// lull's counters over the window, summed over the VMs; `None` unless every VM has both
@@ -265,6 +368,27 @@ impl Rates<'_> {
     }
 }
 
+/// What the clones of a row restored from `snapshot` cost.
+fn clone_row(run: &FleetRun, snapshot: &Path) -> CloneRow {
+    let mean = |f: fn(&proc_sample::Rollup) -> u64| run.mean(|v| v.rollup.as_ref().map(f));
+    let measured = run.vms.iter().filter(|v| v.rollup.is_some()).count();
+    CloneRow {
+        snapshot: snapshot.display().to_string(),
+        restore_to_running_ms: Spread::of(run.vms.iter().filter_map(|v| v.restore_ms).collect()),
+        pss_kib_per_vm: mean(|r| r.pss),
+        pss_anon_kib_per_vm: mean(|r| r.pss_anon),
+        pss_file_kib_per_vm: mean(|r| r.pss_file),
+        private_kib_per_vm: mean(|r| r.private),
+        shared_kib_per_vm: mean(|r| r.shared),
+        mem_available_used_kib_per_vm: match (run.mem_available_kib, measured) {
+            ((Some(before), Some(open)), n) if n > 0 => {
+                Some((before as f64 - open as f64) / n as f64)
+            }
+            _ => None,
+        },
+    }
+}
+
 fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
     let vcpus = e.n * plan.args.cpus;
     let Consoles {
@@ -375,6 +499,7 @@ fn linux_row(r: &Rates, boot_ms: &[u64], note: Option<String>) -> LinuxRow {
                     .collect()
             })
             .unwrap_or_default(),
+        clones: None,
     }
 }
 
@@ -383,7 +508,21 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let lull = lull_binary(args.common.lull.as_ref())?;
     let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
     let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
-    let (modes, skipped) = density::modes(args)?;
+    let (mut modes, mut skipped) = density::modes(args)?;
+    if args.clones {
+        for m in modes.iter().filter(|m| m.is_qemu()) {
+            skipped.push(SkippedMode {
+                mode: m.name().into(),
+                reason: "--clones restores lull snapshots, which QEMU cannot".into(),
+            });
+        }
+        modes.retain(|m| !m.is_qemu());
+        if modes.is_empty() {
+            return Err(BenchError::NoModes(
+                "--clones runs lull's modes only: give one with --modes".into(),
+            ));
+        }
+    }
     let has_global = lull_has_flag(&lull, "--global-timers");
     let plan = Plan {
         args,
@@ -410,6 +549,7 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     let baseline = args.power_baseline();
     report.power_baseline = Some(baseline.clone());
     let mut all_ok = true;
+    let mut snapshots = Snapshots::default();
     for &n in &args.vms {
         for &workload in &args.workload {
             for (mode, slack) in modes
@@ -423,7 +563,11 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
                     n,
                     rule: window_rule(args, n),
                 };
-                let r = run_experiment(&plan, &e, &baseline)?;
+                let snapshot = match args.clones {
+                    true => Some(snapshots.get(&plan, &e)?),
+                    false => None,
+                };
+                let r = run_experiment(&plan, &e, &baseline, snapshot.as_deref())?;
                 all_ok &= r.failures.is_empty();
                 report.results.push(r);
                 if let Some(path) = &args.common.json {
@@ -476,6 +620,7 @@ fn run_experiment(
     plan: &Plan,
     e: &Experiment,
     baseline: &Reading<PowerWindow>,
+    snapshot: Option<&Path>,
 ) -> Result<DensityRow, BenchError> {
     let (mode, workload, n) = (e.mode, e.workload, e.n);
     let cmdline = plan.cmdline(workload, e.rule.workload.as_secs());
@@ -489,9 +634,14 @@ fn run_experiment(
         "bench: {label}: starting {n} VM(s), workload {} s",
         e.rule.workload.as_secs()
     );
-    let specs = (0..n).map(|i| plan.spec(e, i, &cmdline)).collect();
+    let specs = (0..n)
+        .map(|i| plan.spec(e, i, &cmdline, snapshot))
+        .collect();
     let watch = Watch {
-        boot_marker: workload_output::START_MARKER.into(),
+        boot_marker: match snapshot {
+            Some(_) => RESTORED_MARKER.into(),
+            None => workload_output::START_MARKER.into(),
+        },
         end_markers: std::iter::once(workload_output::report_marker(workload.name()))
             .chain(workload_output::END_MARKERS.map(String::from))
             .collect(),
@@ -501,8 +651,11 @@ fn run_experiment(
         planned: Some(e.rule),
         stagger: true,
         label,
-        // The first boot, about a minute, then the workload.
-        expected: Duration::from_secs(60) + e.rule.workload,
+        // The first boot, about a minute (a clone's restore: none), then the workload.
+        expected: match snapshot {
+            Some(_) => e.rule.workload,
+            None => Duration::from_secs(60) + e.rule.workload,
+        },
     };
     let sampler = plan.args.power.sampler(plan.args.duration);
     let run = fleet::run(specs, &watch);
@@ -514,7 +667,13 @@ fn run_experiment(
         samples.window(run.window.span),
         baseline,
     ));
+    if let (Some(dir), Some(linux)) = (snapshot, r.linux.as_mut()) {
+        linux.clones = Some(clone_row(&run, dir));
+    }
     println!("{}", report::linux_line(&r));
+    if let Some(c) = r.linux.as_ref().and_then(|l| l.clones.as_ref()) {
+        println!("  {}", report::clone_line(c));
+    }
     if let Some(note) = r.linux.as_ref().and_then(|l| l.window_note.as_ref()) {
         println!("  {} {} N={n}: {note}", mode.name(), workload.name());
     }

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use procfs_core::process::{MemoryMaps, Schedstat, Status};
-use procfs_core::FromRead;
+use procfs_core::process::{MemoryMaps, Schedstat, SmapsRollup, Status};
+use procfs_core::{FromRead, Meminfo};
 
 /// Cumulative counters of one process (all its live threads), read at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,9 +69,85 @@ fn split_smaps(maps: &MemoryMaps, guest_bytes: u64) -> (u64, u64) {
     (guest, other)
 }
 
+/// A process's memory as `/proc/PID/smaps_rollup` sums it, KiB.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rollup {
+    /// Resident.
+    pub rss: u64,
+    /// Proportional set size: each page divided among the processes that map it.
+    pub pss: u64,
+    /// The anonymous part of the PSS (a mapped clone's written pages, a copied one's all).
+    pub pss_anon: u64,
+    /// The file-backed part of the PSS (a mapped clone's pages of the snapshot).
+    pub pss_file: u64,
+    /// Resident pages other processes map too.
+    pub shared: u64,
+    /// Resident pages only this process maps.
+    pub private: u64,
+}
+
+/// `pid`'s memory from `/proc/PID/smaps_rollup`; `None` if it cannot be read.
+pub fn rollup(pid: u32) -> Option<Rollup> {
+    let r = SmapsRollup::from_file(proc_dir(pid).join("smaps_rollup")).ok()?;
+    Some(rollup_of(&r.memory_map_rollup))
+}
+
+fn rollup_of(maps: &MemoryMaps) -> Rollup {
+    let kib = |keys: &[&str]| -> u64 {
+        maps.iter()
+            .flat_map(|m| keys.iter().filter_map(|k| m.extension.map.get(*k)))
+            .sum::<u64>()
+            / 1024
+    };
+    Rollup {
+        rss: kib(&["Rss"]),
+        pss: kib(&["Pss"]),
+        pss_anon: kib(&["Pss_Anon"]),
+        pss_file: kib(&["Pss_File"]),
+        shared: kib(&["Shared_Clean", "Shared_Dirty"]),
+        private: kib(&["Private_Clean", "Private_Dirty"]),
+    }
+}
+
+/// The host's `MemAvailable`, KiB.
+pub fn mem_available_kib() -> Option<u64> {
+    Meminfo::from_file("/proc/meminfo")
+        .ok()?
+        .mem_available
+        .map(|b| b / 1024)
+}
+
 #[cfg(test)]
 mod tests {
+    use procfs_core::FromBufRead;
+
     use super::*;
+
+    #[test]
+    fn smaps_rollup_is_summed_by_kind() {
+        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 12888 kB\nPss: 2008 kB\n\
+                    Pss_Anon: 568 kB\nPss_File: 1440 kB\nShared_Clean: 12256 kB\n\
+                    Shared_Dirty: 4 kB\nPrivate_Clean: 60 kB\nPrivate_Dirty: 572 kB\n";
+        let maps = SmapsRollup::from_buf_read(text.as_bytes()).unwrap();
+        assert_eq!(
+            rollup_of(&maps.memory_map_rollup),
+            Rollup {
+                rss: 12888,
+                pss: 2008,
+                pss_anon: 568,
+                pss_file: 1440,
+                shared: 12260,
+                private: 632,
+            }
+        );
+    }
+
+    #[test]
+    fn this_process_has_a_rollup_and_the_host_memory() {
+        let r = rollup(std::process::id()).unwrap();
+        assert!(r.rss > 0 && r.pss > 0 && r.pss <= r.rss, "{r:?}");
+        assert!(mem_available_kib().unwrap() > 0);
+    }
 
     #[test]
     fn this_process_has_counters() {

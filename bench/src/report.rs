@@ -217,6 +217,32 @@ pub struct LinuxRow {
     /// `global_timer`) per vCPU per second of the window; empty for the kernel irqchip and QEMU.
     #[serde(default)]
     pub halted_vcpu_wakeups_by_cause: std::collections::BTreeMap<String, f64>,
+    /// A row of clones restored from one snapshot (`--clones`): what restoring them cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clones: Option<CloneRow>,
+}
+
+/// What a row of clones (`--clones`) cost: restore-to-running and memory as the host sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CloneRow {
+    /// The snapshot directory they were restored from.
+    pub snapshot: String,
+    /// `vm.restore` (resuming, memory mapped) sent to answered, per clone, ms.
+    pub restore_to_running_ms: Option<crate::snapshot_report::Spread>,
+    /// Per VM as the window opened (`/proc/PID/smaps_rollup`, lull and guest together), KiB:
+    /// the proportional set size ...
+    pub pss_kib_per_vm: Option<f64>,
+    /// ... its anonymous part (the pages a clone wrote) ...
+    pub pss_anon_kib_per_vm: Option<f64>,
+    /// ... its file part (its share of the snapshot's pages) ...
+    pub pss_file_kib_per_vm: Option<f64>,
+    /// ... resident pages no other process maps ...
+    pub private_kib_per_vm: Option<f64>,
+    /// ... and resident pages others map too.
+    pub shared_kib_per_vm: Option<f64>,
+    /// The host's `MemAvailable` before the first clone less as the window opened, per VM,
+    /// KiB.
+    pub mem_available_used_kib_per_vm: Option<f64>,
 }
 
 /// The density JSON document.
@@ -428,6 +454,23 @@ pub fn linux_header() -> String {
         "p99_us",
         "boot_s"
     ) + &density_power_row::header_columns()
+}
+
+/// The clone figures of a `--clones` row, on one line.
+pub fn clone_line(c: &CloneRow) -> String {
+    let mib = |kib: Option<f64>| kib.map_or("-".to_string(), |k| format!("{:.2}", k / 1024.0));
+    let restore = c.restore_to_running_ms.map_or("-".to_string(), |s| {
+        format!("p50 {:.1} ms, max {:.1} ms", s.p50, s.max)
+    });
+    format!(
+        "clones: restore-to-running {restore}; per VM: PSS {} MiB (anon {}, file {}), private {} MiB, shared {} MiB, MemAvailable used {} MiB",
+        mib(c.pss_kib_per_vm),
+        mib(c.pss_anon_kib_per_vm),
+        mib(c.pss_file_kib_per_vm),
+        mib(c.private_kib_per_vm),
+        mib(c.shared_kib_per_vm),
+        mib(c.mem_available_used_kib_per_vm),
+    )
 }
 
 /// One `--guest linux` row as a table line.

@@ -65,6 +65,7 @@ pub(crate) fn run(r: SingleRun) -> Result<(VmOutcome, Option<RunReport>), BenchE
         serial,
         stderr: r.stem.with_extension("stderr"),
         api: None,
+        restore: None,
     };
     let vm = fleet::run(vec![spec], &watch)?.vms.remove(0);
     Ok((vm, read_metrics(&metrics)))

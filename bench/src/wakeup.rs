@@ -184,6 +184,7 @@ impl Setup<'_> {
             serial,
             stderr: stem.with_extension("stderr"),
             api: None,
+            restore: None,
         };
         let run = fleet::run(vec![spec], &watch)?;
         let vm = &run.vms[0];

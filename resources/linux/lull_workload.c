@@ -34,6 +34,17 @@
  * 1 (status 3). A panic once a workload is set writes 2 (status 5), so that no run ends in a
  * reset that reads as success. Without the port, the guest resets.
  *
+ * Restores: a VM snapshotted mid-workload may be restored minutes later, many times over, and
+ * on hosts where guest time runs on across the gap every armed timer fires at the resume,
+ * late by all of it. lull's restore-count port (0xf8, 32 bits: how many times the VM was
+ * restored; all ones under another VMM) tells that gap from the host's lateness: a timer
+ * thread reads it when a timer comes more than 10 ms late and at least once a second, the
+ * idle run and the waiting thread when their end comes. When the count has changed the
+ * window starts again, all of it (S seconds, every counter and histogram cleared, the event
+ * that saw the gap dropped), and "lull-workload: restored count=N: the window starts again"
+ * is printed; the report covers only the time since the last restore. Where guest time stands
+ * still across a snapshot a restore is seen within a second.
+ *
  * PASS needs: the argument parsed; `cpus` CPUs online if given; every online CPU idle at
  * least once (idle) or through at least one timer (timers); every timer thread done within
  * S + 2 s; no lateness above max_late_ms (default 1000).
@@ -66,6 +77,10 @@
 #include "time/tick-sched.h"
 
 #define TEST_EXIT_PORT 0xf4
+#define RESTORE_COUNT_PORT 0xf8
+#define NO_RESTORE_PORT 0xffffffffu
+#define RESTORE_CHECK_LATE_NS (10 * NSEC_PER_MSEC)
+#define RESTORE_CHECK_EVERY_NS NSEC_PER_SEC
 #define EXIT_PASS 0
 #define EXIT_FAIL 1
 #define EXIT_PANIC 2
@@ -115,7 +130,13 @@ static u32 mix_len, mix_total;
 
 static struct counters before[NR_CPUS], after[NR_CPUS];
 static struct timer_cpu tcpu[NR_CPUS];
-static ktime_t timers_end;
+static ktime_t window_end;
+/* The restore count the current window started under, its start and end; `window_gen`
+ * counts the windows begun, so that each timer thread sees when its results belong to an old
+ * one. */
+static u32 restores_seen;
+static ktime_t window_start;
+static atomic_t window_gen;
 static atomic_t timers_running;
 static DECLARE_COMPLETION(timers_done);
 
@@ -277,6 +298,29 @@ static void snapshot(struct counters *c)
 	}
 }
 
+/* Whether the VM was restored since the window began (true for exactly one caller per
+ * restore: the one that records the new count and must start the window again). */
+static bool restored_since_window(void)
+{
+	u32 now = inl(RESTORE_COUNT_PORT), old = READ_ONCE(restores_seen);
+
+	if (now == NO_RESTORE_PORT || now == old)
+		return false;
+	return cmpxchg(&restores_seen, old, now) == old;
+}
+
+/* Starts the window again after a restore: its start, the counters' first reading, the
+ * timers' end; then the generation, so that every timer thread drops what it measured. */
+static void restart_window(void)
+{
+	snapshot(before);
+	window_start = ktime_get();
+	WRITE_ONCE(window_end, ktime_add_ms(window_start, (u64)seconds * MSEC_PER_SEC));
+	atomic_inc(&window_gen);
+	pr_info("restored count=%u: the window starts again (%u s)\n", READ_ONCE(restores_seen),
+		seconds);
+}
+
 /* "12.3" for a per-mille value. */
 #define PERMILLE(v) (v) / 10, (v) % 10
 
@@ -320,17 +364,23 @@ static bool report_counters(const char *what, u64 run_us)
 
 static const char *run_idle(void)
 {
-	ktime_t start, end;
+	ktime_t end;
 
 	snapshot(before);
-	start = ktime_get();
-	end = ktime_add_ms(start, (u64)seconds * MSEC_PER_SEC);
-	while (ktime_before(ktime_get(), end)) {
-		set_current_state(TASK_UNINTERRUPTIBLE);
-		schedule_hrtimeout(&end, HRTIMER_MODE_ABS);
+	window_start = ktime_get();
+	end = ktime_add_ms(window_start, (u64)seconds * MSEC_PER_SEC);
+	for (;;) {
+		while (ktime_before(ktime_get(), end)) {
+			set_current_state(TASK_UNINTERRUPTIBLE);
+			schedule_hrtimeout(&end, HRTIMER_MODE_ABS);
+		}
+		if (!restored_since_window())
+			break;
+		restart_window();
+		end = READ_ONCE(window_end);
 	}
 	snapshot(after);
-	if (!report_counters("idle", ktime_us_delta(ktime_get(), start)))
+	if (!report_counters("idle", ktime_us_delta(ktime_get(), window_start)))
 		return "a CPU was never idle";
 	return NULL;
 }
@@ -432,19 +482,30 @@ static enum hrtimer_restart timer_fired(struct hrtimer *t)
 	return HRTIMER_NORESTART;
 }
 
+/* Forgets what a timer thread measured (its window was started again). */
+static void clear_results(struct timer_cpu *c)
+{
+	c->events = 0;
+	memset(&c->late, 0, sizeof(c->late));
+	memset(&c->wake, 0, sizeof(c->wake));
+}
+
 /* One CPU's thread: sleep on its pinned hrtimer for intervals from the mix until the end. */
 static int timer_thread(void *data)
 {
 	struct timer_cpu *c = data;
-	ktime_t now;
+	int gen = atomic_read(&window_gen);
+	ktime_t now, checked = ktime_get();
 
 	hrtimer_init(&c->timer, CLOCK_MONOTONIC, HRTIMER_MODE_ABS_PINNED_HARD);
 	c->timer.function = timer_fired;
-	while (ktime_before(now = ktime_get(), timers_end)) {
+	while (ktime_before(now = ktime_get(), READ_ONCE(window_end))) {
+		ktime_t end = READ_ONCE(window_end);
 		ktime_t expires = ktime_add_ms(now, draw_interval_ms(&c->rng));
+		s64 late;
 
-		if (ktime_after(expires, timers_end))
-			expires = timers_end;
+		if (ktime_after(expires, end))
+			expires = end;
 		c->expires = expires;
 		WRITE_ONCE(c->fired, 0);
 		set_current_state(TASK_UNINTERRUPTIBLE);
@@ -455,8 +516,20 @@ static int timer_thread(void *data)
 		}
 		__set_current_state(TASK_RUNNING);
 		now = ktime_get();
+		late = ktime_to_ns(ktime_sub(c->fired_at, c->expires));
+		if (late > RESTORE_CHECK_LATE_NS ||
+		    ktime_to_ns(ktime_sub(now, checked)) > RESTORE_CHECK_EVERY_NS) {
+			checked = now;
+			if (restored_since_window())
+				restart_window();
+		}
+		if (atomic_read(&window_gen) != gen) {
+			gen = atomic_read(&window_gen);
+			clear_results(c);
+			continue;
+		}
 		c->events++;
-		hist_add(&c->late, ktime_to_ns(ktime_sub(c->fired_at, c->expires)));
+		hist_add(&c->late, late);
 		hist_add(&c->wake, ktime_to_ns(ktime_sub(now, c->expires)));
 	}
 	if (atomic_dec_and_test(&timers_running))
@@ -469,13 +542,13 @@ static const char *run_timers(void)
 	static struct histogram all_late, all_wake;
 	unsigned int cpu, started = 0;
 	u32 all_events = 0;
-	ktime_t start;
+	int gen;
 	char name[8];
 	const char *why = NULL;
 
 	snapshot(before);
-	start = ktime_get();
-	timers_end = ktime_add_ms(start, (u64)seconds * MSEC_PER_SEC);
+	window_start = ktime_get();
+	window_end = ktime_add_ms(window_start, (u64)seconds * MSEC_PER_SEC);
 	atomic_set(&timers_running, 1);
 	for_each_online_cpu(cpu) {
 		struct timer_cpu *c = &tcpu[cpu];
@@ -488,12 +561,20 @@ static const char *run_timers(void)
 		wake_up_process(c->task);
 		started++;
 	}
-	if (!atomic_dec_and_test(&timers_running) &&
-	    !wait_for_completion_timeout(&timers_done,
-					 msecs_to_jiffies(seconds * MSEC_PER_SEC + STOP_GRACE_MS)))
-		return "a timer thread did not finish within seconds + 2 s";
+	gen = atomic_read(&window_gen);
+	if (!atomic_dec_and_test(&timers_running))
+		while (!wait_for_completion_timeout(&timers_done,
+						    msecs_to_jiffies(seconds * MSEC_PER_SEC +
+								     STOP_GRACE_MS))) {
+			/* A restore moved the end (or does now: the threads may not have woken). */
+			if (restored_since_window())
+				restart_window();
+			if (atomic_read(&window_gen) == gen)
+				return "a timer thread did not finish within seconds + 2 s";
+			gen = atomic_read(&window_gen);
+		}
 	snapshot(after);
-	report_counters("timers", ktime_us_delta(ktime_get(), start));
+	report_counters("timers", ktime_us_delta(ktime_get(), window_start));
 	for_each_online_cpu(cpu) {
 		struct timer_cpu *c = &tcpu[cpu];
 
@@ -525,6 +606,8 @@ void lull_workload_run(void)
 	pr_info("start kind=%s seconds=%u cpus=%u hz=%u boot_ms=%llu arg=%s (instead of /init)\n",
 		kind == KIND_IDLE ? "idle" : kind == KIND_TIMERS ? "timers" : "none", seconds,
 		online, HZ, ktime_to_ms(ktime_get()), arg);
+	/* A VM restored before its workload began starts from its count (all ones: no port). */
+	restores_seen = inl(RESTORE_COUNT_PORT);
 	if (!why && want_cpus && want_cpus != online)
 		why = "not as many CPUs online as cpus= asked";
 	if (!why)

@@ -553,6 +553,58 @@ fn clones_restores_a_fleet_that_shares_its_snapshot() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `--clones`: one boot of the kit's Linux, two clones restored from its snapshot; each clone's
+/// workload starts its window again after its own restore (the fleet waits for its
+/// "restored count=1": without the restore-count port, or a workload that does not read it,
+/// no clone is ever seen to start), passes, and the row gives restore-to-running per clone and
+/// memory as the host sees it.
+fn density_linux_clones_measure_each_clone_after_its_restore() -> Result<(), Failed> {
+    kit_file("linux/vmlinux")?;
+    let (v, r) = lull_tests::run_bench(
+        "bench-density-clones",
+        "density",
+        &[
+            "--guest",
+            "linux",
+            "--clones",
+            "--modes",
+            "pull",
+            "--workload",
+            "timers",
+            "--vms",
+            "2",
+            "--duration",
+            "3s",
+        ],
+        Duration::from_secs(900),
+    )?;
+    let row = &v["results"][0];
+    if row["vms"] != 2
+        || row["vms_ok"] != 2
+        || row["failures"].as_array().is_none_or(|f| !f.is_empty())
+    {
+        return Err(format!("not every clone passed: {row}\n{}", r.stdout).into());
+    }
+    let clones = &row["linux"]["clones"];
+    if clones["restore_to_running_ms"]["n"] != 2 {
+        return Err(format!("no restore-to-running for each clone: {clones}").into());
+    }
+    let kib = |f: &str| clones[f].as_f64().unwrap_or(0.0);
+    // Mapped clones share the snapshot's pages: each one's PSS is below what it has resident.
+    if kib("pss_kib_per_vm") <= 0.0 || kib("shared_kib_per_vm") <= 0.0 {
+        return Err(format!("no memory figures, or nothing shared: {clones}").into());
+    }
+    if row["lateness"]["n"].as_u64().unwrap_or(0) == 0
+        || row["window_s"].as_f64().unwrap_or(0.0) <= 0.0
+    {
+        return Err(format!("no lateness or no window: {row}").into());
+    }
+    if !r.stdout.contains("clones: restore-to-running") {
+        return Err(format!("the table has no clone line:\n{}", r.stdout).into());
+    }
+    Ok(())
+}
+
 fn bench_help_names_the_experiments() -> Result<(), Failed> {
     let r = run_lull(&["bench", "--help"], Duration::from_secs(30))?;
     r.expect_code(0)?;
@@ -580,6 +632,7 @@ fn bench_help_names_the_experiments() -> Result<(), Failed> {
         "--plot",
         "--workload",
         "--boot-spread",
+        "--clones",
     ] {
         r.expect_stdout(flag)?;
     }
@@ -613,6 +666,10 @@ fn main() {
         kvm_trial(
             "density_linux_measures_inside_the_workload",
             density_linux_measures_inside_the_workload,
+        ),
+        kvm_trial(
+            "density_linux_clones_measure_each_clone_after_its_restore",
+            density_linux_clones_measure_each_clone_after_its_restore,
         ),
         kvm_trial(
             "clones_restores_a_fleet_that_shares_its_snapshot",

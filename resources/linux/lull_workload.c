@@ -490,7 +490,22 @@ static void clear_results(struct timer_cpu *c)
 	memset(&c->wake, 0, sizeof(c->wake));
 }
 
-/* One CPU's thread: sleep on its pinned hrtimer for intervals from the mix until the end. */
+/* Whether this thread's window was started again since generation `*gen` (after a look at the
+ * restore count, if `look`): then its results are cleared and `*gen` is the new one. */
+static bool window_restarted(struct timer_cpu *c, int *gen, bool look)
+{
+	if (look && restored_since_window())
+		restart_window();
+	if (atomic_read(&window_gen) == *gen)
+		return false;
+	*gen = atomic_read(&window_gen);
+	clear_results(c);
+	return true;
+}
+
+/* One CPU's thread: sleep on its pinned hrtimer for intervals from the mix until the end.
+ * When the end has passed it looks at the restore count once more: a VM restored after its
+ * window ended (or before this thread first ran) starts a new window rather than ending. */
 static int timer_thread(void *data)
 {
 	struct timer_cpu *c = data;
@@ -499,39 +514,37 @@ static int timer_thread(void *data)
 
 	hrtimer_init(&c->timer, CLOCK_MONOTONIC, HRTIMER_MODE_ABS_PINNED_HARD);
 	c->timer.function = timer_fired;
-	while (ktime_before(now = ktime_get(), READ_ONCE(window_end))) {
-		ktime_t end = READ_ONCE(window_end);
-		ktime_t expires = ktime_add_ms(now, draw_interval_ms(&c->rng));
-		s64 late;
+	do {
+		while (ktime_before(now = ktime_get(), READ_ONCE(window_end))) {
+			ktime_t end = READ_ONCE(window_end);
+			ktime_t expires = ktime_add_ms(now, draw_interval_ms(&c->rng));
+			s64 late;
+			bool look;
 
-		if (ktime_after(expires, end))
-			expires = end;
-		c->expires = expires;
-		WRITE_ONCE(c->fired, 0);
-		set_current_state(TASK_UNINTERRUPTIBLE);
-		hrtimer_start(&c->timer, expires, HRTIMER_MODE_ABS_PINNED_HARD);
-		while (!READ_ONCE(c->fired)) {
-			schedule();
+			if (ktime_after(expires, end))
+				expires = end;
+			c->expires = expires;
+			WRITE_ONCE(c->fired, 0);
 			set_current_state(TASK_UNINTERRUPTIBLE);
+			hrtimer_start(&c->timer, expires, HRTIMER_MODE_ABS_PINNED_HARD);
+			while (!READ_ONCE(c->fired)) {
+				schedule();
+				set_current_state(TASK_UNINTERRUPTIBLE);
+			}
+			__set_current_state(TASK_RUNNING);
+			now = ktime_get();
+			late = ktime_to_ns(ktime_sub(c->fired_at, c->expires));
+			look = late > RESTORE_CHECK_LATE_NS ||
+			       ktime_to_ns(ktime_sub(now, checked)) > RESTORE_CHECK_EVERY_NS;
+			if (look)
+				checked = now;
+			if (window_restarted(c, &gen, look))
+				continue;
+			c->events++;
+			hist_add(&c->late, late);
+			hist_add(&c->wake, ktime_to_ns(ktime_sub(now, c->expires)));
 		}
-		__set_current_state(TASK_RUNNING);
-		now = ktime_get();
-		late = ktime_to_ns(ktime_sub(c->fired_at, c->expires));
-		if (late > RESTORE_CHECK_LATE_NS ||
-		    ktime_to_ns(ktime_sub(now, checked)) > RESTORE_CHECK_EVERY_NS) {
-			checked = now;
-			if (restored_since_window())
-				restart_window();
-		}
-		if (atomic_read(&window_gen) != gen) {
-			gen = atomic_read(&window_gen);
-			clear_results(c);
-			continue;
-		}
-		c->events++;
-		hist_add(&c->late, late);
-		hist_add(&c->wake, ktime_to_ns(ktime_sub(now, c->expires)));
-	}
+	} while (window_restarted(c, &gen, true));
 	if (atomic_dec_and_test(&timers_running))
 		complete(&timers_done);
 	return 0;

@@ -15,6 +15,13 @@
 //! Where KVM cannot move the guest TSC (PVM hosts), guest time runs on through the pause and
 //! the restore; the intervals are longer than that gap, so the workload's lateness bound
 //! (1 s) still holds.
+//!
+//! The restored workload reads lull's restore count (port 0xf8, 1 after this restore) when
+//! its first timer fires (more than a second after its thread last looked) and starts its
+//! window again: "restored count=1" on the console, counters cleared, the event that saw the
+//! restore dropped, [`SECONDS`] more of the same intervals, so again [`EVENTS_PER_CPU`] per
+//! CPU. A timer lost across the restore still leaves its thread asleep past the new window's
+//! end (the workload fails), and a restore count lull never reports fails the test.
 
 use std::time::Duration;
 
@@ -99,6 +106,11 @@ fn linux_timers_survive_a_snapshot(mode: &str) -> Result<(), Failed> {
     };
     if !console.contains("lull-workload: PASS") {
         return Err(fail("the restored workload did not pass"));
+    }
+    if !console.contains("lull-workload: restored count=1: the window starts again") {
+        return Err(fail(
+            "the workload did not see the restore count change to 1",
+        ));
     }
     let code = run.code()?;
     if code != GUEST_PASS {

@@ -36,7 +36,7 @@ use super::host::host_info;
 use super::linux_snapshot::{call, wait_for_socket, Lull, SnapshotSpec};
 use super::proc_sample::{self, mem_available_kib, rollup, Rollup};
 use super::snapshot_log::{log_time_of_day, since_time_of_day};
-use super::snapshot_report::Spread;
+use super::spread::Spread;
 use super::units::parse_duration;
 
 /// Longest wait for a restored VM to log that it runs.

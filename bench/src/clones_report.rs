@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::host::HostInfo;
-use super::snapshot_report::Spread;
+use super::spread::Spread;
 
 /// Schema name of the clones JSON.
 pub const CLONES_SCHEMA: &str = "lull-bench-clones/1";

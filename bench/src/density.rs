@@ -172,10 +172,17 @@ pub struct DensityArgs {
     #[arg(long, value_name = "CAP")]
     pub max_vms: Option<u32>,
     /// --max-vms: the bounds a window must meet, comma-separated: `lateness_p99=DURATION`
-    /// (guest timer lateness), `host_busy=PERCENT%` (CPU of every VMM over the window, share
-    /// of the host's CPUs), `ipi_p99=DURATION` (IPI wake-up latency, off unless given). No VM
-    /// may fail, always.
-    #[arg(long, default_value = "lateness_p99=2ms,host_busy=90%", value_parser = super::slo::parse)]
+    /// (guest timer lateness, 99th percentile) or, if more, `lateness_vs_one_vm=FACTORx` times
+    /// the p99 one VM had on this host (the first mode searched, kernel's; `off` for the
+    /// absolute bound alone), `host_busy=PERCENT%` (CPU of every VMM over the window, share of
+    /// the host's CPUs), `ipi_p99=DURATION` (IPI wake-up latency, off unless given). No VM may
+    /// fail, always. The search also stops where the host's memory (what the VMs hold: their
+    /// PSS) or its threads would run out, and names the bound that stopped it.
+    #[arg(
+        long,
+        default_value = "lateness_p99=2ms,lateness_vs_one_vm=3x,host_busy=90%",
+        value_parser = super::slo::parse
+    )]
     pub slo: Slo,
 }
 
@@ -438,6 +445,8 @@ fn row(
         rss_kib_per_vm: run.mean(|v| Some(v.max_rss_kib)).unwrap_or(0.0),
         guest_ram_rss_kib_per_vm: run.mean(|v| v.guest_rss_kib),
         vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
+        pss_kib_per_vm: run.mean(|v| v.rollup.map(|r| r.pss)),
+        threads_per_vm: run.mean(|v| v.threads),
         failures,
         linux: None,
         power: None,

@@ -38,6 +38,9 @@ pub enum BenchError {
     /// A quota period too short to halve in milliseconds.
     #[error("--period {0:?} is too short: write at least 2ms (the quota is half of it, in ms)")]
     Period(std::time::Duration),
+    /// Flags that do not go together.
+    #[error("{0}")]
+    Flags(String),
     /// Nothing to run.
     #[error("No mode can run here: {0}")]
     NoModes(String),

@@ -69,6 +69,8 @@ pub struct VmOutcome {
     pub restore_ms: Option<f64>,
     /// Its memory as the window opened (`/proc/PID/smaps_rollup`), if read.
     pub rollup: Option<Rollup>,
+    /// Its VMM's threads as the window opened, if read.
+    pub threads: Option<u64>,
 }
 
 /// Host counters of the whole fleet over its steady-state window.
@@ -146,6 +148,7 @@ struct Member {
     max_rss: u64,
     split: Option<(u64, u64)>,
     rollup: Option<Rollup>,
+    threads: Option<u64>,
     api: Option<ApiVm>,
 }
 
@@ -200,6 +203,7 @@ fn launch(mut spec: VmSpec) -> Result<Member, BenchError> {
         max_rss: 0,
         split: None,
         rollup: None,
+        threads: None,
         api: spec.api.map(|socket| ApiVm::starting(socket, spec.restore)),
     })
 }
@@ -540,6 +544,7 @@ fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<Vm
                 api_error,
                 restore_ms,
                 rollup: m.rollup,
+                threads: m.threads,
             }
         })
         .chain(pending.map(|spec| VmOutcome {
@@ -556,6 +561,7 @@ fn outcomes(members: Vec<Member>, pending: std::vec::IntoIter<VmSpec>) -> Vec<Vm
             api_error: None,
             restore_ms: None,
             rollup: None,
+            threads: None,
         }))
         .collect()
 }
@@ -574,6 +580,7 @@ fn open_window(
     for m in members.iter_mut() {
         m.split = proc_sample::rss_split_kib(m.pid, watch.guest_bytes);
         m.rollup = proc_sample::rollup(m.pid);
+        m.threads = proc_sample::threads(m.pid);
     }
     let at = Instant::now().max(now);
     let samples = sample_all(members);

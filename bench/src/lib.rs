@@ -49,6 +49,7 @@ mod idle_manager_power;
 mod latency;
 mod latency_report;
 mod linux_density;
+mod linux_max_vms;
 mod linux_snapshot;
 mod lull_metrics;
 mod max_vms;
@@ -66,6 +67,7 @@ mod slo;
 mod snapshot;
 mod snapshot_log;
 mod snapshot_report;
+mod spread;
 mod timer_modes;
 mod units;
 mod wakeup;
@@ -188,7 +190,10 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     }
     let result = match &args.experiment {
         // The kit's Linux has a density experiment of its own; `--from-json` replots either.
-        Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => linux_density::run(a),
+        Experiment::Density(a) if a.is_linux() && a.from_json.is_none() => match a.max_vms {
+            Some(cap) => linux_max_vms::run(a, cap),
+            None => linux_density::run(a),
+        },
         Experiment::Density(a) => match (a.max_vms, &a.from_json) {
             (Some(cap), None) => max_vms::run(a, cap),
             _ => density::run(a),

@@ -47,7 +47,7 @@ use super::qemu;
 use super::report::{
     self, CloneRow, DensityReport, DensityRow, LinuxParams, LinuxRow, SkippedMode,
 };
-use super::snapshot_report::Spread;
+use super::spread::Spread;
 use super::window::{self, WindowRule};
 use super::workload_output::{self, parse_workload};
 use super::workload_rates::GuestRates;
@@ -61,17 +61,21 @@ const MARGIN: Duration = Duration::from_secs(3);
 const SPREAD_PER_VM: Duration = Duration::from_secs(60);
 /// ... and with `--clones`: a clone runs its workload again within a second of its restore.
 const CLONE_SPREAD_PER_VM: Duration = Duration::from_secs(1);
+/// `--clones --max-vms`: the steps' workloads, in whole multiples of this many seconds.
+const SHARED_WORKLOAD: u64 = 30;
 /// A clone's workload has started its window again after its restore (`lull_workload.c`).
 const RESTORED_MARKER: &str = "lull-workload: restored count=";
 
-struct Plan<'a> {
+/// What every run of a `--guest linux` bench shares.
+pub(crate) struct Plan<'a> {
     args: &'a DensityArgs,
     lull: PathBuf,
     kernel: PathBuf,
     /// The kit's command line without any `lull.workload=`.
     base_cmdline: String,
     global_timers: Option<&'a str>,
-    work: PathBuf,
+    /// Where the VMs' consoles, logs and snapshots go.
+    pub(crate) work: PathBuf,
 }
 
 impl Plan<'_> {
@@ -162,29 +166,24 @@ fn restore_body(dir: &Path, serial: &Path) -> String {
 /// The snapshots the rows of `--clones` restore: one per mode, slack and workload, taken when
 /// a row first needs it.
 #[derive(Default)]
-struct Snapshots {
+pub(crate) struct Snapshots {
     taken: Vec<(SnapshotKey, PathBuf)>,
 }
 
-/// What a snapshot of `--clones` is of: mode, slack, workload.
-type SnapshotKey = (Mode, Option<String>, Workload);
+/// What a snapshot of `--clones` is of: mode, slack, workload and its length (s).
+type SnapshotKey = (Mode, Option<String>, Workload, u64);
 
 impl Snapshots {
-    /// The snapshot `e`'s clones restore: its VM booted with the workload the largest row
-    /// needs, snapshotted as the workload starts.
+    /// The snapshot `e`'s clones restore: its VM booted with `e`'s workload, as long as its
+    /// rule says, snapshotted as the workload starts (rows whose workloads are as long share
+    /// it: `window_rule` rounds them up to whole minutes).
     fn get(&mut self, plan: &Plan, e: &Experiment) -> Result<PathBuf, BenchError> {
-        let key = (e.mode, e.slack.clone(), e.workload);
+        let seconds = e.rule.workload.as_secs();
+        let key = (e.mode, e.slack.clone(), e.workload, seconds);
         if let Some((_, dir)) = self.taken.iter().find(|(k, _)| *k == key) {
             return Ok(dir.clone());
         }
         let args = plan.args;
-        let seconds = args
-            .vms
-            .iter()
-            .map(|&n| window_rule(args, n).workload)
-            .max()
-            .unwrap_or_default()
-            .as_secs();
         let cmdline = plan.cmdline(e.workload, seconds);
         let mut lull_args: Vec<String> = e.mode.lull_args().iter().map(|a| a.to_string()).collect();
         if let (Some(g), false) = (plan.global_timers, e.mode == Mode::Kernel) {
@@ -198,7 +197,7 @@ impl Snapshots {
             .as_deref()
             .map(|s| format!("-slack{s}"))
             .unwrap_or_default();
-        let name = format!("{}{slack}-{}", e.mode.name(), e.workload.name());
+        let name = format!("{}{slack}-{}-{seconds}s", e.mode.name(), e.workload.name());
         eprintln!("bench: {name}: booting the VM its clones restore ({seconds} s workload)");
         let dir = SnapshotSpec {
             lull: &plan.lull,
@@ -443,6 +442,8 @@ fn row(plan: &Plan, e: &Experiment, run: &FleetRun) -> DensityRow {
         rss_kib_per_vm: run.mean(|v| Some(v.max_rss_kib)).unwrap_or(0.0),
         guest_ram_rss_kib_per_vm: run.mean(|v| v.guest_rss_kib),
         vmm_rss_kib_per_vm: run.mean(|v| v.vmm_rss_kib),
+        pss_kib_per_vm: run.mean(|v| v.rollup.map(|r| r.pss)),
+        threads_per_vm: run.mean(|v| v.threads),
         failures,
         linux: Some(linux_row(&r, &boot_ms, note)),
         power: None,
@@ -505,33 +506,7 @@ fn linux_row(r: &Rates, boot_ms: &[u64], note: Option<String>) -> LinuxRow {
 
 /// Runs `lull bench density --guest linux`; `Ok(false)` if some VM failed.
 pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
-    let lull = lull_binary(args.common.lull.as_ref())?;
-    let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
-    let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
-    let (mut modes, mut skipped) = density::modes(args)?;
-    if args.clones {
-        for m in modes.iter().filter(|m| m.is_qemu()) {
-            skipped.push(SkippedMode {
-                mode: m.name().into(),
-                reason: "--clones restores lull snapshots, which QEMU cannot".into(),
-            });
-        }
-        modes.retain(|m| !m.is_qemu());
-        if modes.is_empty() {
-            return Err(BenchError::NoModes(
-                "--clones runs lull's modes only: give one with --modes".into(),
-            ));
-        }
-    }
-    let has_global = lull_has_flag(&lull, "--global-timers");
-    let plan = Plan {
-        args,
-        lull,
-        kernel: linux.kernel.clone(),
-        base_cmdline: base_cmdline(&linux),
-        global_timers: args.global_timers.as_deref().filter(|_| has_global),
-        work: work_dir(args.common.work_dir.as_ref())?,
-    };
+    let (plan, modes, skipped) = plan(args)?;
     let mut report = empty_report(&plan, &modes, skipped);
     eprintln!(
         "bench: density --guest linux, logs in {}",
@@ -580,20 +555,87 @@ pub fn run(args: &DensityArgs) -> Result<bool, BenchError> {
     Ok(all_ok)
 }
 
+/// A row of `n` clones of `mode` (with `slack`) running `workload`, restored from the
+/// snapshot `snapshots` has of it, or takes now (`lull bench density --guest linux --clones
+/// --max-vms`).
+pub(crate) fn measure_clones(
+    plan: &Plan,
+    snapshots: &mut Snapshots,
+    variant: (Mode, Option<&str>, Workload),
+    n: u32,
+    baseline: &Reading<PowerWindow>,
+) -> Result<DensityRow, BenchError> {
+    let (mode, slack, workload) = variant;
+    let e = Experiment {
+        mode,
+        slack: slack.map(str::to_string),
+        workload,
+        n,
+        rule: window_rule(plan.args, n),
+    };
+    let dir = snapshots.get(plan, &e)?;
+    run_experiment(plan, &e, baseline, Some(&dir))
+}
+
+/// The plan of a `--guest linux` run, its modes (with `--clones`, lull's only) and the modes
+/// left out.
+pub(crate) fn plan(
+    args: &DensityArgs,
+) -> Result<(Plan<'_>, Vec<Mode>, Vec<SkippedMode>), BenchError> {
+    let lull = lull_binary(args.common.lull.as_ref())?;
+    let kit_dir = args.common.kit.clone().unwrap_or_else(kit::kit_dir);
+    let linux = kit::default_guest_in(&kit_dir).map_err(BenchError::Kit)?;
+    let (mut modes, mut skipped) = density::modes(args)?;
+    if args.clones {
+        for m in modes.iter().filter(|m| m.is_qemu()) {
+            skipped.push(SkippedMode {
+                mode: m.name().into(),
+                reason: "--clones restores lull snapshots, which QEMU cannot".into(),
+            });
+        }
+        modes.retain(|m| !m.is_qemu());
+        if modes.is_empty() {
+            return Err(BenchError::NoModes(
+                "--clones runs lull's modes only: give one with --modes".into(),
+            ));
+        }
+    }
+    let has_global = lull_has_flag(&lull, "--global-timers");
+    let plan = Plan {
+        args,
+        lull,
+        kernel: linux.kernel.clone(),
+        base_cmdline: base_cmdline(&linux),
+        global_timers: args.global_timers.as_deref().filter(|_| has_global),
+        work: work_dir(args.common.work_dir.as_ref())?,
+    };
+    Ok((plan, modes, skipped))
+}
+
 /// Where the window of a run of `n` VMs goes.
+/// With `--clones --max-vms` the workload is rounded up to whole [`SHARED_WORKLOAD`]s, so
+/// that the steps of a search share their snapshots (one boot each).
 fn window_rule(args: &DensityArgs, n: u32) -> WindowRule {
     let spread = boot_spread(args, n);
+    let mut seconds = window::guest_seconds(args.duration, spread, SETTLE, MARGIN);
+    if args.clones && args.max_vms.is_some() {
+        seconds = seconds.div_ceil(SHARED_WORKLOAD) * SHARED_WORKLOAD;
+    }
     WindowRule {
         settle: SETTLE,
         length: args.duration,
-        workload: Duration::from_secs(window::guest_seconds(args.duration, spread, SETTLE, MARGIN)),
+        workload: Duration::from_secs(seconds),
         margin: MARGIN,
     }
 }
 
 /// The report before its first row: host, parameters (the Linux ones too), the modes left
 /// out.
-fn empty_report(plan: &Plan, modes: &[Mode], skipped: Vec<SkippedMode>) -> DensityReport {
+pub(crate) fn empty_report(
+    plan: &Plan,
+    modes: &[Mode],
+    skipped: Vec<SkippedMode>,
+) -> DensityReport {
     let args = plan.args;
     let mut params = args.params(
         &plan.kernel,

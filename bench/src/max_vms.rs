@@ -5,26 +5,39 @@
 //! doubling:  1 ok, 2 ok, 4 ok, 8 FAIL           (each step a density run of --duration)
 //! bisection: 6 ok, 7 FAIL  -> 6, stopped by the bound that failed at 7
 //! limits:    CAP reached (all met)             -> CAP, stopped by `cap`
-//!            N x (guest RAM + VMM RSS) > 90% of MemAvailable -> the most that fit, `memory`
+//!            N x what one VM holds > 90% of MemAvailable  -> the most that fit, `memory`
+//!            N x one VM's threads > 90% of the threads the host has left -> `threads`
 //! ```
 //!
-//! [`search`] is pure over a `measure(n)` closure; [`run`] measures with density.rs's runs.
+//! What one VM holds is measured, not its nominal RAM: its PSS (lull and guest together, the
+//! pages clones share divided among them) as the last step's window opened; before the first
+//! step, a guess. Its threads likewise (lull's /proc/PID/status); the host's room for threads
+//! is the least of `threads-max`, `pid_max` and the cgroup's `pids.max`, less what runs.
+//!
+//! The lateness bound may be relative (`lateness_vs_one_vm`, slo.rs): a multiple of the p99
+//! that one VM had on this host, in the first mode searched (kernel's, which goes first).
+//!
+//! [`search`] is pure over a `measure(n)` closure; [`run`] measures with density.rs's runs,
+//! linux_max_vms.rs with clones of the kit's Linux.
 //! Bisection assumes that a count above a failing one fails too: if the outcomes are not
 //! monotone the result is a count that met the SLO whose next count failed.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::density::{DensityArgs, Mode, Plan};
 use super::error::BenchError;
 use super::host;
 use super::max_vms_plot;
 use super::max_vms_report::{MaxVmsMode, MaxVmsReport, MaxVmsStep, Stop, MAX_VMS_SCHEMA};
-use super::power::{PowerWindow, Reading};
-use super::report;
+use super::power::Reading;
+use super::proc_sample;
+use super::report::{self, DensityParams, DensityRow, SkippedMode};
 use super::slo::{self, Slo, Verdict};
 
-/// Share of `MemAvailable` the VMs may take (the rest for the host and lull's peaks).
-const MEMORY_SHARE: f64 = 0.9;
+/// Share of `MemAvailable`, and of the threads the host has left, the VMs may take (the rest
+/// for the host and lull's peaks).
+const HOST_SHARE: f64 = 0.9;
 
 /// What one step of the search measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,8 +46,19 @@ pub struct Outcome {
     pub met: bool,
     /// The bounds that were not.
     pub failed: Vec<String>,
-    /// The VMM's own resident memory per VM, bytes, if measured.
-    pub vmm_bytes_per_vm: Option<f64>,
+    /// What one VM held, bytes (its PSS), if measured.
+    pub held_bytes_per_vm: Option<f64>,
+    /// One VM's threads (lull's), if measured.
+    pub threads_per_vm: Option<f64>,
+}
+
+/// What one VM takes of each host resource that bounds the search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerVm {
+    /// Memory, bytes.
+    pub bytes: f64,
+    /// Threads.
+    pub threads: f64,
 }
 
 /// What bounds the search besides the SLO.
@@ -44,32 +68,57 @@ pub struct Limits {
     pub cap: u32,
     /// The host's `MemAvailable` with no VM, bytes (`None`: unknown, no memory bound).
     pub mem_available: Option<u64>,
-    /// Guest RAM per VM, bytes.
-    pub guest_bytes: u64,
-    /// The VMM's own memory per VM before one is measured, bytes.
-    pub vmm_guess: u64,
+    /// The threads the host can still start with no VM (`None`: unknown, no thread bound).
+    pub threads_available: Option<u64>,
+    /// What one VM takes before one is measured.
+    pub guess: PerVm,
+}
+
+/// The most VMs of `per_vm` each, up to `upto`, within `share` of `available`.
+fn fit_count(available: f64, per_vm: f64, upto: u32) -> u32 {
+    let budget = available * HOST_SHARE;
+    let fit = |n: u32| f64::from(n) * per_vm <= budget;
+    // Bisection over the counts: fit(lo) holds, fit(hi + 1) does not.
+    let (mut lo, mut hi) = (0u32, upto);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fit(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 impl Limits {
-    /// The most VMs of `per_vm` bytes each, up to `upto`, that fit in the memory's share
-    /// (`upto` if memory is unknown).
-    fn fits(&self, per_vm: f64, upto: u32) -> u32 {
-        let Some(avail) = self.mem_available else {
-            return upto;
-        };
-        let budget = avail as f64 * MEMORY_SHARE;
-        let fit = |n: u32| f64::from(n) * per_vm <= budget;
-        // Bisection over the counts: fit(lo) holds, fit(hi + 1) does not.
-        let (mut lo, mut hi) = (0u32, upto);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if fit(mid) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        lo
+    /// The most VMs of `per` each, up to `upto`, that the host's memory and threads hold, and
+    /// the bound that holds fewer than `upto` (the cap if none does).
+    fn room(&self, per: PerVm, upto: u32) -> (u32, Stop) {
+        let memory = self.mem_available.map(|avail| {
+            let fits = fit_count(avail as f64, per.bytes, upto);
+            let stop = Stop::Memory {
+                fits,
+                per_vm_bytes: per.bytes,
+                available_bytes: avail,
+            };
+            (fits, stop)
+        });
+        let threads = self.threads_available.map(|avail| {
+            let fits = fit_count(avail as f64, per.threads, upto);
+            let stop = Stop::Threads {
+                fits,
+                per_vm: per.threads,
+                available: avail,
+            };
+            (fits, stop)
+        });
+        [memory, threads]
+            .into_iter()
+            .flatten()
+            .filter(|(fits, _)| *fits < upto)
+            .min_by_key(|(fits, _)| *fits)
+            .unwrap_or((upto, Stop::Cap { cap: self.cap }))
     }
 }
 
@@ -87,31 +136,29 @@ pub struct Found {
 /// Searches the most VMs within the SLO: doubling from 1, then bisection between the last
 /// count that met it and the first that did not, never past the cap or the memory.
 pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found {
-    let mut per_vm = (limits.guest_bytes + limits.vmm_guess) as f64;
+    let mut per = limits.guess;
     let mut tried = Vec::new();
     let (mut lo, mut n) = (0u32, 1u32);
-    let memory = |per_vm: f64, fits: u32| Stop::Memory {
-        fits,
-        per_vm_bytes: per_vm,
-        available_bytes: limits.mem_available.unwrap_or(0),
-    };
-    let mut step = |n: u32, per_vm: &mut f64, tried: &mut Vec<u32>| {
+    let mut step = |n: u32, per: &mut PerVm, tried: &mut Vec<u32>| {
         let o = measure(n);
         tried.push(n);
-        if let Some(vmm) = o.vmm_bytes_per_vm {
-            *per_vm = limits.guest_bytes as f64 + vmm;
+        if let Some(bytes) = o.held_bytes_per_vm {
+            per.bytes = bytes;
+        }
+        if let Some(threads) = o.threads_per_vm {
+            per.threads = threads;
         }
         o
     };
-    // Doubling: up to the first failure, the cap or the memory.
+    // Doubling: up to the first failure, the cap, the memory or the threads.
     let (mut hi, mut failed) = loop {
-        let fits = limits.fits(per_vm, limits.cap);
+        let (fits, bound) = limits.room(per, limits.cap);
         let next = n.min(limits.cap).min(fits);
         if next <= lo {
             let stop = if lo >= limits.cap {
                 Stop::Cap { cap: limits.cap }
             } else {
-                memory(per_vm, fits)
+                bound
             };
             return Found {
                 tried,
@@ -119,7 +166,7 @@ pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found
                 stop,
             };
         }
-        let o = step(next, &mut per_vm, &mut tried);
+        let o = step(next, &mut per, &mut tried);
         if !o.met {
             break (next, o.failed);
         }
@@ -129,15 +176,15 @@ pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found
     // Bisection between lo (met) and hi (failed).
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        let fits = limits.fits(per_vm, limits.cap);
+        let (fits, bound) = limits.room(per, limits.cap);
         if mid > fits {
             return Found {
                 tried,
                 max_vms: lo.min(fits),
-                stop: memory(per_vm, fits),
+                stop: bound,
             };
         }
-        let o = step(mid, &mut per_vm, &mut tried);
+        let o = step(mid, &mut per, &mut tried);
         if o.met {
             lo = mid;
         } else {
@@ -151,50 +198,83 @@ pub fn search(limits: &Limits, mut measure: impl FnMut(u32) -> Outcome) -> Found
     }
 }
 
-/// `MemAvailable` of this host, bytes.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// What one booted VM of `args` takes before one is measured: its guest RAM and 32 MiB of
+/// lull's own, 8 threads.
+fn guess(args: &DensityArgs) -> PerVm {
+    PerVm {
+        bytes: (args.memory_bytes() + (32 << 20)) as f64,
+        threads: 8.0,
+    }
 }
 
-/// The VMM's own memory per VM before one is measured: 32 MiB.
-const VMM_GUESS: u64 = 32 << 20;
+/// The host's limits for a search up to `cap` VMs of `guess` each.
+pub(crate) fn host_limits(cap: u32, guess: PerVm) -> Limits {
+    Limits {
+        cap,
+        mem_available: proc_sample::mem_available_kib().map(|k| k * 1024),
+        threads_available: proc_sample::threads_available(),
+        guess,
+    }
+}
+
+/// The report before its first search.
+pub(crate) fn empty_report(
+    params: DensityParams,
+    cap: u32,
+    slo: &Slo,
+    limits: &Limits,
+    skipped: Vec<SkippedMode>,
+) -> MaxVmsReport {
+    MaxVmsReport {
+        schema: MAX_VMS_SCHEMA.into(),
+        host: host::host_info(),
+        params,
+        cap,
+        slo: slo.clone(),
+        mem_available_bytes: limits.mem_available,
+        threads_available: limits.threads_available,
+        lateness_reference_p99_ns: None,
+        power_baseline: Reading::missing("not measured yet"),
+        modes: Vec::new(),
+        skipped,
+    }
+}
+
+/// Prints the search's header: what it runs and its bounds.
+pub(crate) fn print_header(
+    report: &MaxVmsReport,
+    cpus_per_vm: u32,
+    step: Duration,
+    row_header: String,
+) {
+    println!(
+        "max-vms: up to {} VMs x {cpus_per_vm} vCPUs per mode, {step:?} per step, SLO {}",
+        report.cap,
+        slo_text(&report.slo)
+    );
+    println!("{row_header}  verdict");
+}
+
+/// Kernel first: a relative lateness bound multiplies the p99 of the first mode's one VM.
+pub(crate) fn kernel_first(modes: &mut [Mode]) {
+    modes.sort_by_key(|m| *m != Mode::Kernel);
+}
 
 /// Runs the search up to `cap` VMs for every mode of `args`, prints the steps and the result
 /// table, writes the JSON and the plot; `Ok(false)` if a mode held not even one VM.
 pub fn run(args: &DensityArgs, cap: u32) -> Result<bool, BenchError> {
-    let (plan, modes, skipped) = Plan::new(args)?;
-    let slo = args.slo.clone();
-    let cpus = host::host_info().cpus;
-    let mut report = MaxVmsReport {
-        schema: MAX_VMS_SCHEMA.into(),
-        host: host::host_info(),
-        params: plan.empty_report(&modes, Vec::new()).params,
-        cap,
-        slo: slo.clone(),
-        mem_available_bytes: mem_available(),
-        power_baseline: Reading::missing("not measured yet"),
-        modes: Vec::new(),
-        skipped,
-    };
-    println!(
-        "max-vms: up to {cap} VMs x {} vCPUs per mode, {:?} per step, SLO {}",
-        args.cpus,
-        args.duration,
-        slo_text(&slo)
-    );
+    let (plan, mut modes, skipped) = Plan::new(args)?;
+    kernel_first(&mut modes);
+    let limits = host_limits(cap, guess(args));
+    let params = plan.empty_report(&modes, Vec::new()).params;
+    let mut report = empty_report(params, cap, &args.slo, &limits, skipped);
+    print_header(&report, args.cpus, args.duration, report::density_header());
     report.power_baseline = args.power_baseline();
-    println!("{}  verdict", report::density_header());
-    let limits = Limits {
-        cap,
-        mem_available: report.mem_available_bytes,
-        guest_bytes: args.memory_bytes(),
-        vmm_guess: VMM_GUESS,
-    };
+    let baseline = report.power_baseline.clone();
     for &mode in &modes {
-        let searched = search_mode(&plan, mode, &limits, &report.power_baseline, cpus)?;
+        let searched = search_mode(&mut report, mode.name(), &limits, args.cpus, |n| {
+            plan.measure(mode, n, &baseline)
+        })?;
         report.modes.push(searched);
         set_ratios(&mut report.modes);
         if let Some(path) = &args.common.json {
@@ -205,15 +285,17 @@ pub fn run(args: &DensityArgs, cap: u32) -> Result<bool, BenchError> {
     Ok(report.modes.iter().all(|m| m.max_vms > 0))
 }
 
-/// Searches the most VMs of `mode` within the SLO, each count a run of `plan` measured
-/// against `baseline` on a host of `cpus` CPUs; the first error ends the search.
-fn search_mode(
-    plan: &Plan,
-    mode: Mode,
+/// Searches the most VMs of the mode `name` (`cpus_per_vm` vCPUs each) within `report`'s
+/// SLO, `measure(n)` running n VMs; the first one-VM step measured sets the report's lateness
+/// reference. The first error ends the search.
+pub(crate) fn search_mode(
+    report: &mut MaxVmsReport,
+    name: &str,
     limits: &Limits,
-    baseline: &Reading<PowerWindow>,
-    cpus: usize,
+    cpus_per_vm: u32,
+    mut measure: impl FnMut(u32) -> Result<DensityRow, BenchError>,
 ) -> Result<MaxVmsMode, BenchError> {
+    let host_cpus = report.host.cpus;
     let mut steps: Vec<MaxVmsStep> = Vec::new();
     let mut error = None;
     let found = search(limits, |n| {
@@ -221,21 +303,45 @@ fn search_mode(
             return error_outcome();
         }
         eprintln!(
-            "bench: max-vms {}: step {} with {n} VM(s)",
-            mode.name(),
+            "bench: max-vms {name}: step {} with {n} VM(s)",
             steps.len() + 1
         );
-        let step = match measure_step(plan, mode, n, baseline, cpus) {
-            Ok(step) => step,
+        let row = match measure(n) {
+            Ok(row) => row,
             Err(e) => {
                 error.get_or_insert(e);
                 return error_outcome();
             }
         };
+        if n == 1 && report.lateness_reference_p99_ns.is_none() && row.lateness.n > 0 {
+            report.lateness_reference_p99_ns = Some(row.lateness.p99_ns);
+        }
+        let verdicts = slo::judge(
+            &report.slo,
+            &row,
+            host_cpus,
+            report.lateness_reference_p99_ns,
+        );
+        let step = MaxVmsStep {
+            vms: n,
+            met: verdicts.iter().all(|v| v.met),
+            verdicts,
+            row,
+        };
+        match step.row.linux {
+            // linux_density printed the row (and its clone and failure lines) already.
+            Some(_) => println!("  {name} N={n}: {}", verdict_text(&step)),
+            None => println!(
+                "{}  {}",
+                report::density_line(&step.row),
+                verdict_text(&step)
+            ),
+        }
         let outcome = Outcome {
             met: step.met,
             failed: failed_bounds(&step.verdicts),
-            vmm_bytes_per_vm: step.row.vmm_rss_kib_per_vm.map(|k| k * 1024.0),
+            held_bytes_per_vm: step.row.pss_kib_per_vm.map(|k| k * 1024.0),
+            threads_per_vm: step.row.threads_per_vm,
         };
         steps.push(step);
         outcome
@@ -244,10 +350,10 @@ fn search_mode(
         return Err(e);
     }
     Ok(MaxVmsMode {
-        mode: mode.name().into(),
+        mode: name.into(),
         steps,
         max_vms: found.max_vms,
-        max_vcpus: found.max_vms * plan.args.cpus,
+        max_vcpus: found.max_vms * cpus_per_vm,
         stopped_by: found.stop,
         ratio_to_kernel: None,
     })
@@ -258,36 +364,13 @@ fn error_outcome() -> Outcome {
     Outcome {
         met: false,
         failed: vec!["error".into()],
-        vmm_bytes_per_vm: None,
+        held_bytes_per_vm: None,
+        threads_per_vm: None,
     }
 }
 
-/// Runs `n` VMs in `mode`, judges the row by the SLO and prints it with its verdict.
-fn measure_step(
-    plan: &Plan,
-    mode: Mode,
-    n: u32,
-    baseline: &Reading<PowerWindow>,
-    cpus: usize,
-) -> Result<MaxVmsStep, BenchError> {
-    let row = plan.measure(mode, n, baseline)?;
-    let verdicts = slo::judge(&plan.args.slo, &row, cpus);
-    let step = MaxVmsStep {
-        vms: n,
-        met: verdicts.iter().all(|v| v.met),
-        verdicts,
-        row,
-    };
-    println!(
-        "{}  {}",
-        report::density_line(&step.row),
-        verdict_text(&step)
-    );
-    Ok(step)
-}
-
 /// After the last mode: the result table, the modes left out, the plot.
-fn finish(report: &MaxVmsReport, plot: Option<&PathBuf>) -> Result<(), BenchError> {
+pub(crate) fn finish(report: &MaxVmsReport, plot: Option<&PathBuf>) -> Result<(), BenchError> {
     for line in result_table(report) {
         println!("{line}");
     }
@@ -311,11 +394,11 @@ fn failed_bounds(verdicts: &[Verdict]) -> Vec<String> {
 }
 
 fn slo_text(slo: &Slo) -> String {
-    let mut s = format!(
-        "lateness_p99 <= {} ms, host_busy <= {}%",
-        slo.lateness_p99_ns as f64 / 1e6,
-        slo.host_busy_percent
-    );
+    let mut s = format!("lateness_p99 <= {} ms", slo.lateness_p99_ns as f64 / 1e6);
+    if let Some(x) = slo.lateness_vs_one_vm {
+        s.push_str(&format!(" or {x}x one VM's (the first mode's)"));
+    }
+    s.push_str(&format!(", host_busy <= {}%", slo.host_busy_percent));
     if let Some(ipi) = slo.ipi_p99_ns {
         s.push_str(&format!(", ipi_p99 <= {} ms", ipi as f64 / 1e6));
     }
@@ -331,7 +414,7 @@ fn verdict_text(step: &MaxVmsStep) -> String {
         .iter()
         .filter(|v| !v.met)
         .map(|v| match v.figure {
-            Some(f) => format!("{} {f:.2} {} > {}", v.bound, v.unit, v.limit),
+            Some(f) => format!("{} {f:.2} {} > {:.2}", v.bound, v.unit, v.limit),
             None => format!("{} not measured", v.bound),
         })
         .collect();
@@ -339,7 +422,7 @@ fn verdict_text(step: &MaxVmsStep) -> String {
 }
 
 /// Sets every mode's ratio to kernel's count.
-fn set_ratios(modes: &mut [MaxVmsMode]) {
+pub(crate) fn set_ratios(modes: &mut [MaxVmsMode]) {
     let kernel = modes.iter().find(|m| m.mode == "kernel").map(|m| m.max_vms);
     for m in modes.iter_mut() {
         m.ratio_to_kernel = match kernel {
@@ -361,6 +444,11 @@ fn stop_text(stop: &Stop) -> String {
             per_vm_bytes / f64::from(1u32 << 20),
             available_bytes >> 20
         ),
+        Stop::Threads {
+            fits,
+            per_vm,
+            available,
+        } => format!("threads ({fits} x {per_vm:.0} in 90% of {available} left)"),
         Stop::Slo { vms, failed } => format!("{} at {vms} VMs", failed.join(", ")),
     }
 }
@@ -396,8 +484,11 @@ mod tests {
         Limits {
             cap,
             mem_available: None,
-            guest_bytes: 64 * MIB,
-            vmm_guess: 32 * MIB,
+            threads_available: None,
+            guess: PerVm {
+                bytes: (96 * MIB) as f64,
+                threads: 4.0,
+            },
         }
     }
 
@@ -410,7 +501,8 @@ mod tests {
             } else {
                 vec!["lateness_p99".into()]
             },
-            vmm_bytes_per_vm: None,
+            held_bytes_per_vm: None,
+            threads_per_vm: None,
         }
     }
 
@@ -451,8 +543,8 @@ mod tests {
 
     #[test]
     fn memory_stops_the_search_before_the_host_runs_out() {
-        // 1000 MiB available: 90% holds 9 VMs of 64 + 32 MiB, then 7 of 64 + 64 MiB once a
-        // VMM is measured at 64 MiB.
+        // 1000 MiB available: 90% holds 9 VMs of the 96 MiB guessed, then 7 of 128 MiB once a
+        // VM is measured to hold that much.
         let mut l = limits(64);
         l.mem_available = Some(1000 * MIB);
         let f = search(&l, fake(|_| true));
@@ -462,7 +554,8 @@ mod tests {
         let measured = |n: u32| Outcome {
             met: true,
             failed: vec![],
-            vmm_bytes_per_vm: Some((64 * MIB + u64::from(n)) as f64),
+            held_bytes_per_vm: Some((128 * MIB + u64::from(n)) as f64),
+            threads_per_vm: None,
         };
         let f = search(&l, measured);
         assert_eq!(f.tried, vec![1, 2, 4, 7]);
@@ -477,6 +570,34 @@ mod tests {
         let f = search(&l, fake(|_| panic!("nothing fits: no run")));
         assert_eq!((f.tried.len(), f.max_vms), (0, 0));
         assert!(matches!(f.stop, Stop::Memory { fits: 0, .. }));
+    }
+
+    #[test]
+    fn threads_stop_the_search_when_they_run_out_before_memory() {
+        // 100 threads left: 90 for VMs; 9 VMs of the 10 measured (4 guessed: 22 would fit).
+        let mut l = limits(64);
+        l.mem_available = Some(100_000 * MIB);
+        l.threads_available = Some(100);
+        let measured = |_| Outcome {
+            met: true,
+            failed: vec![],
+            held_bytes_per_vm: Some((8 * MIB) as f64),
+            threads_per_vm: Some(10.0),
+        };
+        let f = search(&l, measured);
+        assert_eq!(f.tried, vec![1, 2, 4, 8, 9]);
+        assert_eq!(f.max_vms, 9);
+        assert!(
+            matches!(f.stop, Stop::Threads { fits: 9, per_vm, available: 100 } if per_vm == 10.0),
+            "{f:?}"
+        );
+        // Plenty of threads: memory binds, and is named (200 MiB: 90% holds 1 VM of the
+        // 96 MiB guessed, then 22 of the 8 MiB measured).
+        l.threads_available = Some(1_000_000);
+        l.mem_available = Some(200 * MIB);
+        let f = search(&l, measured);
+        assert_eq!(f.tried, vec![1, 2, 4, 8, 16, 22]);
+        assert!(matches!(f.stop, Stop::Memory { fits: 22, .. }), "{f:?}");
     }
 
     #[test]

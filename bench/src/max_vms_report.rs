@@ -24,10 +24,20 @@ pub enum Stop {
     Memory {
         /// The most VMs that fit.
         fits: u32,
-        /// The estimate per VM (guest RAM + VMM RSS), bytes.
+        /// What one VM held (its PSS as the last step's window opened; guessed before the
+        /// first step), bytes.
         per_vm_bytes: f64,
         /// `MemAvailable` with no VM, bytes.
         available_bytes: u64,
+    },
+    /// One more VM would need more threads than the host has left.
+    Threads {
+        /// The most VMs whose threads fit.
+        fits: u32,
+        /// Threads per VM (lull's, measured; guessed before the first step).
+        per_vm: f64,
+        /// The threads the host could still start with no VM.
+        available: u64,
     },
     /// The smallest count that failed, and its failed bounds.
     Slo {
@@ -84,6 +94,13 @@ pub struct MaxVmsReport {
     pub slo: Slo,
     /// `MemAvailable` before the first run, bytes (`null` if unreadable).
     pub mem_available_bytes: Option<u64>,
+    /// The threads the host could still start before the first run (`null` if unknown).
+    #[serde(default)]
+    pub threads_available: Option<u64>,
+    /// The lateness p99 of one VM of the first mode searched, ns: what a relative lateness
+    /// bound (`lateness_vs_one_vm`) multiplies.
+    #[serde(default)]
+    pub lateness_reference_p99_ns: Option<u64>,
     /// The host with no VM (see the density report).
     pub power_baseline: Reading<PowerWindow>,
     /// One search per mode, in run order.

@@ -109,6 +109,42 @@ fn rollup_of(maps: &MemoryMaps) -> Rollup {
     }
 }
 
+/// `pid`'s threads now.
+pub fn threads(pid: u32) -> Option<u64> {
+    Status::from_file(proc_dir(pid).join("status"))
+        .ok()
+        .map(|s| s.threads)
+}
+
+/// The threads the host can still start: the least of `kernel.threads-max` and
+/// `kernel.pid_max` less the threads running (/proc/loadavg), and of this cgroup's
+/// `pids.max` less its `pids.current` (cgroup v2, where it is set); `None` if none is readable.
+pub fn threads_available() -> Option<u64> {
+    let number =
+        |path: &str| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let running: Option<u64> = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(3)?.split_once('/')?.1.parse().ok());
+    let system = running.map(|now| {
+        ["/proc/sys/kernel/threads-max", "/proc/sys/kernel/pid_max"]
+            .into_iter()
+            .filter_map(number)
+            .map(|max| max.saturating_sub(now))
+            .min()
+    });
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_string))
+        })
+        .and_then(|dir| {
+            let at = |f: &str| number(&format!("/sys/fs/cgroup{}/{f}", dir.trim_end_matches('/')));
+            Some(at("pids.max")?.saturating_sub(at("pids.current")?))
+        });
+    [system.flatten(), cgroup].into_iter().flatten().min()
+}
+
 /// The host's `MemAvailable`, KiB.
 pub fn mem_available_kib() -> Option<u64> {
     Meminfo::from_file("/proc/meminfo")
@@ -140,6 +176,12 @@ mod tests {
                 private: 632,
             }
         );
+    }
+
+    #[test]
+    fn this_host_has_room_for_threads_and_this_process_has_some() {
+        assert!(threads(std::process::id()).unwrap() >= 1);
+        assert!(threads_available().unwrap() > 0);
     }
 
     #[test]

@@ -123,6 +123,13 @@ pub struct DensityRow {
     pub guest_ram_rss_kib_per_vm: Option<f64>,
     /// Mean rest of the RSS (the VMM's own memory) at the window start, KiB.
     pub vmm_rss_kib_per_vm: Option<f64>,
+    /// Mean PSS per VM at the window start (`/proc/PID/smaps_rollup`, lull and guest: what
+    /// a VM holds, the pages VMs share divided among them), KiB.
+    #[serde(default)]
+    pub pss_kib_per_vm: Option<f64>,
+    /// Mean threads per VM (lull's) at the window start.
+    #[serde(default)]
+    pub threads_per_vm: Option<f64>,
     /// What went wrong, one line per failed VM.
     pub failures: Vec<String>,
     /// `--guest linux`: the workload's own figures and the window (absent for the others).
@@ -228,7 +235,7 @@ pub struct CloneRow {
     /// The snapshot directory they were restored from.
     pub snapshot: String,
     /// `vm.restore` (resuming, memory mapped) sent to answered, per clone, ms.
-    pub restore_to_running_ms: Option<crate::snapshot_report::Spread>,
+    pub restore_to_running_ms: Option<crate::spread::Spread>,
     /// Per VM as the window opened (`/proc/PID/smaps_rollup`, lull and guest together), KiB:
     /// the proportional set size ...
     pub pss_kib_per_vm: Option<f64>,
@@ -685,6 +692,8 @@ pub(crate) mod tests {
             rss_kib_per_vm: 4096.0,
             guest_ram_rss_kib_per_vm: None,
             vmm_rss_kib_per_vm: None,
+            pss_kib_per_vm: None,
+            threads_per_vm: None,
             failures: Vec::new(),
             linux: None,
             power: None,

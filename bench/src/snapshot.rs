@@ -42,8 +42,9 @@ use super::host::host_info;
 use super::report::write_json;
 use super::snapshot_log::{log_time_of_day, lull_log_figures, since_time_of_day};
 use super::snapshot_report::{
-    snapshot_table, SnapshotParams, SnapshotReport, SnapshotRow, Spread, SNAPSHOT_SCHEMA,
+    snapshot_table, SnapshotParams, SnapshotReport, SnapshotRow, SNAPSHOT_SCHEMA,
 };
+use super::spread::Spread;
 use super::units::parse_size;
 
 /// Longest wait for a snapshot or restore request (a large VM in a debug build is slow).

@@ -3,7 +3,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::snapshot_report::{SnapshotRow, Spread};
+use super::snapshot_report::SnapshotRow;
+use super::spread::Spread;
 
 /// lull's own figures from its log: each pause's stop time, the snapshot's time.
 pub(crate) fn lull_log_figures(row: &mut SnapshotRow, log: &str) {

@@ -145,8 +145,15 @@ fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
     if v["schema"] != "lull-bench-max-vms/1" || v["cap"] != 4 {
         return Err(format!("unexpected header: {}", v["schema"]).into());
     }
+    // The default relative bound: 3 x the p99 of kernel's one VM (searched first), if above
+    // the 20 ms given.
+    let one_vm_ms = v["lateness_reference_p99_ns"]
+        .as_f64()
+        .ok_or("no one-VM reference")?
+        / 1e6;
+    let lateness_limit = f64::max(20.0, 3.0 * one_vm_ms);
     let modes = v["modes"].as_array().cloned().unwrap_or_default();
-    if modes.len() != 2 {
+    if modes.len() != 2 || modes[0]["mode"] != "kernel" {
         return Err(format!("expected kernel and pull, got {modes:?}").into());
     }
     for m in &modes {
@@ -178,6 +185,14 @@ fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
                 }
             }
             let lateness = &verdicts[0];
+            if lateness["limit"]
+                .as_f64()
+                .is_none_or(|l| (l - lateness_limit).abs() > 1e-6)
+            {
+                return Err(
+                    format!("lateness bound is not {lateness_limit} ms: {lateness}").into(),
+                );
+            }
             let p99_ms = s["row"]["lateness"]["p99_ns"].as_f64().unwrap_or(-1.0) / 1e6;
             if s["row"]["lateness"]["n"].as_u64().unwrap_or(0) > 0
                 && lateness["figure"].as_f64() != Some(p99_ms)
@@ -191,6 +206,11 @@ fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
             if all {
                 met_counts.push(s["vms"].as_u64().unwrap_or(0));
             }
+        }
+        // The search names the bound that stopped it.
+        let stop = m["stopped_by"]["bound"].as_str().unwrap_or("");
+        if !["cap", "memory", "threads", "slo"].contains(&stop) {
+            return Err(format!("no bound named as the stop: {m}").into());
         }
         // The result is the largest count that was measured and met (0 if none).
         if met_counts.iter().copied().max().unwrap_or(0) != max {

@@ -20,7 +20,7 @@ help:
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
-	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot|bench-clones  the other lull bench experiments"
+	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot|bench-clones|bench-clone-density  the other lull bench experiments"
 	@echo "make bench-floor    the least a user-space LAPIC's timer event and IPI wake-up cost here, against KVM's"
 	@echo "make fuzz           run every fuzz target for FUZZ_TIME seconds (default 600 each)"
 
@@ -161,7 +161,7 @@ bench: build-release guests
 
 # The other experiments of lull bench (docs/PERFORMANCE.md has a section for each).
 .PHONY: bench-timer-modes bench-latency bench-idle-manager bench-boot bench-linux bench-snapshot \
-        bench-clones
+        bench-clones bench-clone-density
 bench-timer-modes: build-release guests
 	mkdir -p docs/bench
 	LULL_KIT=$(KIT) target/release/lull bench timer-modes --count 200 --reps 3 \
@@ -200,6 +200,18 @@ bench-clones: build-release kit
 	LULL_KIT=$(KIT) target/release/lull bench clones --modes kernel,pull --timer-slack 1ms \
 	    --clones 8,64,256 --fleet-memory map --restores 5 \
 	    --json docs/bench/clones.json | tee docs/bench/clones.txt
+
+# The density bench on fleets of Linux clones (issue 43): per mode (pull with and without a
+# 1 ms slack) one boot and one snapshot, then 128 clones of 1 vCPU running the timers workload,
+# their lateness, CPU and host wake-ups after their own restores; and 256 idle ones.
+bench-clone-density: build-release kit
+	mkdir -p docs/bench
+	LULL_KIT=$(KIT) target/release/lull bench density --guest linux --clones --cpus 1 \
+	    --memory 64M --vms 128 --workload timers --modes kernel,pull --timer-slack off,1ms \
+	    --duration 20s --json docs/bench/clone-density.json | tee docs/bench/clone-density.txt
+	LULL_KIT=$(KIT) target/release/lull bench density --guest linux --clones --cpus 1 \
+	    --memory 64M --vms 256 --workload idle --modes kernel,pull --duration 20s \
+	    --json docs/bench/clone-density-idle.json | tee docs/bench/clone-density-idle.txt
 
 # The floor: a timer event and an IPI wake-up with the LAPIC in user space at their cheapest
 # (no VMM: resources/bench/floor.c), against KVM's LAPIC, interleaved (about 8 minutes with the

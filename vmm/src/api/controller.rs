@@ -24,6 +24,7 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::ApiError;
+use super::events::EventMonitor;
 use super::http::Response;
 use super::restore_taps;
 use super::routes::ApiRequest;
@@ -114,6 +115,10 @@ pub struct Controller {
     run_ended: bool,
     /// Written by the VM thread when its run ends.
     ended: EventFd,
+    /// Cloud Hypervisor's event records (`--event-monitor`).
+    events: EventMonitor,
+    /// A `vm.reboot` is stopping the VM: its stop is no `shutdown` event.
+    rebooting: bool,
 }
 
 impl Controller {
@@ -128,7 +133,19 @@ impl Controller {
             run_ended: false,
             net_fds: Vec::new(),
             ended,
+            events: EventMonitor::none(),
+            rebooting: false,
         }
+    }
+
+    /// The controller, writing its events to `events` (`--event-monitor`).
+    pub fn with_events(self, events: EventMonitor) -> Self {
+        Self { events, ..self }
+    }
+
+    /// lull ends: the `vmm` `shutdown` event.
+    pub fn exiting(&mut self) {
+        self.events.vmm("shutdown");
     }
 
     /// The eventfd the VM thread writes when its run ends.
@@ -220,6 +237,7 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmAlreadyRan),
             VmState::Created { cfg, .. } => cfg.clone(),
         };
+        self.events.vm("booting");
         let vm = runner::start(&cfg, &self.ended).inspect_err(|_| {
             if let VmState::Created { boot_failed, .. } = &mut self.state {
                 *boot_failed = true;
@@ -229,6 +247,7 @@ impl Controller {
         // The new run's event loop has the signal handlers now.
         self.run_ended = false;
         self.state = VmState::Running { cfg, vm };
+        self.events.vm("booted");
         Ok(Response::no_content())
     }
 
@@ -346,6 +365,7 @@ impl Controller {
         self.state = VmState::NotCreated;
         self.ch_config = None;
         self.net_fds.clear();
+        self.events.vm("deleted");
         tracing::info!("VM deleted through the API");
         Ok(Response::no_content())
     }
@@ -359,7 +379,11 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
             VmState::Running { .. } => {}
         }
-        self.stop(StopReason::Api)?;
+        self.events.vm("rebooting");
+        self.rebooting = true;
+        let stopped = self.stop(StopReason::Api);
+        self.rebooting = false;
+        stopped?;
         let VmState::Shutdown { cfg, .. } = &self.state else {
             return Err(ApiError::RunnerLost);
         };
@@ -369,6 +393,7 @@ impl Controller {
             boot_failed: false,
         };
         self.boot()?;
+        self.events.vm("rebooted");
         tracing::info!("VM rebooted through the API");
         Ok(Response::no_content())
     }
@@ -381,22 +406,30 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
             VmState::Running { vm, .. } => vm.live(),
         };
+        let (doing, done_event) = match action {
+            "pause" => ("pausing", "paused"),
+            _ => ("resuming", "resumed"),
+        };
+        self.events.vm(doing);
         let done = match action {
             "pause" => vm.pause(),
             _ => vm.resume().map(drop),
         };
         done.map_err(|source| ApiError::Pause { action, source })?;
+        self.events.vm(done_event);
         Ok(Response::no_content())
     }
 
     /// `vm.snapshot` of the paused VM into `dir`.
-    fn snapshot(&self, dir: &std::path::Path) -> Result<Response, ApiError> {
+    fn snapshot(&mut self, dir: &std::path::Path) -> Result<Response, ApiError> {
         match &self.state {
             VmState::NotCreated => Err(ApiError::VmNotCreated),
             VmState::Created { .. } => Err(ApiError::VmNotBooted),
             VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
             VmState::Running { vm, cfg } => {
+                self.events.vm("snapshotting");
                 vm.live().snapshot(cfg, dir).map_err(ApiError::Snapshot)?;
+                self.events.vm("snapshotted");
                 Ok(Response::no_content())
             }
         }
@@ -412,6 +445,7 @@ impl Controller {
         if !matches!(self.state, VmState::NotCreated) {
             return Err(ApiError::VmAlreadyCreated);
         }
+        self.events.vm("restoring");
         // The sent fds the nets take, kept open while the VM runs.
         let mut keep = Vec::new();
         let mut snapshot = crate::snapshot::read_with_taps(dir, |nets| {
@@ -439,6 +473,7 @@ impl Controller {
         );
         self.state = VmState::Running { cfg, vm };
         self.net_fds = keep;
+        self.events.vm("restored");
         if restore.resume {
             return self.pause_or_resume("resume");
         }
@@ -546,6 +581,9 @@ impl Controller {
         };
         self.state = VmState::Shutdown { cfg, ended };
         self.run_ended = true;
+        if !self.rebooting {
+            self.events.vm("shutdown");
+        }
     }
 }
 

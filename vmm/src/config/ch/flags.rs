@@ -10,7 +10,7 @@
 
 use clap::{Arg, ArgAction, Command};
 
-use super::launch::{ApiSocketArg, ChLaunch};
+use super::launch::{ApiSocketArg, ChLaunch, EventMonitorArg};
 use super::options::{self, TapSource};
 use super::restore;
 use super::{ChError, CH_VERSION};
@@ -128,6 +128,7 @@ impl Parsed {
                 config: VmConfig::default(),
                 boots: false,
                 api_socket: None,
+                event_monitor: None,
                 log_file: None,
                 verbose,
                 net_fds: Vec::new(),
@@ -230,6 +231,13 @@ pub(super) const FLAGS: [Flag; 41] = [
         "Accepted: lull has no virtio-rng",
     ),
     flag(
+        "event-monitor",
+        Takes::One("path=P|fd=N"),
+        Effect::Run(set_event_monitor),
+        "Write Cloud Hypervisor's JSON event records (booted, paused, shutdown...) to the file \
+         or FIFO P, or to the inherited fd N (with --api-socket)",
+    ),
+    flag(
         "log-file",
         Takes::One("P"),
         Effect::Run(set_log_file),
@@ -297,7 +305,6 @@ pub(super) const FLAGS: [Flag; 41] = [
     refused("landlock", "lull uses seccomp, not landlock"),
     refused("landlock-rules", "lull uses seccomp, not landlock"),
     refused("pci-segment", "lull's devices are on virtio-mmio"),
-    refused("event-monitor", "lull has no event monitor"),
     refused("gdb", "lull has no gdb stub"),
     refused("igvm", "lull boots a kernel directly (--kernel)"),
     refused(
@@ -354,6 +361,30 @@ fn set_api_socket(p: &mut Parsed, _: &str, v: Vec<String>) -> Result<(), ChError
         ApiSocketArg::Path(value.into())
     };
     p.launch.api_socket = Some(socket);
+    Ok(())
+}
+
+fn set_event_monitor(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
+    let value = one(v);
+    let target = if let Some(path) = value.strip_prefix("path=") {
+        if path.is_empty() {
+            return Err(ChError::EmptyPath(format!("{name} path=")));
+        }
+        EventMonitorArg::Path(path.into())
+    } else if let Some(fd) = value.strip_prefix("fd=") {
+        EventMonitorArg::Fd(fd.parse().map_err(|_| ChError::BadValue {
+            option: format!("{name} fd"),
+            value: fd.into(),
+            expected: "a file descriptor number",
+        })?)
+    } else {
+        return Err(ChError::BadValue {
+            option: name.into(),
+            value,
+            expected: "path=P or fd=N",
+        });
+    };
+    p.launch.event_monitor = Some(target);
     Ok(())
 }
 

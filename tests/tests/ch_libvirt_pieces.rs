@@ -1,0 +1,429 @@
+//! What libvirt's Cloud Hypervisor driver (`src/ch/` of libvirt 11.3) asks of
+//! `cloud-hypervisor`, asked of lull the way the driver asks it (issue 44):
+//! - `cloud-hypervisor --version`, parsed as `chExtractVersion` parses it (`ch_conf.c`);
+//! - started as `virCHMonitorNew` starts it (`ch_monitor.c`): `--api-socket fd=N` on a socket
+//!   the driver bound and listens on, `--event-monitor path=FIFO`, whose reading end the driver
+//!   opens (blocking) once the process runs, then reads records split as `virCHProcessEvents`
+//!   splits them (`ch_events.c`: brace counting); a `shutdown` event is how it learns that the
+//!   VM stopped;
+//! - the vCPU threads found by their names (`vcpu0`, ...) in `/proc/PID/task/*/comm`
+//!   (`virCHMonitorRefreshThreadInfo`).
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use lull_tests::{api_call, kit_file, kvm_trial, lull_bin, temp_path};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// `chExtractVersion` and `chPreProcessVersionString`: the output must start with
+/// `cloud-hypervisor `; then the text after the last `/`, without a leading `v`, cut at the
+/// first `-`, is read as `major[.minor[.micro]]` (`virStringParseVersion`, trailing text
+/// allowed). Returns major * 1000000 + minor * 1000 + micro.
+fn libvirt_version(output: &str) -> Result<u64, String> {
+    let rest = output
+        .strip_prefix("cloud-hypervisor ")
+        .ok_or("Unexpected output of cloud-hypervisor binary")?;
+    let rest = rest.rsplit_once('/').map_or(rest, |(_, after)| after);
+    let rest = rest.strip_prefix('v').unwrap_or(rest);
+    let rest = rest.split_once('-').map_or(rest, |(before, _)| before);
+    let mut parts = [0u64; 3];
+    let mut text = rest;
+    for (i, part) in parts.iter_mut().enumerate() {
+        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        if digits.is_empty() {
+            if i == 0 {
+                return Err(format!("Unable to parse cloud-hypervisor version: {rest}"));
+            }
+            break;
+        }
+        *part = digits.parse().map_err(|e| format!("{digits}: {e}"))?;
+        text = &text[digits.len()..];
+        match text.strip_prefix('.') {
+            Some(after) => text = after,
+            None => break,
+        }
+    }
+    Ok(parts[0] * 1_000_000 + parts[1] * 1000 + parts[2])
+}
+
+fn version_is_what_libvirt_parses() -> Result<(), Failed> {
+    for (as_name, args) in [
+        ("lull", vec!["ch", "--version"]),
+        ("cloud-hypervisor", vec!["--version"]),
+    ] {
+        let program = if as_name == "lull" {
+            lull_bin()
+        } else {
+            let link = temp_path("chp-bin").join("cloud-hypervisor");
+            let _ = std::fs::remove_dir_all(link.parent().ok_or("no parent")?);
+            std::fs::create_dir_all(link.parent().ok_or("no parent")?)
+                .map_err(|e| e.to_string())?;
+            std::os::unix::fs::symlink(lull_bin(), &link).map_err(|e| e.to_string())?;
+            link
+        };
+        let out = Command::new(&program)
+            .args(&args)
+            .env("LC_ALL", "C")
+            .output()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = libvirt_version(&text)?;
+        // libvirt needs 15 at least; 40 for restore with new tap fds (CH_RESTORE_WITH_NEW_TAPFDS).
+        if !out.status.success() || version < 40_000_000 {
+            return Err(format!("{as_name} --version: {text:?} reads as {version}").into());
+        }
+    }
+    // The parser itself, on the examples of ch_conf.c.
+    for (text, want) in [
+        ("cloud-hypervisor v32.0.0", 32_000_000),
+        ("cloud-hypervisor v33.0-104-ge0e3779e-dirty", 33_000_000),
+        (
+            "cloud-hypervisor testing/v32.0.131-1-ga5d6db5c-dirty",
+            32_000_131,
+        ),
+    ] {
+        if libvirt_version(text)? != want {
+            return Err(format!("{text} does not read as {want}").into());
+        }
+    }
+    Ok(())
+}
+
+/// One event record, as libvirt takes it.
+#[derive(Debug, PartialEq)]
+struct Event {
+    source: String,
+    event: String,
+}
+
+/// libvirt's side of the event monitor FIFO: opens its reading end (blocking, as
+/// `virCHMonitorNew` does, so that lull's open of the writing end returns) and splits what it
+/// reads into records by counting braces, as `virCHProcessEvents` does.
+fn read_events(fifo: PathBuf) -> mpsc::Receiver<Result<Event, String>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut file = match std::fs::File::open(&fifo) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = tx.send(Err(format!("open {}: {e}", fifo.display())));
+                return;
+            }
+        };
+        let mut pending: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            let mut depth = 0usize;
+            let mut start = None;
+            let mut consumed = 0;
+            for (i, &b) in pending.iter().enumerate() {
+                if b == b'{' {
+                    depth += 1;
+                    if depth == 1 {
+                        start = Some(i);
+                    }
+                } else if b == b'}' && depth > 0 {
+                    depth -= 1;
+                    if depth == 0 {
+                        let doc = &pending[start.unwrap_or(0)..=i];
+                        let parsed = serde_json::from_slice::<serde_json::Value>(doc)
+                            .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(doc)))
+                            .and_then(|v| {
+                                let field = |k: &str| {
+                                    v[k].as_str()
+                                        .map(str::to_string)
+                                        .ok_or_else(|| format!("no {k} in {v}"))
+                                };
+                                if !v["timestamp"]["secs"].is_u64()
+                                    || !v["timestamp"]["nanos"].is_u64()
+                                {
+                                    return Err(format!("no timestamp secs/nanos in {v}"));
+                                }
+                                Ok(Event {
+                                    source: field("source")?,
+                                    event: field("event")?,
+                                })
+                            });
+                        if tx.send(parsed).is_err() {
+                            return;
+                        }
+                        consumed = i + 1;
+                        start = None;
+                    }
+                }
+            }
+            pending.drain(..consumed);
+        }
+    });
+    rx
+}
+
+/// lull started as libvirt starts `cloud-hypervisor`, and the driver's view of it.
+struct Driven {
+    child: Child,
+    socket: PathBuf,
+    fifo: PathBuf,
+    events: mpsc::Receiver<Result<Event, String>>,
+    log: mpsc::Receiver<String>,
+}
+
+impl Driven {
+    /// Binds and listens on the API socket, makes the FIFO, starts lull with `--api-socket
+    /// fd=3 --event-monitor path=FIFO` (the socket handed over as fd 3 by a shell, as
+    /// virCommandPassFD does), and opens the FIFO's reading end.
+    fn start(name: &str) -> Result<Self, Failed> {
+        let socket = temp_path(&format!("{name}.sock"));
+        let fifo = temp_path(&format!("{name}-event-monitor-fifo"));
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(&fifo);
+        let listener = UnixListener::bind(&socket).map_err(|e| format!("bind: {e}"))?;
+        nix::unistd::mkfifo(
+            &fifo,
+            nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR,
+        )
+        .map_err(|e| format!("mkfifo: {e}"))?;
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "exec \"$0\" ch --api-socket fd=3 --event-monitor \"path=$1\" -v 3<&0 </dev/null",
+            ])
+            .arg(lull_bin())
+            .arg(&fifo)
+            .stdin(Stdio::from(OwnedFd::from(listener)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start lull: {e}"))?;
+        let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let events = read_events(fifo.clone());
+        Ok(Self {
+            child,
+            socket,
+            fifo,
+            events,
+            log,
+        })
+    }
+
+    /// The next event, or why there is none.
+    fn next_event(&self) -> Result<Event, Failed> {
+        match self.events.recv_timeout(DEADLINE) {
+            Ok(Ok(e)) => Ok(e),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => {
+                let log: Vec<String> = self.log.try_iter().collect();
+                Err(format!(
+                    "no event within {DEADLINE:?}; lull's log:\n{}",
+                    log.join("\n")
+                )
+                .into())
+            }
+        }
+    }
+
+    /// Fails unless the next events are `want` (`source:event`), in order.
+    fn expect(&self, want: &[&str]) -> Result<(), Failed> {
+        for w in want {
+            let e = self.next_event()?;
+            let got = format!("{}:{}", e.source, e.event);
+            if got != *w {
+                return Err(format!("event {got}, want {w} (of {want:?})").into());
+            }
+        }
+        Ok(())
+    }
+
+    fn put(&self, endpoint: &str, body: &str) -> Result<(), Failed> {
+        let (status, text) = api_call(&self.socket, "PUT", endpoint, body)?;
+        if status != 204 {
+            return Err(format!("PUT {endpoint}: {status} {text}").into());
+        }
+        Ok(())
+    }
+
+    /// Waits up to the deadline for lull to exit: its exit code.
+    fn wait(mut self) -> Result<Option<i32>, Failed> {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().map_err(|e| e.to_string())? {
+                return Ok(status.code());
+            }
+            if Instant::now() > end {
+                return Err("lull did not exit".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.fifo);
+    }
+}
+
+/// `virCHMonitorBuildVMJson` for a domain with 2 vCPUs, 256 MiB and a direct kernel.
+fn libvirt_vm_json(kernel: &Path, cmdline: &str) -> String {
+    json!({
+        "cpus": {"boot_vcpus": 2, "max_vcpus": 2},
+        "memory": {"size": 268_435_456u64},
+        "payload": {"kernel": kernel, "cmdline": cmdline},
+    })
+    .to_string()
+}
+
+/// The names of the threads of `pid` (`/proc/PID/task/*/comm`), as libvirt reads them.
+fn thread_names(pid: u32) -> Result<Vec<String>, Failed> {
+    let dir = format!("/proc/{pid}/task");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))? {
+        let path = entry.map_err(|e| e.to_string())?.path().join("comm");
+        if let Ok(name) = std::fs::read_to_string(&path) {
+            names.push(name.trim_end().to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The driver's life of a domain: start (vmm starting), create, boot, the vCPU threads by
+/// name, suspend, resume, shutdown (the `vm:shutdown` libvirt stops the domain on), then the
+/// SIGTERM of `virProcessAbort` (`vmm:shutdown`).
+fn events_follow_the_vm_as_libvirt_reads_them() -> Result<(), Failed> {
+    let lull = Driven::start("chp-events")?;
+    lull.expect(&["vmm:starting"])?;
+    let kernel = kit_file("guests/idle-sim.elf")?;
+    lull.put("vm.create", &libvirt_vm_json(&kernel, "duration_ms=600000"))?;
+    lull.put("vm.boot", "")?;
+    lull.expect(&["vm:booting", "vm:booted"])?;
+    // virCHMonitorRefreshThreadInfo: "vcpu" then the index, one per vCPU.
+    let names = thread_names(lull.pid())?;
+    let vcpus: Vec<&String> = names.iter().filter(|n| n.starts_with("vcpu")).collect();
+    if vcpus != ["vcpu0", "vcpu1"] {
+        return Err(format!("threads {names:?}: want vcpu0 and vcpu1 among them").into());
+    }
+    lull.put("vm.pause", "")?;
+    lull.expect(&["vm:pausing", "vm:paused"])?;
+    lull.put("vm.resume", "")?;
+    lull.expect(&["vm:resuming", "vm:resumed"])?;
+    lull.put("vm.shutdown", "")?;
+    lull.expect(&["vm:shutdown"])?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(lull.pid()).map_err(|e| e.to_string())?),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .map_err(|e| e.to_string())?;
+    lull.expect(&["vmm:shutdown"])?;
+    lull.wait()?;
+    Ok(())
+}
+
+/// A guest that stops by itself (hello powers off) is a `vm:shutdown` too; and SIGTERM of a
+/// running VM is `vm:shutdown` then `vmm:shutdown`.
+fn the_guest_s_own_stop_and_sigterm_are_shutdown_events() -> Result<(), Failed> {
+    let lull = Driven::start("chp-guest-stop")?;
+    lull.expect(&["vmm:starting"])?;
+    let hello = kit_file("guests/hello.elf")?;
+    lull.put("vm.create", &libvirt_vm_json(&hello, ""))?;
+    lull.put("vm.boot", "")?;
+    lull.expect(&["vm:booting", "vm:booted", "vm:shutdown"])?;
+    drop(lull);
+
+    let lull = Driven::start("chp-sigterm")?;
+    lull.expect(&["vmm:starting"])?;
+    let kernel = kit_file("guests/idle-sim.elf")?;
+    lull.put("vm.create", &libvirt_vm_json(&kernel, "duration_ms=600000"))?;
+    lull.put("vm.boot", "")?;
+    lull.expect(&["vm:booting", "vm:booted"])?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(lull.pid()).map_err(|e| e.to_string())?),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .map_err(|e| e.to_string())?;
+    lull.expect(&["vm:shutdown", "vmm:shutdown"])?;
+    lull.wait()?;
+    Ok(())
+}
+
+/// `--event-monitor` without `--api-socket` is refused (exit 2), as are bad values.
+fn the_event_monitor_needs_the_api_and_a_valid_target() -> Result<(), Failed> {
+    for args in [
+        vec![
+            "ch",
+            "--kernel",
+            "/nonexistent",
+            "--event-monitor",
+            "path=/tmp/x",
+        ],
+        vec![
+            "ch",
+            "--api-socket",
+            "path=/tmp/chp-nope.sock",
+            "--event-monitor",
+            "/tmp/x",
+        ],
+    ] {
+        let out = Command::new(lull_bin())
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.code() != Some(2) {
+            return Err(format!(
+                "{args:?}: {:?} {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let trials = vec![
+        Trial::test(
+            "chp_version_is_what_libvirt_parses",
+            version_is_what_libvirt_parses,
+        ),
+        Trial::test(
+            "chp_the_event_monitor_needs_the_api_and_a_valid_target",
+            the_event_monitor_needs_the_api_and_a_valid_target,
+        ),
+        kvm_trial(
+            "chp_events_follow_the_vm_as_libvirt_reads_them",
+            events_follow_the_vm_as_libvirt_reads_them,
+        ),
+        kvm_trial(
+            "chp_the_guest_s_own_stop_and_sigterm_are_shutdown_events",
+            the_guest_s_own_stop_and_sigterm_are_shutdown_events,
+        ),
+    ];
+    libtest_mimic::run(&args, trials).exit();
+}

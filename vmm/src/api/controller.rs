@@ -410,7 +410,10 @@ impl Controller {
             "pause" => ("pausing", "paused"),
             _ => ("resuming", "resumed"),
         };
-        self.events.vm(doing);
+        // A request the state refuses (pausing a paused VM, resuming a running one) is no step.
+        if vm.is_paused() == (action != "pause") {
+            self.events.vm(doing);
+        }
         let done = match action {
             "pause" => vm.pause(),
             _ => vm.resume().map(drop),

@@ -252,6 +252,12 @@ impl ApiError {
             | Self::SnapshotJson(_)
             | Self::SnapshotUrl(_) => 400,
             Self::NotFound(_) | Self::VmNotCreated => 404,
+            // Cloud Hypervisor's API description: "The VM instance could not resume because it
+            // is not paused" is 405.
+            Self::Pause {
+                source: crate::vm::pause::PauseError::NotPaused,
+                ..
+            } => 405,
             Self::MethodNotAllowed { .. }
             | Self::VmNotBooted
             | Self::VmNotRunning
@@ -337,6 +343,15 @@ mod tests {
         assert_eq!(ApiError::VmNotCreated.status(), 404);
         assert_eq!(ApiError::VmNotBooted.status(), 405);
         assert_eq!(ApiError::VmAlreadyCreated.status(), 500);
+        let pause = |source| ApiError::Pause {
+            action: "pause",
+            source,
+        };
+        assert_eq!(pause(crate::vm::pause::PauseError::NotPaused).status(), 405);
+        assert_eq!(
+            pause(crate::vm::pause::PauseError::AlreadyPaused).status(),
+            500
+        );
         assert_eq!(ApiError::NotFound("/x".into()).status(), 404);
     }
 

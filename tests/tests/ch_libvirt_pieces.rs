@@ -356,6 +356,132 @@ fn events_follow_the_vm_as_libvirt_reads_them() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Reads the pty at `path` (as `virsh console` does) until `want` appears: what was read.
+fn read_pty_until(path: &str, want: &str) -> Result<String, Failed> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    let (tx, rx) = mpsc::channel();
+    let want_owned = want.to_string();
+    std::thread::spawn(move || {
+        let mut file = file;
+        let mut text = Vec::new();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = file.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&text).contains(&want_owned) {
+                break;
+            }
+        }
+        let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
+    });
+    let text = rx
+        .recv_timeout(DEADLINE)
+        .map_err(|_| format!("nothing with {want:?} on {path} within {DEADLINE:?}"))?;
+    if !text.contains(want) {
+        return Err(format!("{path} ended without {want:?}: {text:?}").into());
+    }
+    Ok(text)
+}
+
+/// `virCHMonitorBuildConsoleJson` for `<serial type='pty'>` and `<console type='pty'>`: both in
+/// `Pty` mode; `vm.info` reports the pty in `config.serial.file` and `config.console.file`
+/// (`virCHProcessUpdateConsole`; the same pty: lull has no virtio console), and the guest's
+/// serial output is read from it. A console Pty with the serial port on a file is refused.
+fn serial_and_console_pty_as_libvirt_asks() -> Result<(), Failed> {
+    let lull = Driven::start("chp-pty")?;
+    lull.expect(&["vmm:starting"])?;
+    let kernel = kit_file("guests/idle-sim.elf")?;
+    let mut create: serde_json::Value =
+        serde_json::from_str(&libvirt_vm_json(&kernel, "duration_ms=600000"))
+            .map_err(|e| e.to_string())?;
+    create["console"] = json!({"mode": "Pty"});
+    create["serial"] = json!({"mode": "File", "file": temp_path("chp-pty.serial")});
+    let (status, text) = api_call(&lull.socket, "PUT", "vm.create", &create.to_string())?;
+    if status != 400 || !text.contains("console Pty") {
+        return Err(format!("console Pty with serial File: {status} {text}").into());
+    }
+    create["serial"] = json!({"mode": "Pty"});
+    lull.put("vm.create", &create.to_string())?;
+    lull.put("vm.boot", "")?;
+    let (_, info) = api_call(&lull.socket, "GET", "vm.info", "")?;
+    let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
+    let serial = info["config"]["serial"]["file"]
+        .as_str()
+        .unwrap_or_default();
+    let console = info["config"]["console"]["file"]
+        .as_str()
+        .unwrap_or_default();
+    if !serial.starts_with("/dev/pts/") || console != serial {
+        return Err(format!("vm.info: serial.file {serial:?}, console.file {console:?}").into());
+    }
+    read_pty_until(serial, "idle-sim: ")?;
+    lull.put("vm.shutdown", "")?;
+    lull.expect(&["vm:booting", "vm:booted", "vm:shutdown"])?;
+    drop(lull);
+
+    // `<console type='pty'>` alone: the serial port's pty is the console's.
+    let lull = Driven::start("chp-console-pty")?;
+    lull.expect(&["vmm:starting"])?;
+    create
+        .as_object_mut()
+        .ok_or("not an object")?
+        .remove("serial");
+    lull.put("vm.create", &create.to_string())?;
+    lull.put("vm.boot", "")?;
+    let (_, info) = api_call(&lull.socket, "GET", "vm.info", "")?;
+    let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
+    let console = info["config"]["console"]["file"]
+        .as_str()
+        .unwrap_or_default();
+    if !console.starts_with("/dev/pts/") || !info["config"]["serial"].is_null() {
+        return Err(format!("vm.info with a console Pty alone: {info}").into());
+    }
+    read_pty_until(console, "idle-sim: ")?;
+    Ok(())
+}
+
+/// `virsh console` both ways: the kit Linux's shell on the pty answers a command typed into it
+/// (input reaches the guest's UART). Needs guest user space, which PVM hosts do not run.
+fn a_shell_on_the_pty_answers() -> Result<(), Failed> {
+    use std::io::Write;
+    let lull = Driven::start("chp-pty-shell")?;
+    lull.expect(&["vmm:starting"])?;
+    let create = json!({
+        "cpus": {"boot_vcpus": 1, "max_vcpus": 1},
+        "memory": {"size": 268_435_456u64},
+        "payload": {
+            "kernel": kit_file("linux/vmlinux")?,
+            "initramfs": kit_file("linux/initramfs.cpio.gz")?,
+            "cmdline": lull_tests::linux_cmdline("")?,
+        },
+        "serial": {"mode": "Pty"},
+    });
+    lull.put("vm.create", &create.to_string())?;
+    lull.put("vm.boot", "")?;
+    let (_, info) = api_call(&lull.socket, "GET", "vm.info", "")?;
+    let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
+    let path = info["config"]["serial"]["file"]
+        .as_str()
+        .ok_or_else(|| format!("no serial.file in {info}"))?
+        .to_string();
+    read_pty_until(&path, "lull-init: ready")?;
+    let mut pty = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{path}: {e}"))?;
+    let reader = std::thread::spawn({
+        let path = path.clone();
+        move || read_pty_until(&path, "chp-42").map_err(|e| format!("{e:?}"))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    pty.write_all(b"echo chp-$((6*7))\r")
+        .map_err(|e| e.to_string())?;
+    reader.join().map_err(|_| "reader panicked")??;
+    Ok(())
+}
+
 /// Sends `request` on a new connection and reads the answer until lull closes it.
 fn raw_exchange(socket: &Path, request: &[u8]) -> Result<String, Failed> {
     use std::io::Write;
@@ -549,6 +675,21 @@ fn main() {
                 }
             },
         ),
+        kvm_trial(
+            "chp_serial_and_console_pty_as_libvirt_asks",
+            serial_and_console_pty_as_libvirt_asks,
+        ),
+        Trial::ignorable_test("chp_a_shell_on_the_pty_answers", || {
+            if let Some(reason) = lull_tests::kvm_unavailable() {
+                return Ok(libtest_mimic::Completion::ignored_with(reason));
+            }
+            if lull_tests::host_is_pvm() {
+                return Ok(libtest_mimic::Completion::ignored_with(
+                    "PVM host: the kit Linux's user space (its shell) cannot run",
+                ));
+            }
+            a_shell_on_the_pty_answers().map(|()| libtest_mimic::Completion::Completed)
+        }),
         kvm_trial(
             "chp_the_guest_s_own_stop_and_sigterm_are_shutdown_events",
             the_guest_s_own_stop_and_sigterm_are_shutdown_events,

@@ -259,10 +259,15 @@ impl Controller {
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
-        let shown = match &self.ch_config {
+        let mut shown = match &self.ch_config {
             Some(given) => (**given).clone(),
             None => serde_json::to_value(config).map_err(ApiError::Encode)?,
         };
+        if let VmState::Running { vm, .. } = &self.state {
+            if let Some(pty) = vm.live().serial_pty() {
+                show_pty(&mut shown, pty);
+            }
+        }
         Response::json(&Info {
             config: shown,
             state,
@@ -586,6 +591,27 @@ impl Controller {
         self.run_ended = true;
         if !self.rebooting {
             self.events.vm("shutdown");
+        }
+    }
+}
+
+/// Where a running VM's pty is, in Cloud Hypervisor's shape: the `file` of `serial` and of
+/// `console` where their `mode` is `Pty` (the console's pty is the serial port's: lull has no
+/// virtio console), as libvirt reads them (`config.serial.file`, `config.console.file`).
+fn show_pty(config: &mut serde_json::Value, pty: &std::path::Path) {
+    for device in ["serial", "console"] {
+        let Some(shown) = config
+            .get_mut(device)
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        let is_pty = shown
+            .get("mode")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|m| m.eq_ignore_ascii_case("pty"));
+        if is_pty {
+            shown.insert("file".into(), pty.display().to_string().into());
         }
     }
 }

@@ -13,6 +13,7 @@ use clap::parser::ValueSource;
 use clap::{Args, Command, FromArgMatches};
 
 use super::flags::{self, Effect, Flag, Parsed, FLAGS};
+use super::options;
 use super::ChError;
 use crate::config::VmConfig;
 
@@ -54,7 +55,11 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
         mut cfg,
         mut launch,
         lull_knobs,
+        console_pty,
     } = parsed;
+    if console_pty && launch.restore.is_none() {
+        options::console_pty(&mut cfg.serial)?;
+    }
     if launch.restore.is_some() && !vm_flags.is_empty() {
         vm_flags.sort();
         let names: Vec<String> = vm_flags.into_iter().map(|(_, name)| name).collect();

@@ -114,6 +114,8 @@ pub(super) struct Parsed {
     pub(super) launch: ChLaunch,
     /// `--lull` values, applied after every Cloud Hypervisor flag.
     pub(super) lull_knobs: Vec<String>,
+    /// `--console pty`: the serial port's pty (`options::console_pty`), applied at the end.
+    pub(super) console_pty: bool,
 }
 
 impl Parsed {
@@ -136,6 +138,7 @@ impl Parsed {
                 notes: Vec::new(),
             },
             lull_knobs: Vec::new(),
+            console_pty: false,
         }
     }
 }
@@ -208,15 +211,16 @@ pub(super) const FLAGS: [Flag; 41] = [
     ),
     flag(
         "serial",
-        Takes::One("off|null|tty|file=P"),
+        Takes::One("off|null|tty|pty|file=P"),
         Effect::Vm(set_serial),
-        "The serial port (tty: lull's stdio)",
+        "The serial port (tty: lull's stdio; pty: a new pseudo-terminal, its path in vm.info)",
     ),
     flag(
         "console",
-        Takes::One("off|null"),
+        Takes::One("off|null|pty"),
         Effect::Run(set_console),
-        "Accepted off: lull has no virtio console",
+        "lull has no virtio console: off, or pty (the serial port's pty; the guest's console \
+         is ttyS0)",
     ),
     flag(
         "debug-console",
@@ -443,8 +447,16 @@ fn set_serial(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError>
     Ok(())
 }
 
-fn set_console(_: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
-    options::console(name, &one(v))
+fn set_console(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
+    let pty = options::console(name, &one(v))?;
+    if pty && name == "--debug-console" {
+        return Err(ChError::Refused {
+            option: format!("{name} pty"),
+            why: "lull has no debug console: leave it off",
+        });
+    }
+    p.console_pty |= pty;
+    Ok(())
 }
 
 fn set_rng(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {

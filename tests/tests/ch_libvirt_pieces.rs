@@ -482,6 +482,80 @@ fn a_shell_on_the_pty_answers() -> Result<(), Failed> {
     Ok(())
 }
 
+/// `virsh save` then `virsh restore`: `vm.pause`, `vm.snapshot`, the lull killed; a new lull
+/// started as libvirt starts it, `vm.restore` (raw, as `virCHProcessStartRestore` sends it),
+/// then `vm.info`, which answers in Cloud Hypervisor's shape as before the snapshot, with the
+/// restored VM's new pty (`virCHProcessSetup` reads it), and `vm.resume`: the guest runs to its
+/// end (its own stop: `vm:shutdown`).
+fn vm_info_keeps_its_shape_across_a_restore() -> Result<(), Failed> {
+    let first = Driven::start("chp-save")?;
+    first.expect(&["vmm:starting"])?;
+    let kernel = kit_file("guests/idle-sim.elf")?;
+    let mut create: serde_json::Value =
+        serde_json::from_str(&libvirt_vm_json(&kernel, "duration_ms=1500"))
+            .map_err(|e| e.to_string())?;
+    create["serial"] = json!({"mode": "Pty"});
+    create["console"] = json!({"mode": "Pty"});
+    first.put("vm.create", &create.to_string())?;
+    first.put("vm.boot", "")?;
+    first.put("vm.pause", "")?;
+    let dir = temp_path("chp-save-snapshot");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    first.put(
+        "vm.snapshot",
+        &json!({"destination_url": format!("file://{}", dir.display())}).to_string(),
+    )?;
+    first.expect(&[
+        "vm:booting",
+        "vm:booted",
+        "vm:pausing",
+        "vm:paused",
+        "vm:snapshotting",
+        "vm:snapshotted",
+    ])?;
+    drop(first);
+
+    let second = Driven::start("chp-restore")?;
+    second.expect(&["vmm:starting"])?;
+    let body = json!({"source_url": format!("file://{}", dir.display())}).to_string();
+    let request = format!(
+        "PUT /api/v1/vm.restore HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    {
+        use std::io::Write;
+        let mut conn =
+            std::os::unix::net::UnixStream::connect(&second.socket).map_err(|e| e.to_string())?;
+        conn.write_all(request.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 1023];
+        let n = conn.read(&mut buf).map_err(|e| e.to_string())?;
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        if !answer.starts_with("HTTP/1.1 204") {
+            return Err(format!("vm.restore: {answer:?}").into());
+        }
+    }
+    second.expect(&["vm:restoring", "vm:restored"])?;
+    let (_, info) = api_call(&second.socket, "GET", "vm.info", "")?;
+    let info: serde_json::Value = serde_json::from_str(&info).map_err(|e| e.to_string())?;
+    let config = &info["config"];
+    let serial = config["serial"]["file"].as_str().unwrap_or_default();
+    if config["payload"]["kernel"].as_str() != kernel.to_str()
+        || config["cpus"]["boot_vcpus"] != 2
+        || !serial.starts_with("/dev/pts/")
+        || config["console"]["file"].as_str() != Some(serial)
+        || info["state"] != "Paused"
+    {
+        return Err(format!("vm.info after vm.restore: {info}").into());
+    }
+    std::fs::File::open(serial).map_err(|e| format!("{serial}: {e}"))?;
+    second.put("vm.resume", "")?;
+    second.expect(&["vm:resuming", "vm:resumed", "vm:shutdown"])?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 /// Sends `request` on a new connection and reads the answer until lull closes it.
 fn raw_exchange(socket: &Path, request: &[u8]) -> Result<String, Failed> {
     use std::io::Write;
@@ -690,6 +764,10 @@ fn main() {
             }
             a_shell_on_the_pty_answers().map(|()| libtest_mimic::Completion::Completed)
         }),
+        kvm_trial(
+            "chp_vm_info_keeps_its_shape_across_a_restore",
+            vm_info_keeps_its_shape_across_a_restore,
+        ),
         kvm_trial(
             "chp_the_guest_s_own_stop_and_sigterm_are_shutdown_events",
             the_guest_s_own_stop_and_sigterm_are_shutdown_events,

@@ -436,7 +436,9 @@ impl Controller {
             VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
             VmState::Running { vm, cfg } => {
                 self.events.vm("snapshotting");
-                vm.live().snapshot(cfg, dir).map_err(ApiError::Snapshot)?;
+                vm.live()
+                    .snapshot(cfg, self.ch_config.as_deref(), dir)
+                    .map_err(ApiError::Snapshot)?;
                 self.events.vm("snapshotted");
                 Ok(Response::no_content())
             }
@@ -470,6 +472,12 @@ impl Controller {
             snapshot.manifest.config.serial = serial.clone();
         }
         let cfg = Box::new(snapshot.manifest.config.clone());
+        // `vm.info` answers in the shape the VM was created with, as before the snapshot.
+        let given = snapshot
+            .manifest
+            .given_config
+            .take()
+            .map(|given| Box::new(as_restored(given, &cfg)));
         let vm = runner::restore(snapshot, restore.memory, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),
             other => other,
@@ -480,6 +488,7 @@ impl Controller {
             restore.memory.mode.name()
         );
         self.state = VmState::Running { cfg, vm };
+        self.ch_config = given;
         self.net_fds = keep;
         self.events.vm("restored");
         if restore.resume {
@@ -595,6 +604,43 @@ impl Controller {
     }
 }
 
+/// The configuration `given` at `vm.create` (Cloud Hypervisor's shape), as the VM restored
+/// with `cfg` has it: the taps its nets were given (`net_fds`) and where its serial port goes
+/// (a snapshot's console file is not reused).
+fn as_restored(mut given: serde_json::Value, cfg: &VmConfig) -> serde_json::Value {
+    use serde_json::json;
+    if let Some(nets) = given
+        .get_mut("net")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        if nets.len() == cfg.nets.len() {
+            for (shown, net) in nets.iter_mut().zip(&cfg.nets) {
+                if let Some(shown) = shown.as_object_mut() {
+                    shown.insert("tap".into(), net.tap.clone().into());
+                }
+            }
+        }
+    }
+    if let Some(given) = given.as_object_mut() {
+        let serial = match &cfg.serial {
+            crate::config::SerialMode::Off => json!({"mode": "Null"}),
+            crate::config::SerialMode::Stdio => json!({"mode": "Tty"}),
+            crate::config::SerialMode::Pty => json!({"mode": "Pty"}),
+            crate::config::SerialMode::File(p) => json!({"mode": "File", "file": p}),
+        };
+        let unchanged = given.get("serial").is_some_and(|s| {
+            s.get("mode").and_then(serde_json::Value::as_str) == serial["mode"].as_str()
+                && (serial["mode"] != "File" || s.get("file") == serial.get("file"))
+        });
+        // A serial port left as it was given (none: Null, the default) stays as written.
+        let default_kept = given.get("serial").is_none() && serial["mode"] == "Null";
+        if !(unchanged || default_kept) {
+            given.insert("serial".into(), serial);
+        }
+    }
+    given
+}
+
 /// Where a running VM's pty is, in Cloud Hypervisor's shape: the `file` of `serial` and of
 /// `console` where their `mode` is `Pty` (the console's pty is the serial port's: lull has no
 /// virtio console), as libvirt reads them (`config.serial.file`, `config.console.file`).
@@ -632,6 +678,42 @@ mod tests {
 
     fn controller(initial: Option<VmConfig>) -> Controller {
         Controller::new(initial, EventFd::new(EFD_NONBLOCK).unwrap())
+    }
+
+    #[test]
+    fn a_restored_config_shows_its_new_taps_and_where_its_serial_goes() {
+        use crate::config::SerialMode;
+        use serde_json::json;
+        let given = json!({
+            "payload": {"kernel": "/k"},
+            "net": [{"id": "net_0", "tap": "old"}],
+            "serial": {"mode": "File", "file": "/old.log"},
+        });
+        let mut cfg = VmConfig {
+            nets: vec!["tap=new".parse().unwrap()],
+            serial: SerialMode::Off,
+            ..VmConfig::default()
+        };
+        let shown = as_restored(given.clone(), &cfg);
+        assert_eq!(shown["net"][0], json!({"id": "net_0", "tap": "new"}));
+        assert_eq!(shown["serial"], json!({"mode": "Null"}));
+        assert_eq!(shown["payload"], given["payload"]);
+        cfg.serial = SerialMode::File("/old.log".into());
+        assert_eq!(as_restored(given.clone(), &cfg)["serial"], given["serial"]);
+        cfg.serial = SerialMode::Pty;
+        let pty = json!({"serial": {"mode": "Pty"}, "console": {"mode": "Pty"}});
+        assert_eq!(as_restored(pty.clone(), &cfg), pty);
+        cfg.serial = SerialMode::Off;
+        assert_eq!(as_restored(json!({}), &cfg), json!({}));
+    }
+
+    #[test]
+    fn a_pty_is_shown_where_the_mode_is_pty() {
+        use serde_json::json;
+        let mut config = json!({"serial": {"mode": "Pty"}, "console": {"mode": "Off"}});
+        show_pty(&mut config, std::path::Path::new("/dev/pts/7"));
+        assert_eq!(config["serial"]["file"], "/dev/pts/7");
+        assert!(config["console"].get("file").is_none());
     }
 
     fn status(c: &mut Controller, request: ApiRequest) -> u16 {

@@ -453,7 +453,7 @@ impl Controller {
     fn restore(&mut self, restore: &ChRestore, fds: SentFds) -> Result<Response, ApiError> {
         let dir = &restore.dir;
         if !matches!(self.state, VmState::NotCreated) {
-            return Err(ApiError::VmAlreadyCreated);
+            return Err(ApiError::RestoreOverVm);
         }
         self.events.vm("restoring");
         // The sent fds the nets take, kept open while the VM runs.

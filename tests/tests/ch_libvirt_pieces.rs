@@ -184,6 +184,12 @@ impl Driven {
     /// fd=3 --event-monitor path=FIFO` (the socket handed over as fd 3 by a shell, as
     /// virCommandPassFD does), and opens the FIFO's reading end.
     fn start(name: &str) -> Result<Self, Failed> {
+        Self::start_with(name, "--event-monitor \"path=$1\"")
+    }
+
+    /// [`Driven::start`] with `monitor` as lull's event-monitor flag (`$1` is the FIFO's path;
+    /// the shell may open it, as `4>"$1"`, for `fd=4`).
+    fn start_with(name: &str, monitor: &str) -> Result<Self, Failed> {
         let socket = temp_path(&format!("{name}.sock"));
         let fifo = temp_path(&format!("{name}-event-monitor-fifo"));
         let _ = std::fs::remove_file(&socket);
@@ -197,7 +203,7 @@ impl Driven {
         let mut child = Command::new("sh")
             .args([
                 "-c",
-                "exec \"$0\" ch --api-socket fd=3 --event-monitor \"path=$1\" -v 3<&0 </dev/null",
+                &format!("exec \"$0\" ch --api-socket fd=3 {monitor} -v 3<&0 </dev/null"),
             ])
             .arg(lull_bin())
             .arg(&fifo)
@@ -695,6 +701,19 @@ fn the_guest_s_own_stop_and_sigterm_are_shutdown_events() -> Result<(), Failed> 
     Ok(())
 }
 
+/// `--event-monitor fd=N`: an inherited descriptor (here the FIFO, opened by the shell).
+fn the_event_monitor_takes_an_inherited_fd() -> Result<(), Failed> {
+    let lull = Driven::start_with("chp-events-fd", "--event-monitor fd=4 4>\"$1\"")?;
+    lull.expect(&["vmm:starting"])?;
+    let kernel = kit_file("guests/hello.elf")?;
+    lull.put("vm.create", &libvirt_vm_json(&kernel, ""))?;
+    lull.put("vm.boot", "")?;
+    lull.expect(&["vm:booting", "vm:booted", "vm:shutdown"])?;
+    lull.put("vmm.shutdown", "")?;
+    lull.expect(&["vmm:shutdown"])?;
+    Ok(())
+}
+
 /// `--event-monitor` without `--api-socket` is refused (exit 2), as are bad values.
 fn the_event_monitor_needs_the_api_and_a_valid_target() -> Result<(), Failed> {
     for args in [
@@ -769,6 +788,10 @@ fn main() {
             }
             a_shell_on_the_pty_answers().map(|()| libtest_mimic::Completion::Completed)
         }),
+        kvm_trial(
+            "chp_the_event_monitor_takes_an_inherited_fd",
+            the_event_monitor_takes_an_inherited_fd,
+        ),
         kvm_trial(
             "chp_vm_info_keeps_its_shape_across_a_restore",
             vm_info_keeps_its_shape_across_a_restore,

@@ -567,6 +567,76 @@ fn vm_info_keeps_its_shape_across_a_restore() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Opens `/dev/net/tun` attached to the tap `tap` with `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`
+/// (as libvirt's `virNetDevTapCreate` does for an interface whose model is virtio) as fd 3,
+/// then execs `args` (Python's ioctl, so that the test holds no `unsafe`).
+const VNET_HDR_TAP_EXEC: &str = "import fcntl, os, struct, sys
+fd = os.open('/dev/net/tun', os.O_RDWR)
+fcntl.ioctl(fd, 0x400454ca, struct.pack('16sH22x', sys.argv[1].encode(), 0x0002 | 0x1000 | 0x4000))
+if fd != 3:
+    os.dup2(fd, 3)
+os.set_inheritable(3, True)
+os.execv(sys.argv[2], sys.argv[2:])";
+
+/// A tap fd with a virtio-net header (`IFF_VNET_HDR`), as libvirt gives one for `<model
+/// type='virtio'/>`: the kit's virtio-net guest ARPs through it, in a network namespace of its
+/// own, and gets the host's answer.
+fn a_vnet_hdr_tap_fd_carries_frames() -> Result<(), Failed> {
+    let ns = format!("lull-chp-{}", std::process::id());
+    let _ = lull_tests::sh("ip", &["netns", "del", &ns]);
+    lull_tests::sh("ip", &["netns", "add", &ns])?;
+    struct Ns(String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = lull_tests::sh("ip", &["netns", "del", &self.0]);
+        }
+    }
+    let ns = Ns(ns);
+    let exec = |args: &[&str]| -> Result<String, Failed> {
+        let mut all = vec!["netns", "exec", &ns.0];
+        all.extend_from_slice(args);
+        lull_tests::sh("ip", &all)
+    };
+    exec(&["ip", "link", "set", "lo", "up"])?;
+    exec(&[
+        "ip", "tuntap", "add", "dev", "lulltap0", "mode", "tap", "vnet_hdr",
+    ])?;
+    exec(&["ip", "addr", "add", "10.0.2.1/24", "dev", "lulltap0"])?;
+    exec(&["ip", "link", "set", "lulltap0", "up"])?;
+    let kernel = kit_file("guests/virtio-net.elf")?;
+    let lull = lull_bin();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.0,
+            "/usr/bin/python3",
+            "-c",
+            VNET_HDR_TAP_EXEC,
+            "lulltap0",
+        ])
+        .arg(&lull)
+        .arg("ch")
+        .arg("--kernel")
+        .arg(&kernel)
+        .args(["--net", "fd=3,mac=52:54:00:12:34:56", "--serial", "tty"])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run lull: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !stdout.contains("virtio-net: ARP reply from 10.0.2.1 is-at ")
+        || !stdout.contains("virtio-net: PASS")
+    {
+        return Err(format!(
+            "{}:\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Sends `request` on a new connection and reads the answer until lull closes it.
 fn raw_exchange(socket: &Path, request: &[u8]) -> Result<String, Failed> {
     use std::io::Write;
@@ -787,6 +857,17 @@ fn main() {
                 ));
             }
             a_shell_on_the_pty_answers().map(|()| libtest_mimic::Completion::Completed)
+        }),
+        Trial::ignorable_test("chp_a_vnet_hdr_tap_fd_carries_frames", || {
+            if let Some(reason) = lull_tests::kvm_unavailable().or_else(taps_unavailable) {
+                return Ok(libtest_mimic::Completion::ignored_with(reason));
+            }
+            if !Path::new("/usr/bin/python3").exists() {
+                return Ok(libtest_mimic::Completion::ignored_with(
+                    "needs /usr/bin/python3 (opens the tap with IFF_VNET_HDR)",
+                ));
+            }
+            a_vnet_hdr_tap_fd_carries_frames().map(|()| libtest_mimic::Completion::Completed)
         }),
         kvm_trial(
             "chp_the_event_monitor_takes_an_inherited_fd",

@@ -43,7 +43,8 @@
 //!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own; with
 //!   `--serial pty`, a pseudo-terminal (`pty::OPEN_FLAGS` opens of `/dev/ptmx` and
 //!   `/dev/pts/N`, `TIOCSPTLCK`, `TIOCGPTN`, `TCGETS`/`TCSETS` on its other side).
-//!   A tap given as an fd is checked with `TUNGETIFF`.
+//!   A tap given as an fd is checked with `TUNGETIFF` (with `IFF_VNET_HDR`, its header size
+//!   read with `TUNGETVNETHDRSZ` and its offloads turned off with `TUNSETOFFLOAD`).
 //!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
 //!   a request) and `shutdown` (an idle connection closed for room) on the connections,
 //!   `FIONBIO`, and `unlink` (the socket's file, at exit). `vm.restore` reads a snapshot
@@ -363,6 +364,9 @@ fn api_rules(
         SIOCGIFINDEX,
         super::pty::TIOCSPTLCK,
         super::pty::TIOCGPTN,
+        // A tap fd given with IFF_VNET_HDR: its header size, its offloads turned off.
+        super::sys::tap::TUNGETVNETHDRSZ,
+        super::sys::tap::TUNSETOFFLOAD,
     ] {
         ioctls.push(cond(1, SeccompCmpOp::Eq, request)?);
     }

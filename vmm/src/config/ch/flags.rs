@@ -206,7 +206,7 @@ pub(super) const FLAGS: [Flag; 41] = [
         "net",
         Takes::Many("tap=NAME|fd=N[,mac=M][,ip=A,mask=M]"),
         Effect::Vm(set_nets),
-        "Existing taps, or an inherited tap fd (IFF_TAP|IFF_NO_PI, no IFF_VNET_HDR), on \
+        "Existing taps, or an inherited tap fd (IFF_TAP|IFF_NO_PI, IFF_VNET_HDR or not), on \
          virtio-net (several values, repeatable)",
     ),
     flag(

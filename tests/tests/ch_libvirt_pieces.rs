@@ -350,6 +350,10 @@ fn events_follow_the_vm_as_libvirt_reads_them() -> Result<(), Failed> {
     lull.expect(&["vm:pausing", "vm:paused"])?;
     lull.put("vm.resume", "")?;
     lull.expect(&["vm:resuming", "vm:resumed"])?;
+    // virsh reboot: no shutdown in between (libvirt would stop the domain on it); on rebooted
+    // libvirt reads vm.info again.
+    lull.put("vm.reboot", "")?;
+    lull.expect(&["vm:rebooting", "vm:booting", "vm:booted", "vm:rebooted"])?;
     lull.put("vm.shutdown", "")?;
     lull.expect(&["vm:shutdown"])?;
     nix::sys::signal::kill(

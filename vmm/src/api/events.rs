@@ -26,7 +26,7 @@
 //! | `vm` | `pausing`, `paused`, `resuming`, `resumed` | `vm.pause`, `vm.resume` |
 //! | `vm` | `snapshotting`, `snapshotted` | `vm.snapshot` |
 //! | `vm` | `restoring`, `restored` | `vm.restore`, `--restore` |
-//! | `vm` | `rebooting`, `rebooted` | `vm.reboot` (no `shutdown` in between) |
+//! | `vm` | `rebooting`, `booting`, `booted`, `rebooted` | `vm.reboot` (no `shutdown` in between) |
 //! | `vm` | `shutdown` | the VM stopped: `vm.shutdown`, `vm.delete`, a signal, the guest's own stop |
 //! | `vm` | `deleted` | `vm.delete` |
 //! | `vmm` | `shutdown` | lull ends: `vmm.shutdown`, a signal |

@@ -201,3 +201,73 @@ impl MutEventSubscriber for VmmEvents {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    use devices::pio::PioDevice;
+    use devices::serial::SerialPort;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
+    use crate::host::console::ConsoleSink;
+    use crate::host::pty::Pty;
+    use crate::irqchip::EdgeIrq;
+
+    /// `--serial pty` both ways through the VMM loop's subscriber: what a client (`virsh
+    /// console`) types into the pty lands in the UART's receive register, and what the guest
+    /// writes to the UART comes out of the pty.
+    #[test]
+    fn the_pty_feeds_the_uart_and_the_uart_the_pty() {
+        let pty = Pty::open().unwrap();
+        let irq = EdgeIrq::Irqfd(EventFd::new(EFD_NONBLOCK).unwrap());
+        let console = Arc::new(Mutex::new(SerialPort::new(
+            irq,
+            ConsoleSink::Pty(pty.main()),
+        )));
+        let shared = Arc::new(VcpuShared::new(1, Instant::now()).unwrap());
+        let mut manager: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+            EventManager::new().unwrap();
+        manager.add_subscriber(Arc::new(Mutex::new(VmmEvents {
+            shared,
+            nets: Vec::new(),
+            console: console.clone(),
+            signal: EventFd::new(EFD_NONBLOCK).unwrap(),
+            drained: Arc::new(EventFd::new(EFD_NONBLOCK).unwrap()),
+            stdin_open: true,
+            pty: Some(pty.main()),
+            filter: EscapeFilter::default(),
+            pending: Vec::new(),
+        })));
+        let mut client = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(pty.path())
+            .unwrap();
+        client.write_all(b"hi\x01x").unwrap();
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < 4 && Instant::now() < deadline {
+            let _ = manager.run_with_timeout(100);
+            let mut port = lock(&console);
+            loop {
+                let mut lsr = [0u8];
+                port.read(5, &mut lsr);
+                if lsr[0] & 1 == 0 {
+                    break;
+                }
+                let mut rbr = [0u8];
+                port.read(0, &mut rbr);
+                got.push(rbr[0]);
+            }
+        }
+        // Byte for byte: no Ctrl-A escape on a pty (its client has its own).
+        assert_eq!(got, b"hi\x01x");
+        lock(&console).write(0, b"o");
+        let mut out = [0u8; 1];
+        client.read_exact(&mut out).unwrap();
+        assert_eq!(&out, b"o");
+    }
+}

@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use vmm::api::InitialVm;
+use vmm::api::{EventMonitor, InitialVm};
 use vmm::config::ch::cli::{self, ApiSocketArg, ChCommand, ChLaunch};
 use vmm::config::ch::options::{self, TapSource};
 use vmm::config::ch::{ChError, CH_VERSION};
@@ -117,10 +117,26 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
         boots,
         api_socket,
         restore,
+        event_monitor,
         ..
     } = launch;
+    if event_monitor.is_some() && api_socket.is_none() {
+        return refused(&ChError::Missing(
+            "--api-socket with --event-monitor (lull writes its events from the API's thread)",
+        ));
+    }
     match (api_socket, restore) {
         (Some(socket), restore) => {
+            // A FIFO waits here for its reader (libvirt opens it once lull runs).
+            let events = match event_monitor.as_ref().map(EventMonitor::open) {
+                None => EventMonitor::none(),
+                Some(Ok(events)) => events,
+                Some(Err(e)) => {
+                    eprintln!("lull: {e}");
+                    tracing::error!("{e}");
+                    return crate::run::status(exit_code::BAD_INPUT);
+                }
+            };
             let initial = match restore {
                 Some(restore) => InitialVm::Restored(restore),
                 None if boots => InitialVm::Created {
@@ -133,7 +149,7 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
                 ApiSocketArg::Path(path) => crate::run::Socket::Path(path),
                 ApiSocketArg::Fd(fd) => crate::run::Socket::Fd(*fd),
             };
-            crate::run::serve(socket, initial, None)
+            crate::run::serve(socket, initial, None, events)
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {

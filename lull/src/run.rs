@@ -88,7 +88,12 @@ pub(crate) fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
     } else {
         InitialVm::None
     };
-    serve(Socket::Path(socket), initial, args.vm.config.as_deref())
+    serve(
+        Socket::Path(socket),
+        initial,
+        args.vm.config.as_deref(),
+        vmm::api::EventMonitor::none(),
+    )
 }
 
 /// Where the API socket comes from.
@@ -105,6 +110,7 @@ pub(crate) fn serve(
     socket: Socket<'_>,
     initial: InitialVm,
     config_file: Option<&std::path::Path>,
+    events: vmm::api::EventMonitor,
 ) -> ExitCode {
     if let InitialVm::Created { cfg, .. } = &initial {
         let other = OtherPaths {
@@ -123,7 +129,7 @@ pub(crate) fn serve(
         Socket::Path(path) => vmm::api::ApiSocket::bind(path),
         Socket::Fd(fd) => vmm::api::ApiSocket::inherit(fd),
     };
-    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial));
+    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, events));
     match served {
         Ok(code) => status(code),
         Err(e) => {

@@ -269,7 +269,7 @@ fn refused_flags_exit_2_naming_them() -> Result<(), Failed> {
             "--memory hugepages=on",
         ),
         (&["--console", "tty"], "--console tty"),
-        (&["--serial", "pty"], "--serial pty"),
+        (&["--serial", "socket=/s"], "--serial socket"),
         (&["--net", "tap=t0,vhost_user=on"], "--net vhost_user=on"),
         (
             &["--device", "path=/sys/bus/pci/devices/0000:00:01.0"],
@@ -332,7 +332,7 @@ const REFUSED_FIELDS: [(&str, &str); 17] = [
     ("disks", r#"[{"path": "/d", "vhost_user": true}]"#),
     ("disks", r#"[{"path": "/d", "num_queues": 4}]"#),
     ("net", r#"[{"tap": "t0", "mtu": 9000}]"#),
-    ("serial", r#"{"mode": "Pty"}"#),
+    ("serial", r#"{"mode": "Socket", "socket": "/s"}"#),
     ("console", r#"{"mode": "Tty"}"#),
     (
         "fs",

@@ -104,6 +104,7 @@ pub fn for_vm_error(e: &VmError) -> i32 {
         | VmError::Bus(_)
         | VmError::MmioBus(_)
         | VmError::Host { .. }
+        | VmError::SerialPty(_)
         | VmError::EventLoop(_)
         | VmError::Seccomp(_)
         | VmError::Restore(_) => VMM_FAILURE,

@@ -24,6 +24,7 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::error::ApiError;
+use super::events::EventMonitor;
 use super::http::Response;
 use super::restore_taps;
 use super::routes::ApiRequest;
@@ -114,6 +115,10 @@ pub struct Controller {
     run_ended: bool,
     /// Written by the VM thread when its run ends.
     ended: EventFd,
+    /// Cloud Hypervisor's event records (`--event-monitor`).
+    events: EventMonitor,
+    /// A `vm.reboot` is stopping the VM: its stop is no `shutdown` event.
+    rebooting: bool,
 }
 
 impl Controller {
@@ -128,7 +133,19 @@ impl Controller {
             run_ended: false,
             net_fds: Vec::new(),
             ended,
+            events: EventMonitor::none(),
+            rebooting: false,
         }
+    }
+
+    /// The controller, writing its events to `events` (`--event-monitor`).
+    pub fn with_events(self, events: EventMonitor) -> Self {
+        Self { events, ..self }
+    }
+
+    /// lull ends: the `vmm` `shutdown` event.
+    pub fn exiting(&mut self) {
+        self.events.vmm("shutdown");
     }
 
     /// The eventfd the VM thread writes when its run ends.
@@ -220,6 +237,7 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmAlreadyRan),
             VmState::Created { cfg, .. } => cfg.clone(),
         };
+        self.events.vm("booting");
         let vm = runner::start(&cfg, &self.ended).inspect_err(|_| {
             if let VmState::Created { boot_failed, .. } = &mut self.state {
                 *boot_failed = true;
@@ -229,6 +247,7 @@ impl Controller {
         // The new run's event loop has the signal handlers now.
         self.run_ended = false;
         self.state = VmState::Running { cfg, vm };
+        self.events.vm("booted");
         Ok(Response::no_content())
     }
 
@@ -240,10 +259,15 @@ impl Controller {
             VmState::Running { cfg, .. } => (cfg, "Running", None),
             VmState::Shutdown { cfg, ended } => (cfg, "Shutdown", Some(ended.describe())),
         };
-        let shown = match &self.ch_config {
+        let mut shown = match &self.ch_config {
             Some(given) => (**given).clone(),
             None => serde_json::to_value(config).map_err(ApiError::Encode)?,
         };
+        if let VmState::Running { vm, .. } = &self.state {
+            if let Some(pty) = vm.live().serial_pty() {
+                show_pty(&mut shown, pty);
+            }
+        }
         Response::json(&Info {
             config: shown,
             state,
@@ -346,6 +370,7 @@ impl Controller {
         self.state = VmState::NotCreated;
         self.ch_config = None;
         self.net_fds.clear();
+        self.events.vm("deleted");
         tracing::info!("VM deleted through the API");
         Ok(Response::no_content())
     }
@@ -359,7 +384,11 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
             VmState::Running { .. } => {}
         }
-        self.stop(StopReason::Api)?;
+        self.events.vm("rebooting");
+        self.rebooting = true;
+        let stopped = self.stop(StopReason::Api);
+        self.rebooting = false;
+        stopped?;
         let VmState::Shutdown { cfg, .. } = &self.state else {
             return Err(ApiError::RunnerLost);
         };
@@ -369,6 +398,7 @@ impl Controller {
             boot_failed: false,
         };
         self.boot()?;
+        self.events.vm("rebooted");
         tracing::info!("VM rebooted through the API");
         Ok(Response::no_content())
     }
@@ -381,22 +411,35 @@ impl Controller {
             VmState::Shutdown { .. } => return Err(ApiError::VmNotRunning),
             VmState::Running { vm, .. } => vm.live(),
         };
+        let (doing, done_event) = match action {
+            "pause" => ("pausing", "paused"),
+            _ => ("resuming", "resumed"),
+        };
+        // A request the state refuses (pausing a paused VM, resuming a running one) is no step.
+        if vm.is_paused() == (action != "pause") {
+            self.events.vm(doing);
+        }
         let done = match action {
             "pause" => vm.pause(),
             _ => vm.resume().map(drop),
         };
         done.map_err(|source| ApiError::Pause { action, source })?;
+        self.events.vm(done_event);
         Ok(Response::no_content())
     }
 
     /// `vm.snapshot` of the paused VM into `dir`.
-    fn snapshot(&self, dir: &std::path::Path) -> Result<Response, ApiError> {
+    fn snapshot(&mut self, dir: &std::path::Path) -> Result<Response, ApiError> {
         match &self.state {
             VmState::NotCreated => Err(ApiError::VmNotCreated),
             VmState::Created { .. } => Err(ApiError::VmNotBooted),
             VmState::Shutdown { .. } => Err(ApiError::VmNotRunning),
             VmState::Running { vm, cfg } => {
-                vm.live().snapshot(cfg, dir).map_err(ApiError::Snapshot)?;
+                self.events.vm("snapshotting");
+                vm.live()
+                    .snapshot(cfg, self.ch_config.as_deref(), dir)
+                    .map_err(ApiError::Snapshot)?;
+                self.events.vm("snapshotted");
                 Ok(Response::no_content())
             }
         }
@@ -410,8 +453,9 @@ impl Controller {
     fn restore(&mut self, restore: &ChRestore, fds: SentFds) -> Result<Response, ApiError> {
         let dir = &restore.dir;
         if !matches!(self.state, VmState::NotCreated) {
-            return Err(ApiError::VmAlreadyCreated);
+            return Err(ApiError::RestoreOverVm);
         }
+        self.events.vm("restoring");
         // The sent fds the nets take, kept open while the VM runs.
         let mut keep = Vec::new();
         let mut snapshot = crate::snapshot::read_with_taps(dir, |nets| {
@@ -428,6 +472,12 @@ impl Controller {
             snapshot.manifest.config.serial = serial.clone();
         }
         let cfg = Box::new(snapshot.manifest.config.clone());
+        // `vm.info` answers in the shape the VM was created with, as before the snapshot.
+        let given = snapshot
+            .manifest
+            .given_config
+            .take()
+            .map(|given| Box::new(as_restored(given, &cfg)));
         let vm = runner::restore(snapshot, restore.memory, &self.ended).map_err(|e| match e {
             ApiError::Boot(e) => ApiError::Restore(e),
             other => other,
@@ -438,7 +488,9 @@ impl Controller {
             restore.memory.mode.name()
         );
         self.state = VmState::Running { cfg, vm };
+        self.ch_config = given;
         self.net_fds = keep;
+        self.events.vm("restored");
         if restore.resume {
             return self.pause_or_resume("resume");
         }
@@ -546,6 +598,67 @@ impl Controller {
         };
         self.state = VmState::Shutdown { cfg, ended };
         self.run_ended = true;
+        if !self.rebooting {
+            self.events.vm("shutdown");
+        }
+    }
+}
+
+/// The configuration `given` at `vm.create` (Cloud Hypervisor's shape), as the VM restored
+/// with `cfg` has it: the taps its nets were given (`net_fds`) and where its serial port goes
+/// (a snapshot's console file is not reused).
+fn as_restored(mut given: serde_json::Value, cfg: &VmConfig) -> serde_json::Value {
+    use serde_json::json;
+    if let Some(nets) = given
+        .get_mut("net")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        if nets.len() == cfg.nets.len() {
+            for (shown, net) in nets.iter_mut().zip(&cfg.nets) {
+                if let Some(shown) = shown.as_object_mut() {
+                    shown.insert("tap".into(), net.tap.clone().into());
+                }
+            }
+        }
+    }
+    if let Some(given) = given.as_object_mut() {
+        let serial = match &cfg.serial {
+            crate::config::SerialMode::Off => json!({"mode": "Null"}),
+            crate::config::SerialMode::Stdio => json!({"mode": "Tty"}),
+            crate::config::SerialMode::Pty => json!({"mode": "Pty"}),
+            crate::config::SerialMode::File(p) => json!({"mode": "File", "file": p}),
+        };
+        let unchanged = given.get("serial").is_some_and(|s| {
+            s.get("mode").and_then(serde_json::Value::as_str) == serial["mode"].as_str()
+                && (serial["mode"] != "File" || s.get("file") == serial.get("file"))
+        });
+        // A serial port left as it was given (none: Null, the default) stays as written.
+        let default_kept = given.get("serial").is_none() && serial["mode"] == "Null";
+        if !(unchanged || default_kept) {
+            given.insert("serial".into(), serial);
+        }
+    }
+    given
+}
+
+/// Where a running VM's pty is, in Cloud Hypervisor's shape: the `file` of `serial` and of
+/// `console` where their `mode` is `Pty` (the console's pty is the serial port's: lull has no
+/// virtio console), as libvirt reads them (`config.serial.file`, `config.console.file`).
+fn show_pty(config: &mut serde_json::Value, pty: &std::path::Path) {
+    for device in ["serial", "console"] {
+        let Some(shown) = config
+            .get_mut(device)
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        let is_pty = shown
+            .get("mode")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|m| m.eq_ignore_ascii_case("pty"));
+        if is_pty {
+            shown.insert("file".into(), pty.display().to_string().into());
+        }
     }
 }
 
@@ -565,6 +678,42 @@ mod tests {
 
     fn controller(initial: Option<VmConfig>) -> Controller {
         Controller::new(initial, EventFd::new(EFD_NONBLOCK).unwrap())
+    }
+
+    #[test]
+    fn a_restored_config_shows_its_new_taps_and_where_its_serial_goes() {
+        use crate::config::SerialMode;
+        use serde_json::json;
+        let given = json!({
+            "payload": {"kernel": "/k"},
+            "net": [{"id": "net_0", "tap": "old"}],
+            "serial": {"mode": "File", "file": "/old.log"},
+        });
+        let mut cfg = VmConfig {
+            nets: vec!["tap=new".parse().unwrap()],
+            serial: SerialMode::Off,
+            ..VmConfig::default()
+        };
+        let shown = as_restored(given.clone(), &cfg);
+        assert_eq!(shown["net"][0], json!({"id": "net_0", "tap": "new"}));
+        assert_eq!(shown["serial"], json!({"mode": "Null"}));
+        assert_eq!(shown["payload"], given["payload"]);
+        cfg.serial = SerialMode::File("/old.log".into());
+        assert_eq!(as_restored(given.clone(), &cfg)["serial"], given["serial"]);
+        cfg.serial = SerialMode::Pty;
+        let pty = json!({"serial": {"mode": "Pty"}, "console": {"mode": "Pty"}});
+        assert_eq!(as_restored(pty.clone(), &cfg), pty);
+        cfg.serial = SerialMode::Off;
+        assert_eq!(as_restored(json!({}), &cfg), json!({}));
+    }
+
+    #[test]
+    fn a_pty_is_shown_where_the_mode_is_pty() {
+        use serde_json::json;
+        let mut config = json!({"serial": {"mode": "Pty"}, "console": {"mode": "Off"}});
+        show_pty(&mut config, std::path::Path::new("/dev/pts/7"));
+        assert_eq!(config["serial"]["file"], "/dev/pts/7");
+        assert!(config["console"].get("file").is_none());
     }
 
     fn status(c: &mut Controller, request: ApiRequest) -> u16 {

@@ -130,6 +130,9 @@ pub enum ApiError {
     /// `vm.create` when a VM exists.
     #[error("The VM is already created")]
     VmAlreadyCreated,
+    /// `vm.restore` when a VM exists.
+    #[error("The VM is already created: vm.delete it before vm.restore")]
+    RestoreOverVm,
     /// The VM has not been booted (`vm.boot`).
     #[error("The VM is not booted")]
     VmNotBooted,
@@ -251,7 +254,15 @@ impl ApiError {
             | Self::ConfigInputs(_)
             | Self::SnapshotJson(_)
             | Self::SnapshotUrl(_) => 400,
-            Self::NotFound(_) | Self::VmNotCreated => 404,
+            // Cloud Hypervisor's API description: "The VM instance could not be restored
+            // because it is already created" is 404.
+            Self::NotFound(_) | Self::VmNotCreated | Self::RestoreOverVm => 404,
+            // Cloud Hypervisor's API description: "The VM instance could not resume because it
+            // is not paused" is 405.
+            Self::Pause {
+                source: crate::vm::pause::PauseError::NotPaused,
+                ..
+            } => 405,
             Self::MethodNotAllowed { .. }
             | Self::VmNotBooted
             | Self::VmNotRunning
@@ -337,6 +348,16 @@ mod tests {
         assert_eq!(ApiError::VmNotCreated.status(), 404);
         assert_eq!(ApiError::VmNotBooted.status(), 405);
         assert_eq!(ApiError::VmAlreadyCreated.status(), 500);
+        assert_eq!(ApiError::RestoreOverVm.status(), 404);
+        let pause = |source| ApiError::Pause {
+            action: "pause",
+            source,
+        };
+        assert_eq!(pause(crate::vm::pause::PauseError::NotPaused).status(), 405);
+        assert_eq!(
+            pause(crate::vm::pause::PauseError::AlreadyPaused).status(),
+            500
+        );
         assert_eq!(ApiError::NotFound("/x".into()).status(), 404);
     }
 

@@ -39,6 +39,7 @@ pub mod ch_client;
 pub mod conn;
 pub mod controller;
 mod error;
+pub mod events;
 pub mod http;
 mod limits;
 pub mod restore_taps;
@@ -48,4 +49,5 @@ pub mod server;
 mod socket;
 
 pub use error::ApiError;
+pub use events::EventMonitor;
 pub use server::{serve, serve_on, ApiSocket, InitialVm};

@@ -53,6 +53,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::conn::{Conn, Step};
 use super::controller::{Controller, Next};
 use super::error::ApiError;
+use super::events::EventMonitor;
 use super::http::{self, Response};
 pub use super::limits::{MAX_CONNECTIONS, MAX_REFUSING};
 use super::routes;
@@ -483,12 +484,16 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
         cfg: Box::new(cfg),
         boot: false,
     });
-    serve_on(ApiSocket::bind(path)?, initial)
+    serve_on(ApiSocket::bind(path)?, initial, EventMonitor::none())
 }
 
-/// Serves the API on `socket` (bound, or inherited), starting with `initial`; returns lull's
-/// exit status.
-pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> {
+/// Serves the API on `socket` (bound, or inherited), starting with `initial`, writing Cloud
+/// Hypervisor's event records to `events`; returns lull's exit status.
+pub fn serve_on(
+    socket: ApiSocket,
+    initial: InitialVm,
+    events: EventMonitor,
+) -> Result<i32, ApiError> {
     let filter =
         seccomp::program(ThreadKind::Api, seccomp_mode(&initial)).map_err(ApiError::Seccomp)?;
     let signal = stop_signals::install().map_err(host("the stop-signal handlers"))?;
@@ -498,7 +503,7 @@ pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> 
         InitialVm::Created { cfg, boot } => (Some(*cfg), boot.then_some(Start::Boot)),
         InitialVm::Restored(restore) => (None, Some(Start::Restore(restore))),
     };
-    let mut controller = Controller::new(created, ended);
+    let mut controller = Controller::new(created, ended).with_events(events);
     let mut events = Events {
         epoll: Epoll::new().map_err(host("the API epoll set"))?,
         signal,
@@ -546,6 +551,7 @@ pub fn serve_on(socket: ApiSocket, initial: InitialVm) -> Result<i32, ApiError> 
                 token => clients.ready(token, event.event_set(), &mut events, &mut controller),
             };
             if let Some(code) = exit {
+                controller.exiting();
                 return Ok(code);
             }
         }

@@ -13,9 +13,9 @@
 //! A net's MAC is pinned to the snapshot's even where the snapshot derived it from the old
 //! tap's name.
 //!
-//! lull's nets have no ids of their own: `net_fds` names them by position, `netN` (libvirt's
-//! names) or `_netN` (the ids Cloud Hypervisor gives nets created without one) for the N-th
-//! net of the configuration, counted from 0.
+//! lull's nets have no ids of their own: `net_fds` names them by position, `netN`, `net_N`
+//! (libvirt's ch driver's ids) or `_netN` (the ids Cloud Hypervisor gives nets created without
+//! one) for the N-th net of the configuration, counted from 0.
 
 use super::{MacAddr, NetConfig};
 
@@ -59,7 +59,7 @@ pub enum RestoreNetsError {
     /// A `net_fds` id that names no net.
     #[error(
         "net_fds: '{id}' names no net of the snapshot, which has {count}: lull's nets are \
-         net0, net1... (or _net0, _net1...) in the order of its configuration"
+         net0, net1... (or net_0, _net0...) in the order of its configuration"
     )]
     UnknownId {
         /// The id.
@@ -83,8 +83,8 @@ pub enum RestoreNetsError {
     },
 }
 
-/// The index of the net that the `net_fds` id `id` names among `count` nets: `netN` or
-/// `_netN`.
+/// The index of the net that the `net_fds` id `id` names among `count` nets: `netN`,
+/// `_netN`, or `net_N` (the ids libvirt's ch driver gives its nets: `net_0`, `net_1`...).
 pub fn net_index(id: &str, count: usize) -> Result<usize, RestoreNetsError> {
     let unknown = || RestoreNetsError::UnknownId {
         id: id.to_string(),
@@ -92,6 +92,7 @@ pub fn net_index(id: &str, count: usize) -> Result<usize, RestoreNetsError> {
     };
     let digits = id
         .strip_prefix("_net")
+        .or_else(|| id.strip_prefix("net_"))
         .or_else(|| id.strip_prefix("net"))
         .ok_or_else(unknown)?;
     // "net01" is not "net1": only the canonical spelling names a net.
@@ -171,8 +172,12 @@ mod tests {
         assert_eq!(net_index("net0", 2), Ok(0));
         assert_eq!(net_index("_net1", 2), Ok(1));
         assert_eq!(net_index("net1", 2), Ok(1));
+        // libvirt's ch driver (virCHMonitorBuildRestoreJson): "net_" and the index.
+        assert_eq!(net_index("net_0", 2), Ok(0));
+        assert_eq!(net_index("net_1", 2), Ok(1));
         for id in [
-            "net2", "_net2", "net", "_net", "net01", "net-1", "tap0", "net0x", "",
+            "net2", "_net2", "net", "_net", "net01", "net-1", "tap0", "net0x", "", "net_", "net_2",
+            "net__0", "net_01",
         ] {
             assert_eq!(
                 net_index(id, 2),

@@ -1,4 +1,4 @@
-//! `--serial`: where the guest's serial console goes, `stdio`, `off` or `file=PATH`.
+//! `--serial`: where the guest's serial console goes, `stdio`, `off`, `file=PATH` or `pty`.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -13,11 +13,13 @@ pub enum SerialMode {
     Off,
     /// Appended to a file (no input).
     File(PathBuf),
+    /// A new pseudo-terminal, output and input (its path in the log and in `vm.info`).
+    Pty,
 }
 
 /// A `--serial` value that does not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("'{0}' is not a serial mode: use stdio, off or file=PATH")]
+#[error("'{0}' is not a serial mode: use stdio, off, file=PATH or pty")]
 pub struct SerialModeError(String);
 
 impl FromStr for SerialMode {
@@ -27,6 +29,7 @@ impl FromStr for SerialMode {
         match s {
             "stdio" => Ok(Self::Stdio),
             "off" => Ok(Self::Off),
+            "pty" => Ok(Self::Pty),
             _ => match s.strip_prefix("file=") {
                 Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
                 _ => Err(SerialModeError(s.to_string())),
@@ -41,6 +44,7 @@ impl fmt::Display for SerialMode {
             Self::Stdio => f.write_str("stdio"),
             Self::Off => f.write_str("off"),
             Self::File(p) => write!(f, "file={}", p.display()),
+            Self::Pty => f.write_str("pty"),
         }
     }
 }
@@ -55,6 +59,8 @@ mod tests {
     fn serial_modes_parse() {
         assert_eq!("stdio".parse(), Ok(SerialMode::Stdio));
         assert_eq!("off".parse(), Ok(SerialMode::Off));
+        assert_eq!("pty".parse(), Ok(SerialMode::Pty));
+        assert_eq!(SerialMode::Pty.to_string(), "pty");
         assert_eq!("file=/tmp/x".parse(), Ok(SerialMode::File("/tmp/x".into())));
         assert!("file=".parse::<SerialMode>().is_err());
         assert!("tty".parse::<SerialMode>().is_err());

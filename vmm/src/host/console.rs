@@ -26,6 +26,9 @@ pub enum ConsoleSink {
         /// Set by the VM once it can be stopped.
         on_failure: Arc<OnceLock<SinkFailureHook>>,
     },
+    /// A pseudo-terminal's main side (`super::pty`), written without blocking: output that
+    /// does not fit (no client reads) is dropped, and a vCPU never waits for a client.
+    Pty(Arc<File>),
     /// Dropped.
     Null,
 }
@@ -85,6 +88,12 @@ impl Write for ConsoleSink {
             } => file
                 .write(buf)
                 .inspect_err(|e| report_failure(on_failure, path, e)),
+            Self::Pty(main) => match (&**main).write(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(buf.len()),
+                // No client side (EIO): nobody to see it.
+                Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(buf.len()),
+                other => other,
+            },
             Self::Null => Ok(buf.len()),
         }
     }
@@ -93,7 +102,7 @@ impl Write for ConsoleSink {
         match self {
             Self::Stdout(s) => s.flush(),
             Self::File { file, .. } => file.flush(),
-            Self::Null => Ok(()),
+            Self::Pty(_) | Self::Null => Ok(()),
         }
     }
 }

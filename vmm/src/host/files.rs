@@ -8,6 +8,10 @@
 //!                                                      (never an existing file, never a link)
 //!  snapshot file read back (manifest, state, memory) open_input: O_NOFOLLOW, O_NONBLOCK;
 //!                                                      a regular file only
+//!  --event-monitor path=P                            open_event_monitor: O_NOFOLLOW, O_TRUNC;
+//!                                                      a regular file, a FIFO (waited on until
+//!                                                      its reader opens it, as Cloud
+//!                                                      Hypervisor does) or a character device
 //! ```
 //! A symbolic link at the last component is refused (ELOOP), not followed: a link planted where
 //! lull writes cannot point it at another file. `O_NONBLOCK` makes opening a FIFO return at
@@ -38,6 +42,10 @@ pub const OUTPUT_REPLACE: i32 = libc::O_WRONLY
     | libc::O_NOFOLLOW
     | libc::O_NONBLOCK
     | libc::O_CLOEXEC;
+/// `open(2)` flags of the event monitor's file: blocking, so that a FIFO waits for its reader
+/// (libvirt opens it once lull runs), then written without blocking.
+pub const EVENT_MONITOR: i32 =
+    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
 /// `open(2)` flags of a new snapshot file.
 pub const CREATE_NEW: i32 =
     libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -145,6 +153,29 @@ pub fn open_output(path: &Path, mode: OutputMode) -> io::Result<File> {
     Ok(file)
 }
 
+/// Opens the event monitor's file `path` (`--event-monitor path=`), created if missing,
+/// without following a link at its last component: a regular file (emptied), a character
+/// device, or a FIFO, whose open waits until a reader opens it (Cloud Hypervisor's
+/// `File::create` does the same; libvirt opens the FIFO's reading end once lull runs). The
+/// file is then made non-blocking: a reader that stops reading costs it events, never a
+/// stalled lull.
+pub fn open_event_monitor(path: &Path) -> io::Result<File> {
+    let file = open(path, EVENT_MONITOR, 0o600)?;
+    let file_type = file.metadata()?.file_type();
+    if !(file_type.is_file() || file_type.is_fifo() || file_type.is_char_device()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            FileRefused::Kind {
+                found: kind_of(file_type),
+                want: "a regular file, a FIFO or a character device",
+            },
+        ));
+    }
+    let flags = OFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFL)?);
+    fcntl(&file, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(file)
+}
+
 /// Creates the new file `path`, owner-only, failing if anything (a file, a link) is there.
 pub fn create_new(path: &Path) -> io::Result<File> {
     open(path, CREATE_NEW, 0o600)
@@ -175,6 +206,27 @@ mod tests {
     fn refused(e: &io::Error) -> String {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         e.to_string()
+    }
+
+    #[test]
+    fn the_event_monitor_opens_a_fifo_once_read_and_refuses_links() {
+        let dir = dir("events");
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        let mut file = open_event_monitor(&fifo).unwrap();
+        file.write_all(b"{}").unwrap();
+        drop(file);
+        assert_eq!(reader.join().unwrap(), b"{}");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        let e = open_event_monitor(&link).unwrap_err();
+        assert!(refused(&e).contains("symbolic link"), "{e}");
+        let e = open_event_monitor(&dir).unwrap_err();
+        assert!(e.raw_os_error() == Some(libc::EISDIR) || e.kind() == io::ErrorKind::InvalidInput);
     }
 
     #[test]

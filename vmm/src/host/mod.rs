@@ -6,6 +6,7 @@
 
 pub mod console;
 pub mod files;
+pub mod pty;
 pub mod seccomp;
 pub mod stats;
 #[allow(unsafe_code)]

@@ -40,8 +40,11 @@
 //!   which glibc's `if_nametoindex` opens to name a missing tap), eventfds, timerfds, epoll
 //!   sets, signal handlers, starting threads (`clone` with `CLONE_THREAD` only; `clone3`,
 //!   whose flags a filter cannot see, fails with `ENOSYS` so glibc falls back to `clone`),
-//!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own.
-//!   A tap given as an fd is checked with `TUNGETIFF`.
+//!   naming them, their timer slack, `no_new_privs` and seccomp filters of their own; with
+//!   `--serial pty`, a pseudo-terminal (`pty::OPEN_FLAGS` opens of `/dev/ptmx` and
+//!   `/dev/pts/N`, `TIOCSPTLCK`, `TIOCGPTN`, `TCGETS`/`TCSETS` on its other side).
+//!   A tap given as an fd is checked with `TUNGETIFF` (with `IFF_VNET_HDR`, its header size
+//!   read with `TUNGETVNETHDRSZ` and its offloads turned off with `TUNSETOFFLOAD`).
 //!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
 //!   a request) and `shutdown` (an idle connection closed for room) on the connections,
 //!   `FIONBIO`, and `unlink` (the socket's file, at exit). `vm.restore` reads a snapshot
@@ -353,7 +356,18 @@ fn api_rules(
             cond(1, SeccompCmpOp::Eq, datagram)?,
         ])?],
     );
-    for request in [FIONBIO, TUNSETIFF, TUNGETIFF, SIOCGIFINDEX] {
+    // `--serial pty`: the pseudo-terminal opened on the `vm` thread (`super::pty`).
+    for request in [
+        FIONBIO,
+        TUNSETIFF,
+        TUNGETIFF,
+        SIOCGIFINDEX,
+        super::pty::TIOCSPTLCK,
+        super::pty::TIOCGPTN,
+        // A tap fd given with IFF_VNET_HDR: its header size, its offloads turned off.
+        super::sys::tap::TUNGETVNETHDRSZ,
+        super::sys::tap::TUNSETOFFLOAD,
+    ] {
         ioctls.push(cond(1, SeccompCmpOp::Eq, request)?);
     }
     for flags in [
@@ -362,6 +376,7 @@ fn api_rules(
         super::files::OUTPUT_APPEND,
         super::files::CREATE_NEW,
         super::files::INPUT,
+        super::pty::OPEN_FLAGS,
     ] {
         opens.push(rule(vec![cond(2, SeccompCmpOp::Eq, flag(flags))?])?);
     }

@@ -77,6 +77,11 @@ pub struct Manifest {
     pub contents: Vec<String>,
     /// The VM's configuration (disks and taps by name: their contents are not copied).
     pub config: VmConfig,
+    /// The configuration as the VM was created with it, if in another shape than lull's
+    /// (Cloud Hypervisor's `VmConfig` sent to `vm.create`): shown by `vm.info` after a restore
+    /// as before it, never read for the VM itself (that is `config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_config: Option<serde_json::Value>,
     /// The memory file's name in the snapshot directory (`memory.TOKEN`).
     pub memory_file: String,
     /// Size of the memory file.

@@ -15,6 +15,7 @@ fn manifest(cpus: u32) -> Manifest {
             memory: crate::size::ByteSize(8192),
             ..VmConfig::default()
         },
+        given_config: None,
         memory_file: "memory.t".to_string(),
         memory_bytes: 8192,
         regions: vec![Region {

@@ -18,6 +18,7 @@ use super::error::VmError;
 use super::test_devices;
 use crate::config::{SerialMode, VmConfig};
 use crate::host::console::ConsoleSink;
+use crate::host::pty::Pty;
 use crate::irqchip::{EdgeIrq, IrqChip};
 use crate::snapshot::SnapshotError;
 use crate::state::lock;
@@ -33,15 +34,25 @@ pub struct ConsoleParts {
     pub drained: Arc<EventFd>,
 }
 
-/// Opens the console's sink (before anything else, so a bad `--serial file=` fails at once).
-pub fn console_sink(mode: &SerialMode) -> Result<ConsoleSink, VmError> {
+/// Opens the console's sink (before anything else, so a bad `--serial file=` fails at once),
+/// and with `--serial pty` the pseudo-terminal it writes to (the VM holds it for its life).
+pub fn console_sink(mode: &SerialMode) -> Result<(ConsoleSink, Option<Pty>), VmError> {
     match mode {
-        SerialMode::Stdio => Ok(ConsoleSink::Stdout(std::io::stdout())),
-        SerialMode::Off => Ok(ConsoleSink::Null),
-        SerialMode::File(path) => ConsoleSink::file(path).map_err(|source| VmError::SerialFile {
-            path: path.clone(),
-            source,
-        }),
+        SerialMode::Stdio => Ok((ConsoleSink::Stdout(std::io::stdout()), None)),
+        SerialMode::Off => Ok((ConsoleSink::Null, None)),
+        SerialMode::File(path) => {
+            ConsoleSink::file(path)
+                .map(|sink| (sink, None))
+                .map_err(|source| VmError::SerialFile {
+                    path: path.clone(),
+                    source,
+                })
+        }
+        SerialMode::Pty => {
+            let pty = Pty::open().map_err(VmError::SerialPty)?;
+            tracing::info!("serial console on {}", pty.path().display());
+            Ok((ConsoleSink::Pty(pty.main()), Some(pty)))
+        }
     }
 }
 

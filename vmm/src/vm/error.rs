@@ -43,6 +43,9 @@ pub enum VmError {
         /// Why.
         source: std::io::Error,
     },
+    /// No pseudo-terminal could be opened for `--serial pty`.
+    #[error("Cannot open a pseudo-terminal for the serial console: {0}")]
+    SerialPty(#[source] std::io::Error),
     /// The metrics file cannot be written.
     #[error("Cannot write the metrics file {path}: {source}")]
     MetricsFile {

@@ -30,9 +30,16 @@ pub struct LiveVm {
     pub(super) virtio: Arc<[SharedTransport]>,
     /// How many times the VM has been restored (0: it booted), for its snapshots.
     pub(super) restores: u32,
+    /// The path of the serial console's pseudo-terminal (`--serial pty`).
+    pub(super) serial_pty: Option<std::path::PathBuf>,
 }
 
 impl LiveVm {
+    /// The path of the serial console's pseudo-terminal, if it has one (`--serial pty`).
+    pub fn serial_pty(&self) -> Option<&std::path::Path> {
+        self.serial_pty.as_deref()
+    }
+
     /// Asks the VM to stop (the first request wins); [`super::run`] then returns as for any stop.
     pub fn request_stop(&self, reason: StopReason) {
         self.shared.stop.request(reason);

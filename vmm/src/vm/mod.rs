@@ -211,7 +211,7 @@ fn run_from(
         nets: open_nets,
     } = inputs::check(cfg, other)?;
     check_metrics_path(cfg)?;
-    let sink = devices::console_sink(&cfg.serial)?;
+    let (sink, pty) = devices::console_sink(&cfg.serial)?;
     let sink_failure = sink.failure_hook();
     let loaded = load(cfg, &image, restoring)?;
     let mut vcpus = vcpus::create(&loaded.kvm, &loaded.vm, cfg, loaded.entry)?;
@@ -253,7 +253,13 @@ fn run_from(
     if let Some(hook) = sink_failure {
         stop_on_output_failure(&hook, &shared);
     }
-    let events = event_loop::EventLoop::new(cfg, shared.clone(), stats.nets.clone(), &console)?;
+    let events = event_loop::EventLoop::new(
+        cfg,
+        shared.clone(),
+        stats.nets.clone(),
+        &console,
+        pty.as_ref().map(crate::host::pty::Pty::main),
+    )?;
     crate::host::seccomp::prepare(cfg.seccomp)?;
     let restored_at = crate::host::sys::clock::monotonic_ns();
     if let Some(s) = snapshot {
@@ -283,6 +289,7 @@ fn run_from(
         console: console.console.clone(),
         virtio,
         restores,
+        serial_pty: pty.as_ref().map(|p| p.path().to_path_buf()),
     };
     on_running(live.clone());
     let reason = events.run().inspect_err(|e| {

@@ -33,9 +33,15 @@ pub enum TakeError {
 }
 
 impl LiveVm {
-    /// Writes a snapshot of the paused VM, configured by `cfg`, into the existing directory
+    /// Writes a snapshot of the paused VM, configured by `cfg` (and created with `given`, if
+    /// in another shape: kept for `vm.info` after a restore), into the existing directory
     /// `dir`; how long it took.
-    pub fn snapshot(&self, cfg: &VmConfig, dir: &Path) -> Result<Duration, TakeError> {
+    pub fn snapshot(
+        &self,
+        cfg: &VmConfig,
+        given: Option<&serde_json::Value>,
+        dir: &Path,
+    ) -> Result<Duration, TakeError> {
         let started = Instant::now();
         if !self.is_paused() {
             return Err(TakeError::NotPaused);
@@ -74,6 +80,7 @@ impl LiveVm {
             cpu_flags: snapshot::host_cpu_flags(),
             contents: CONTENTS.iter().map(|c| c.to_string()).collect(),
             config: recorded_config(cfg),
+            given_config: given.cloned(),
             memory_file,
             memory_bytes,
             regions,

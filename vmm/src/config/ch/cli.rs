@@ -13,10 +13,11 @@ use clap::parser::ValueSource;
 use clap::{Args, Command, FromArgMatches};
 
 use super::flags::{self, Effect, Flag, Parsed, FLAGS};
+use super::options;
 use super::ChError;
 use crate::config::VmConfig;
 
-pub use super::launch::{ApiSocketArg, ChCommand, ChLaunch};
+pub use super::launch::{ApiSocketArg, ChCommand, ChLaunch, EventMonitorArg};
 
 /// Reads `args` (without the program name, or after `ch`).
 pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
@@ -54,7 +55,11 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
         mut cfg,
         mut launch,
         lull_knobs,
+        console_pty,
     } = parsed;
+    if console_pty && launch.restore.is_none() {
+        options::console_pty(&mut cfg.serial)?;
+    }
     if launch.restore.is_some() && !vm_flags.is_empty() {
         vm_flags.sort();
         let names: Vec<String> = vm_flags.into_iter().map(|(_, name)| name).collect();
@@ -208,6 +213,28 @@ mod tests {
         );
         assert_eq!(parse(&["--version".into()]), Ok(ChCommand::Version));
         assert_eq!(parse(&["-V".into()]), Ok(ChCommand::Version));
+    }
+
+    /// libvirt's ch driver: `--api-socket fd=N --event-monitor path=FIFO`.
+    #[test]
+    fn the_event_monitor_takes_a_path_or_an_fd() {
+        let l =
+            launch("--api-socket fd=3 --event-monitor path=/run/vm-event-monitor-fifo").unwrap();
+        assert_eq!(
+            l.event_monitor,
+            Some(EventMonitorArg::Path("/run/vm-event-monitor-fifo".into()))
+        );
+        assert_eq!(
+            launch("--event-monitor fd=7").unwrap().event_monitor,
+            Some(EventMonitorArg::Fd(7))
+        );
+        for bad in [
+            "--event-monitor /x",
+            "--event-monitor fd=x",
+            "--event-monitor path=",
+        ] {
+            assert!(launch(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use clap::{Arg, ArgAction, Command};
 
-use super::launch::{ApiSocketArg, ChLaunch};
+use super::launch::{ApiSocketArg, ChLaunch, EventMonitorArg};
 use super::options::{self, TapSource};
 use super::restore;
 use super::{ChError, CH_VERSION};
@@ -114,6 +114,8 @@ pub(super) struct Parsed {
     pub(super) launch: ChLaunch,
     /// `--lull` values, applied after every Cloud Hypervisor flag.
     pub(super) lull_knobs: Vec<String>,
+    /// `--console pty`: the serial port's pty (`options::console_pty`), applied at the end.
+    pub(super) console_pty: bool,
 }
 
 impl Parsed {
@@ -128,6 +130,7 @@ impl Parsed {
                 config: VmConfig::default(),
                 boots: false,
                 api_socket: None,
+                event_monitor: None,
                 log_file: None,
                 verbose,
                 net_fds: Vec::new(),
@@ -135,6 +138,7 @@ impl Parsed {
                 notes: Vec::new(),
             },
             lull_knobs: Vec::new(),
+            console_pty: false,
         }
     }
 }
@@ -202,20 +206,21 @@ pub(super) const FLAGS: [Flag; 41] = [
         "net",
         Takes::Many("tap=NAME|fd=N[,mac=M][,ip=A,mask=M]"),
         Effect::Vm(set_nets),
-        "Existing taps, or an inherited tap fd (IFF_TAP|IFF_NO_PI, no IFF_VNET_HDR), on \
+        "Existing taps, or an inherited tap fd (IFF_TAP|IFF_NO_PI, IFF_VNET_HDR or not), on \
          virtio-net (several values, repeatable)",
     ),
     flag(
         "serial",
-        Takes::One("off|null|tty|file=P"),
+        Takes::One("off|null|tty|pty|file=P"),
         Effect::Vm(set_serial),
-        "The serial port (tty: lull's stdio)",
+        "The serial port (tty: lull's stdio; pty: a new pseudo-terminal, its path in vm.info)",
     ),
     flag(
         "console",
-        Takes::One("off|null"),
+        Takes::One("off|null|pty"),
         Effect::Run(set_console),
-        "Accepted off: lull has no virtio console",
+        "lull has no virtio console: off, or pty (the serial port's pty; the guest's console \
+         is ttyS0)",
     ),
     flag(
         "debug-console",
@@ -228,6 +233,13 @@ pub(super) const FLAGS: [Flag; 41] = [
         Takes::One("src=P"),
         Effect::Run(set_rng),
         "Accepted: lull has no virtio-rng",
+    ),
+    flag(
+        "event-monitor",
+        Takes::One("path=P|fd=N"),
+        Effect::Run(set_event_monitor),
+        "Write Cloud Hypervisor's JSON event records (booted, paused, shutdown...) to the file \
+         or FIFO P, or to the inherited fd N (with --api-socket)",
     ),
     flag(
         "log-file",
@@ -297,7 +309,6 @@ pub(super) const FLAGS: [Flag; 41] = [
     refused("landlock", "lull uses seccomp, not landlock"),
     refused("landlock-rules", "lull uses seccomp, not landlock"),
     refused("pci-segment", "lull's devices are on virtio-mmio"),
-    refused("event-monitor", "lull has no event monitor"),
     refused("gdb", "lull has no gdb stub"),
     refused("igvm", "lull boots a kernel directly (--kernel)"),
     refused(
@@ -357,6 +368,30 @@ fn set_api_socket(p: &mut Parsed, _: &str, v: Vec<String>) -> Result<(), ChError
     Ok(())
 }
 
+fn set_event_monitor(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
+    let value = one(v);
+    let target = if let Some(path) = value.strip_prefix("path=") {
+        if path.is_empty() {
+            return Err(ChError::EmptyPath(format!("{name} path=")));
+        }
+        EventMonitorArg::Path(path.into())
+    } else if let Some(fd) = value.strip_prefix("fd=") {
+        EventMonitorArg::Fd(fd.parse().map_err(|_| ChError::BadValue {
+            option: format!("{name} fd"),
+            value: fd.into(),
+            expected: "a file descriptor number",
+        })?)
+    } else {
+        return Err(ChError::BadValue {
+            option: name.into(),
+            value,
+            expected: "path=P or fd=N",
+        });
+    };
+    p.launch.event_monitor = Some(target);
+    Ok(())
+}
+
 fn set_kernel(p: &mut Parsed, _: &str, v: Vec<String>) -> Result<(), ChError> {
     p.cfg.kernel = Some(one(v).into());
     p.launch.boots = true;
@@ -412,8 +447,16 @@ fn set_serial(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError>
     Ok(())
 }
 
-fn set_console(_: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
-    options::console(name, &one(v))
+fn set_console(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {
+    let pty = options::console(name, &one(v))?;
+    if pty && name == "--debug-console" {
+        return Err(ChError::Refused {
+            option: format!("{name} pty"),
+            why: "lull has no debug console: leave it off",
+        });
+    }
+    p.console_pty |= pty;
+    Ok(())
 }
 
 fn set_rng(p: &mut Parsed, name: &str, v: Vec<String>) -> Result<(), ChError> {

@@ -39,6 +39,7 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
         serial: SerialMode::Off,
         ..VmConfig::default()
     };
+    let mut console_pty = false;
     for (key, value) in body {
         if is_empty(value) {
             continue;
@@ -73,10 +74,21 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
                 let file = o.get("file").and_then(Value::as_str);
                 cfg.serial = options::serial("serial.mode", mode, file)?;
             }
-            "console" | "debug_console" => {
+            "console" => {
                 let o = object(key, value)?;
                 let mode = o.get("mode").and_then(Value::as_str).unwrap_or("Off");
-                options::console(&format!("{key}.mode"), mode)?;
+                console_pty = options::console("console.mode", mode)?;
+            }
+            "debug_console" => {
+                let o = object(key, value)?;
+                let mode = o.get("mode").and_then(Value::as_str).unwrap_or("Off");
+                if options::console("debug_console.mode", mode)? {
+                    return Err(refused(
+                        key,
+                        value,
+                        "lull has no debug console: leave it off",
+                    ));
+                }
             }
             "platform" => {
                 notes.push("platform: lull has no PCI segments, UUID or OEM strings".into())
@@ -99,6 +111,9 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
             }
             _ => return Err(refused(key, value, "not a field lull knows")),
         }
+    }
+    if console_pty {
+        options::console_pty(&mut cfg.serial)?;
     }
     cfg.validate()?;
     Ok((cfg, notes))
@@ -307,7 +322,7 @@ mod tests {
     }
 
     /// Each field lull refuses, alone in an otherwise good body: one refusal naming it.
-    const REFUSED: [(&str, &str); 16] = [
+    const REFUSED: [(&str, &str); 17] = [
         ("payload", r#"{"kernel": "/k", "firmware": "/fw"}"#),
         ("cpus", r#"{"boot_vcpus": 1, "max_vcpus": 4}"#),
         (
@@ -323,8 +338,9 @@ mod tests {
         ("disks", r#"[{"path": "/d", "num_queues": 4}]"#),
         ("net", r#"[{"tap": "t0", "mtu": 9000}]"#),
         ("net", r#"[{"fds": [3, 4]}]"#),
-        ("serial", r#"{"mode": "Pty"}"#),
+        ("serial", r#"{"mode": "Socket", "socket": "/s"}"#),
         ("console", r#"{"mode": "Tty"}"#),
+        ("debug_console", r#"{"mode": "Pty"}"#),
         ("fs", r#"[{"tag": "x", "socket": "/s"}]"#),
         ("pmem", r#"[{"file": "/p"}]"#),
         ("vsock", r#"{"cid": 3, "socket": "/v"}"#),

@@ -17,6 +17,15 @@ pub enum ApiSocketArg {
     Fd(i32),
 }
 
+/// Where `--event-monitor` writes Cloud Hypervisor's event records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventMonitorArg {
+    /// A file or FIFO opened for writing at this path (`path=P`).
+    Path(PathBuf),
+    /// An inherited descriptor open for writing (`fd=N`).
+    Fd(i32),
+}
+
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChCommand {
@@ -38,6 +47,8 @@ pub struct ChLaunch {
     pub boots: bool,
     /// `--api-socket`.
     pub api_socket: Option<ApiSocketArg>,
+    /// `--event-monitor`.
+    pub event_monitor: Option<EventMonitorArg>,
     /// `--log-file`.
     pub log_file: Option<PathBuf>,
     /// `-v` count.

@@ -313,20 +313,44 @@ pub fn serial(option: &str, mode: &str, file: Option<&str>) -> Result<SerialMode
             Some(path) if !path.is_empty() => Ok(SerialMode::File(path.into())),
             _ => Err(ChError::Missing("the serial file's path")),
         },
-        "pty" | "socket" => Err(refuse(
-            "lull's serial goes to the terminal, a file or nowhere",
+        "pty" => Ok(SerialMode::Pty),
+        "socket" => Err(refuse(
+            "lull's serial goes to the terminal, a file, a pty or nowhere",
         )),
-        _ => Err(refuse("not a serial mode: use off, null, tty or file=PATH")),
+        _ => Err(refuse(
+            "not a serial mode: use off, null, tty, pty or file=PATH",
+        )),
     }
 }
 
-/// The virtio console: lull has none, so only `off` and `null` are taken.
-pub fn console(option: &str, mode: &str) -> Result<(), ChError> {
+/// The virtio console: lull has none, so `off` and `null` are taken, and `pty` (true), which
+/// [`console_pty`] makes the serial port's pty.
+pub fn console(option: &str, mode: &str) -> Result<bool, ChError> {
     match mode.to_ascii_lowercase().as_str() {
-        "off" | "null" => Ok(()),
+        "off" | "null" => Ok(false),
+        "pty" => Ok(true),
         _ => Err(ChError::Refused {
             option: format!("{option} {mode}"),
-            why: "lull has no virtio console: use off, and the serial port (ttyS0) for output",
+            why: "lull has no virtio console: use off or pty (the serial port's pty), and the \
+                  serial port (ttyS0) for output",
+        }),
+    }
+}
+
+/// A console in `Pty` mode (libvirt's `<console type='pty'>`): lull has no virtio console, so
+/// the console's pty is the serial port's (`serial`, which must be off or a pty itself); the
+/// guest's console is then ttyS0, and `vm.info` reports that pty as the console's file too.
+pub fn console_pty(serial: &mut SerialMode) -> Result<(), ChError> {
+    match serial {
+        SerialMode::Off => {
+            *serial = SerialMode::Pty;
+            Ok(())
+        }
+        SerialMode::Pty => Ok(()),
+        SerialMode::Stdio | SerialMode::File(_) => Err(ChError::Refused {
+            option: format!("console Pty with serial {serial}"),
+            why: "lull has no virtio console: a Pty console is the serial port's pty, so the \
+                  serial port must be off, null or pty too",
         }),
     }
 }
@@ -431,8 +455,15 @@ mod tests {
             serial("--serial", "file", Some("/x")),
             Ok(SerialMode::File("/x".into()))
         );
-        assert!(serial("--serial", "pty", None).is_err());
-        assert!(console("--console", "off").is_ok());
+        assert_eq!(serial("serial.mode", "Pty", None), Ok(SerialMode::Pty));
+        assert!(serial("--serial", "socket", None).is_err());
+        assert_eq!(console("--console", "off"), Ok(false));
+        assert_eq!(console("console.mode", "Pty"), Ok(true));
+        let mut off = SerialMode::Off;
+        assert_eq!(console_pty(&mut off), Ok(()));
+        assert_eq!(off, SerialMode::Pty);
+        let mut tty = SerialMode::Stdio;
+        assert!(console_pty(&mut tty).is_err());
         let err = console("--console", "tty").unwrap_err();
         assert!(err.to_string().contains("--console tty"), "{err}");
     }

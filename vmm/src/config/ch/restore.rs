@@ -13,7 +13,7 @@
 //! | `net_fds` | honoured: each listed net of the snapshot (`netN` or `_netN`: the N-th, `config::restore_nets`) is attached to the tap fd given for it instead of the tap the snapshot names, its MAC and device state kept. In `vm.restore`'s body (`[{"id": "net0", "num_fds": 1}]`) the fds are those sent with the request (`SCM_RIGHTS`), in order; in `--restore` (`net_fds=[net0@[N]]`) they are lull's own (inherited) fds. One fd per net (one queue pair) |
 //! | `vfio_fds`, `zone_updates` | accepted empty; refused otherwise (no VFIO, no memory zones) |
 //! | `iommufd_fd` | refused (no VFIO) |
-//! | `serial` | lull's own: where the restored VM's console goes (`stdio`, `off`, `file=PATH`); a snapshot's own console file is its saving run's output and is not reused unless given here |
+//! | `serial` | lull's own: where the restored VM's console goes (`stdio`, `off`, `file=PATH`, `pty`); a snapshot's own console file is its saving run's output and is not reused unless given here |
 
 use std::path::PathBuf;
 
@@ -86,7 +86,7 @@ pub fn restore(opts: &[Opt], front: Front, notes: &mut Vec<String>) -> Result<Ch
                 serial = Some(
                     o.value
                         .parse()
-                        .map_err(|_| o.bad("stdio, off or file=PATH"))?,
+                        .map_err(|_| o.bad("stdio, off, file=PATH or pty"))?,
                 );
             }
             "prefault" => memory.prefault = o.toggle()?,

@@ -8,21 +8,36 @@
 //! typo. So the name is looked up first (`if_nametoindex`, in lull's network namespace).
 //! Errors say what to do: create the tap, give lull's user access to it, free it.
 //!
-//! nix does the rest safely (`if_nametoindex`, `fcntl`); the two `unsafe` blocks left are the
-//! `TUNSETIFF` and `TUNGETIFF` ioctls, which neither nix nor vmm-sys-util wraps safely (their
-//! ioctl helpers are `unsafe` functions: the kernel's argument type is not checked).
+//! A tap given as an fd may carry a virtio-net header ahead of each frame (`IFF_VNET_HDR`: how
+//! libvirt opens a tap for an interface whose model is virtio, and Cloud Hypervisor its own):
+//! lull then turns the tap's offloads off (`TUNSETOFFLOAD` 0: the kernel hands it no GSO or
+//! partly-checksummed packet, as lull offers the guest none), writes a zero header (no flags,
+//! no GSO) of the tap's header size (`TUNGETVNETHDRSZ`) ahead of each frame it sends, and
+//! skips the one ahead of each frame it receives.
+//!
+//! nix does the rest safely (`if_nametoindex`, `fcntl`); the `unsafe` blocks left are the
+//! `TUNSETIFF`, `TUNGETIFF`, `TUNGETVNETHDRSZ` and `TUNSETOFFLOAD` ioctls, which neither nix
+//! nor vmm-sys-util wraps safely (their ioctl helpers are `unsafe` functions: the kernel's
+//! argument type is not checked).
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-use devices::virtio::net::NetBackend;
+use devices::virtio::net::{NetBackend, FRAME_MAX};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 /// The clone device every tap is attached through.
 pub const TUN_PATH: &str = "/dev/net/tun";
+/// `TUNGETVNETHDRSZ` (`_IOR('T', 215, int)`): the size of an `IFF_VNET_HDR` tap's header.
+pub const TUNGETVNETHDRSZ: u64 = 0x8004_54d7;
+/// `TUNSETOFFLOAD` (`_IOW('T', 208, unsigned int)`): the offloads the tap may hand over.
+pub const TUNSETOFFLOAD: u64 = 0x4004_54d0;
+/// The header sizes lull takes: `struct virtio_net_hdr` (10, the default) up to
+/// `virtio_net_hdr_v1_hash` (20).
+const VNET_HDR_SIZES: std::ops::RangeInclusive<usize> = 10..=20;
 
 /// How a message names a tap descriptor given to lull: by the number its giver chose (`--net
 /// fd=N`), or as the one sent with an API request (its number in lull means nothing to the
@@ -133,10 +148,11 @@ pub enum TapError {
         /// The descriptor.
         fd: TapFd,
     },
-    /// A tap fd whose frames carry a packet-information or virtio-net header.
+    /// A tap fd whose frames carry a packet-information prefix, or a virtio-net header lull
+    /// cannot use.
     #[error(
-        "{fd} is a tap ({name}) attached with {flag}: lull's virtio-net needs whole Ethernet \
-         frames (IFF_TAP | IFF_NO_PI, no IFF_VNET_HDR)"
+        "{fd} is a tap ({name}) attached with {flag}: lull's virtio-net needs Ethernet frames \
+         without a packet-information prefix (IFF_TAP | IFF_NO_PI; IFF_VNET_HDR taken)"
     )]
     FdFraming {
         /// The descriptor.
@@ -161,6 +177,10 @@ pub enum TapError {
 pub struct Tap {
     file: File,
     name: String,
+    /// The size of the virtio-net header ahead of each frame (`IFF_VNET_HDR`), 0 without.
+    vnet_hdr: usize,
+    /// Where a frame and its header are read, with `IFF_VNET_HDR`.
+    scratch: Vec<u8>,
 }
 
 impl Tap {
@@ -205,6 +225,8 @@ impl Tap {
         Ok(Self {
             file,
             name: owned(),
+            vnet_hdr: 0,
+            scratch: Vec::new(),
         })
     }
 
@@ -253,9 +275,11 @@ impl Tap {
         if flags & libc::IFF_NO_PI == 0 {
             return Err(framing("packet information (no IFF_NO_PI)"));
         }
-        if flags & libc::IFF_VNET_HDR != 0 {
-            return Err(framing("IFF_VNET_HDR"));
-        }
+        let vnet_hdr = if flags & libc::IFF_VNET_HDR != 0 {
+            vnet_header(&file).ok_or_else(|| framing("IFF_VNET_HDR of a size lull cannot use"))?
+        } else {
+            0
+        };
         // The status flags are the open file's, shared with the giver's descriptor: the
         // sender's copy becomes non-blocking too, as in Cloud Hypervisor.
         let nonblocking = fcntl(&file, FcntlArg::F_GETFL).and_then(|fl| {
@@ -268,7 +292,24 @@ impl Tap {
                 source: errno.into(),
             });
         }
-        Ok(Self { file, name })
+        Ok(Self {
+            file,
+            name,
+            vnet_hdr,
+            scratch: vec![
+                0;
+                if vnet_hdr > 0 {
+                    vnet_hdr + FRAME_MAX
+                } else {
+                    0
+                }
+            ],
+        })
+    }
+
+    /// The size of the virtio-net header ahead of each frame (`IFF_VNET_HDR`), 0 without.
+    pub fn vnet_header_size(&self) -> usize {
+        self.vnet_hdr
     }
 
     /// The attached descriptor, given away (e.g. to a child process that takes the tap as
@@ -281,6 +322,31 @@ impl Tap {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The header size of the `IFF_VNET_HDR` tap `file`, its offloads turned off; `None` if either
+/// fails or the size is not one lull takes.
+fn vnet_header(file: &File) -> Option<usize> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: no safe wrapper serves (see the module's comment). TUNGETVNETHDRSZ writes one
+    // `int`, which `size` is and which outlives the call; the fd is a tap (TUNGETIFF said so).
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::TUNGETVNETHDRSZ,
+            std::ptr::addr_of_mut!(size),
+        )
+    };
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|s| VNET_HDR_SIZES.contains(s));
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: as above; TUNSETOFFLOAD takes its argument by value (an unsigned long of
+    // TUN_F_* bits; 0: none), so no memory is passed.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETOFFLOAD, 0 as libc::c_ulong) };
+    (rc == 0).then_some(size).flatten()
 }
 
 /// `flags` as the `short` of `ifr_flags` (the IFF_ bits lull uses fit in 15 bits).
@@ -300,23 +366,44 @@ impl AsRawFd for Tap {
 }
 
 impl NetBackend for Tap {
-    /// One `read`: the tap hands over one frame per read, `WouldBlock` when its queue is empty.
+    /// One `read`: the tap hands over one frame per read, `WouldBlock` when its queue is empty
+    /// (with `IFF_VNET_HDR`, the header ahead of it skipped).
     fn read_frame(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            match self.file.read(buf) {
+            let read = if self.vnet_hdr == 0 {
+                self.file.read(buf)
+            } else {
+                self.file.read(&mut self.scratch).and_then(|n| {
+                    let frame = self
+                        .scratch
+                        .get(self.vnet_hdr..n)
+                        .ok_or(io::ErrorKind::InvalidData)?;
+                    let len = frame.len().min(buf.len());
+                    buf[..len].copy_from_slice(&frame[..len]);
+                    Ok(len)
+                })
+            };
+            match read {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 other => return other,
             }
         }
     }
 
-    /// One `write` per frame (a tap takes a frame whole or not at all).
+    /// One `write` per frame (a tap takes a frame whole or not at all; with `IFF_VNET_HDR`, a
+    /// zero header ahead of it, in the same `writev`).
     fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
+        const ZEROS: [u8; 20] = [0; 20];
+        let header = &ZEROS[..self.vnet_hdr];
+        let whole = header.len() + frame.len();
         loop {
-            match self.file.write(frame) {
+            match self
+                .file
+                .write_vectored(&[IoSlice::new(header), IoSlice::new(frame)])
+            {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
-                Ok(n) if n == frame.len() => return Ok(()),
+                Ok(n) if n == whole => return Ok(()),
                 Ok(_) => return Err(io::ErrorKind::WriteZero.into()),
             }
         }
@@ -326,6 +413,12 @@ impl NetBackend for Tap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ioctl_numbers_the_seccomp_filter_allows_are_libc_s() {
+        assert_eq!(TUNGETVNETHDRSZ, libc::TUNGETVNETHDRSZ);
+        assert_eq!(TUNSETOFFLOAD, libc::TUNSETOFFLOAD);
+    }
 
     #[test]
     fn an_fd_that_is_not_an_open_tap_is_refused() {

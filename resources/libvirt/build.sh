@@ -33,6 +33,10 @@
 # on our hosts): the build then uses the upstream tarball apt fetched and checked against the
 # archive's Sources index, and says so (Debian's patches are packaging changes: paths,
 # AppArmor, systemd units; none touches src/ch/).
+#
+# Patches: every *.patch here is applied in name order (part of the key). Each says at its top
+# which libvirt bug it fixes; today one, ch-daemonized-vmm.patch: the ch driver never ended the
+# VMM it had daemonized (destroy, save) and could never restore.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -72,9 +76,12 @@ BUILD_DEPS=(build-essential meson ninja-build pkg-config perl python3 libxml2-ut
     libnl-3-dev libnl-route-3-dev dpkg-dev xz-utils util-linux)
 "$repo/resources/ensure-apt.sh" "${BUILD_DEPS[@]}"
 
+PATCHES=()
+for f in "$here"/*.patch; do [ -e "$f" ] && PATCHES+=("$(basename "$f")"); done
+
 source "$here/../lib/cache.sh"
 inputs() {
-    (cd "$here" && cache_files build.sh ../lib/cache.sh)
+    (cd "$here" && cache_files build.sh ../lib/cache.sh "${PATCHES[@]}")
     printf 'source libvirt %s %s\n' "$SUITE" "$LIBVIRT_DEB_VERSION"
     printf 'meson-option %s\n' "${MESON_OPTIONS[@]}"
     # shellcheck disable=SC2016
@@ -118,6 +125,10 @@ apt-get "${APT[@]}" update >>"$log" 2>&1
 }
 src=$work/src/libvirt-$UPSTREAM_VERSION
 [ -f "$src/meson.build" ] || { echo "libvirt: no $src/meson.build" >&2; exit 1; }
+for p in "${PATCHES[@]}"; do
+    phase "applying $p"
+    patch -d "$src" -p1 -F0 --no-backup-if-mismatch <"$here/$p" >>"$log"
+done
 
 prefix=$CACHE_DIR
 phase "meson setup (prefix $prefix, state under $STATE_ROOT)"

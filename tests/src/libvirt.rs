@@ -126,6 +126,8 @@ pub struct Virtchd {
     /// `virsh -c` URI of this virtchd.
     pub uri: String,
     child: Option<Child>,
+    /// The domains virsh was asked about: their cgroups are removed on drop.
+    domains: Mutex<Vec<String>>,
 }
 
 impl Virtchd {
@@ -203,6 +205,7 @@ impl Virtchd {
             prefix,
             uri,
             child: Some(child),
+            domains: Mutex::new(Vec::new()),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -260,6 +263,11 @@ impl Virtchd {
     /// `virsh -c URI ARGS`: its standard output, or a failure with virsh's error and the logs
     /// of virtchd and of `domain` (lull's own output).
     pub fn virsh(&self, args: &[&str], domain: Option<&str>) -> Result<String, Failed> {
+        if let (Some(domain), Ok(mut domains)) = (domain, self.domains.lock()) {
+            if !domains.iter().any(|d| d == domain) {
+                domains.push(domain.to_string());
+            }
+        }
         let out = match domain {
             Some(domain) => self.virsh_about(args, domain),
             None => self.virsh_output(args),
@@ -373,6 +381,50 @@ impl Drop for Virtchd {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let domains = self.domains.lock().map(|d| d.clone()).unwrap_or_default();
+        for domain in domains {
+            remove_machine_cgroups(&domain);
+        }
+    }
+}
+
+/// Removes the cgroups libvirt made for `domain`'s VMs (`machine/ch-PID-NAME.libvirt-ch` in
+/// every hierarchy, with its `emulator` and `vcpuN` children), which outlive a test that
+/// failed half-way (libvirt removes them when it stops a VM).
+fn remove_machine_cgroups(domain: &str) {
+    let suffix = format!("-{domain}.libvirt-ch");
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let mut cgroups: Vec<PathBuf> = Vec::new();
+    for hierarchy in hierarchies.flatten() {
+        let machine = hierarchy.path().join("machine");
+        let Ok(entries) = std::fs::read_dir(&machine) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ch-") && name.ends_with(&suffix) {
+                cgroups.push(entry.path());
+            }
+        }
+    }
+    // Its processes may take a moment to leave (killed just before).
+    for _ in 0..20 {
+        cgroups.retain(|cgroup| {
+            if let Ok(children) = std::fs::read_dir(cgroup) {
+                for child in children.flatten() {
+                    if child.file_type().is_ok_and(|t| t.is_dir()) {
+                        let _ = std::fs::remove_dir(child.path());
+                    }
+                }
+            }
+            std::fs::remove_dir(cgroup).is_err() && cgroup.exists()
+        });
+        if cgroups.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -35,8 +35,9 @@
 # AppArmor, systemd units; none touches src/ch/).
 #
 # Patches: every *.patch here is applied in name order (part of the key). Each says at its top
-# which libvirt bug it fixes; today one, ch-daemonized-vmm.patch: the ch driver never ended the
-# VMM it had daemonized (destroy, save) and could never restore.
+# which libvirt bug it fixes: ch-daemonized-vmm.patch (the ch driver never ended the VMM it had
+# daemonized, on destroy or save, and could never restore), ch-restore-net-queues.patch (a
+# restored net with one queue pair got no tap fd).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then

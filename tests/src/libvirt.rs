@@ -128,6 +128,8 @@ pub struct Virtchd {
     child: Option<Child>,
     /// The domains virsh was asked about: their cgroups are removed on drop.
     domains: Mutex<Vec<String>>,
+    /// Whether drop removes the test directory ([`Virtchd::passed`]).
+    remove_dir: bool,
 }
 
 impl Virtchd {
@@ -206,6 +208,7 @@ impl Virtchd {
             uri,
             child: Some(child),
             domains: Mutex::new(Vec::new()),
+            remove_dir: false,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -224,6 +227,12 @@ impl Virtchd {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Stops virtchd and removes the test directory: the test passed (a failed test keeps it
+    /// for its logs, which the failure names).
+    pub fn passed(mut self) {
+        self.remove_dir = true;
     }
 
     /// The `<emulator>` that runs lull with `--lull irqchip=MODE` (module docs).
@@ -384,6 +393,9 @@ impl Drop for Virtchd {
         let domains = self.domains.lock().map(|d| d.clone()).unwrap_or_default();
         for domain in domains {
             remove_machine_cgroups(&domain);
+        }
+        if self.remove_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }

@@ -387,7 +387,9 @@ fn idle_sim(irqchip: &'static str) -> Result<(), Failed> {
         // The guest ended its run: lull exits, the driver sees the VM stop.
         d.expect_state("shut off")
     })?;
-    shutdown_destroy_undefine(&d)
+    shutdown_destroy_undefine(&d)?;
+    v.passed();
+    Ok(())
 }
 
 /// A network namespace with the tap (10.0.2.1/24, up); deleted on drop.
@@ -480,7 +482,9 @@ fn linux_net(irqchip: &'static str) -> Result<(), Failed> {
     step("resume: ping", || ns.ping_guest(Duration::from_secs(60)))?;
     save_and_restore(&d)?;
     step("restore: ping", || ns.ping_guest(Duration::from_secs(60)))?;
-    shutdown_destroy_undefine(&d)
+    shutdown_destroy_undefine(&d)?;
+    v.passed();
+    Ok(())
 }
 
 fn main() {

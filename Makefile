@@ -6,7 +6,7 @@ KIT     := $(CURDIR)/target/kit
 GUEST   ?=
 ARGS    ?=
 
-.PHONY: all run test build build-release guests linux kit fmt-check clippy check-cycles \
+.PHONY: all run test build build-release guests linux kit libvirt fmt-check clippy check-cycles \
         unit-tests loom-tests integration-tests bench-timer clean clean-kit help
 
 all: build kit
@@ -18,6 +18,7 @@ help:
 	@echo "make check-cycles   no file- or module-level import cycle in the crates, no import up vmm's layers"
 	@echo "make loom-tests     the timer crate's loom models (LOOM_MAX_PREEMPTIONS=N searches deeper)"
 	@echo "make guests|linux   build the guest kit (cached in \$$HOME/.cache/lull)"
+	@echo "make libvirt        libvirt's virtchd (Cloud Hypervisor driver), virsh, virtlogd from Debian's source (cached)"
 	@echo "make bench-timer    timer crate benchmarks"
 	@echo "make bench          lull bench density and wakeup, results in docs/bench/"
 	@echo "make bench-timer-modes|bench-latency|bench-idle-manager|bench-boot|bench-linux|bench-snapshot|bench-clones|bench-clone-density  the other lull bench experiments"
@@ -38,6 +39,11 @@ linux:
 	resources/linux/build.sh $(KIT)/linux
 
 kit: guests linux
+
+# libvirt with its Cloud Hypervisor driver, for tests/tests/libvirt.rs (resources/libvirt/;
+# about 4 minutes cold on 2 cores, then a cache hit).
+libvirt:
+	resources/libvirt/build.sh $(CURDIR)/target/libvirt
 
 run: build-release kit
 ifeq ($(GUEST),)
@@ -97,11 +103,12 @@ loom-tests:
 	    LOOM_MAX_PREEMPTIONS=$(LOOM_MAX_PREEMPTIONS) $(CARGO) test $(LOOM_PROFILE) -p timer \
 	    --release --lib --test loom --test loom_retarget -- loom_
 
-integration-tests: build kit
+integration-tests: build kit libvirt
 	@# mkfs.ext4 and e2fsck for the Linux root-disk test (tests/tests/virtio_blk.rs); ip
 	@# (network namespaces, taps) and ping for the virtio-net tests (tests/tests/virtio_net.rs).
 	resources/ensure-apt.sh e2fsprogs iproute2 iputils-ping
-	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) $(CARGO) test -p lull-tests
+	LULL_BIN=$(CURDIR)/target/debug/lull LULL_KIT=$(KIT) LULL_LIBVIRT=$(CURDIR)/target/libvirt \
+	    $(CARGO) test -p lull-tests
 
 test: fmt-check clippy check-cycles unit-tests loom-tests integration-tests fuzz-smoke
 

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use lull_schema::RunReport;
 
+pub mod libvirt;
+
 pub use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 /// The workspace root.

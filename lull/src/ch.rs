@@ -118,6 +118,7 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
         api_socket,
         restore,
         event_monitor,
+        lull_knobs,
         ..
     } = launch;
     if event_monitor.is_some() && api_socket.is_none() {
@@ -149,7 +150,7 @@ fn launch_vm(launch: ChLaunch, started: Instant) -> ExitCode {
                 ApiSocketArg::Path(path) => crate::run::Socket::Path(path),
                 ApiSocketArg::Fd(fd) => crate::run::Socket::Fd(*fd),
             };
-            crate::run::serve(socket, initial, None, events)
+            crate::run::serve(socket, initial, None, events, lull_knobs)
         }
         // Without the API nobody could resume a VM restored paused.
         (None, Some(restore)) if restore.resume => {

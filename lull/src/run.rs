@@ -93,6 +93,7 @@ pub(crate) fn serve_api(args: &RunArgs, socket: &std::path::Path) -> ExitCode {
         initial,
         args.vm.config.as_deref(),
         vmm::api::EventMonitor::none(),
+        Vec::new(),
     )
 }
 
@@ -105,12 +106,14 @@ pub(crate) enum Socket<'a> {
     Fd(std::os::fd::RawFd),
 }
 
-/// Serves the API on `socket`, starting with `initial`.
+/// Serves the API on `socket`, starting with `initial`; `ch_knobs`: `lull ch --lull` values for
+/// the VMs `vm.create` makes from Cloud Hypervisor's `VmConfig`.
 pub(crate) fn serve(
     socket: Socket<'_>,
     initial: InitialVm,
     config_file: Option<&std::path::Path>,
     events: vmm::api::EventMonitor,
+    ch_knobs: Vec<String>,
 ) -> ExitCode {
     if let InitialVm::Created { cfg, .. } = &initial {
         let other = OtherPaths {
@@ -129,7 +132,7 @@ pub(crate) fn serve(
         Socket::Path(path) => vmm::api::ApiSocket::bind(path),
         Socket::Fd(fd) => vmm::api::ApiSocket::inherit(fd),
     };
-    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, events));
+    let served = bound.and_then(|socket| vmm::api::serve_on(socket, initial, events, ch_knobs));
     match served {
         Ok(code) => status(code),
         Err(e) => {

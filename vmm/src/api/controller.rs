@@ -119,6 +119,10 @@ pub struct Controller {
     events: EventMonitor,
     /// A `vm.reboot` is stopping the VM: its stop is no `shutdown` event.
     rebooting: bool,
+    /// `lull ch --lull KEY=VALUE,...`: lull's own knobs, applied to every VM `vm.create` makes
+    /// from Cloud Hypervisor's `VmConfig` (whose fields cannot say them), as they are to the
+    /// VM the command line describes.
+    ch_knobs: Vec<String>,
 }
 
 impl Controller {
@@ -135,12 +139,19 @@ impl Controller {
             ended,
             events: EventMonitor::none(),
             rebooting: false,
+            ch_knobs: Vec::new(),
         }
     }
 
     /// The controller, writing its events to `events` (`--event-monitor`).
     pub fn with_events(self, events: EventMonitor) -> Self {
         Self { events, ..self }
+    }
+
+    /// The controller, applying `lull ch`'s `--lull` values `knobs` to every VM created from
+    /// Cloud Hypervisor's `VmConfig`.
+    pub fn with_ch_knobs(self, ch_knobs: Vec<String>) -> Self {
+        Self { ch_knobs, ..self }
     }
 
     /// lull ends: the `vmm` `shutdown` event.
@@ -172,7 +183,9 @@ impl Controller {
                 features: [],
             }),
             ApiRequest::VmCreate(cfg) => self.create(cfg, None),
-            ApiRequest::VmCreateCh(cfg, given) => self.create(cfg, Some(given)),
+            ApiRequest::VmCreateCh(cfg, given) => self
+                .with_knobs(cfg)
+                .and_then(|cfg| self.create(cfg, Some(given))),
             ApiRequest::VmBoot => self.boot(),
             ApiRequest::VmInfo => self.info(),
             ApiRequest::VmCounters => self.counters(),
@@ -217,6 +230,16 @@ impl Controller {
             }
             _ => Err(ApiError::VmAlreadyCreated),
         }
+    }
+
+    /// `cfg` (made from Cloud Hypervisor's `VmConfig`) with `lull ch`'s `--lull` knobs, checked.
+    fn with_knobs(&self, mut cfg: Box<VmConfig>) -> Result<Box<VmConfig>, ApiError> {
+        for knobs in &self.ch_knobs {
+            crate::config::ch::cli::apply_lull_knobs(&mut cfg, knobs)
+                .map_err(ApiError::ChConfig)?;
+        }
+        cfg.validate().map_err(ApiError::ConfigInvalid)?;
+        Ok(cfg)
     }
 
     /// Boots the VM the command line created, before the API serves (a failure ends lull).
@@ -795,6 +818,47 @@ mod tests {
         let version = ping["version"].as_str().unwrap();
         let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
         assert_eq!(parts.len(), 3, "{version}");
+    }
+
+    #[test]
+    fn lull_ch_knobs_apply_to_each_vm_created_from_cloud_hypervisors_config() {
+        let dir =
+            std::env::temp_dir().join(format!("lull-controller-knobs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kernel = dir.join("vmlinux");
+        std::fs::write(&kernel, [0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).unwrap();
+        let given = serde_json::json!({"payload": {"kernel": kernel}});
+        let cfg = || {
+            Box::new(VmConfig {
+                kernel: Some(kernel.clone()),
+                ..VmConfig::default()
+            })
+        };
+        let mut c = controller(None).with_ch_knobs(vec!["irqchip=kernel,cpus=2".into()]);
+        let created = c.handle(ApiRequest::VmCreateCh(cfg(), Box::new(given.clone())));
+        assert_eq!(created.0.status, 204);
+        match &c.state {
+            VmState::Created { cfg, .. } => {
+                assert_eq!(cfg.irqchip, crate::config::IrqchipMode::Kernel);
+                assert_eq!(cfg.cpus, 2);
+            }
+            _ => panic!("no VM created"),
+        }
+        // lull's own configuration is its own: no knob touches it.
+        let mut c = controller(None).with_ch_knobs(vec!["irqchip=kernel".into()]);
+        assert_eq!(status(&mut c, ApiRequest::VmCreate(cfg())), 204);
+        match &c.state {
+            VmState::Created { cfg, .. } => {
+                assert_eq!(cfg.irqchip, VmConfig::default().irqchip);
+            }
+            _ => panic!("no VM created"),
+        }
+        // Knobs that make the VM invalid refuse it, and nothing is created.
+        let mut c = controller(None).with_ch_knobs(vec!["cpus=0".into()]);
+        let refused = c.handle(ApiRequest::VmCreateCh(cfg(), Box::new(given)));
+        assert_eq!(refused.0.status, 400);
+        assert_eq!(status(&mut c, ApiRequest::VmInfo), 404);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -484,15 +484,22 @@ pub fn serve(path: &Path, initial: Option<VmConfig>) -> Result<i32, ApiError> {
         cfg: Box::new(cfg),
         boot: false,
     });
-    serve_on(ApiSocket::bind(path)?, initial, EventMonitor::none())
+    serve_on(
+        ApiSocket::bind(path)?,
+        initial,
+        EventMonitor::none(),
+        Vec::new(),
+    )
 }
 
 /// Serves the API on `socket` (bound, or inherited), starting with `initial`, writing Cloud
-/// Hypervisor's event records to `events`; returns lull's exit status.
+/// Hypervisor's event records to `events`, applying `ch_knobs` (`lull ch --lull`) to each VM
+/// created from Cloud Hypervisor's `VmConfig`; returns lull's exit status.
 pub fn serve_on(
     socket: ApiSocket,
     initial: InitialVm,
     events: EventMonitor,
+    ch_knobs: Vec<String>,
 ) -> Result<i32, ApiError> {
     let filter =
         seccomp::program(ThreadKind::Api, seccomp_mode(&initial)).map_err(ApiError::Seccomp)?;
@@ -503,7 +510,9 @@ pub fn serve_on(
         InitialVm::Created { cfg, boot } => (Some(*cfg), boot.then_some(Start::Boot)),
         InitialVm::Restored(restore) => (None, Some(Start::Restore(restore))),
     };
-    let mut controller = Controller::new(created, ended).with_events(events);
+    let mut controller = Controller::new(created, ended)
+        .with_events(events)
+        .with_ch_knobs(ch_knobs);
     let mut events = Events {
         epoll: Epoll::new().map_err(host("the API epoll set"))?,
         signal,

@@ -74,6 +74,7 @@ pub fn parse(args: &[String]) -> Result<ChCommand, ChError> {
     }
     cfg.validate()?;
     launch.config = cfg;
+    launch.lull_knobs = lull_knobs;
     Ok(ChCommand::Launch(Box::new(launch)))
 }
 
@@ -113,8 +114,9 @@ fn is_empty(value: &ContextValue) -> bool {
     matches!(value, ContextValue::String(s) if s.is_empty()) || matches!(value, ContextValue::None)
 }
 
-/// Applies `--lull KEY=VALUE[,KEY=VALUE]` with the parser of `lull run`'s flags.
-fn apply_lull_knobs(cfg: &mut VmConfig, text: &str) -> Result<(), ChError> {
+/// Applies `--lull KEY=VALUE[,KEY=VALUE]` with the parser of `lull run`'s flags (to the VM of
+/// the command line, and to each the API creates from Cloud Hypervisor's `VmConfig`).
+pub fn apply_lull_knobs(cfg: &mut VmConfig, text: &str) -> Result<(), ChError> {
     let flags = VmConfig::augment_args_for_update(Command::new("lull").no_binary_name(true));
     let names: Vec<String> = flags
         .get_arguments()

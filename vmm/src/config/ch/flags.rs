@@ -136,6 +136,7 @@ impl Parsed {
                 net_fds: Vec::new(),
                 restore: None,
                 notes: Vec::new(),
+                lull_knobs: Vec::new(),
             },
             lull_knobs: Vec::new(),
             console_pty: false,

@@ -59,4 +59,7 @@ pub struct ChLaunch {
     pub restore: Option<ChRestore>,
     /// What was accepted without effect, said with `-v`.
     pub notes: Vec<String>,
+    /// `--lull` values: applied to `config`, and to each VM `vm.create` makes from Cloud
+    /// Hypervisor's `VmConfig` (as libvirt's driver creates every VM).
+    pub lull_knobs: Vec<String>,
 }

@@ -1,7 +1,9 @@
 //! The run report lull writes as JSON (`lull run --metrics`, the management API's
 //! `vm.counters`), as one set of serde types: lull serializes them, `lull bench` and the
 //! integration tests deserialize them. Pure data (serde only, no KVM), so that every crate
-//! that reads or writes the report can share it.
+//! that reads or writes the report can share it. A counter set the report reads from live
+//! atomics is declared here once with its read-out (`counter_set!`): `VcpuCounters` is what a
+//! vCPU thread bumps, `VcpuSnapshot` what the report lists.
 //!
 //! The field names and order are the report's JSON keys, stable: renaming a field renames a
 //! key every reader of a stored report depends on.
@@ -22,15 +24,20 @@
 
 #![forbid(unsafe_code)]
 
+mod counter_set;
 mod net;
 mod run;
 mod timer;
 mod vcpu;
 
+pub use counter_set::ReadOut;
 pub use net::{NetReport, NetStats};
 pub use run::{
     DeviceTimerReport, DeviceTimersReport, GlobalTimersReport, IdleInjectReport, QuotaReport,
     RunReport, ThreadStat,
 };
 pub use timer::TimerMetrics;
-pub use vcpu::{PlacementSnapshot, VcpuSnapshot, WakeupSnapshot};
+pub use vcpu::{
+    PlacementCounters, PlacementSnapshot, VcpuCounters, VcpuSnapshot, WakeupCounters,
+    WakeupSnapshot, LATENESS_BUCKETS,
+};

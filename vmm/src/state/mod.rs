@@ -167,7 +167,7 @@ impl VcpuShared {
     /// Shared state for `cpus` vCPUs.
     pub fn new(cpus: u32, started: Instant) -> std::io::Result<Self> {
         Ok(Self {
-            vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
+            vcpu_counters: (0..cpus).map(|i| Arc::new(VcpuCounters::of(i))).collect(),
             stop: StopSignal::new()?,
             started,
             booted: OnceLock::new(),

@@ -17,6 +17,7 @@ use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::setup::boot::cpu_state::EntryMode;
+use crate::setup::cpuid::CpuidParams;
 use crate::vcpu::{self, InjectPath, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -75,12 +76,14 @@ pub fn create(
     let tsc_khz = bsp.fd.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;
     let setup = VcpuSetup {
         supported_cpuid: supported.as_slice(),
-        cpus: cfg.cpus,
-        tsc_khz,
-        user_lapic: cfg.irqchip == IrqchipMode::User,
-        pv_eoi: cfg.pv_eoi.is_on(),
-        pv_deadline: cfg.pv_deadline.is_on(),
-        x2apic: cfg.x2apic.is_on(),
+        cpuid: CpuidParams {
+            cpus: cfg.cpus,
+            tsc_khz,
+            user_lapic: cfg.irqchip == IrqchipMode::User,
+            pv_eoi: cfg.pv_eoi.is_on(),
+            pv_deadline: cfg.pv_deadline.is_on(),
+            x2apic: cfg.x2apic.is_on(),
+        },
     };
     for port in &ports {
         let boot_entry = entry.filter(|_| port.id == 0);

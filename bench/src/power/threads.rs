@@ -1,6 +1,9 @@
 //! A process's thread wake-ups: the context switches of every thread of a PID, from
 //! `<root>/proc/PID/task/TID/status` (`voluntary_ctxt_switches`: the thread blocked and was
-//! woken later; `nonvoluntary_ctxt_switches`: it was preempted).
+//! woken later; `nonvoluntary_ctxt_switches`: it was preempted). The bench's one reader of
+//! them: the power window's rates and the fleet's per-process totals
+//! (`proc_sample`) both read them here. (`lull run` reads its own threads' in
+//! `vmm::host::stats`, which the bench does not link.)
 //!
 //! `/proc/PID/status` alone counts only the main thread, so every task is read and matched by
 //! TID across the window: a thread born in the window counts all its switches, one that
@@ -19,7 +22,7 @@ pub struct Switches {
     /// `voluntary_ctxt_switches`.
     pub voluntary: u64,
     /// `nonvoluntary_ctxt_switches`.
-    pub involuntary: u64,
+    pub nonvoluntary: u64,
 }
 
 /// Every thread of a process at one instant, by TID.
@@ -31,13 +34,27 @@ pub struct ThreadsSample {
     pub threads: BTreeMap<u32, Switches>,
 }
 
+impl ThreadsSample {
+    /// The switches of all its threads.
+    pub fn total(&self) -> Switches {
+        self.threads
+            .values()
+            .fold(Switches::default(), |a, t| Switches {
+                voluntary: a.voluntary + t.voluntary,
+                nonvoluntary: a.nonvoluntary + t.nonvoluntary,
+            })
+    }
+}
+
 /// A process's context switches over a window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadsWindow {
     /// Voluntary switches (wake-ups after a block) per second, all threads.
     pub voluntary_per_s: f64,
-    /// Involuntary switches (preemptions) per second, all threads.
-    pub involuntary_per_s: f64,
+    /// Nonvoluntary switches (preemptions) per second, all threads (`involuntary_per_s` in
+    /// the readings of a bench before it took `/proc`'s spelling).
+    #[serde(alias = "involuntary_per_s")]
+    pub nonvoluntary_per_s: f64,
     /// Threads alive at the window's end.
     pub threads: usize,
     /// Threads that exited during the window (their switches are not counted).
@@ -95,7 +112,7 @@ fn parse_status(text: &str) -> Option<Switches> {
     };
     Some(Switches {
         voluntary: field("voluntary_ctxt_switches")?,
-        involuntary: field("nonvoluntary_ctxt_switches")?,
+        nonvoluntary: field("nonvoluntary_ctxt_switches")?,
     })
 }
 
@@ -116,11 +133,11 @@ pub fn window(
     for (tid, now) in &after.threads {
         let then = before.threads.get(tid).copied().unwrap_or_default();
         total.voluntary += now.voluntary.saturating_sub(then.voluntary);
-        total.involuntary += now.involuntary.saturating_sub(then.involuntary);
+        total.nonvoluntary += now.nonvoluntary.saturating_sub(then.nonvoluntary);
     }
     Ok(ThreadsWindow {
         voluntary_per_s: total.voluntary as f64 / seconds,
-        involuntary_per_s: total.involuntary as f64 / seconds,
+        nonvoluntary_per_s: total.nonvoluntary as f64 / seconds,
         threads: after.threads.len(),
         exited: before
             .threads
@@ -136,12 +153,12 @@ mod tests {
     use super::super::test_tree::TempTree;
     use super::*;
 
-    fn task(tree: &TempTree, pid: u32, tid: u32, voluntary: u64, involuntary: u64) {
+    fn task(tree: &TempTree, pid: u32, tid: u32, voluntary: u64, nonvoluntary: u64) {
         tree.file(
             &format!("proc/{pid}/task/{tid}/status"),
             &format!(
                 "Name:\tlull\nState:\tS (sleeping)\nTgid:\t{pid}\nPid:\t{tid}\n\
-                 voluntary_ctxt_switches:\t{voluntary}\nnonvoluntary_ctxt_switches:\t{involuntary}\n"
+                 voluntary_ctxt_switches:\t{voluntary}\nnonvoluntary_ctxt_switches:\t{nonvoluntary}\n"
             ),
         );
     }
@@ -160,8 +177,13 @@ mod tests {
         let after = sample(tree.path(), 40, &RealFs).unwrap();
         let w = window(&before, Some(&after), 2.0).unwrap();
         // (10 + 300 + 90) / 2 and (0 + 2 + 1) / 2.
-        assert_eq!((w.voluntary_per_s, w.involuntary_per_s), (200.0, 1.5));
+        assert_eq!((w.voluntary_per_s, w.nonvoluntary_per_s), (200.0, 1.5));
         assert_eq!((w.threads, w.exited), (3, 1));
+        let total = after.total();
+        assert_eq!(
+            (total.voluntary, total.nonvoluntary),
+            (110 + 1300 + 90, 5 + 52 + 1)
+        );
     }
 
     #[test]

@@ -222,7 +222,7 @@ impl Bench<'_> {
             "--serial",
             &serial,
         ];
-        args.extend_from_slice(v.mode.lull_args());
+        args.extend(v.mode.lull_args());
         if let Some(s) = &v.slack {
             args.extend_from_slice(&["--timer-slack", s]);
         }

@@ -10,7 +10,7 @@ use vm_memory::GuestMemoryMmap;
 use super::error::VmError;
 use super::kvm::{ioctl_err, KvmError};
 use crate::config::knobs::HaltPollMode;
-use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
+use crate::config::{IrqchipMode, VmConfig};
 use crate::host::sys;
 use crate::idle::shared::IdleKnobs;
 use crate::irqchip::kernel::KernelIrqChip;
@@ -113,11 +113,7 @@ pub fn irqchip(
     }
     let chip_cfg = UserChipConfig {
         cpus: cfg.cpus,
-        model: match cfg.timer_model {
-            TimerModelKind::Pull => timer::ModelKind::Pull,
-            TimerModelKind::Push => timer::ModelKind::Push,
-            TimerModelKind::Central => timer::ModelKind::Central,
-        },
+        model: cfg.timer_model,
         tsc_khz: vcpus.tsc_khz,
         idle: IdleKnobs {
             halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),

@@ -16,7 +16,6 @@ pub mod pio;
 pub mod port92;
 pub mod rate_limiter;
 pub mod serial;
-mod sync;
 pub mod test_exit;
 pub mod testdev;
 pub mod virtio;

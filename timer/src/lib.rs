@@ -84,6 +84,7 @@ pub mod base;
 pub mod clock;
 pub mod hierarchy;
 pub mod host;
+mod lock;
 pub mod metrics;
 pub mod model;
 mod queue;
@@ -98,5 +99,6 @@ pub use hierarchy::{
     Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry, RemoteOutcome,
 };
 pub use host::{FakeHostTimer, HostTimer, HostTimerError, TimerFdHost};
+pub use lock::lock;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use model::{build, CpuTimers, Model, ModelError, ModelKind, TimerModel, Waker};

@@ -56,7 +56,7 @@ impl<T: Send + 'static> CentralModel<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Central<T>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inner)
     }
 }
 

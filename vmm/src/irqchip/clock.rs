@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, Weak};
 use timer::{Clock, Nanos, VmTime};
 
 use crate::host::sys::clock::monotonic_ns;
-use crate::state::lock;
+use timer::lock;
 
 /// CLOCK_MONOTONIC for a deadline that cannot come while the VM is paused (about 146 years:
 /// still a valid `timespec`).

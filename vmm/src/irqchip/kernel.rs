@@ -13,7 +13,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::{ChipExit, CpuPort, EdgeIrq, Entry, HaltEnd, IrqChip, IrqChipError, VcpuIrq};
 use crate::metrics::RunReport;
 use crate::ratelimit::LogLimiter;
-use crate::state::{lock, VcpuShared};
+use crate::state::VcpuShared;
+use timer::lock;
 
 /// KVM's in-kernel irqchip of one VM (created with the VM).
 pub struct KernelIrqChip {

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SnapshotError;
 use crate::config::VmConfig;
-use crate::state::lock;
+use timer::lock;
 
 /// The file name of the devices' state.
 pub const FILE: &str = "devices.json";

@@ -49,13 +49,13 @@ pub mod pause;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::host::stats::{self, ThreadStat};
 use crate::state::counters::VcpuCounters;
 use crate::state::device_timers::DeviceTimers;
 use crate::state::pause::PauseGate;
-pub use crate::sync::lock;
 
 /// Why a VM stops.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use crate::config::{SerialMode, VmConfig};
 use crate::host::console::ConsoleSink;
 use crate::irqchip::{EdgeIrq, IrqChip};
 use crate::snapshot::SnapshotError;
-use crate::state::lock;
+use timer::lock;
 
 /// The serial console device.
 pub type Console = SerialPort<EdgeIrq, ConsoleSink>;

@@ -17,7 +17,8 @@ use crate::host::console::{self, EscapeFilter};
 use crate::host::sys::stop_signals;
 use crate::host::sys::terminal::RawTerminal;
 use crate::state::net_port::NetPort;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
+use timer::lock;
 
 /// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
 pub struct EventLoop {

@@ -47,12 +47,13 @@ use crate::metrics::RunReport;
 use crate::setup::boot::{self, BootSpec};
 use crate::snapshot::{Snapshot, SnapshotError};
 use crate::state::device_timers::DeviceTimers;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses};
 pub use error::VmError;
 use guest::GuestImage;
 pub use live::LiveVm;
 pub use run_stats::RunStats;
+use timer::lock;
 
 /// How a run ended.
 #[derive(Debug)]

@@ -42,8 +42,8 @@ use super::disks::placement;
 use crate::config::{MacAddr, NetConfig};
 use crate::host::sys::tap::{Tap, TapError};
 use crate::state::device_timers::DeviceTimers;
-use crate::state::lock;
 use crate::state::net_port::{NetPort, NetReport};
+use timer::lock;
 
 /// A virtio-net device on a tap, behind its transport and bus adapter.
 pub type NetDevice = VirtioMmioDevice<Net<Tap>, GuestMemoryMmap>;

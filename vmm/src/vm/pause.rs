@@ -26,8 +26,8 @@ use kvm_bindings::kvm_clock_data;
 use super::live::LiveVm;
 use super::pause_state::Paused;
 use crate::host::sys::clock::monotonic_ns;
-use crate::state::lock;
 use crate::state::pause::PauseWaitError;
+use timer::lock;
 
 /// How long the vCPUs have to reach the gate.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);

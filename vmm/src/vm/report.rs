@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::live::LiveVm;
 use crate::metrics::RunReport;
-use crate::state::{lock, StopReason};
+use crate::state::StopReason;
+use timer::lock;
 
 /// The `stop_reason` of a report taken while the VM runs.
 pub const RUNNING: &str = "running";

@@ -15,8 +15,8 @@ use crate::snapshot::devices::DevicesState;
 use crate::snapshot::kvm_vm::{self, KvmVmState};
 use crate::snapshot::manifest::{disk_records, recorded_config, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
-use crate::state::lock;
 use crate::state::pause::PauseWaitError;
+use timer::lock;
 
 /// Why a snapshot was not taken.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use super::ranged_wake::RangedWake;
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
 use crate::irqchip::clock::{Rearm, VmClock};
-use crate::state::lock;
+use timer::lock;
 
 fn host_err(e: std::io::Error) -> HostTimerError {
     HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(

@@ -64,11 +64,12 @@ use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport
 use crate::ratelimit::LogLimiter;
 use crate::setup::cpuid::APIC_BUS_KHZ;
 use crate::state::device_timers::DeviceTimers;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
 use guest_tsc::{sample_guest_tsc, tsc_map, GuestTscRead, TscAnchor};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
+use timer::lock;
 use timers::on_timer_fired;
 use vcpu::{UserVcpuIrq, UserVcpuParts};
 

@@ -12,10 +12,11 @@
 //!   is not woken for timers someone else can run. See the [`hierarchy`] module docs.
 //! * [`model`]: `pull`, `push` and `central` behind [`CpuTimers`] / [`TimerModel`], so a VM
 //!   picks one at start-up. Host timers sit behind [`HostTimer`] (the VMM's timerfds and POSIX
-//!   timers for real, [`FakeHostTimer`] for tests: this crate programs no host timer); [`Metrics`] counts arms, expiries, kicks and empty
-//!   wake-ups; the [`Waker`] hook tells the VMM to kick a vCPU. A blocked vCPU waits on its
-//!   *wake timer* ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its
-//!   wake-up duty moves (see the [`model`] module docs).
+//!   timers for real, [`FakeHostTimer`] for tests: this crate programs no host timer);
+//!   [`Metrics`] counts arms, expiries, kicks and empty wake-ups; the [`Waker`] hook tells the
+//!   VMM to kick a vCPU. A blocked vCPU waits on its *wake timer*
+//!   ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its wake-up duty moves
+//!   (see the [`model`] module docs).
 //! * [`slack`]: timer slack for global timers, which may expire anywhere in their range.
 //!
 //! State transitions emit `tracing` events with target `timer::tmigr`.

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A copy of a timer model's counters at one moment (the report's `timers`; the `timer`
-/// crate keeps them live and calls a copy `MetricsSnapshot`).
+/// A read-out of a timer model's counters at one moment (the report's `timers`; the `timer`
+/// crate keeps them live and reads them with `Metrics::read`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TimerMetrics {

@@ -101,5 +101,5 @@ pub use hierarchy::{
 };
 pub use host::{FakeHostTimer, HostTimer, HostTimerError};
 pub use lock::lock;
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use metrics::{Metrics, TimerMetrics};
 pub use model::{build, CpuTimers, Model, ModelError, ModelKind, TimerModel, Waker};

@@ -17,9 +17,9 @@ pub struct Metrics {
     empty_wakeups: AtomicU64,
 }
 
-/// A copy of the counters at one moment (the `timers` of lull's `--metrics` JSON; the type
-/// lives with the rest of the report in `lull_schema`).
-pub use lull_schema::TimerMetrics as MetricsSnapshot;
+/// A read-out of the counters at one moment (the `timers` of lull's `--metrics` JSON; the
+/// type lives with the rest of the report in `lull_schema`).
+pub use lull_schema::TimerMetrics;
 
 impl Metrics {
     pub(crate) fn host_arm(&self, ok: bool) {
@@ -66,9 +66,9 @@ impl Metrics {
     }
 
     /// Reads all counters.
-    pub fn snapshot(&self) -> MetricsSnapshot {
+    pub fn read(&self) -> TimerMetrics {
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        MetricsSnapshot {
+        TimerMetrics {
             host_timer_arms: r(&self.host_timer_arms),
             host_timer_errors: r(&self.host_timer_errors),
             local_expiries: r(&self.local_expiries),

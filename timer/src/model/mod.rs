@@ -59,7 +59,7 @@ use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::hierarchy::HierarchyError;
 use crate::host::HostTimer;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, TimerMetrics};
 
 /// The expiry callback: told which CPU's timer fired, returns whether to notify the owner.
 pub type OnFire<'a, T> = &'a mut dyn FnMut(Fired<T>) -> AfterFire;
@@ -228,7 +228,7 @@ pub trait TimerModel<T>: Send + Sync {
     /// Which model this is.
     fn kind(&self) -> ModelKind;
     /// Counters.
-    fn metrics(&self) -> MetricsSnapshot;
+    fn metrics(&self) -> TimerMetrics;
     /// Work for a dedicated timer thread (`central` only): expires what is due, returns the
     /// next deadline. Other models return `NEVER` at once.
     fn service(&self, now: Nanos, f: OnFire<'_, T>) -> Nanos;

@@ -218,7 +218,7 @@ fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
     let mut new = m.add_cpu(1, Box::new(FakeHostTimer::new())).unwrap();
     assert_eq!(new.cpu(), 2);
     assert_eq!(m.hierarchy().num_levels(), 2);
-    m.hierarchy().snapshot().check().unwrap();
+    m.hierarchy().dump().check().unwrap();
     assert_eq!(new.run(0, &mut |_| AfterFire::Done), 100);
     let mut got = Vec::new();
     new.run(250, &mut |f| {

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use lull_schema::{RunReport, ThreadStat, VcpuSnapshot};
+use lull_schema::{RunReport, ThreadStat, VcpuReadout};
 use serde::{Deserialize, Serialize};
 
 use super::common::{guest_path, lull_binary, work_dir, CommonArgs};
@@ -41,7 +41,7 @@ use super::single_run::{self, SingleRun};
 const SMALL_COUNT: u32 = 10;
 /// Exits that reach lull, by the vCPU counters of lull's `--metrics`, port I/O left out (see
 /// the top comment).
-const LULL_EXITS: &[fn(&VcpuSnapshot) -> u64] = &[
+const LULL_EXITS: &[fn(&VcpuReadout) -> u64] = &[
     |v| v.mmio_read,
     |v| v.mmio_write,
     |v| v.hlt,

@@ -3,7 +3,7 @@
 //! integration tests deserialize them. Pure data (serde only, no KVM), so that every crate
 //! that reads or writes the report can share it. A counter set the report reads from live
 //! atomics is declared here once with its read-out (`counter_set!`): `VcpuCounters` is what a
-//! vCPU thread bumps, `VcpuSnapshot` what the report lists.
+//! vCPU thread bumps, `VcpuReadout` what the report lists.
 //!
 //! The field names and order are the report's JSON keys, stable: renaming a field renames a
 //! key every reader of a stored report depends on.
@@ -18,7 +18,7 @@
 //!            ├─ idle_inject, cpu_quota, global_timers (idle manager's settings and work)
 //!            ├─ device_timers: DeviceTimersReport ── devices: [DeviceTimerReport]
 //!            ├─ nets: [NetReport] ── NetStats   (a virtio-net device's counters)
-//!            ├─ vcpus: [VcpuSnapshot] ── wakeups, placement
+//!            ├─ vcpus: [VcpuReadout] ── wakeups, placement
 //!            └─ threads: [ThreadStat]
 //! ```
 
@@ -38,6 +38,6 @@ pub use run::{
 };
 pub use timer::TimerMetrics;
 pub use vcpu::{
-    PlacementCounters, PlacementSnapshot, VcpuCounters, VcpuSnapshot, WakeupCounters,
-    WakeupSnapshot, LATENESS_BUCKETS,
+    PlacementCounters, PlacementReadout, VcpuCounters, VcpuReadout, WakeupCounters, WakeupReadout,
+    LATENESS_BUCKETS,
 };

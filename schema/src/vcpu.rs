@@ -12,7 +12,7 @@ pub const LATENESS_BUCKETS: usize = 20;
 
 counter_set! {
     /// One vCPU's counters, written by its thread (the exits, the chip, the idle manager), read
-    /// by anyone; [`VcpuCounters::read`] gives the report's [`VcpuSnapshot`].
+    /// by anyone; [`VcpuCounters::read`] gives the report's [`VcpuReadout`].
     #[derive(Debug, Default)]
     pub struct VcpuCounters;
 
@@ -20,7 +20,7 @@ counter_set! {
     /// read at one moment).
     #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(default)]
-    pub struct VcpuSnapshot {
+    pub struct VcpuReadout {
         /// vCPU index (fixed when its counters are made).
         vcpu: u32 => u32,
         /// Port reads.
@@ -51,7 +51,7 @@ counter_set! {
         /// Times the vCPU blocked in HLT (user irqchip).
         blocks: AtomicU64 => u64,
         /// Wake-ups from a block, by cause.
-        wakeups: WakeupCounters => WakeupSnapshot,
+        wakeups: WakeupCounters => WakeupReadout,
         /// LAPIC timer expiries handled.
         lapic_timer_fires: AtomicU64 => u64,
         /// The learned timer advance, ns, as last updated.
@@ -80,7 +80,7 @@ counter_set! {
         wake_migrations: AtomicU64 => u64,
         /// Wake placement: blocks bound to their host CPU, bound wake-ups that moved anyway,
         /// and back-offs after a late bound wake-up.
-        placement: PlacementCounters => PlacementSnapshot,
+        placement: PlacementCounters => PlacementReadout,
         /// Halt polls started.
         polls: AtomicU64 => u64,
         /// Halt polls that saw the wake-up.
@@ -153,7 +153,7 @@ counter_set! {
     /// Wake placement's counters of one vCPU.
     #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(default)]
-    pub struct PlacementSnapshot {
+    pub struct PlacementReadout {
         /// Blocks for which wake placement bound the thread to its host CPU.
         binds: AtomicU64 => u64,
         /// Bound wake-ups that came on another host CPU anyway (the host ignored the binding).
@@ -179,7 +179,7 @@ counter_set! {
     /// Wake-ups of a blocked vCPU by cause.
     #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(default)]
-    pub struct WakeupSnapshot {
+    pub struct WakeupReadout {
         /// Its own timer was due.
         timer: AtomicU64 => u64,
         /// An interrupt (IPI or device).
@@ -193,7 +193,7 @@ counter_set! {
     }
 }
 
-impl WakeupSnapshot {
+impl WakeupReadout {
     /// Each cause with its count, named as its JSON key.
     pub fn by_cause(&self) -> [(&'static str, u64); 5] {
         [
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn causes_are_named_as_their_keys() {
-        let w = WakeupSnapshot {
+        let w = WakeupReadout {
             timer: 1,
             interrupt: 2,
             control: 3,

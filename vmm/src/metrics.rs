@@ -2,8 +2,7 @@
 //! `lull_schema`'s [`RunReport`], re-exported here.
 
 pub use lull_schema::{
-    GlobalTimersReport, IdleInjectReport, PlacementSnapshot, RunReport, VcpuSnapshot,
-    WakeupSnapshot,
+    GlobalTimersReport, IdleInjectReport, PlacementReadout, RunReport, VcpuReadout, WakeupReadout,
 };
 
 use crate::ratelimit::LogLimiter;

@@ -207,7 +207,7 @@ pub enum ApiError {
         /// `pause` or `resume`.
         action: &'static str,
         /// Why.
-        source: crate::vm::pause::PauseError,
+        source: crate::vm::pause_resume::PauseError,
     },
     /// The `vm.snapshot` or `vm.restore` body is not the object the endpoint takes.
     #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}} and vm.restore {{\"source_url\": \"file:///DIR\"}}: {0}")]

@@ -86,7 +86,7 @@ impl IrqChip for KernelIrqChip {
         self.kick_all();
     }
 
-    // KVM's own clocks (its LAPIC timers, kvmclock) are the VM's business: `vm::pause`.
+    // KVM's own clocks (its LAPIC timers, kvmclock) are the VM's business: `vm::pause_resume`.
     fn paused(&self, _monotonic: u64) {}
 
     fn resuming(&self, _paused_ns: u64) {}

@@ -44,7 +44,7 @@
 pub mod counters;
 pub mod device_timers;
 pub mod net_port;
-pub mod pause;
+pub mod pause_gate;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::host::stats::{self, ThreadStat};
 use crate::state::counters::VcpuCounters;
 use crate::state::device_timers::DeviceTimers;
-use crate::state::pause::PauseGate;
+use crate::state::pause_gate::PauseGate;
 
 /// Why a VM stops.
 #[derive(Debug, Clone, PartialEq, Eq)]

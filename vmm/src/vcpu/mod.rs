@@ -6,12 +6,12 @@
 //! - [`run`]: the vCPU state machine (runnable, halted, waiting for SIPI, stopped).
 //! - [`exit`]: the exits the irqchip does not take, as a free function.
 //! - [`kvm_port`]: the KVM adapter the irqchip acts through.
-//! - [`pause`]: a vCPU at the pause gate, and its TSC moved back by the pause.
+//! - [`park`]: a vCPU at the pause gate, and its TSC moved back by the pause.
 //! - [`state`]: a vCPU's KVM state, read for a snapshot.
 
 pub mod exit;
 pub mod kvm_port;
-pub mod pause;
+pub mod park;
 pub mod run;
 pub mod state;
 

@@ -10,8 +10,8 @@
 //! interrupts or idling (that is the irqchip's and the idle core's).
 //!
 //! [`run_observed`] also hands a [`LiveVm`] to its caller once every thread runs: the
-//! management API reads live counters through it, pauses and resumes the VM ([`pause`]) and
-//! asks it to stop.
+//! management API reads live counters through it, pauses and resumes the VM
+//! ([`pause_resume`]) and asks it to stop.
 
 pub mod devices;
 pub mod disks;
@@ -24,7 +24,7 @@ pub mod kvm;
 mod live;
 pub mod nets;
 pub mod paths;
-pub mod pause;
+pub mod pause_resume;
 mod pause_state;
 pub mod report;
 mod restore;

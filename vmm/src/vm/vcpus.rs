@@ -34,7 +34,7 @@ pub struct CreatedVcpus {
     pub tsc_khz: u32,
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0], which lull passes through).
     pub max_phys_addr_bits: u8,
-    /// KVM can move the guest TSC back by a pause (`vcpu::pause::tsc_movable`).
+    /// KVM can move the guest TSC back by a pause (`vcpu::park::tsc_movable`).
     pub tsc_movable: bool,
 }
 
@@ -91,7 +91,7 @@ pub fn create(
     }
     let tsc_movable = ports
         .first()
-        .is_some_and(|bsp| vcpu::pause::tsc_movable(&bsp.fd));
+        .is_some_and(|bsp| vcpu::park::tsc_movable(&bsp.fd));
     tracing::debug!(tsc_movable, "guest TSC can move back by a pause");
     Ok(CreatedVcpus {
         ports,
@@ -168,7 +168,7 @@ pub fn irqchip(
     };
     let mut chip = UserIrqChip::new(&chip_cfg, mem.clone(), read_tsc)?;
     // Re-anchoring reads the guest TSC with the offset of now: only where a pause cannot move
-    // it (`vcpu::pause`), else a map made after a resume would be early by the pause.
+    // it (`vcpu::park`), else a map made after a resume would be early by the pause.
     if let Some(offset) = offset.filter(|_| !vcpus.tsc_movable) {
         chip.reanchor_tsc_with(Arc::new(move || {
             sys::clock::host_tsc().wrapping_add(offset)

@@ -226,17 +226,8 @@ fn run_from(
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref())?;
     let (device_timers, mut disks, nets) =
         attach_timed_devices(cfg, open_disks, open_nets, &loaded.mem, chip.as_ref())?;
-    let kvm_stats = vcpus
-        .ports
-        .iter()
-        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
-        .collect();
-    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
-        what: "the stop eventfd",
-        source,
-    })?;
-    shared.device_timers = device_timers;
-    let shared = Arc::new(shared);
+    let kvm_stats = kvm_stats_fds(&vcpus.ports);
+    let shared = vcpu_shared(cfg, started, device_timers)?;
     // Every virtio device in window order: the disks, then the nets.
     let virtio: Arc<[SharedTransport]> =
         disks.transports.drain(..).chain(nets.transports).collect();
@@ -261,17 +252,11 @@ fn run_from(
         restore::freeze(chip.as_ref(), restored_at);
         restore::apply_user_ioapic(s, chip.as_ref())?;
     }
-    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses, snapshot)
-        .and_then(|()| chip.start(&shared).map_err(VmError::from));
-    if let Err(e) = started_all {
-        stop_started(&shared, chip.as_ref(), &e);
-        return Err(e);
-    }
     let live = LiveVm {
-        shared: shared.clone(),
+        shared,
         buses,
         stats,
-        chip: chip.clone(),
+        chip,
         serial: serial_counters,
         vm: loaded.vm.clone(),
         pause: match snapshot {
@@ -282,13 +267,69 @@ fn run_from(
         console: console.console.clone(),
         virtio,
     };
+    let to_start = ToStart {
+        vcpus,
+        snapshot,
+        events,
+        disk_files: &disks.files,
+        console: &console,
+    };
+    start_and_run(live, to_start, on_running)
+}
+
+/// What [`start_and_run`] starts and runs besides the built VM: its vCPUs (restored from
+/// `snapshot` when there is one), the VMM thread's event loop, and what the end reports.
+struct ToStart<'a> {
+    vcpus: vcpus::CreatedVcpus,
+    snapshot: Option<&'a Snapshot>,
+    events: event_loop::EventLoop,
+    disk_files: &'a [Arc<std::fs::File>],
+    console: &'a devices::ConsoleParts,
+}
+
+/// Starts the vCPU threads and the irqchip of the built VM `live`, hands it to `on_running`,
+/// runs the VMM thread's event loop to the VM's end and reports.
+fn start_and_run(
+    live: LiveVm,
+    to_start: ToStart<'_>,
+    on_running: impl FnOnce(LiveVm),
+) -> Result<RunOutcome, VmError> {
+    let (shared, chip) = (&live.shared, live.chip.as_ref());
+    let started_all = start_vcpus(to_start.vcpus, chip, shared, &live.buses, to_start.snapshot)
+        .and_then(|()| chip.start(shared).map_err(VmError::from));
+    if let Err(e) = started_all {
+        stop_started(shared, chip, &e);
+        return Err(e);
+    }
     on_running(live.clone());
-    let reason = events.run().inspect_err(|e| {
-        stop_started(&shared, chip.as_ref(), e);
-        disks::sync(&disks.files);
+    let reason = to_start.events.run().inspect_err(|e| {
+        stop_started(shared, chip, e);
+        disks::sync(to_start.disk_files);
     })?;
-    let report = finish(&reason, &live, &disks.files, &console);
+    let report = finish(&reason, &live, to_start.disk_files, to_start.console);
     Ok(RunOutcome { reason, report })
+}
+
+/// What the vCPU threads share with the VM's other threads, with the device timers in it.
+fn vcpu_shared(
+    cfg: &VmConfig,
+    started: Instant,
+    device_timers: Arc<DeviceTimers>,
+) -> Result<Arc<VcpuShared>, VmError> {
+    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
+        what: "the stop eventfd",
+        source,
+    })?;
+    shared.device_timers = device_timers;
+    Ok(Arc::new(shared))
+}
+
+/// KVM's binary statistics of each vCPU that has them (the report's `kvm`).
+fn kvm_stats_fds(ports: &[vcpu::KvmPort]) -> Vec<std::fs::File> {
+    ports
+        .iter()
+        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
+        .collect()
 }
 
 /// The device timers and the devices they refill (disks, then nets, on one MMIO bus), wired

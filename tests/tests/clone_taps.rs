@@ -29,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
     api_call, api_put_with_fds, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, sh,
@@ -130,7 +131,11 @@ fn first_net(socket: &Path) -> Result<Net, Failed> {
     if status != 200 {
         return Err(format!("vm.counters: {status} {body}").into());
     }
-    let report = report_from(&body)?;
+    first_net_of(&report_from(&body)?)
+}
+
+/// The first net of the VM `report` reports on.
+fn first_net_of(report: &RunReport) -> Result<Net, Failed> {
     let net = report.nets.first().ok_or("the VM has no net")?;
     Ok((
         net.tap.clone(),
@@ -339,15 +344,7 @@ fn net_of_clone_by_name(
     let run = clone.join().map_err(|_| "clone B's thread panicked")??;
     let report = lull_tests::take_metrics(metrics);
     run.expect_code(GUEST_PASS)?;
-    let report = report?;
-    let net = report.nets.first().ok_or("clone B has no net")?;
-    Ok((
-        net.tap.clone(),
-        net.mac.clone(),
-        net.stats.tx_frames,
-        net.stats.rx_frames,
-        report.exit_status,
-    ))
+    first_net_of(&report?)
 }
 
 fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {

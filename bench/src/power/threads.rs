@@ -1,9 +1,9 @@
 //! A process's thread wake-ups: the context switches of every thread of a PID, from
 //! `<root>/proc/PID/task/TID/status` (`voluntary_ctxt_switches`: the thread blocked and was
-//! woken later; `nonvoluntary_ctxt_switches`: it was preempted). The bench's one reader of
-//! them: the power window's rates and the fleet's per-process totals
-//! (`proc_sample`) both read them here. (`lull run` reads its own threads' in
-//! `vmm::host::stats`, which the bench does not link.)
+//! woken later; `nonvoluntary_ctxt_switches`: it was preempted), parsed by
+//! `vmm::host::stats::context_switches` as `lull run`'s own thread statistics are. The bench
+//! reads them here only: the power window's rates and the fleet's per-process totals
+//! (`proc_sample`).
 //!
 //! `/proc/PID/status` alone counts only the main thread, so every task is read and matched by
 //! TID across the window: a thread born in the window counts all its switches, one that
@@ -13,17 +13,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use vmm::host::stats::{context_switches, ContextSwitches};
 
 use super::read_file::ReadFile;
-
-/// One thread's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Switches {
-    /// `voluntary_ctxt_switches`.
-    pub voluntary: u64,
-    /// `nonvoluntary_ctxt_switches`.
-    pub nonvoluntary: u64,
-}
 
 /// Every thread of a process at one instant, by TID.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,15 +23,15 @@ pub struct ThreadsSample {
     /// The process.
     pub pid: u32,
     /// Its threads.
-    pub threads: BTreeMap<u32, Switches>,
+    pub threads: BTreeMap<u32, ContextSwitches>,
 }
 
 impl ThreadsSample {
     /// The switches of all its threads.
-    pub fn total(&self) -> Switches {
+    pub fn total(&self) -> ContextSwitches {
         self.threads
             .values()
-            .fold(Switches::default(), |a, t| Switches {
+            .fold(ContextSwitches::default(), |a, t| ContextSwitches {
                 voluntary: a.voluntary + t.voluntary,
                 nonvoluntary: a.nonvoluntary + t.nonvoluntary,
             })
@@ -93,7 +85,7 @@ pub fn sample(root: &Path, pid: u32, fs: &dyn ReadFile) -> Result<ThreadsSample,
         let path = tasks.join(format!("{tid}/status"));
         // A thread that exits between the listing and the read is simply not there.
         let Ok(text) = fs.read(&path) else { continue };
-        let switches = parse_status(&text)
+        let switches = context_switches(&text)
             .ok_or_else(|| ThreadsError::NoCounters(path.display().to_string()))?;
         threads.insert(tid, switches);
     }
@@ -101,19 +93,6 @@ pub fn sample(root: &Path, pid: u32, fs: &dyn ReadFile) -> Result<ThreadsSample,
         return Err(ThreadsError::NoProcess(pid));
     }
     Ok(ThreadsSample { pid, threads })
-}
-
-/// The two counters of a `status` file.
-fn parse_status(text: &str) -> Option<Switches> {
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    Some(Switches {
-        voluntary: field("voluntary_ctxt_switches")?,
-        nonvoluntary: field("nonvoluntary_ctxt_switches")?,
-    })
 }
 
 /// The switches of `before`'s process up to `after` (`None`: it exited), `seconds` apart.
@@ -129,7 +108,7 @@ pub fn window(
     if seconds <= 0.0 {
         return Err(ThreadsError::EmptyWindow);
     }
-    let mut total = Switches::default();
+    let mut total = ContextSwitches::default();
     for (tid, now) in &after.threads {
         let then = before.threads.get(tid).copied().unwrap_or_default();
         total.voluntary += now.voluntary.saturating_sub(then.voluntary);

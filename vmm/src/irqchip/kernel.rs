@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 
 use devices::testdev::IrqLines;
 use kvm_ioctls::{VcpuExit, VmFd};
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{ChipExit, CpuPort, EdgeIrq, Entry, HaltEnd, IrqChip, IrqChipError, VcpuIrq};
 use crate::metrics::RunReport;
 use crate::ratelimit::LogLimiter;
 use crate::state::VcpuShared;
-use timer::lock;
 
 /// KVM's in-kernel irqchip of one VM (created with the VM).
 pub struct KernelIrqChip {

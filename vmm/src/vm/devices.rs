@@ -11,6 +11,7 @@ use devices::serial::{SerialPort, SerialSnapshot, COM1_IRQ, COM1_PORT, COM_PORT_
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
 };
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::error::VmError;
@@ -19,7 +20,6 @@ use crate::config::{SerialMode, VmConfig};
 use crate::host::console::ConsoleSink;
 use crate::irqchip::{EdgeIrq, IrqChip};
 use crate::snapshot::SnapshotError;
-use timer::lock;
 
 /// The serial console device.
 pub type Console = SerialPort<EdgeIrq, ConsoleSink>;

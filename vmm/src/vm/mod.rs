@@ -38,6 +38,7 @@ use std::time::Instant;
 
 use ::devices::virtio::mmio::SharedTransport;
 use kvm_ioctls::{Kvm, VmFd};
+use timer::lock;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::{IrqchipMode, MemoryRestore, MemoryRestoreMode, VmConfig};
@@ -53,7 +54,6 @@ pub use error::VmError;
 use guest::GuestImage;
 pub use live::LiveVm;
 pub use run_stats::RunStats;
-use timer::lock;
 
 /// How a run ended.
 #[derive(Debug)]

@@ -36,6 +36,7 @@ use devices::testdev::IrqLines;
 use devices::virtio::mmio::{SharedTransport, VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
 use devices::virtio::net::{Net, RX_QUEUE};
 use devices::virtio::throttle::DeviceClock;
+use timer::lock;
 use vm_memory::GuestMemoryMmap;
 
 use super::disks::placement;
@@ -43,7 +44,6 @@ use crate::config::{MacAddr, NetConfig};
 use crate::host::sys::tap::{Tap, TapError};
 use crate::state::device_timers::DeviceTimers;
 use crate::state::net_port::{NetPort, NetReport};
-use timer::lock;
 
 /// A virtio-net device on a tap, behind its transport and bus adapter.
 pub type NetDevice = VirtioMmioDevice<Net<Tap>, GuestMemoryMmap>;

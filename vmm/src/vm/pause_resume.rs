@@ -22,12 +22,12 @@
 use std::time::Duration;
 
 use kvm_bindings::kvm_clock_data;
+use timer::lock;
 
 use super::live::LiveVm;
 use super::pause_state::Paused;
 use crate::host::sys::clock::monotonic_ns;
 use crate::state::pause_gate::PauseWaitError;
-use timer::lock;
 
 /// How long the vCPUs have to reach the gate.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);

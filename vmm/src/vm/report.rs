@@ -7,10 +7,11 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use timer::lock;
+
 use super::live::LiveVm;
 use crate::metrics::RunReport;
 use crate::state::StopReason;
-use timer::lock;
 
 /// The `stop_reason` of a report taken while the VM runs.
 pub const RUNNING: &str = "running";

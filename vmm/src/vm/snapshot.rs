@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use timer::lock;
+
 use super::live::LiveVm;
 use super::pause_resume::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
@@ -16,7 +18,6 @@ use crate::snapshot::kvm_vm::{self, KvmVmState};
 use crate::snapshot::manifest::{disk_records, recorded_config, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
 use crate::state::pause_gate::PauseWaitError;
-use timer::lock;
 
 /// Why a snapshot was not taken.
 #[derive(Debug, thiserror::Error)]

@@ -10,13 +10,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use timer::{HostTimer, HostTimerError, Nanos};
+use timer::{lock, HostTimer, HostTimerError, Nanos};
 
 use super::ranged_wake::RangedWake;
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
 use crate::irqchip::clock::{Rearm, VmClock};
-use timer::lock;
 
 /// No deadline armed.
 const DISARMED: Nanos = Nanos::MAX;

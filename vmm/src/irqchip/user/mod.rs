@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits};
 use devices::testdev::IrqLines;
-use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
+use timer::{lock, CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -69,7 +69,6 @@ use guest_tsc::{sample_guest_tsc, tsc_map, GuestTscRead, TscAnchor};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
 use router::{InterruptRouter, IoapicEdgeTrigger};
-use timer::lock;
 use timers::on_timer_fired;
 use vcpu::{UserVcpuIrq, UserVcpuParts};
 

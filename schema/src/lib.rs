@@ -3,7 +3,8 @@
 //! integration tests deserialize them. Pure data (serde only, no KVM), so that every crate
 //! that reads or writes the report can share it. A counter set the report reads from live
 //! atomics is declared here once with its read-out (`counter_set!`): `VcpuCounters` is what a
-//! vCPU thread bumps, `VcpuReadout` what the report lists.
+//! vCPU thread bumps, `VcpuReadout` what the report lists; `TimerCounters` and `TimerMetrics`
+//! the same for a timer model.
 //!
 //! The field names and order are the report's JSON keys, stable: renaming a field renames a
 //! key every reader of a stored report depends on.
@@ -36,7 +37,7 @@ pub use run::{
     DeviceTimerReport, DeviceTimersReport, GlobalTimersReport, IdleInjectReport, QuotaReport,
     RunReport, ThreadStat,
 };
-pub use timer::TimerMetrics;
+pub use timer::{TimerCounters, TimerMetrics};
 pub use vcpu::{
     PlacementCounters, PlacementReadout, VcpuCounters, VcpuReadout, WakeupCounters, WakeupReadout,
     LATENESS_BUCKETS,

@@ -253,6 +253,42 @@ impl Bench<'_> {
             ..Default::default()
         };
         let avail_before = mem_available_kib();
+        let mut clones = self.start_fleet(dir, memory, n, &mut row);
+        std::thread::sleep(self.args.settle);
+        let pids: Vec<u32> = clones.iter().map(|c| c.0.id()).collect();
+        self.measure_cpu(&pids, &mut row);
+        let memory: Vec<Rollup> = pids.iter().filter_map(|&p| rollup(p)).collect();
+        let avail_after = mem_available_kib();
+        row.running = u32::try_from(
+            clones
+                .iter_mut()
+                .filter_map(|c| c.running().then_some(()))
+                .count(),
+        )
+        .unwrap_or(0);
+        if row.running < n {
+            row.failures.push(format!(
+                "{} of {n} clones were not running at the end",
+                n - row.running
+            ));
+        }
+        record_memory(&mut row, &memory, avail_before.zip(avail_after));
+        row.load_1m = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok());
+        // SIGTERM to every clone first, so that they end together, then each reaped.
+        for c in &mut clones {
+            c.terminate();
+        }
+        for c in &mut clones {
+            c.stop();
+        }
+        row
+    }
+
+    /// Restores `n` clones of `dir` one after the other (each running before the next
+    /// starts), into `row`'s restore times; stops at the first that fails, into its failures.
+    fn start_fleet(&self, dir: &Path, memory: MemoryMode, n: u32, row: &mut FleetRow) -> Vec<Lull> {
         let mut clones = Vec::new();
         let mut started = Vec::new();
         for i in 0..n {
@@ -269,51 +305,24 @@ impl Bench<'_> {
             }
         }
         row.restore_to_running_ms = Spread::of(started);
-        std::thread::sleep(self.args.settle);
-        let pids: Vec<u32> = clones.iter().map(|c| c.0.id()).collect();
-        let cpu_before: u64 = pids
-            .iter()
-            .filter_map(|&p| proc_sample::sample(p))
-            .map(|s| s.cpu_ns)
-            .sum();
+        clones
+    }
+
+    /// The CPU the clones `pids` and the host use over `--window`, into `row`.
+    fn measure_cpu(&self, pids: &[u32], row: &mut FleetRow) {
+        let cpu_ns = || -> u64 {
+            pids.iter()
+                .filter_map(|&p| proc_sample::sample(p))
+                .map(|s| s.cpu_ns)
+                .sum()
+        };
+        let cpu_before = cpu_ns();
         let host_before = host_cpu_ticks();
         let window = Instant::now();
         std::thread::sleep(self.args.window);
-        let cpu_after: u64 = pids
-            .iter()
-            .filter_map(|&p| proc_sample::sample(p))
-            .map(|s| s.cpu_ns)
-            .sum();
+        let cpu_after = cpu_ns();
         let host_after = host_cpu_ticks();
         let seconds = window.elapsed().as_secs_f64();
-        let memory: Vec<Rollup> = pids.iter().filter_map(|&p| rollup(p)).collect();
-        let avail_after = mem_available_kib();
-        row.running = u32::try_from(
-            clones
-                .iter_mut()
-                .filter_map(|c| c.running().then_some(()))
-                .count(),
-        )
-        .unwrap_or(0);
-        if row.running < n {
-            row.failures.push(format!(
-                "{} of {n} clones were not running at the end",
-                n - row.running
-            ));
-        }
-        let count = memory.len() as f64;
-        let mean = |f: fn(&Rollup) -> u64| {
-            (count > 0.0).then(|| memory.iter().map(f).sum::<u64>() as f64 / count)
-        };
-        row.pss_kib = mean(|r| r.pss);
-        row.pss_anon_kib = mean(|r| r.pss_anon);
-        row.pss_file_kib = mean(|r| r.pss_file);
-        row.private_kib = mean(|r| r.private);
-        row.shared_kib = mean(|r| r.shared);
-        row.rss_kib = mean(|r| r.rss);
-        if let (Some(before), Some(after), true) = (avail_before, avail_after, count > 0.0) {
-            row.mem_available_used_kib = Some((before as f64 - after as f64) / count);
-        }
         if !pids.is_empty() {
             let cpu_s = cpu_after.saturating_sub(cpu_before) as f64 / 1e9;
             row.cpu_pct_per_clone = Some(cpu_s / seconds * 100.0 / pids.len() as f64);
@@ -323,17 +332,24 @@ impl Bench<'_> {
             let idle = b.idle.saturating_sub(a.idle) as f64;
             row.host_busy_pct = (total > 0.0).then(|| (total - idle) / total * 100.0);
         }
-        row.load_1m = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|t| t.split_whitespace().next()?.parse().ok());
-        // SIGTERM to every clone first, so that they end together, then each reaped.
-        for c in &mut clones {
-            c.terminate();
-        }
-        for c in &mut clones {
-            c.stop();
-        }
-        row
+    }
+}
+
+/// The clones' mean memory into `row`, and the host memory they took per clone from
+/// `MemAvailable` (before, after) if both were read.
+fn record_memory(row: &mut FleetRow, memory: &[Rollup], available_kib: Option<(u64, u64)>) {
+    let count = memory.len() as f64;
+    let mean = |f: fn(&Rollup) -> u64| {
+        (count > 0.0).then(|| memory.iter().map(f).sum::<u64>() as f64 / count)
+    };
+    row.pss_kib = mean(|r| r.pss);
+    row.pss_anon_kib = mean(|r| r.pss_anon);
+    row.pss_file_kib = mean(|r| r.pss_file);
+    row.private_kib = mean(|r| r.private);
+    row.shared_kib = mean(|r| r.shared);
+    row.rss_kib = mean(|r| r.rss);
+    if let (Some((before, after)), true) = (available_kib, count > 0.0) {
+        row.mem_available_used_kib = Some((before as f64 - after as f64) / count);
     }
 }
 
@@ -364,6 +380,37 @@ fn parse_host_ticks(line: &str) -> Option<HostTicks> {
 
 /// Runs `lull bench clones`; `Ok(false)` if a restore or a clone failed.
 pub fn run(args: &ClonesArgs) -> Result<bool, BenchError> {
+    let bench = bench_of(args)?;
+    let mut report = ClonesReport {
+        schema: CLONES_SCHEMA.into(),
+        host: host_info(),
+        params: ClonesParams {
+            cpus: args.cpus,
+            memory: args.memory.clone(),
+            cmdline: bench.cmdline.clone(),
+            settle_s: args.settle.as_secs_f64(),
+            window_s: args.window.as_secs_f64(),
+            restores: args.restores,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        },
+        restores: Vec::new(),
+        fleets: Vec::new(),
+    };
+    for v in variants(args) {
+        bench.variant(&v, &mut report);
+    }
+    print!("{}", clones_table(&report));
+    if let Some(path) = &args.common.json {
+        super::report::write_json(path, &report)?;
+    }
+    let failed = report.restores.iter().any(|r| !r.failures.is_empty())
+        || report.fleets.iter().any(|f| !f.failures.is_empty());
+    Ok(!failed)
+}
+
+/// The bench `args` ask for: lull's modes only, a lull that restores by mapping, the kit's
+/// Linux running its idle workload.
+fn bench_of(args: &ClonesArgs) -> Result<Bench<'_>, BenchError> {
     if let Some(m) = args.modes.iter().find(|m| m.is_qemu()) {
         return Err(BenchError::NoModes(format!(
             "{} cannot restore a lull snapshot: give lull's modes",
@@ -393,31 +440,20 @@ pub fn run(args: &ClonesArgs) -> Result<bool, BenchError> {
         words.join(" "),
         args.cpus
     );
-    let bench = Bench {
+    Ok(Bench {
         args,
         lull,
         work: work_dir(args.common.work_dir.as_ref())?,
         kernel: linux.kernel,
         cmdline,
-    };
-    let mut report = ClonesReport {
-        schema: CLONES_SCHEMA.into(),
-        host: host_info(),
-        params: ClonesParams {
-            cpus: args.cpus,
-            memory: args.memory.clone(),
-            cmdline: bench.cmdline.clone(),
-            settle_s: args.settle.as_secs_f64(),
-            window_s: args.window.as_secs_f64(),
-            restores: args.restores,
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-        },
-        restores: Vec::new(),
-        fleets: Vec::new(),
-    };
-    for v in variants(args) {
+    })
+}
+
+impl Bench<'_> {
+    /// One variant: its snapshot, its restores by each memory mode, its fleets, into `report`.
+    fn variant(&self, v: &Variant, report: &mut ClonesReport) {
         eprintln!("bench clones: {}: booting the VM to snapshot", v.name());
-        let dir = match bench.snapshot(&v) {
+        let dir = match self.snapshot(v) {
             Ok(dir) => dir,
             Err(e) => {
                 report.fleets.push(FleetRow {
@@ -425,31 +461,24 @@ pub fn run(args: &ClonesArgs) -> Result<bool, BenchError> {
                     failures: vec![format!("no snapshot: {e}")],
                     ..Default::default()
                 });
-                continue;
+                return;
             }
         };
         for memory in [MemoryMode::Map, MemoryMode::Copy] {
             eprintln!("bench clones: {}: restores by {}", v.name(), memory.name());
-            report.restores.push(bench.restores(&v, &dir, memory));
+            report.restores.push(self.restores(v, &dir, memory));
         }
-        for &memory in &args.fleet_memory {
-            for &n in &args.clones {
+        for &memory in &self.args.fleet_memory {
+            for &n in &self.args.clones {
                 eprintln!(
                     "bench clones: {}: {n} clones by {}",
                     v.name(),
                     memory.name()
                 );
-                report.fleets.push(bench.fleet(&v, &dir, memory, n));
+                report.fleets.push(self.fleet(v, &dir, memory, n));
             }
         }
     }
-    print!("{}", clones_table(&report));
-    if let Some(path) = &args.common.json {
-        super::report::write_json(path, &report)?;
-    }
-    let failed = report.restores.iter().any(|r| !r.failures.is_empty())
-        || report.fleets.iter().any(|f| !f.failures.is_empty());
-    Ok(!failed)
 }
 
 /// The modes to snapshot: each of `--modes`, and each user-irqchip one with each slack.

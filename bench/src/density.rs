@@ -5,6 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Args;
+use timer::ModelKind;
 
 use super::common::{guest_path, lull_binary, lull_has_flag, read_metrics, work_dir, CommonArgs};
 use super::density_power;
@@ -20,16 +21,12 @@ use super::units::{parse_duration, parse_size};
 use super::{plot, qemu};
 
 /// How a VM of the density experiment runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// lull, `--irqchip kernel` (KVM's in-kernel LAPIC and halt polling).
     Kernel,
-    /// lull, `--irqchip user --timer-model pull`.
-    Pull,
-    /// lull, `--irqchip user --timer-model push`.
-    Push,
-    /// lull, `--irqchip user --timer-model central`.
-    Central,
+    /// lull, `--irqchip user` with this `--timer-model` (named as the model).
+    User(ModelKind),
     /// QEMU with `-machine kernel-irqchip=on`.
     QemuOn,
     /// QEMU with `-machine kernel-irqchip=off` (QEMU's user-space APIC).
@@ -37,13 +34,21 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The name in tables and JSON.
+    /// Every mode, in the order the CLI lists them.
+    pub const ALL: [Self; 6] = [
+        Self::Kernel,
+        Self::User(ModelKind::Pull),
+        Self::User(ModelKind::Push),
+        Self::User(ModelKind::Central),
+        Self::QemuOn,
+        Self::QemuOff,
+    ];
+
+    /// The name on the command line, in tables and JSON.
     pub fn name(self) -> &'static str {
         match self {
             Self::Kernel => "kernel",
-            Self::Pull => "pull",
-            Self::Push => "push",
-            Self::Central => "central",
+            Self::User(model) => model.as_str(),
             Self::QemuOn => "qemu-on",
             Self::QemuOff => "qemu-off",
         }
@@ -55,14 +60,32 @@ impl Mode {
     }
 
     /// The `lull run` flags of this mode.
-    pub(crate) fn lull_args(self) -> &'static [&'static str] {
+    pub(crate) fn lull_args(self) -> Vec<&'static str> {
         match self {
-            Self::Kernel => &["--irqchip", "kernel"],
-            Self::Pull => &["--irqchip", "user", "--timer-model", "pull"],
-            Self::Push => &["--irqchip", "user", "--timer-model", "push"],
-            Self::Central => &["--irqchip", "user", "--timer-model", "central"],
-            Self::QemuOn | Self::QemuOff => &[],
+            Self::Kernel => vec!["--irqchip", "kernel"],
+            Self::User(model) => vec!["--irqchip", "user", "--timer-model", model.as_str()],
+            Self::QemuOn | Self::QemuOff => Vec::new(),
         }
+    }
+}
+
+impl clap::ValueEnum for Mode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self {
+            Self::Kernel => {
+                "lull, `--irqchip kernel` (KVM's in-kernel LAPIC and halt polling)".to_string()
+            }
+            Self::User(model) => format!("lull, `--irqchip user --timer-model {model}`"),
+            Self::QemuOn => "QEMU with `-machine kernel-irqchip=on`".to_string(),
+            Self::QemuOff => {
+                "QEMU with `-machine kernel-irqchip=off` (QEMU's user-space APIC)".to_string()
+            }
+        };
+        Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }
 
@@ -477,9 +500,9 @@ pub(crate) fn modes(args: &DensityArgs) -> Result<(Vec<Mode>, Vec<SkippedMode>),
     let mut modes = if args.modes.is_empty() {
         let mut m = vec![
             Mode::Kernel,
-            Mode::Pull,
-            Mode::Push,
-            Mode::Central,
+            Mode::User(ModelKind::Pull),
+            Mode::User(ModelKind::Push),
+            Mode::User(ModelKind::Central),
             Mode::QemuOn,
         ];
         if !args.is_linux() {

@@ -43,7 +43,7 @@ pub struct DensityPower {
     pub local_timer_irqs_per_s: Reading<f64>,
     /// Rescheduling interrupts (`RES`) per second, all host CPUs.
     pub resched_irqs_per_s: Reading<f64>,
-    /// Context switches (voluntary + involuntary) of every VMM thread per second.
+    /// Context switches (voluntary + nonvoluntary) of every VMM thread per second.
     pub vmm_context_switches_per_s: Reading<f64>,
 }
 

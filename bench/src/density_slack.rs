@@ -19,6 +19,7 @@ impl DensityArgs {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use timer::ModelKind;
 
     use super::*;
     use crate::report;
@@ -36,14 +37,14 @@ mod tests {
         let a = d.args;
         assert_eq!(a.timer_slack, ["off", "100us", "1ms"]);
         assert_eq!(
-            a.slacks_of(Mode::Pull),
+            a.slacks_of(Mode::User(ModelKind::Pull)),
             [Some("off"), Some("100us"), Some("1ms")]
         );
-        assert_eq!(a.slacks_of(Mode::Push).len(), 3);
+        assert_eq!(a.slacks_of(Mode::User(ModelKind::Push)).len(), 3);
         assert_eq!(a.slacks_of(Mode::Kernel), [None]);
         assert_eq!(a.slacks_of(Mode::QemuOn), [None]);
         let none = Density::try_parse_from(["density"]).unwrap().args;
-        assert_eq!(none.slacks_of(Mode::Pull), [None]);
+        assert_eq!(none.slacks_of(Mode::User(ModelKind::Pull)), [None]);
         assert!(Density::try_parse_from(["density", "--timer-slack", "100"]).is_err());
         assert!(Density::try_parse_from(["density", "--timer-slack", "soon"]).is_err());
     }

@@ -153,7 +153,7 @@ struct Member {
 }
 
 /// The instant of a sample and every VMM's counters then.
-type Snapshot = (Instant, Vec<ProcSample>);
+type FleetSample = (Instant, Vec<ProcSample>);
 
 /// Where the window is, as the run goes.
 enum Phase {
@@ -161,12 +161,12 @@ enum Phase {
     Before,
     /// Open since this sample; the last sample at which every VM was still in its phase.
     Open {
-        start: Snapshot,
-        last: Option<Snapshot>,
+        start: FleetSample,
+        last: Option<FleetSample>,
         plan: Option<WindowPlan>,
     },
     /// Closed (or never to open): the samples at its two edges, if it had any.
-    Closed(Option<(Snapshot, Snapshot)>),
+    Closed(Option<(FleetSample, FleetSample)>),
 }
 
 fn sum(samples: &[ProcSample]) -> ProcSample {
@@ -380,8 +380,8 @@ struct Round {
 }
 
 impl Round {
-    /// The snapshot of this round (the members that were read).
-    fn snapshot(&self) -> Snapshot {
+    /// The sample of this round (the members that were read).
+    fn fleet_sample(&self) -> FleetSample {
         (self.now, self.samples.iter().flatten().copied().collect())
     }
 }
@@ -447,20 +447,20 @@ impl WindowTracker {
         &mut self,
         members: &mut [Member],
         r: &Round,
-        start: Snapshot,
-        last: Option<Snapshot>,
+        start: FleetSample,
+        last: Option<FleetSample>,
         plan: Option<WindowPlan>,
     ) -> Phase {
         match plan {
             // Steady: the window grows while every VM is in its phase.
             None if r.all_alive => Phase::Open {
                 start,
-                last: Some(r.snapshot()),
+                last: Some(r.fleet_sample()),
                 plan,
             },
             None => Phase::Closed(last.map(|l| (start, l))),
             Some(p) if r.all_alive && r.since >= p.end => {
-                let end = r.snapshot();
+                let end = r.fleet_sample();
                 for api in members.iter_mut().filter_map(|m| m.api.as_mut()) {
                     api.at_end = api.counters();
                 }
@@ -468,7 +468,7 @@ impl WindowTracker {
             }
             Some(_) if r.all_alive => Phase::Open {
                 start,
-                last: Some(r.snapshot()),
+                last: Some(r.fleet_sample()),
                 plan,
             },
             Some(_) => {

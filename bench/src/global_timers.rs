@@ -26,6 +26,7 @@ use std::time::Duration;
 use clap::Args;
 use lull_schema::RunReport;
 use serde::{Deserialize, Serialize};
+use timer::ModelKind;
 
 use super::common::{guest_path, lull_binary, read_metrics, work_dir, CommonArgs};
 use super::error::BenchError;
@@ -66,28 +67,6 @@ impl Case {
     }
 }
 
-/// A timer model of lull's user-space irqchip (the only irqchip with global timers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Model {
-    /// `--timer-model pull`: a running vCPU expires them; the last idle one wakes for them.
-    Pull,
-    /// `--timer-model push`: each stays on the vCPU that armed it and wakes it.
-    Push,
-    /// `--timer-model central`: one timer thread expires them.
-    Central,
-}
-
-impl Model {
-    /// The name in tables and JSON (lull's `--timer-model` value).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pull => "pull",
-            Self::Push => "push",
-            Self::Central => "central",
-        }
-    }
-}
-
 /// Flags of `lull bench global-timers`.
 #[derive(Debug, Args)]
 pub struct GlobalTimersArgs {
@@ -105,9 +84,9 @@ pub struct GlobalTimersArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "pull,push,central"
+        default_values_t = ModelKind::ALL
     )]
-    pub models: Vec<Model>,
+    pub models: Vec<ModelKind>,
     /// The load: `lull run --global-timers` (COUNT per vCPU[,period=MS]).
     #[arg(long, default_value = "4", value_name = "COUNT[,period=MS]")]
     pub global_timers: String,
@@ -187,14 +166,14 @@ fn per(n: u64, fires: u64) -> f64 {
 }
 
 /// A row from one run's metrics (`None`: lull wrote none).
-fn row(case: Case, model: Model, duration: Duration, m: Option<&RunReport>) -> GlobalTimersRow {
+fn row(case: Case, model: ModelKind, duration: Duration, m: Option<&RunReport>) -> GlobalTimersRow {
     let sum = m.map(MetricsSum::of).unwrap_or_default();
     let fires = sum.global_timer_fires.unwrap_or(0);
     let global = sum.global_timer_wakeups.unwrap_or(0);
     let host_wakeups = m.map_or(0, thread_wakeups);
     GlobalTimersRow {
         case: case.name().into(),
-        model: model.name().into(),
+        model: model.as_str().into(),
         passed: m.is_some(),
         global_fires: fires,
         global_fires_per_s: fires as f64 / duration.as_secs_f64(),
@@ -278,14 +257,14 @@ fn command(
     lull: &Path,
     guest: &Path,
     case: Case,
-    model: Model,
+    model: ModelKind,
 ) -> Command {
     let mut c = Command::new(lull);
     c.arg("run")
         .arg("--kernel")
         .arg(guest)
         .args(["--cpus", &args.cpus.to_string(), "--memory", "64M"])
-        .args(["--irqchip", "user", "--timer-model", model.name()])
+        .args(["--irqchip", "user", "--timer-model", model.as_str()])
         .args(["--global-timers", &args.global_timers])
         .arg("--cmdline")
         .arg(format!(
@@ -318,7 +297,7 @@ pub fn run(args: &GlobalTimersArgs) -> Result<bool, BenchError> {
     let mut all_ok = true;
     for &case in &args.cases {
         for &model in &args.models {
-            let stem = work.join(format!("global-{}-{}", case.name(), model.name()));
+            let stem = work.join(format!("global-{}-{}", case.name(), model.as_str()));
             let serial = stem.with_extension("console");
             let metrics = stem.with_extension("json");
             let _ = std::fs::remove_file(&serial);
@@ -328,7 +307,7 @@ pub fn run(args: &GlobalTimersArgs) -> Result<bool, BenchError> {
                 .arg(format!("file={}", serial.display()))
                 .arg("--metrics")
                 .arg(&metrics);
-            let label = format!("{} {}", case.name(), model.name());
+            let label = format!("{} {}", case.name(), model.as_str());
             eprintln!("bench: global-timers {label}");
             let watch = Watch {
                 boot_marker: "idle-sim: ".into(),
@@ -399,7 +378,12 @@ mod tests {
     #[test]
     fn a_row_reads_fires_wakeups_by_cause_and_every_thread() {
         let m = metrics();
-        let r = row(Case::AllIdle, Model::Pull, Duration::from_secs(2), Some(&m));
+        let r = row(
+            Case::AllIdle,
+            ModelKind::Pull,
+            Duration::from_secs(2),
+            Some(&m),
+        );
         assert_eq!(r.global_fires, 40);
         assert_eq!(r.global_fires_per_s, 20.0);
         assert_eq!(r.blocked_wakeups, 19);
@@ -413,14 +397,19 @@ mod tests {
 
     #[test]
     fn a_run_without_metrics_is_a_failed_row_without_division_by_zero() {
-        let r = row(Case::OneBusy, Model::Central, Duration::from_secs(1), None);
+        let r = row(
+            Case::OneBusy,
+            ModelKind::Central,
+            Duration::from_secs(1),
+            None,
+        );
         assert!(!r.passed);
         assert_eq!(r.global_timer_wakeups_per_expiry, 0.0);
         assert_eq!(r.host_wakeups_per_expiry, 0.0);
     }
 
     fn rated(case: &str, rate: f64) -> GlobalTimersRow {
-        let mut r = row(Case::AllIdle, Model::Pull, Duration::from_secs(1), None);
+        let mut r = row(Case::AllIdle, ModelKind::Pull, Duration::from_secs(1), None);
         r.case = case.into();
         r.global_fires_per_s = rate;
         r
@@ -448,7 +437,7 @@ mod tests {
     fn the_vm_runs_the_case_and_model_asked_for() {
         let args = GlobalTimersArgs {
             cases: vec![Case::OneBusy],
-            models: vec![Model::Central],
+            models: vec![ModelKind::Central],
             global_timers: "4,period=5".into(),
             cpus: 2,
             duration: Duration::from_millis(1500),
@@ -464,7 +453,7 @@ mod tests {
             Path::new("/l"),
             Path::new("/g.elf"),
             Case::OneBusy,
-            Model::Central,
+            ModelKind::Central,
         );
         let words: Vec<String> = c
             .get_args()

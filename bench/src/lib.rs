@@ -231,6 +231,7 @@ mod tests {
     use std::path::PathBuf;
 
     use clap::{CommandFactory, Parser, Subcommand};
+    use timer::ModelKind;
 
     use super::*;
 
@@ -278,7 +279,7 @@ mod tests {
             parse(&["lull", "bench", "latency", "--duration", "1s", "--modes", "kernel,pull",
                     "--pv", "eoi"]).unwrap(),
             Experiment::Latency(l) if l.duration == std::time::Duration::from_secs(1)
-                && l.modes == vec![Mode::Kernel, Mode::Pull] && l.pv == vec![Pv::Eoi]
+                && l.modes == vec![Mode::Kernel, Mode::User(ModelKind::Pull)] && l.pv == vec![Pv::Eoi]
                 && l.delta == 200_000 && l.patterns.len() == 2 && l.tail == 1
         ));
         assert!(parse(&["lull", "bench", "latency", "--tail", "2"]).is_err());

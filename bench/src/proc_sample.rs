@@ -1,11 +1,15 @@
 //! What the host says about a running VMM process, from `/proc` (parsed by `procfs-core`, as
-//! `lull run`'s own statistics are): CPU time and context switches summed over its threads,
-//! resident memory, and the part of it that is guest RAM.
+//! `lull run`'s own statistics are): CPU time and context switches summed over its threads
+//! (the switches read by [`crate::power::threads`]), resident memory, and the part of it that
+//! is guest RAM.
 
 use std::path::{Path, PathBuf};
 
 use procfs_core::process::{MemoryMaps, Schedstat, SmapsRollup, Status};
 use procfs_core::{FromRead, Meminfo};
+
+use crate::power::threads;
+use crate::power::RealFs;
 
 /// Cumulative counters of one process (all its live threads), read at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -14,7 +18,7 @@ pub struct ProcSample {
     pub cpu_ns: u64,
     /// Voluntary context switches of its threads: each is a block followed by a wake-up.
     pub voluntary: u64,
-    /// Involuntary context switches (preemptions) of its threads.
+    /// Nonvoluntary context switches (preemptions) of its threads.
     pub nonvoluntary: u64,
     /// Resident set size in KiB (`VmRSS`).
     pub rss_kib: u64,
@@ -32,20 +36,18 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
         .ok()?
         .vmrss
         .filter(|&kib| kib > 0)?;
-    let mut s = ProcSample {
-        rss_kib,
-        ..ProcSample::default()
-    };
+    let switches = threads::sample(Path::new("/"), pid, &RealFs).ok()?.total();
+    let mut cpu_ns = 0;
     for task in std::fs::read_dir(dir.join("task")).ok()?.flatten() {
-        let path = task.path();
-        s.cpu_ns +=
-            Schedstat::from_file(path.join("schedstat")).map_or(0, |st| st.sum_exec_runtime);
-        if let Ok(st) = Status::from_file(path.join("status")) {
-            s.voluntary += st.voluntary_ctxt_switches.unwrap_or(0);
-            s.nonvoluntary += st.nonvoluntary_ctxt_switches.unwrap_or(0);
-        }
+        cpu_ns +=
+            Schedstat::from_file(task.path().join("schedstat")).map_or(0, |st| st.sum_exec_runtime);
     }
-    Some(s)
+    Some(ProcSample {
+        cpu_ns,
+        voluntary: switches.voluntary,
+        nonvoluntary: switches.nonvoluntary,
+        rss_kib,
+    })
 }
 
 /// Resident memory of `pid` split into (guest RAM, everything else) in KiB: the guest RAM is

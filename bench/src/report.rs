@@ -92,7 +92,7 @@ pub struct DensityRow {
     pub host_cpu_percent_total: f64,
     /// Voluntary context switches (block + wake-up) of all VMM threads per vCPU per second.
     pub host_wakeups_per_vcpu_s: f64,
-    /// Voluntary + involuntary context switches per vCPU per second.
+    /// Voluntary + nonvoluntary context switches per vCPU per second.
     pub host_ctxt_switches_per_vcpu_s: f64,
     /// Guest timer events per vCPU per second (the guests' own counts over their duration).
     pub guest_timer_events_per_vcpu_s: f64,

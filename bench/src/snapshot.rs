@@ -245,7 +245,7 @@ impl ModeRun<'_> {
             "--serial",
             &serial,
         ];
-        flags.extend_from_slice(self.mode.lull_args());
+        flags.extend(self.mode.lull_args());
         let mut lull = self.spawn(&flags, &stderr).map_err(|e| e.to_string())?;
         wait_for_socket(&socket, &mut lull)?;
         call(&socket, "PUT", "vm.boot", "")?;

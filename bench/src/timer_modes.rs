@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use lull_schema::{RunReport, ThreadStat, VcpuSnapshot};
+use lull_schema::{RunReport, ThreadStat, VcpuReadout};
 use serde::{Deserialize, Serialize};
 
 use super::common::{guest_path, lull_binary, work_dir, CommonArgs};
@@ -41,7 +41,7 @@ use super::single_run::{self, SingleRun};
 const SMALL_COUNT: u32 = 10;
 /// Exits that reach lull, by the vCPU counters of lull's `--metrics`, port I/O left out (see
 /// the top comment).
-const LULL_EXITS: &[fn(&VcpuSnapshot) -> u64] = &[
+const LULL_EXITS: &[fn(&VcpuReadout) -> u64] = &[
     |v| v.mmio_read,
     |v| v.mmio_write,
     |v| v.hlt,
@@ -213,7 +213,7 @@ impl Plan {
 /// The modes to run: `--modes`, or all four lull modes; QEMU has no `--metrics`.
 pub(crate) fn modes(asked: &[Mode]) -> Result<Vec<Mode>, BenchError> {
     if asked.is_empty() {
-        return Ok(vec![Mode::Kernel, Mode::Pull, Mode::Push, Mode::Central]);
+        return Ok(Mode::ALL.into_iter().filter(|m| !m.is_qemu()).collect());
     }
     if let Some(q) = asked.iter().find(|m| m.is_qemu()) {
         return Err(BenchError::NoModes(format!(
@@ -281,6 +281,8 @@ pub fn run(args: &TimerModesArgs) -> Result<bool, BenchError> {
 
 #[cfg(test)]
 mod tests {
+    use timer::ModelKind;
+
     use super::*;
 
     /// `exits` HLT and `exits` MMIO-write exits, 100 console characters, 3 x `exits` in KVM's count
@@ -371,7 +373,11 @@ mod tests {
             timer_thread_wakeups: 0.0,
             cpu_us: x,
         };
-        let r = row(Mode::Central, &[rep(5.0), rep(1.0), rep(3.0)], Vec::new());
+        let r = row(
+            Mode::User(ModelKind::Central),
+            &[rep(5.0), rep(1.0), rep(3.0)],
+            Vec::new(),
+        );
         assert_eq!((r.mode.as_str(), r.reps_ok), ("central", 3));
         assert_eq!(r.cpu_us_per_event, Some(3.0));
         assert_eq!(r.kvm_exits_per_event, None);
@@ -379,7 +385,7 @@ mod tests {
 
     #[test]
     fn qemu_modes_are_refused() {
-        assert!(modes(&[Mode::Pull, Mode::QemuOn]).is_err());
+        assert!(modes(&[Mode::User(ModelKind::Pull), Mode::QemuOn]).is_err());
         assert_eq!(modes(&[]).unwrap().len(), 4);
     }
 }

@@ -17,7 +17,6 @@ pub mod port92;
 pub mod rate_limiter;
 pub mod restore_count;
 pub mod serial;
-mod sync;
 pub mod test_exit;
 pub mod testdev;
 pub mod virtio;

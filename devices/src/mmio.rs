@@ -95,7 +95,7 @@ impl MmioBus {
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.find(addr, data.len()) {
             Some((device, offset)) => {
-                crate::sync::lock(device).read(offset, data);
+                timer::lock(device).read(offset, data);
                 true
             }
             None => {
@@ -109,7 +109,7 @@ impl MmioBus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.find(addr, data.len()) {
             Some((device, offset)) => {
-                crate::sync::lock(device).write(offset, data);
+                timer::lock(device).write(offset, data);
                 true
             }
             None => false,

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::sync::lock;
+use timer::lock;
 
 /// Something a guest's port write asks of the whole machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

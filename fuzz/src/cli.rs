@@ -10,7 +10,8 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use clap::Parser;
-use vmm::config::{IrqchipMode, SerialMode, TimerModelKind, VmArgs, VmConfig};
+use timer::ModelKind;
+use vmm::config::{IrqchipMode, SerialMode, VmArgs, VmConfig};
 use vmm::size::ByteSize;
 
 /// `lull run` as the `lull` binary parses it, with the VM's flags only (`lull bench` left out,
@@ -101,7 +102,7 @@ fn keeps_the_rules(cfg: &VmConfig) {
         );
     }
     if cfg.irqchip == IrqchipMode::Kernel {
-        assert_eq!(cfg.timer_model, TimerModelKind::Pull, "{cfg:?}");
+        assert_eq!(cfg.timer_model, ModelKind::Pull, "{cfg:?}");
         assert!(cfg.timer_advance.is_none(), "{cfg:?}");
     }
 }

@@ -33,6 +33,7 @@ use devices::serial::{COM1_PORT, COM_PORT_COUNT};
 use devices::test_exit::{BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT};
 use devices::testdev::{IRQ_LINE_COUNT, IRQ_LINE_PORT, SCRATCH_PORT, SCRATCH_PORT_COUNT};
 use kvm_ioctls::VcpuExit;
+use timer::lock;
 use timer::ModelKind;
 use vmm::config::VmConfig;
 use vmm::host::console::ConsoleSink;
@@ -41,7 +42,7 @@ use vmm::irqchip::{ChipExit, Entry, VcpuIrq};
 use vmm::metrics::LapicNoise;
 use vmm::setup::layout::IOAPIC_ADDR;
 use vmm::size::ByteSize;
-use vmm::state::{lock, StopReason, VcpuShared};
+use vmm::state::{StopReason, VcpuShared};
 use vmm::vcpu::exit::{DeviceBuses, VcpuAction};
 use vmm::vm::devices::{console, pio_bus_with_cmos, Console};
 

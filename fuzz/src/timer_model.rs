@@ -4,7 +4,7 @@
 //! the timer crate's property tests use: it honours every kick, host tick and idle timeout as
 //! the vCPU loop does.
 //!
-//! After every step: the hierarchy's structural invariants (`Snapshot::check`); every running
+//! After every step: the hierarchy's structural invariants (`HierarchyDump::check`); every running
 //! CPU's host tick covers its own first timer and the remote events it is migrator for; every
 //! idle CPU's first global timer is queued under it and reachable up to an active migrator or
 //! a CPU that wakes for the root's first event; pending timers keep their deadlines and stale

@@ -108,7 +108,7 @@ impl DeviceTimer for Timers {
             deadline > self.now.load(Ordering::Relaxed),
             "a refill timer asked for at or before now"
         );
-        vmm::state::lock(&self.asked).push(deadline);
+        timer::lock(&self.asked).push(deadline);
     }
 }
 

@@ -30,7 +30,7 @@ pub struct Line(pub Mutex<Vec<bool>>);
 impl IrqLines for Line {
     fn set_level(&self, line: u32, asserted: bool) {
         assert_eq!(line, LINE, "the device drove a line that is not its own");
-        vmm::state::lock(&self.0).push(asserted);
+        timer::lock(&self.0).push(asserted);
     }
 }
 
@@ -49,7 +49,7 @@ pub fn le(value: u64, len: usize) -> Vec<u8> {
 /// not zero and only ever changes level; FEATURES_OK stands only for an offered feature set
 /// that includes VERSION_1.
 pub fn check_transport<D: VirtioDevice, M: GuestMemory>(transport: &VirtioMmio<D, M>, line: &Line) {
-    let levels = vmm::state::lock(&line.0);
+    let levels = timer::lock(&line.0);
     assert_eq!(
         levels.last().copied().unwrap_or(false),
         transport.interrupt_pending(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{NetReport, TimerMetrics, VcpuSnapshot};
+use crate::{NetReport, TimerMetrics, VcpuReadout};
 
 /// The JSON written to `--metrics` at exit. Field names are stable.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,7 +65,7 @@ pub struct RunReport {
     /// virtio-net devices, in `--net` order: frames and bytes each way, drops.
     pub nets: Vec<NetReport>,
     /// Per-vCPU exits.
-    pub vcpus: Vec<VcpuSnapshot>,
+    pub vcpus: Vec<VcpuReadout>,
     /// lull's threads: context switches (host wake-ups) and CPU time.
     pub threads: Vec<ThreadStat>,
     /// KVM's counters for this VM (all exits, in-kernel ones included), when debugfs is

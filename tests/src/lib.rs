@@ -507,9 +507,9 @@ pub fn api_raw(socket: &Path, bytes: &[u8]) -> Result<(u16, String), Failed> {
 }
 
 /// `PUT endpoint` with `body` on the lull at `socket`, `fds` sent by SCM_RIGHTS with the
-/// request's first bytes, as Cloud Hypervisor's clients (ch-remote, Kata, libvirt) send them;
-/// reads the answer until lull closes the connection (up to 60 s): the status and the whole
-/// answer.
+/// request's first bytes, as Cloud Hypervisor's clients (ch-remote's `add-net`, Kata, libvirt)
+/// send them, on a connection kept alive as theirs are; reads the answer by its length (up to
+/// 60 s): the status and the body.
 pub fn api_put_with_fds(
     socket: &Path,
     endpoint: &str,
@@ -525,19 +525,38 @@ pub fn api_put_with_fds(
     let first = format!("PUT /api/v1/{endpoint} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n");
     conn.send_with_fds(&[first.as_bytes()], fds)
         .map_err(|e| format!("send the fds: {e}"))?;
-    let rest = format!(
-        "Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let rest = format!("Content-Length: {}\r\n\r\n{body}", body.len());
     conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer)
-        .map_err(|e| format!("{endpoint}: {e}"))?;
-    let status = answer
+    let (head, body) = read_by_length(&mut conn).map_err(|e| format!("{endpoint}: {e}"))?;
+    let status = head
         .get(9..12)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer: {answer:?}"))?;
-    Ok((status, answer))
+        .ok_or_else(|| format!("not an HTTP answer: {head:?}"))?;
+    Ok((status, body))
+}
+
+/// Reads one answer as Go's client does: the head, then the body by its Content-Length.
+pub fn read_by_length(
+    conn: &mut std::os::unix::net::UnixStream,
+) -> Result<(String, String), String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match conn.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            Ok(_) => return Err("the connection closed".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let head = String::from_utf8(head).map_err(|e| e.to_string())?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(Ok(0), str::parse)
+        .map_err(|e| format!("Content-Length: {e}"))?;
+    let mut body = vec![0; length];
+    conn.read_exact(&mut body).map_err(|e| e.to_string())?;
+    Ok((head, String::from_utf8(body).map_err(|e| e.to_string())?))
 }
 
 /// Runs a command to completion; fails with its output unless it succeeds.

@@ -116,6 +116,78 @@ fn kill(pid: u32, signal: &str) {
         .status();
 }
 
+/// The test directory `dir` of a virtchd from the build `prefix`: the ch driver's log, save
+/// and state directories (a package would create them), the build's configuration, and on
+/// `bin/` lull as `cloud-hypervisor` and one wrapper per irqchip mode.
+fn prepare_dir(dir: &Path, prefix: &Path) -> Result<(), Failed> {
+    let _ = std::fs::remove_dir_all(dir);
+    let subs = [
+        "var/log/libvirt/ch",
+        "var/lib/libvirt/ch/save",
+        "var/cache/libvirt/ch",
+        "run/libvirt/ch",
+        "bin/irqchip-kernel",
+        "bin/irqchip-user",
+    ];
+    for sub in subs {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{sub}: {e}"))?;
+    }
+    crate::sh(
+        "cp",
+        &[
+            "-a",
+            &path_str(&prefix.join("etc")),
+            &path_str(&dir.join("etc")),
+        ],
+    )?;
+    std::fs::create_dir_all(STATE_ROOT).map_err(|e| format!("{STATE_ROOT}: {e}"))?;
+    let bin = dir.join("bin");
+    std::os::unix::fs::symlink(lull_bin(), bin.join("cloud-hypervisor"))
+        .map_err(|e| format!("cloud-hypervisor link: {e}"))?;
+    for mode in ["kernel", "user"] {
+        write_wrapper(&bin.join(format!("irqchip-{mode}")), mode)?;
+    }
+    Ok(())
+}
+
+/// virtchd of the build `prefix` in a private mount namespace (inside `netns` if given) with
+/// `dir` bind-mounted on [`STATE_ROOT`], `dir/bin` first on its PATH, logging into `dir`.
+fn spawn_virtchd(dir: &Path, prefix: &Path, netns: Option<&str>) -> Result<Child, Failed> {
+    let path = format!(
+        "{}:{}",
+        dir.join("bin").display(),
+        std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+    );
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "unshare"]);
+            c
+        }
+        None => Command::new("unshare"),
+    };
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg("mount --bind \"$0\" \"$1\" && exec \"$2\"")
+        .arg(dir)
+        .arg(STATE_ROOT)
+        .arg(prefix.join("sbin/virtchd"))
+        .env("PATH", path)
+        .env(
+            "LIBVIRT_LOG_OUTPUTS",
+            format!("1:file:{}", dir.join("virtchd.log").display()),
+        )
+        .env("LIBVIRT_LOG_FILTERS", "1:ch 1:util.command 3:*")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::File::create(dir.join("virtchd.stderr"))
+                .map_err(|e| format!("virtchd.stderr: {e}"))?,
+        );
+    Ok(cmd
+        .spawn()
+        .map_err(|e| format!("cannot start virtchd: {e}"))?)
+}
+
 /// A virtchd of one test, in its own mount namespace (and network namespace, if given);
 /// stopped, with every VM it started, on drop.
 pub struct Virtchd {
@@ -139,69 +211,10 @@ impl Virtchd {
     pub fn start(name: &str, netns: Option<&str>) -> Result<Self, Failed> {
         let prefix = libvirt_build()?;
         let dir = temp_path(&format!("lv-{name}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        // The ch driver's log, save and state directories (a package would create them).
-        let subs = [
-            "var/log/libvirt/ch",
-            "var/lib/libvirt/ch/save",
-            "var/cache/libvirt/ch",
-            "run/libvirt/ch",
-            "bin/irqchip-kernel",
-            "bin/irqchip-user",
-        ];
-        for sub in subs {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{sub}: {e}"))?;
-        }
-        crate::sh(
-            "cp",
-            &[
-                "-a",
-                &path_str(&prefix.join("etc")),
-                &path_str(&dir.join("etc")),
-            ],
-        )?;
-        std::fs::create_dir_all(STATE_ROOT).map_err(|e| format!("{STATE_ROOT}: {e}"))?;
-        let bin = dir.join("bin");
-        std::os::unix::fs::symlink(lull_bin(), bin.join("cloud-hypervisor"))
-            .map_err(|e| format!("cloud-hypervisor link: {e}"))?;
-        for mode in ["kernel", "user"] {
-            write_wrapper(&bin.join(format!("irqchip-{mode}")), mode)?;
-        }
+        prepare_dir(&dir, &prefix)?;
         let socket = dir.join("run/libvirt/virtchd-sock");
         let uri = format!("ch:///system?socket={}", socket.display());
-        let path = format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
-        );
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "unshare"]);
-                c
-            }
-            None => Command::new("unshare"),
-        };
-        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
-            .arg("mount --bind \"$0\" \"$1\" && exec \"$2\"")
-            .arg(&dir)
-            .arg(STATE_ROOT)
-            .arg(prefix.join("sbin/virtchd"))
-            .env("PATH", path)
-            .env(
-                "LIBVIRT_LOG_OUTPUTS",
-                format!("1:file:{}", dir.join("virtchd.log").display()),
-            )
-            .env("LIBVIRT_LOG_FILTERS", "1:ch 1:util.command 3:*")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(dir.join("virtchd.stderr"))
-                    .map_err(|e| format!("virtchd.stderr: {e}"))?,
-            );
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start virtchd: {e}"))?;
+        let child = spawn_virtchd(&dir, &prefix, netns)?;
         let mut v = Self {
             dir,
             prefix,

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lull_schema::{RunReport, VcpuSnapshot};
+use lull_schema::{RunReport, VcpuReadout};
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, USER_STOP};
 use lull_tests::{
     api_raw, kit_file, kvm_trial, lull_bin, report_from, run_lull, start_api_server, temp_path,
@@ -167,7 +167,7 @@ fn idle_config(metrics: &Path) -> Result<String, Failed> {
 }
 
 /// Sum of one per-vCPU counter in a report.
-fn vcpu_sum(report: &RunReport, counter: fn(&VcpuSnapshot) -> u64) -> u64 {
+fn vcpu_sum(report: &RunReport, counter: fn(&VcpuReadout) -> u64) -> u64 {
     report.vcpus.iter().map(counter).sum()
 }
 

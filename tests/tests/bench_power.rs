@@ -29,6 +29,101 @@ fn reading<'a>(v: &'a Value, what: &str) -> Result<Option<&'a Value>, Failed> {
     }
 }
 
+/// A density row's power figures `p` (`cpuidle`: this host's CPUs have idle states; `rapl`:
+/// it has RAPL): every figure a value or a reason, the idle figures as the host allows, no
+/// energy without RAPL, no meter reading unasked. Returns the window's idle exits per second.
+fn row_power(p: &Value, cpuidle: bool, rapl: bool) -> Result<f64, Failed> {
+    let w =
+        reading(&p["window"], "power.window")?.ok_or_else(|| format!("no power window: {p}"))?;
+    if w["seconds"].as_f64().unwrap_or(0.0) <= 0.0 {
+        return Err(format!("an empty power window: {w}").into());
+    }
+    let exits = if cpuidle {
+        idle_exits_measured(p, w)?
+    } else {
+        idle_figures_say_why(p, w)?;
+        0.0
+    };
+    for f in [
+        "watts_per_vm",
+        "watts_per_vcpu",
+        "joules_per_vm",
+        "joules_per_vcpu",
+        "meter_watts_per_vm",
+        "idle_exits_per_vcpu_s",
+        "host_wakeups_per_vcpu_s",
+        "residency",
+        "host_wakeups_per_timer_event",
+        "local_timer_irqs_per_s",
+        "resched_irqs_per_s",
+        "vmm_context_switches_per_s",
+    ] {
+        reading(&p[f], f)?;
+    }
+    // Without RAPL, energy is null with the reader's reason; without a meter, so is it.
+    let energy = reading(&p["watts_per_vm"], "watts_per_vm")?;
+    if !rapl
+        && (energy.is_some()
+            || !p["watts_per_vm"]["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("RAPL"))
+    {
+        return Err(format!("energy should be null with a reason here: {p}").into());
+    }
+    if reading(&p["meter_watts_per_vm"], "meter")?.is_some() {
+        return Err(format!("a meter reading without --power-meter: {p}").into());
+    }
+    Ok(exits)
+}
+
+/// With cpuidle states: the window `w`'s idle exits and states are read (the exits may be 0
+/// in one window of a busy host; the caller wants them above 0 in one of the windows), and the
+/// host's wake-ups are counted as idle exits. Returns the exits per second.
+fn idle_exits_measured(p: &Value, w: &Value) -> Result<f64, Failed> {
+    let exits = reading(&w["idle_exits_per_s"], "idle_exits_per_s")?
+        .and_then(Value::as_f64)
+        .ok_or_else(|| format!("no host idle exits: {w}"))?;
+    let states = w["idle"]["value"]["states"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if exits < 0.0 || states.is_empty() {
+        return Err(format!("idle states not measured: {w}").into());
+    }
+    reading(&p["idle_exits_per_vcpu_s"], "idle exits")?
+        .ok_or_else(|| format!("idle exits above the baseline missing: {p}"))?;
+    if p["host_wakeups_source"] != "cpuidle idle exits" {
+        return Err(format!("host wake-ups not counted as idle exits: {p}").into());
+    }
+    Ok(exits)
+}
+
+/// Without cpuidle states: the host's wake-ups fall back to its LOC + RES + CAL interrupts,
+/// named so, and every idle figure is null with the reason.
+fn idle_figures_say_why(p: &Value, w: &Value) -> Result<(), Failed> {
+    reading(&p["host_wakeups_per_vcpu_s"], "host_wakeups_per_vcpu_s")?
+        .ok_or_else(|| format!("no host wake-up proxy without cpuidle: {p}"))?;
+    let source = p["host_wakeups_source"].as_str().unwrap_or("");
+    if !source.contains("LOC+RES+CAL") {
+        return Err(format!("the wake-up proxy is not named: {p}").into());
+    }
+    for (figure, what) in [
+        (&w["idle_exits_per_s"], "idle_exits_per_s"),
+        (&w["idle"], "idle"),
+        (&p["idle_exits_per_vcpu_s"], "idle_exits_per_vcpu_s"),
+    ] {
+        let why = figure["reason"].as_str().unwrap_or("");
+        if reading(figure, what)?.is_some() || !why.contains("cpuidle") {
+            return Err(format!(
+                "{what}: this host has no cpuidle states, want null and the reason: {p}"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
     let (v, stdout) = density("density", &["--vms", "1"])?;
     if v["schema"] != "lull-bench-density/2" {
@@ -50,83 +145,7 @@ fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
     let cpuidle = std::path::Path::new("/sys/devices/system/cpu/cpu0/cpuidle/state0").is_dir();
     let mut most_exits = base["idle_exits_per_s"]["value"].as_f64().unwrap_or(0.0);
     for row in &rows {
-        let p = &row["power"];
-        let w = reading(&p["window"], "power.window")?
-            .ok_or_else(|| format!("no power window: {p}"))?;
-        if w["seconds"].as_f64().unwrap_or(0.0) <= 0.0 {
-            return Err(format!("an empty power window: {w}").into());
-        }
-        if cpuidle {
-            // The idle exits are read in every window (their count may be 0 in one window of
-            // a busy host; the check after the loop wants them above 0 in one of the windows).
-            let exits = reading(&w["idle_exits_per_s"], "idle_exits_per_s")?
-                .and_then(Value::as_f64)
-                .ok_or_else(|| format!("no host idle exits: {w}"))?;
-            let states = w["idle"]["value"]["states"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if exits < 0.0 || states.is_empty() {
-                return Err(format!("idle states not measured: {w}").into());
-            }
-            most_exits = most_exits.max(exits);
-            reading(&p["idle_exits_per_vcpu_s"], "idle exits")?
-                .ok_or_else(|| format!("idle exits above the baseline missing: {p}"))?;
-            if p["host_wakeups_source"] != "cpuidle idle exits" {
-                return Err(format!("host wake-ups not counted as idle exits: {p}").into());
-            }
-        } else {
-            // The host's wake-ups fall back to its LOC + RES + CAL interrupts, named so.
-            reading(&p["host_wakeups_per_vcpu_s"], "host_wakeups_per_vcpu_s")?
-                .ok_or_else(|| format!("no host wake-up proxy without cpuidle: {p}"))?;
-            let source = p["host_wakeups_source"].as_str().unwrap_or("");
-            if !source.contains("LOC+RES+CAL") {
-                return Err(format!("the wake-up proxy is not named: {p}").into());
-            }
-            for (figure, what) in [
-                (&w["idle_exits_per_s"], "idle_exits_per_s"),
-                (&w["idle"], "idle"),
-                (&p["idle_exits_per_vcpu_s"], "idle_exits_per_vcpu_s"),
-            ] {
-                let why = figure["reason"].as_str().unwrap_or("");
-                if reading(figure, what)?.is_some() || !why.contains("cpuidle") {
-                    return Err(format!(
-                        "{what}: this host has no cpuidle states, want null and the reason: {p}"
-                    )
-                    .into());
-                }
-            }
-        }
-        for f in [
-            "watts_per_vm",
-            "watts_per_vcpu",
-            "joules_per_vm",
-            "joules_per_vcpu",
-            "meter_watts_per_vm",
-            "idle_exits_per_vcpu_s",
-            "host_wakeups_per_vcpu_s",
-            "residency",
-            "host_wakeups_per_timer_event",
-            "local_timer_irqs_per_s",
-            "resched_irqs_per_s",
-            "vmm_context_switches_per_s",
-        ] {
-            reading(&p[f], f)?;
-        }
-        // Without RAPL, energy is null with the reader's reason; without a meter, so is it.
-        let energy = reading(&p["watts_per_vm"], "watts_per_vm")?;
-        if !rapl
-            && (energy.is_some()
-                || !p["watts_per_vm"]["reason"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains("RAPL"))
-        {
-            return Err(format!("energy should be null with a reason here: {p}").into());
-        }
-        if reading(&p["meter_watts_per_vm"], "meter")?.is_some() {
-            return Err(format!("a meter reading without --power-meter: {p}").into());
-        }
+        most_exits = most_exits.max(row_power(&row["power"], cpuidle, rapl)?);
     }
     if cpuidle && most_exits <= 0.0 {
         return Err(format!("no host idle exit in the baseline nor in any row: {v}").into());
@@ -135,6 +154,46 @@ fn density_reports_power_against_a_baseline() -> Result<(), Failed> {
         return Err(format!("no power columns or baseline line in the table:\n{stdout}").into());
     }
     Ok(())
+}
+
+/// One step of a `--max-vms` search: its bounds, each verdict its figure against its limit
+/// (the lateness limit `lateness_limit` ms, the figure the row's p99), the step met iff every
+/// verdict is; whether it met.
+fn check_step(s: &Value, lateness_limit: f64) -> Result<bool, Failed> {
+    let verdicts = s["verdicts"].as_array().cloned().unwrap_or_default();
+    let bounds: Vec<&str> = verdicts
+        .iter()
+        .filter_map(|x| x["bound"].as_str())
+        .collect();
+    if bounds != ["lateness_p99", "host_busy", "vms_ok"] {
+        return Err(format!("unexpected bounds {bounds:?}").into());
+    }
+    for x in &verdicts {
+        let met = x["figure"]
+            .as_f64()
+            .is_some_and(|f| f <= x["limit"].as_f64().unwrap_or(-1.0));
+        if x["met"].as_bool() != Some(met) {
+            return Err(format!("verdict disagrees with its figure: {x}").into());
+        }
+    }
+    let lateness = &verdicts[0];
+    if lateness["limit"]
+        .as_f64()
+        .is_none_or(|l| (l - lateness_limit).abs() > 1e-6)
+    {
+        return Err(format!("lateness bound is not {lateness_limit} ms: {lateness}").into());
+    }
+    let p99_ms = s["row"]["lateness"]["p99_ns"].as_f64().unwrap_or(-1.0) / 1e6;
+    if s["row"]["lateness"]["n"].as_u64().unwrap_or(0) > 0
+        && lateness["figure"].as_f64() != Some(p99_ms)
+    {
+        return Err(format!("lateness figure is not the row's p99: {s}").into());
+    }
+    let all = verdicts.iter().all(|x| x["met"] == true);
+    if s["met"].as_bool() != Some(all) || s["row"]["vms"] != s["vms"] {
+        return Err(format!("step disagrees with its verdicts or row: {s}").into());
+    }
+    Ok(all)
 }
 
 fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
@@ -168,42 +227,7 @@ fn max_vms_reports_every_step_and_consistent_verdicts() -> Result<(), Failed> {
         }
         let mut met_counts = Vec::new();
         for s in &steps {
-            let verdicts = s["verdicts"].as_array().cloned().unwrap_or_default();
-            let bounds: Vec<&str> = verdicts
-                .iter()
-                .filter_map(|x| x["bound"].as_str())
-                .collect();
-            if bounds != ["lateness_p99", "host_busy", "vms_ok"] {
-                return Err(format!("unexpected bounds {bounds:?}").into());
-            }
-            for x in &verdicts {
-                let met = x["figure"]
-                    .as_f64()
-                    .is_some_and(|f| f <= x["limit"].as_f64().unwrap_or(-1.0));
-                if x["met"].as_bool() != Some(met) {
-                    return Err(format!("verdict disagrees with its figure: {x}").into());
-                }
-            }
-            let lateness = &verdicts[0];
-            if lateness["limit"]
-                .as_f64()
-                .is_none_or(|l| (l - lateness_limit).abs() > 1e-6)
-            {
-                return Err(
-                    format!("lateness bound is not {lateness_limit} ms: {lateness}").into(),
-                );
-            }
-            let p99_ms = s["row"]["lateness"]["p99_ns"].as_f64().unwrap_or(-1.0) / 1e6;
-            if s["row"]["lateness"]["n"].as_u64().unwrap_or(0) > 0
-                && lateness["figure"].as_f64() != Some(p99_ms)
-            {
-                return Err(format!("lateness figure is not the row's p99: {s}").into());
-            }
-            let all = verdicts.iter().all(|x| x["met"] == true);
-            if s["met"].as_bool() != Some(all) || s["row"]["vms"] != s["vms"] {
-                return Err(format!("step disagrees with its verdicts or row: {s}").into());
-            }
-            if all {
+            if check_step(s, lateness_limit)? {
                 met_counts.push(s["vms"].as_u64().unwrap_or(0));
             }
         }

@@ -24,15 +24,18 @@
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS};
 use lull_tests::{
     api_call, api_put_with_fds, kit_file, kvm_unavailable, lull_bin, report_from, run_lull_in, sh,
-    start_api_server_in, temp_path, ApiLull, Arguments, Completion, Failed, Trial,
+    start_api_server_in, temp_path, ApiLull, Arguments, Completion, Failed, RunResult, Trial,
 };
+use vmm::host::sys::tap::Tap;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -118,14 +121,21 @@ impl Drop for Reaped {
     }
 }
 
-/// The first net of the VM of the lull at `socket` (`vm.counters`): tap, MAC, frames sent by
-/// the guest and received.
-fn first_net(socket: &Path) -> Result<(String, String, u64, u64, i32), Failed> {
+/// A VM's first net as a clone is checked on: tap, MAC, frames sent by the guest and
+/// received, and the VM's exit status.
+type Net = (String, String, u64, u64, i32);
+
+/// The first net of the VM of the lull at `socket` (`vm.counters`).
+fn first_net(socket: &Path) -> Result<Net, Failed> {
     let (status, body) = api_call(socket, "GET", "vm.counters", "")?;
     if status != 200 {
         return Err(format!("vm.counters: {status} {body}").into());
     }
-    let report = report_from(&body)?;
+    first_net_of(&report_from(&body)?)
+}
+
+/// The first net of the VM `report` reports on.
+fn first_net_of(report: &RunReport) -> Result<Net, Failed> {
     let net = report.nets.first().ok_or("the VM has no net")?;
     Ok((
         net.tap.clone(),
@@ -147,11 +157,7 @@ fn tun_fds(pid: u32) -> Result<usize, Failed> {
 }
 
 /// Waits until `check` says yes about the first net of the lull at `socket`, or fails.
-fn wait_net(
-    socket: &Path,
-    what: &str,
-    check: impl Fn(&(String, String, u64, u64, i32)) -> bool,
-) -> Result<(String, String, u64, u64, i32), Failed> {
+fn wait_net(socket: &Path, what: &str, check: impl Fn(&Net) -> bool) -> Result<Net, Failed> {
     let end = Instant::now() + DEADLINE;
     loop {
         let net = first_net(socket)?;
@@ -165,118 +171,122 @@ fn wait_net(
     }
 }
 
-fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
-    let kernel = kit_file("guests/virtio-net.elf")?.display().to_string();
-    let (tap_a, tap_b) = ("lullcloneA", "lullcloneB");
-    // Taps C and D are opened in the test's namespace, so their names are unique on the host.
-    let tap_c = HostTap(format!("lullcl{}c", std::process::id() % 100_000));
-    let tap_d = HostTap(format!("lullcl{}d", std::process::id() % 100_000));
-    let ns_a = Netns::new("a")?;
-    ns_a.tap(tap_a, false, false)?;
-
-    // The snapshot: the guest asks on tap A, which nothing answers.
+/// Boots the guest on `tap` in `ns`, pauses it while it asks (its first frame counted) and
+/// snapshots it: the snapshot's directory and the guest's MAC.
+fn snapshot_on(ns: &Netns, kernel: &str, tap: &str) -> Result<(PathBuf, String), Failed> {
     let first = ApiLull::from(start_api_server_in(
-        &ns_a.wrapper(),
+        &ns.wrapper(),
         "clone-taps-a",
         // No console: clone D's stdin is its tap.
         &[
             "--kernel",
-            &kernel,
+            kernel,
             "--net",
-            &format!("tap={tap_a}"),
+            &format!("tap={tap}"),
             "--serial",
             "off",
         ],
     )?);
     first.put("vm.boot", "")?;
-    let (_, snapshot_mac, ..) = wait_net(first.socket(), "the guest's first ARP", |n| n.2 >= 1)?;
+    let (_, mac, ..) = wait_net(first.socket(), "the guest's first ARP", |n| n.2 >= 1)?;
     first.put("vm.pause", "")?;
     let dir = first.snapshot_into("clone-taps-snapshot")?;
     first.shutdown(API_STOP)?;
     let manifest = std::fs::read_to_string(dir.join("manifest.json"))
         .map_err(|e| format!("the snapshot's manifest: {e}"))?;
-    if !manifest.contains(&format!("tap={tap_a}")) {
-        return Err(format!("the snapshot does not name tap {tap_a}: {manifest}").into());
+    if !manifest.contains(&format!("tap={tap}")) {
+        return Err(format!("the snapshot does not name tap {tap}: {manifest}").into());
     }
-    let dir_arg = dir.display().to_string();
+    Ok((dir, mac))
+}
 
-    // A MAC the guest does not know is refused before any VM is built.
+/// A `--net` with a MAC the guest does not know is refused before any VM is built, naming
+/// the snapshot's.
+fn another_mac_is_refused(ns: &Netns, dir: &str, tap: &str, mac: &str) -> Result<(), Failed> {
     let refused = run_lull_in(
-        &ns_a.wrapper(),
+        &ns.wrapper(),
         &[
             "run",
             "--restore",
-            &dir_arg,
+            dir,
             "--resume",
             "--net",
-            &format!("tap={tap_a},mac=52:54:00:00:00:99"),
+            &format!("tap={tap},mac=52:54:00:00:00:99"),
         ],
         DEADLINE,
     )?;
     refused.expect_code(BAD_INPUT)?;
-    if !refused.stderr.contains(&snapshot_mac) {
+    if !refused.stderr.contains(mac) {
         return Err(refused.failure("the refusal does not name the snapshot's MAC"));
     }
+    Ok(())
+}
 
-    let ns_b = Netns::new("b")?;
-    ns_b.tap(tap_b, false, true)?;
-    sh("ip", &["tuntap", "add", "dev", &tap_c.0, "mode", "tap"])?;
-    let fd_c = vmm::host::sys::tap::Tap::open(&tap_c.0).map_err(|e| e.to_string())?;
-    let ns_c = Netns::new("c")?;
-    ns_c.tap(&tap_c.0, true, true)?;
-    sh("ip", &["tuntap", "add", "dev", &tap_d.0, "mode", "tap"])?;
-    let fd_d = vmm::host::sys::tap::Tap::open(&tap_d.0).map_err(|e| e.to_string())?;
-    let ns_d = Netns::new("d")?;
-    ns_d.tap(&tap_d.0, true, true)?;
+/// A tap made in the test's namespace, opened here, then moved into a namespace of its own
+/// (where it answers): the tap, its namespace and its fd.
+fn moved_tap(name: String, tag: &str) -> Result<(HostTap, Netns, Tap), Failed> {
+    let tap = HostTap(name);
+    sh("ip", &["tuntap", "add", "dev", &tap.0, "mode", "tap"])?;
+    let fd = Tap::open(&tap.0).map_err(|e| e.to_string())?;
+    let ns = Netns::new(tag)?;
+    ns.tap(&tap.0, true, true)?;
+    Ok((tap, ns, fd))
+}
 
-    // Clone B, by name, on the command line; it runs while clone C is restored.
-    let metrics_b = temp_path("clone-taps-b.json");
-    let _ = std::fs::remove_file(&metrics_b);
-    let clone_b = {
-        let wrapper: Vec<String> = ns_b.wrapper().iter().map(|s| s.to_string()).collect();
-        let args = [
-            "run".to_string(),
-            "--restore".to_string(),
-            dir_arg.clone(),
-            "--resume".to_string(),
-            "--net".to_string(),
-            format!("tap={tap_b}"),
-            "--metrics".to_string(),
-            metrics_b.display().to_string(),
-        ];
-        std::thread::spawn(move || {
-            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run_lull_in(&wrapper, &args, DEADLINE)
-        })
-    };
+/// Clone B, by name, on the command line, in a thread (it runs while the others restore).
+fn clone_by_name(
+    ns: &Netns,
+    dir: &str,
+    tap: &str,
+    metrics: &Path,
+) -> JoinHandle<Result<RunResult, Failed>> {
+    let wrapper: Vec<String> = ns.wrapper().iter().map(|s| s.to_string()).collect();
+    let args = [
+        "run".to_string(),
+        "--restore".to_string(),
+        dir.to_string(),
+        "--resume".to_string(),
+        "--net".to_string(),
+        format!("tap={tap}"),
+        "--metrics".to_string(),
+        metrics.display().to_string(),
+    ];
+    std::thread::spawn(move || {
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_lull_in(&wrapper, &args, DEADLINE)
+    })
+}
 
-    // Clone D, by lull's own fd 0, on Cloud Hypervisor's command line.
-    let socket_d = temp_path("clone-taps-d.sock");
-    let _ = std::fs::remove_file(&socket_d);
-    let clone_d = Reaped(
+/// Clone D, by lull's own fd 0 (`tap`), on Cloud Hypervisor's command line, serving its API
+/// on `socket`.
+fn clone_by_ch_fd(ns: &Netns, dir: &Path, tap: Tap, socket: &Path) -> Result<Reaped, Failed> {
+    Ok(Reaped(
         Command::new("ip")
-            .args(&ns_d.wrapper()[1..])
+            .args(&ns.wrapper()[1..])
             .arg(lull_bin())
             .arg("ch")
             .arg("--api-socket")
-            .arg(&socket_d)
+            .arg(socket)
             .arg("--restore")
             .arg(format!(
                 "source_url=file://{},resume=true,net_fds=[net0@[0]]",
                 dir.display()
             ))
-            .stdin(Stdio::from(fd_d.into_fd()))
+            .stdin(Stdio::from(tap.into_fd()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start lull ch: {e}"))?,
-    );
+    ))
+}
 
-    // Clone C, by fd, through the API.
-    let server_c = start_api_server_in(&ns_c.wrapper(), "clone-taps-c", &[])?;
-    let pid_c = server_c.child.id();
-    let clone_c = ApiLull::from(server_c);
+/// Clone C, by fd (`tap`), through the API: a `vm.restore` naming a net the snapshot lacks is
+/// refused and its fd closed, then the one naming net0 takes the fd and holds it.
+fn clone_by_api_fd(ns: &Netns, dir: &Path, tap: Tap) -> Result<ApiLull, Failed> {
+    let server = start_api_server_in(&ns.wrapper(), "clone-taps-c", &[])?;
+    let pid = server.child.id();
+    let clone = ApiLull::from(server);
     let body = |id: &str| {
         format!(
             r#"{{"source_url": "file://{}", "resume": true, "net_fds": [{{"id": "{id}", "num_fds": 1, "fds": [-1]}}]}}"#,
@@ -284,56 +294,87 @@ fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
         )
     };
     let (status, answer) = api_put_with_fds(
-        clone_c.socket(),
+        clone.socket(),
         "vm.restore",
         &body("net1"),
-        &[fd_c.as_raw_fd()],
+        &[tap.as_raw_fd()],
     )?;
     if status != 400 || !answer.contains("'net1' names no net") {
         return Err(format!("vm.restore naming net1: {status} {answer}").into());
     }
     // The refused request's fd is closed.
-    let taps_held = tun_fds(pid_c)?;
+    let taps_held = tun_fds(pid)?;
     if taps_held != 0 {
         return Err(format!("after a refused vm.restore lull holds {taps_held} tap fd(s)").into());
     }
     let (status, answer) = api_put_with_fds(
-        clone_c.socket(),
+        clone.socket(),
         "vm.restore",
         &body("net0"),
-        &[fd_c.as_raw_fd()],
+        &[tap.as_raw_fd()],
     )?;
     if status != 204 {
         return Err(format!("vm.restore with tap C's fd: {status} {answer}").into());
     }
-    drop(fd_c);
+    drop(tap);
     // ... and the one it takes is held (the refused one would have been counted too).
-    if tun_fds(pid_c)? == 0 {
+    if tun_fds(pid)? == 0 {
         return Err("the restored clone C holds no tap fd".into());
     }
-    let net_c = wait_net(clone_c.socket(), "clone C's end", |n| n.4 != 0)?;
+    Ok(clone)
+}
+
+/// Clone D's net at its end, once its API serves.
+fn net_at_end_of_ch_clone(socket: &Path) -> Result<Net, Failed> {
     let end = Instant::now() + DEADLINE;
-    while UnixStream::connect(&socket_d).is_err() {
+    while UnixStream::connect(socket).is_err() {
         if Instant::now() > end {
             return Err("clone D (lull ch --restore) never served its API".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let net_d = wait_net(&socket_d, "clone D's end", |n| n.4 != 0)?;
-    drop(clone_d);
+    wait_net(socket, "clone D's end", |n| n.4 != 0)
+}
 
-    let b = clone_b.join().map_err(|_| "clone B's thread panicked")??;
-    let report_b = lull_tests::take_metrics(&metrics_b);
-    b.expect_code(GUEST_PASS)?;
-    let report_b = report_b?;
-    let net_b = report_b.nets.first().ok_or("clone B has no net")?;
-    let net_b = (
-        net_b.tap.clone(),
-        net_b.mac.clone(),
-        net_b.stats.tx_frames,
-        net_b.stats.rx_frames,
-        report_b.exit_status,
-    );
+/// Clone B's net from the report it wrote at its end (it must have passed).
+fn net_of_clone_by_name(
+    clone: JoinHandle<Result<RunResult, Failed>>,
+    metrics: &Path,
+) -> Result<Net, Failed> {
+    let run = clone.join().map_err(|_| "clone B's thread panicked")??;
+    let report = lull_tests::take_metrics(metrics);
+    run.expect_code(GUEST_PASS)?;
+    first_net_of(&report?)
+}
+
+fn clones_run_on_taps_of_their_own() -> Result<(), Failed> {
+    let kernel = kit_file("guests/virtio-net.elf")?.display().to_string();
+    let (tap_a, tap_b) = ("lullcloneA", "lullcloneB");
+    let ns_a = Netns::new("a")?;
+    ns_a.tap(tap_a, false, false)?;
+    // The snapshot: the guest asks on tap A, which nothing answers.
+    let (dir, snapshot_mac) = snapshot_on(&ns_a, &kernel, tap_a)?;
+    let dir_arg = dir.display().to_string();
+    another_mac_is_refused(&ns_a, &dir_arg, tap_a, &snapshot_mac)?;
+
+    let ns_b = Netns::new("b")?;
+    ns_b.tap(tap_b, false, true)?;
+    // Taps C and D are opened in the test's namespace, so their names are unique on the host.
+    let pid = std::process::id() % 100_000;
+    let (tap_c, ns_c, fd_c) = moved_tap(format!("lullcl{pid}c"), "c")?;
+    let (tap_d, ns_d, fd_d) = moved_tap(format!("lullcl{pid}d"), "d")?;
+
+    let metrics_b = temp_path("clone-taps-b.json");
+    let _ = std::fs::remove_file(&metrics_b);
+    let clone_b = clone_by_name(&ns_b, &dir_arg, tap_b, &metrics_b);
+    let socket_d = temp_path("clone-taps-d.sock");
+    let _ = std::fs::remove_file(&socket_d);
+    let clone_d = clone_by_ch_fd(&ns_d, &dir, fd_d, &socket_d)?;
+    let clone_c = clone_by_api_fd(&ns_c, &dir, fd_c)?;
+    let net_c = wait_net(clone_c.socket(), "clone C's end", |n| n.4 != 0)?;
+    let net_d = net_at_end_of_ch_clone(&socket_d)?;
+    drop(clone_d);
+    let net_b = net_of_clone_by_name(clone_b, &metrics_b)?;
     for (clone, tap, net) in [
         ("B", tap_b, &net_b),
         ("C", tap_c.0.as_str(), &net_c),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lull_schema::{RunReport, VcpuSnapshot};
+use lull_schema::{RunReport, VcpuReadout};
 use lull_tests::{kit_file, kvm_trial, run_lull, take_metrics, temp_path, Arguments, Failed};
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -61,7 +61,7 @@ fn idle_sim_events(stdout: &str) -> Vec<u64> {
 }
 
 /// The sum over the vCPUs of a counter of a vCPU's entry (`polls`, `wakeups.timer`).
-fn sum(m: &RunReport, field: fn(&VcpuSnapshot) -> u64) -> u64 {
+fn sum(m: &RunReport, field: fn(&VcpuReadout) -> u64) -> u64 {
     m.vcpus.iter().map(field).sum()
 }
 

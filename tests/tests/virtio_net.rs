@@ -19,16 +19,18 @@
 //! Linux test); without them they are reported as ignored with the reason, never as passed.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USAGE};
 use lull_tests::{
     kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, sh,
     start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed,
-    Trial,
+    RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -243,20 +245,63 @@ fn linux_answers_ping(irqchip: &'static str) -> Result<(), Failed> {
 /// at reset would ignore the guest's queue (no frame either way: the ping fails).
 fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Failed> {
     let name = format!("net-restore-{irqchip}");
-    let kernel = kit_file("linux/vmlinux")?.display().to_string();
     let ns = Netns::new(&format!("restore-{irqchip}"))?;
     let mut wrap = vec!["ip"];
     wrap.extend_from_slice(&ns.wrapper());
-    let cmdline = linux_cmdline(&format!(
-        "{GUEST_IP_CONFIG} lull.workload=idle,seconds={RESTORE_WORKLOAD_SECONDS},cpus=1"
-    ))?;
     let serial = temp_path(&format!("{name}.serial"));
     let _ = std::fs::remove_file(&serial);
     let serial_flag = format!("file={}", serial.display());
+    let dir = snapshot_of_answering_linux(&ns, &wrap, &name, irqchip, &serial)?;
+
+    // The restored lull runs until the workload ends; the namespace pings it meanwhile, for
+    // up to 30 s (`-w`: it stops at the second reply), as the new lull comes up.
+    let metrics = temp_path(&format!("{name}.json"));
+    let restore_args = [
+        "run".to_string(),
+        "--restore".into(),
+        dir.display().to_string(),
+        "--resume".into(),
+        "--metrics".into(),
+        metrics.display().to_string(),
+        "--serial".into(),
+        serial_flag,
+    ];
+    let wrap_owned: Vec<String> = wrap.iter().map(|s| s.to_string()).collect();
+    let restored = std::thread::spawn(move || {
+        let wrap: Vec<&str> = wrap_owned.iter().map(String::as_str).collect();
+        let args: Vec<&str> = restore_args.iter().map(String::as_str).collect();
+        run_lull_in(&wrap, &args, LINUX_DEADLINE)
+    });
+    let after = ns.exec("ping", &["-c", "2", "-w", "30", GUEST_ADDR]);
+    let run = restored
+        .join()
+        .map_err(|_| "the restore thread panicked")??;
+    let report = lull_tests::take_metrics(&metrics);
+    let console = std::fs::read_to_string(&serial).unwrap_or_default();
+    restored_linux_answered(&run, after, report, &console)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&serial);
+    Ok(())
+}
+
+/// The kit's Linux booted in `ns` (through `wrap`) on `irqchip`, its console in `serial`,
+/// answering pings, paused, snapshotted and its lull ended: the snapshot.
+fn snapshot_of_answering_linux(
+    ns: &Netns,
+    wrap: &[&str],
+    name: &str,
+    irqchip: &str,
+    serial: &Path,
+) -> Result<PathBuf, Failed> {
+    let kernel = kit_file("linux/vmlinux")?.display().to_string();
+    let cmdline = linux_cmdline(&format!(
+        "{GUEST_IP_CONFIG} lull.workload=idle,seconds={RESTORE_WORKLOAD_SECONDS},cpus=1"
+    ))?;
+    let serial_flag = format!("file={}", serial.display());
     let net = format!("tap={TAP}");
     let first = ApiLull::from(start_api_server_in(
-        &wrap,
-        &name,
+        wrap,
+        name,
         &[
             "--irqchip",
             irqchip,
@@ -276,7 +321,7 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
     )?);
     first.put("vm.boot", "")?;
     wait_for_console(
-        &serial,
+        serial,
         "lull-workload: start",
         &["lull-workload: FAIL"],
         LINUX_DEADLINE,
@@ -288,32 +333,18 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
     first.put("vm.pause", "")?;
     let dir = first.snapshot_into(&format!("{name}.snapshot"))?;
     first.shutdown(API_STOP)?;
+    Ok(dir)
+}
 
-    // The restored lull runs until the workload ends; the namespace pings it meanwhile, for
-    // up to 30 s (`-w`: it stops at the second reply), as the new lull comes up.
-    let metrics = temp_path(&format!("{name}.json"));
-    let restore_args = [
-        "run".to_string(),
-        "--restore".into(),
-        dir.display().to_string(),
-        "--resume".into(),
-        "--metrics".into(),
-        metrics.display().to_string(),
-        "--serial".into(),
-        serial_flag.clone(),
-    ];
-    let wrap_owned: Vec<String> = wrap.iter().map(|s| s.to_string()).collect();
-    let restored = std::thread::spawn(move || {
-        let wrap: Vec<&str> = wrap_owned.iter().map(String::as_str).collect();
-        let args: Vec<&str> = restore_args.iter().map(String::as_str).collect();
-        run_lull_in(&wrap, &args, LINUX_DEADLINE)
-    });
-    let after = ns.exec("ping", &["-c", "2", "-w", "30", GUEST_ADDR]);
-    let run = restored
-        .join()
-        .map_err(|_| "the restore thread panicked")??;
-    let report = lull_tests::take_metrics(&metrics);
-    let console = std::fs::read_to_string(&serial).unwrap_or_default();
+/// The restored run `run` answered the namespace's pings (`ping`), its workload passed (its
+/// `console`), and its `report` counts the replies out and the requests in on the tap,
+/// nothing dropped.
+fn restored_linux_answered(
+    run: &RunResult,
+    ping: Result<String, Failed>,
+    report: Result<RunReport, Failed>,
+    console: &str,
+) -> Result<(), Failed> {
     let fail = |why: String| -> Failed {
         format!(
             "{why}\n--- restored lull's stderr:\n{}\n--- console:\n{console}",
@@ -321,7 +352,7 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
         )
         .into()
     };
-    match after {
+    match ping {
         Ok(text) if text.contains("2 received") => {}
         Ok(text) => return Err(fail(format!("ping after the restore: {text}"))),
         Err(e) => {
@@ -346,8 +377,6 @@ fn linux_answers_ping_across_a_restore(irqchip: &'static str) -> Result<(), Fail
     if count.tx_dropped + count.tx_errors + count.rx_dropped + count.rx_errors != 0 {
         return Err(fail(format!("drops or errors: {device:?}")));
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&serial);
     Ok(())
 }
 

@@ -1,20 +1,19 @@
 //! `HostTimer`: the one place where a timer model touches the host (arm at an absolute
-//! deadline, disarm). The real one is a timerfd; the fake one records what it was told.
+//! deadline, disarm). The real ones are the VMM's (`vmm/src/irqchip/user/host_timer.rs`: a
+//! vCPU's POSIX-timer tick and the shared timerfds a blocked vCPU or the central thread waits
+//! on); this crate programs none and has only the fake, which records what it was told.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use vmm_sys_util::timerfd::TimerFd;
-
-use crate::clock::{Clock, Nanos, NEVER};
+use crate::clock::{Nanos, NEVER};
 
 /// Errors from the host timer.
 #[derive(Debug, thiserror::Error)]
 pub enum HostTimerError {
     /// The timerfd could not be created or programmed.
     #[error("cannot program the host timerfd ({0}); check the process's file-descriptor limit")]
-    TimerFd(#[source] vmm_sys_util::errno::Error),
+    TimerFd(#[source] std::io::Error),
 }
 
 /// A host timer a model programs for a CPU (its host tick) or for the central timer thread.
@@ -23,45 +22,6 @@ pub trait HostTimer: Send {
     fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError>;
     /// Stops the timer.
     fn disarm(&mut self) -> Result<(), HostTimerError>;
-}
-
-/// A `CLOCK_MONOTONIC` timerfd programmed from deadlines on `clock`.
-#[derive(Debug)]
-pub struct TimerFdHost<C> {
-    fd: TimerFd,
-    clock: C,
-}
-
-impl<C: Clock> TimerFdHost<C> {
-    /// A disarmed timerfd; deadlines are read on `clock`.
-    pub fn new(clock: C) -> Result<Self, HostTimerError> {
-        Ok(Self {
-            fd: TimerFd::new().map_err(HostTimerError::TimerFd)?,
-            clock,
-        })
-    }
-
-    /// The timerfd, to poll on or wait for.
-    pub fn fd(&mut self) -> &mut TimerFd {
-        &mut self.fd
-    }
-}
-
-impl<C: Clock> HostTimer for TimerFdHost<C> {
-    fn arm(&mut self, deadline: Nanos) -> Result<(), HostTimerError> {
-        if deadline == NEVER {
-            return self.disarm();
-        }
-        // A zero duration would disarm the timerfd: fire as soon as possible instead.
-        let rel = deadline.saturating_sub(self.clock.now()).max(1);
-        self.fd
-            .reset(Duration::from_nanos(rel), None)
-            .map_err(HostTimerError::TimerFd)
-    }
-
-    fn disarm(&mut self) -> Result<(), HostTimerError> {
-        self.fd.clear().map_err(HostTimerError::TimerFd)
-    }
 }
 
 /// A host timer that only records its deadline and counts arms and disarms; clones share the
@@ -162,19 +122,6 @@ impl HostTimer for FakeHostTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::MonotonicClock;
-
-    #[test]
-    fn timerfd_arms_and_disarms() {
-        let clock = MonotonicClock::new();
-        let mut t = TimerFdHost::new(clock).unwrap();
-        t.arm(clock.now() + 1_000_000_000).unwrap();
-        assert!(t.fd().is_armed().unwrap());
-        t.disarm().unwrap();
-        assert!(!t.fd().is_armed().unwrap());
-        t.arm(0).unwrap();
-        assert_eq!(t.fd().wait().unwrap(), 1);
-    }
 
     #[test]
     fn fake_records() {

@@ -11,11 +11,12 @@
 //!   expiry up a tree of groups; one running *migrator* per group pulls them, so an idle vCPU
 //!   is not woken for timers someone else can run. See the [`hierarchy`] module docs.
 //! * [`model`]: `pull`, `push` and `central` behind [`CpuTimers`] / [`TimerModel`], so a VM
-//!   picks one at start-up. Host timers sit behind [`HostTimer`] ([`TimerFdHost`] for real,
-//!   [`FakeHostTimer`] for tests); [`Metrics`] counts arms, expiries, kicks and empty
-//!   wake-ups; the [`Waker`] hook tells the VMM to kick a vCPU. A blocked vCPU waits on its
-//!   *wake timer* ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its
-//!   wake-up duty moves (see the [`model`] module docs).
+//!   picks one at start-up. Host timers sit behind [`HostTimer`] (the VMM's timerfds and POSIX
+//!   timers for real, [`FakeHostTimer`] for tests: this crate programs no host timer);
+//!   [`Metrics`] counts arms, expiries, kicks and empty wake-ups; the [`Waker`] hook tells the
+//!   VMM to kick a vCPU. A blocked vCPU waits on its *wake timer*
+//!   ([`CpuTimers::set_wake_timer`]), which other threads re-arm when its wake-up duty moves
+//!   (see the [`model`] module docs).
 //! * [`slack`]: timer slack for global timers, which may expire anywhere in their range.
 //!
 //! State transitions emit `tracing` events with target `timer::tmigr`.
@@ -48,7 +49,7 @@
 //! let kicked = Arc::new(Mutex::new(Vec::new()));
 //! let k = Arc::clone(&kicked);
 //! let waker = Arc::new(move |cpu: CpuId| k.lock().unwrap().push(cpu));
-//! // Two vCPUs on NUMA node 0; host ticks are fakes (use TimerFdHost in the VMM).
+//! // Two vCPUs on NUMA node 0; host ticks are fakes (the VMM arms real ones).
 //! let mut m = build::<&str>(ModelKind::Pull, &[0, 0], &mut |_| {
 //!     Box::new(FakeHostTimer::new()) as Box<dyn HostTimer>
 //! }, waker)?;
@@ -84,6 +85,7 @@ pub mod base;
 pub mod clock;
 pub mod hierarchy;
 pub mod host;
+mod lock;
 pub mod metrics;
 pub mod model;
 mod queue;
@@ -97,6 +99,7 @@ pub use clock::{Clock, FakeClock, MonotonicClock, Nanos, VmTime, NEVER};
 pub use hierarchy::{
     Hierarchy, HierarchyConfig, HierarchyError, IdleUpdate, RemoteExpiry, RemoteOutcome,
 };
-pub use host::{FakeHostTimer, HostTimer, HostTimerError, TimerFdHost};
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use host::{FakeHostTimer, HostTimer, HostTimerError};
+pub use lock::lock;
+pub use metrics::{Metrics, TimerMetrics};
 pub use model::{build, CpuTimers, Model, ModelError, ModelKind, TimerModel, Waker};

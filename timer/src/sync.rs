@@ -8,10 +8,12 @@ pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Mutex, MutexGuard};
+pub(crate) use std::sync::Mutex;
 
-/// Locks `m`, ignoring poisoning: every critical section here leaves the data consistent
-/// before it can panic, so a panic elsewhere must not take the timers down with it.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// [`lock`](crate::lock) for this module's mutex: loom's under `--cfg loom`.
+#[cfg(loom)]
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+#[cfg(not(loom))]
+pub(crate) use crate::lock::lock;

@@ -137,7 +137,7 @@ impl Vm {
     }
 }
 
-fn run(kind: ModelKind) -> (Counts, timer::MetricsSnapshot) {
+fn run(kind: ModelKind) -> (Counts, timer::TimerMetrics) {
     let mut vm = Vm::new(kind, 4);
     vm.run_until(5_000 * MS);
     let m = vm.model.metrics();

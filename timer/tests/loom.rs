@@ -50,7 +50,7 @@ fn loom_concurrent_deactivate() {
         let t = thread::spawn(move || h2.deactivate(2, 200).wakeup);
         let a = h.deactivate(0, 100).wakeup;
         let b = t.join().unwrap();
-        h.snapshot().check().unwrap();
+        h.dump().check().unwrap();
         assert_eq!(a.min(b), 100, "nobody will wake for the first timer");
         assert_eq!(a.max(b), NEVER);
     });
@@ -66,7 +66,7 @@ fn activate_vs_deactivate(h: Hierarchy) {
     let t = thread::spawn(move || h2.activate(1));
     h.deactivate(0, 100);
     t.join().unwrap();
-    let s = h.snapshot();
+    let s = h.dump();
     if let Err(e) = s.check() {
         panic!("active CPU lost: {e}");
     }
@@ -100,7 +100,7 @@ fn loom_flip_flop() {
         h.deactivate(0, 100);
         h.activate(0);
         t.join().unwrap();
-        h.snapshot().check().unwrap();
+        h.dump().check().unwrap();
     });
 }
 
@@ -140,7 +140,7 @@ fn loom_remote_expiry_races_new_timer() {
         });
         h.handle_remote(0, 100, &mut Remote(Arc::clone(&q)));
         t.join().unwrap();
-        let s = h.snapshot();
+        let s = h.dump();
         s.check().unwrap();
         let first = q.lock().unwrap().iter().copied().min().unwrap();
         assert_eq!(first, 150);
@@ -167,7 +167,7 @@ fn flat_pair() -> Hierarchy {
 
 /// Checks the tree and that an all-idle tree's first event has someone waking for it.
 fn check_covered(h: &Hierarchy) {
-    let s = h.snapshot();
+    let s = h.dump();
     s.check().unwrap();
     let root = &s.groups[s.root().unwrap()];
     if root.state.active == 0 && root.next_expiry != NEVER {

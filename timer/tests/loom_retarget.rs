@@ -60,7 +60,7 @@ impl Vm {
     /// wake-up); the event, while pending, has someone: an active migrator or a sleeper
     /// whose host wake-up fires by then (no lost expiry).
     fn check(&self) {
-        let s = self.h().snapshot();
+        let s = self.h().dump();
         s.check().unwrap();
         for (c, cpu) in s.cpus.iter().enumerate() {
             if cpu.idle {
@@ -235,7 +235,7 @@ fn loom_holder_wakes_while_another_activates() {
         cpus[0].wake(NOW);
         let (mut c1, mut fired) = t.join().unwrap();
         vm.check();
-        let s = vm.h().snapshot();
+        let s = vm.h().dump();
         assert_eq!(s.duty_holder, None);
         assert!(fired == 1 || vm.h().remote_deadline(0).min(vm.h().remote_deadline(1)) <= EVENT);
         fired += run_counting_event(&mut cpus[0], EVENT, false);

@@ -341,7 +341,7 @@ fn report_lost(sh: &Shared, cpus: &[Box<dyn CpuTimers<usize>>], pull: Option<&Pu
         eprintln!("CPU {c}: idle timeout {timeout} tick {tick}");
     }
     if let Some(p) = pull {
-        eprintln!("{:#?}", p.hierarchy().snapshot());
+        eprintln!("{:#?}", p.hierarchy().dump());
     }
 }
 

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use timer::ModelKind;
 
 use crate::config::knobs::{
     CpuQuotaConfig, GlobalTimersConfig, HaltPollMode, IdleInjectConfig, TimerAdvanceMode,
@@ -57,30 +58,6 @@ impl IrqchipMode {
         match self {
             Self::Kernel => "kernel",
             Self::User => "user",
-        }
-    }
-}
-
-/// How guest timers are expired with `--irqchip user`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-pub enum TimerModelKind {
-    /// Timers queue on the arming vCPU; a halted vCPU's global timers are pulled by running
-    /// vCPUs through a hierarchy (Linux's timer-migration model). One host timer per vCPU.
-    Pull,
-    /// Every vCPU arms a host timer for every timer on its base, global ones included.
-    Push,
-    /// One VMM timer thread expires all timers and kicks the vCPUs (QEMU-style).
-    Central,
-}
-
-impl TimerModelKind {
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pull => "pull",
-            Self::Push => "push",
-            Self::Central => "central",
         }
     }
 }
@@ -173,7 +150,7 @@ pub struct VmConfig {
     /// `--irqchip kernel`, KVM expires the guest's timers: `push` and `central` are refused
     /// (status 4) and `pull` has no effect.
     #[arg(long, value_enum, value_name = "MODEL")]
-    pub timer_model: TimerModelKind,
+    pub timer_model: ModelKind,
 
     /// Halt polling with `--irqchip user`: `off`, a window with its unit such as `50us` (ns,
     /// us, ms, s; a bare number is refused), or `adaptive`
@@ -339,7 +316,7 @@ impl Default for VmConfig {
             cpus: 1,
             memory: ByteSize::mib(256),
             irqchip: IrqchipMode::User,
-            timer_model: TimerModelKind::Pull,
+            timer_model: ModelKind::Pull,
             halt_poll: None,
             timer_advance: None,
             timer_slack: None,

@@ -20,8 +20,8 @@
 //!  host      sys (every unsafe), seccomp, host statistics, the console
 //! ```
 //! Leaves, used by any layer: `config` (with `size`: the flags, the config file and the API's
-//! bodies, their values and bounds), `ratelimit` (log limits for guest-triggered lines), `sync`
-//! (std or loom). The `kit` crate locates the guest kit. The `lull` binary is a package of its
+//! bodies, their values and bounds), `ratelimit` (log limits for guest-triggered lines); the lock helper every layer uses is
+//! `timer::lock`. The `kit` crate locates the guest kit. The `lull` binary is a package of its
 //! own (`lull/`): the command line and `lull bench` (the `bench` crate), which this library
 //! does not depend on.
 //!
@@ -31,7 +31,7 @@
 //! counts as written (`use crate::m::..`, `crate::m::..` in code, `super::..` out of the
 //! module, a `pub use`), whatever module defines the item; `#[cfg(test)]` modules are not
 //! layered.
-//! `layers: api > exit_code > vm > snapshot > vcpu > irqchip > idle > metrics > state > setup > host; leaves: config size ratelimit sync`
+//! `layers: api > exit_code > vm > snapshot > vcpu > irqchip > idle > metrics > state > setup > host; leaves: config size ratelimit`
 
 #![deny(unsafe_code)]
 
@@ -48,6 +48,5 @@ pub mod setup;
 pub mod size;
 pub mod snapshot;
 pub mod state;
-pub mod sync;
 pub mod vcpu;
 pub mod vm;

@@ -1,75 +1,13 @@
 //! Counters lull keeps while a VM runs; the JSON it writes at exit (`--metrics`) is
 //! `lull_schema`'s [`RunReport`], re-exported here.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 pub use lull_schema::{
-    GlobalTimersReport, IdleInjectReport, PlacementSnapshot, RunReport, VcpuSnapshot,
-    WakeupSnapshot,
+    GlobalTimersReport, IdleInjectReport, PlacementReadout, RunReport, VcpuReadout, WakeupReadout,
 };
 
 use crate::ratelimit::LogLimiter;
 
 pub use crate::state::counters::{VcpuCounters, LATENESS_BUCKETS};
-
-impl VcpuCounters {
-    /// A snapshot for vCPU `vcpu`.
-    pub fn snapshot(&self, vcpu: u32) -> VcpuSnapshot {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        VcpuSnapshot {
-            vcpu,
-            io_in: g(&self.io_in),
-            io_out: g(&self.io_out),
-            mmio_read: g(&self.mmio_read),
-            mmio_write: g(&self.mmio_write),
-            hlt: g(&self.hlt),
-            interrupted: g(&self.interrupted),
-            other: g(&self.other),
-            msr: g(&self.msr),
-            irq_window: g(&self.irq_window),
-            injected: g(&self.injected),
-            pv_eois: g(&self.pv_eois),
-            pv_deadlines: g(&self.pv_deadlines),
-            blocks: g(&self.blocks),
-            wakeups: WakeupSnapshot {
-                timer: g(&self.wake_timer),
-                interrupt: g(&self.wake_interrupt),
-                control: g(&self.wake_control),
-                other: g(&self.wake_other),
-                global_timer: g(&self.wake_global_timer),
-            },
-            lapic_timer_fires: g(&self.lapic_timer_fires),
-            timer_advance_ns: g(&self.timer_advance_ns),
-            advance_wait_ns: g(&self.advance_wait_ns),
-            ticks_deferred: g(&self.ticks_deferred),
-            ticks_deferred_missed: g(&self.ticks_deferred_missed),
-            ticks_deferred_late: g(&self.ticks_deferred_late),
-            exit_handling_ns: g(&self.exit_handling_ns),
-            blocked_ns: g(&self.blocked_ns),
-            global_timer_fires: g(&self.global_timer_fires),
-            wake_migrations: g(&self.wake_migrations),
-            placement: PlacementSnapshot {
-                binds: g(&self.placement_binds),
-                bound_migrations: g(&self.placement_bound_migrations),
-                backoffs: g(&self.placement_backoffs),
-                bound_wakes: g(&self.placement_bound_wakes),
-                bound_late_ns: g(&self.placement_bound_late_ns),
-                free_wakes: g(&self.placement_free_wakes),
-                free_late_ns: g(&self.placement_free_late_ns),
-            },
-            polls: g(&self.polls),
-            polls_won: g(&self.polls_won),
-            polls_lost: g(&self.polls).saturating_sub(g(&self.polls_won)),
-            poll_ns: g(&self.poll_ns),
-            injected_idle_ns: g(&self.injected_idle_ns),
-            throttled_ns: g(&self.throttled_ns),
-            lateness_us_log2: self.lateness_us_log2.iter().map(g).collect(),
-            late_past_range_us_log2: self.late_past_range_us_log2.iter().map(g).collect(),
-            wake_multi_expiry: Some(g(&self.wake_multi_expiry)),
-            wake_coalesced: Some(g(&self.wake_coalesced)),
-        }
-    }
-}
 
 /// VM-wide counters of guest behaviour that lull ignores.
 #[derive(Debug, Default)]
@@ -115,28 +53,5 @@ impl devices::lapic::LapicEvents for LapicNoise {
         if let Some(n) = self.unsupported_delivery_mode.hit() {
             tracing::warn!("guest IPI delivery mode {mode} not delivered ({n} so far)");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lateness_lands_in_log2_buckets() {
-        let c = VcpuCounters::default();
-        for ns in [0, 999, 1_000, 3_000, 1_000_000, u64::MAX] {
-            c.record_lateness(ns);
-        }
-        let s = c.snapshot(0);
-        assert_eq!(s.lateness_us_log2[0], 3); // 0, 999 ns, 1 us
-        assert_eq!(s.lateness_us_log2[1], 1); // 3 us
-        assert_eq!(s.lateness_us_log2[9], 1); // 1 ms = 1000 us, in [512, 1024)
-        assert_eq!(s.lateness_us_log2[19], 1); // everything from ~0.5 s on
-        assert_eq!(s.lapic_timer_fires, 6);
-        c.record_late_past_range(3_000);
-        let s = c.snapshot(0);
-        assert_eq!(s.late_past_range_us_log2[1], 1);
-        assert_eq!(s.late_past_range_us_log2.iter().sum::<u64>(), 1);
     }
 }

@@ -81,7 +81,7 @@ pub struct PowerWindow {
     pub call_irqs_per_s: Reading<f64>,
     /// Context switches per process.
     pub processes: Vec<ProcessSwitches>,
-    /// Context switches per second (voluntary and involuntary) of all the processes.
+    /// Context switches per second (voluntary and nonvoluntary) of all the processes.
     pub context_switches_per_s: Reading<f64>,
     /// The external meter's energy and mean power.
     pub meter: Reading<MeterWindow>,
@@ -205,7 +205,7 @@ fn switches_per_s(processes: &[ProcessSwitches]) -> Result<f64, PowerError> {
     let mut total = 0.0;
     for p in processes {
         match &p.switches.value {
-            Some(w) => total += w.voluntary_per_s + w.involuntary_per_s,
+            Some(w) => total += w.voluntary_per_s + w.nonvoluntary_per_s,
             None => {
                 let why = p.switches.reason.clone().unwrap_or_default();
                 return Err(PowerError::Process(why));

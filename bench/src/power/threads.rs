@@ -1,6 +1,9 @@
 //! A process's thread wake-ups: the context switches of every thread of a PID, from
 //! `<root>/proc/PID/task/TID/status` (`voluntary_ctxt_switches`: the thread blocked and was
-//! woken later; `nonvoluntary_ctxt_switches`: it was preempted).
+//! woken later; `nonvoluntary_ctxt_switches`: it was preempted), parsed by
+//! `vmm::host::stats::context_switches` as `lull run`'s own thread statistics are. The bench
+//! reads them here only: the power window's rates and the fleet's per-process totals
+//! (`proc_sample`).
 //!
 //! `/proc/PID/status` alone counts only the main thread, so every task is read and matched by
 //! TID across the window: a thread born in the window counts all its switches, one that
@@ -10,17 +13,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use vmm::host::stats::{context_switches, ContextSwitches};
 
 use super::read_file::ReadFile;
-
-/// One thread's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Switches {
-    /// `voluntary_ctxt_switches`.
-    pub voluntary: u64,
-    /// `nonvoluntary_ctxt_switches`.
-    pub involuntary: u64,
-}
 
 /// Every thread of a process at one instant, by TID.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +23,19 @@ pub struct ThreadsSample {
     /// The process.
     pub pid: u32,
     /// Its threads.
-    pub threads: BTreeMap<u32, Switches>,
+    pub threads: BTreeMap<u32, ContextSwitches>,
+}
+
+impl ThreadsSample {
+    /// The switches of all its threads.
+    pub fn total(&self) -> ContextSwitches {
+        self.threads
+            .values()
+            .fold(ContextSwitches::default(), |a, t| ContextSwitches {
+                voluntary: a.voluntary + t.voluntary,
+                nonvoluntary: a.nonvoluntary + t.nonvoluntary,
+            })
+    }
 }
 
 /// A process's context switches over a window.
@@ -36,8 +43,10 @@ pub struct ThreadsSample {
 pub struct ThreadsWindow {
     /// Voluntary switches (wake-ups after a block) per second, all threads.
     pub voluntary_per_s: f64,
-    /// Involuntary switches (preemptions) per second, all threads.
-    pub involuntary_per_s: f64,
+    /// Nonvoluntary switches (preemptions) per second, all threads (`involuntary_per_s` in
+    /// the readings of a bench before it took `/proc`'s spelling).
+    #[serde(alias = "involuntary_per_s")]
+    pub nonvoluntary_per_s: f64,
     /// Threads alive at the window's end.
     pub threads: usize,
     /// Threads that exited during the window (their switches are not counted).
@@ -76,7 +85,7 @@ pub fn sample(root: &Path, pid: u32, fs: &dyn ReadFile) -> Result<ThreadsSample,
         let path = tasks.join(format!("{tid}/status"));
         // A thread that exits between the listing and the read is simply not there.
         let Ok(text) = fs.read(&path) else { continue };
-        let switches = parse_status(&text)
+        let switches = context_switches(&text)
             .ok_or_else(|| ThreadsError::NoCounters(path.display().to_string()))?;
         threads.insert(tid, switches);
     }
@@ -84,19 +93,6 @@ pub fn sample(root: &Path, pid: u32, fs: &dyn ReadFile) -> Result<ThreadsSample,
         return Err(ThreadsError::NoProcess(pid));
     }
     Ok(ThreadsSample { pid, threads })
-}
-
-/// The two counters of a `status` file.
-fn parse_status(text: &str) -> Option<Switches> {
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    Some(Switches {
-        voluntary: field("voluntary_ctxt_switches")?,
-        involuntary: field("nonvoluntary_ctxt_switches")?,
-    })
 }
 
 /// The switches of `before`'s process up to `after` (`None`: it exited), `seconds` apart.
@@ -112,15 +108,15 @@ pub fn window(
     if seconds <= 0.0 {
         return Err(ThreadsError::EmptyWindow);
     }
-    let mut total = Switches::default();
+    let mut total = ContextSwitches::default();
     for (tid, now) in &after.threads {
         let then = before.threads.get(tid).copied().unwrap_or_default();
         total.voluntary += now.voluntary.saturating_sub(then.voluntary);
-        total.involuntary += now.involuntary.saturating_sub(then.involuntary);
+        total.nonvoluntary += now.nonvoluntary.saturating_sub(then.nonvoluntary);
     }
     Ok(ThreadsWindow {
         voluntary_per_s: total.voluntary as f64 / seconds,
-        involuntary_per_s: total.involuntary as f64 / seconds,
+        nonvoluntary_per_s: total.nonvoluntary as f64 / seconds,
         threads: after.threads.len(),
         exited: before
             .threads
@@ -136,12 +132,12 @@ mod tests {
     use super::super::test_tree::TempTree;
     use super::*;
 
-    fn task(tree: &TempTree, pid: u32, tid: u32, voluntary: u64, involuntary: u64) {
+    fn task(tree: &TempTree, pid: u32, tid: u32, voluntary: u64, nonvoluntary: u64) {
         tree.file(
             &format!("proc/{pid}/task/{tid}/status"),
             &format!(
                 "Name:\tlull\nState:\tS (sleeping)\nTgid:\t{pid}\nPid:\t{tid}\n\
-                 voluntary_ctxt_switches:\t{voluntary}\nnonvoluntary_ctxt_switches:\t{involuntary}\n"
+                 voluntary_ctxt_switches:\t{voluntary}\nnonvoluntary_ctxt_switches:\t{nonvoluntary}\n"
             ),
         );
     }
@@ -160,8 +156,13 @@ mod tests {
         let after = sample(tree.path(), 40, &RealFs).unwrap();
         let w = window(&before, Some(&after), 2.0).unwrap();
         // (10 + 300 + 90) / 2 and (0 + 2 + 1) / 2.
-        assert_eq!((w.voluntary_per_s, w.involuntary_per_s), (200.0, 1.5));
+        assert_eq!((w.voluntary_per_s, w.nonvoluntary_per_s), (200.0, 1.5));
         assert_eq!((w.threads, w.exited), (3, 1));
+        let total = after.total();
+        assert_eq!(
+            (total.voluntary, total.nonvoluntary),
+            (110 + 1300 + 90, 5 + 52 + 1)
+        );
     }
 
     #[test]

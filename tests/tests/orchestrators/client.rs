@@ -2,14 +2,14 @@
 //! way of sending a command and reading its answer, and Go's HTTP client on a kept-alive
 //! connection.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lull_tests::{lull_bin, report_from, temp_path, Failed};
+use lull_tests::{lull_bin, read_by_length, report_from, temp_path, Failed};
 use serde_json::Value;
 
 /// `cloud-hypervisor`: a symlink to the lull under test, in a directory of its own.
@@ -233,28 +233,6 @@ impl GoClient {
         }
         Ok(text)
     }
-}
-
-/// Reads one answer as Go's client does: the head, then the body by its Content-Length.
-pub fn read_by_length(conn: &mut UnixStream) -> Result<(String, String), String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match conn.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            Ok(_) => return Err("the connection closed".into()),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    let head = String::from_utf8(head).map_err(|e| e.to_string())?;
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .map_or(Ok(0), str::parse)
-        .map_err(|e| format!("Content-Length: {e}"))?;
-    let mut body = vec![0; length];
-    conn.read_exact(&mut body).map_err(|e| e.to_string())?;
-    Ok((head, String::from_utf8(body).map_err(|e| e.to_string())?))
 }
 
 /// A raw image of 1 MiB for a disk.

@@ -1,19 +1,17 @@
 //! The `orchestrators` tests with file descriptors: tap fds sent with `vm.add-net` (Kata) or
 //! inherited with `--net fd=N` (Flintlock), bad fds, and an inherited API socket.
 
-use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lull_tests::{kit_file, report_from, temp_path, Failed};
+use lull_tests::{api_put_with_fds, kit_file, report_from, temp_path, Failed};
 use serde_json::json;
 
 use super::client::{
-    cloud_hypervisor, expect, path_form, read_by_length, shutdown_vmm, wait_guest_timers, Ch,
-    GoClient,
+    cloud_hypervisor, expect, path_form, shutdown_vmm, wait_guest_timers, Ch, GoClient,
 };
 use super::API_STOP;
 
@@ -67,29 +65,6 @@ impl Drop for TestTap {
     }
 }
 
-/// ch-remote's `add-net` (and Kata's): the request's first write carries the fds.
-pub fn add_net_with_fds(
-    socket: &Path,
-    body: &str,
-    fds: &[std::os::fd::RawFd],
-) -> Result<(u16, String), Failed> {
-    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-    let mut conn = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| e.to_string())?;
-    let first = b"PUT /api/v1/vm.add-net HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n";
-    conn.send_with_fds(&[&first[..]], fds)
-        .map_err(|e| format!("send the fds: {e}"))?;
-    let rest = format!("Content-Length: {}\r\n\r\n{body}", body.len());
-    conn.write_all(rest.as_bytes()).map_err(|e| e.to_string())?;
-    let (head, body) = read_by_length(&mut conn).map_err(|e| format!("vm.add-net: {e}"))?;
-    let status = head
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .ok_or("status line")?;
-    Ok((status, body))
-}
-
 /// Once the guest runs (its timers fire), its one net must be on `tap` with `mac`.
 fn expect_one_net(socket: &Path, tap: &str, mac: &str) -> Result<(), Failed> {
     let mut go = GoClient::connect(socket)?;
@@ -125,7 +100,7 @@ pub fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
     )?;
     use std::os::fd::AsRawFd;
     let body = r#"{"mac": "52:54:00:00:00:42", "num_queues": 2, "queue_size": 256}"#;
-    let (status, text) = add_net_with_fds(&ch.socket, body, &[fd.as_raw_fd()])?;
+    let (status, text) = api_put_with_fds(&ch.socket, "vm.add-net", body, &[fd.as_raw_fd()])?;
     if status != 204 {
         return Err(format!("vm.add-net with the tap fd: {status} {text}").into());
     }
@@ -138,7 +113,7 @@ pub fn tap_fd_sent_with_add_net_backs_the_vm_s_net() -> Result<(), Failed> {
     expect(&ch.socket, "PUT", "vm.boot", None, 204)?;
     expect_one_net(&ch.socket, &tap.0, "52:54:00:00:00:42")?;
     // No hotplug: after boot, vm.add-net is refused.
-    let (status, _) = add_net_with_fds(&ch.socket, body, &[])?;
+    let (status, _) = api_put_with_fds(&ch.socket, "vm.add-net", body, &[])?;
     if status != 405 {
         return Err(format!("vm.add-net after boot: {status}, want 405").into());
     }
@@ -214,7 +189,7 @@ pub fn add_net_refuses_a_bad_fd() -> Result<(), Failed> {
         (vec![], r#"{"fds": [0]}"#, "never a number in the body"),
         (vec![], body, "needs a tap"),
     ] {
-        let (status, text) = add_net_with_fds(&ch.socket, body, &fds)?;
+        let (status, text) = api_put_with_fds(&ch.socket, "vm.add-net", body, &fds)?;
         if status != 400 || !text.contains(says) {
             return Err(format!("vm.add-net {fds:?} {body}: {status} {text}").into());
         }

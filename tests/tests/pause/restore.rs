@@ -87,8 +87,48 @@ fn restore_finishes_the_timers(
     phase: Option<Phase>,
     held: Duration,
 ) -> Result<PathBuf, Failed> {
-    let first_metrics = temp_path(&format!("{name}-1.json"));
-    let metrics_arg = first_metrics.display().to_string();
+    let (saved, serial) = save_mid_flight(extra, name, phase)?;
+    let dir = &saved.dir;
+    restored_by_api_passes(name, dir, &serial, held)?;
+    saved.report_kept("the run restored by vm.restore")?;
+    restored_by_run_passes(dir, &serial)?;
+    saved.report_kept("lull run --restore")?;
+    restored_by_ch_remote_passes(name, dir, &serial)?;
+    saved.report_kept("the run restored by vm.restore with resume")?;
+    restored_by_ch_cli_passes(dir, &serial)?;
+    let _ = std::fs::remove_file(&saved.metrics);
+    Ok(saved.dir)
+}
+
+/// A snapshot of a guest in flight, and the report its saving run wrote at its end.
+struct Saved {
+    /// The snapshot.
+    dir: PathBuf,
+    /// The saving run's `--metrics` file.
+    metrics: PathBuf,
+    /// What it held once that run ended.
+    report: Vec<u8>,
+}
+
+impl Saved {
+    /// Fails if the saving run's report changed since it ended: `by` wrote over it.
+    fn report_kept(&self, by: &str) -> Result<(), Failed> {
+        match std::fs::read(&self.metrics) {
+            Ok(now) if now == self.report => Ok(()),
+            _ => Err(format!("{by} wrote over the saving run's --metrics file").into()),
+        }
+    }
+}
+
+/// `pause-timers` started with `extra`, paused (in `phase` if given, which the snapshot must
+/// show), snapshotted and its lull ended: the snapshot and the guest's console file.
+fn save_mid_flight(
+    extra: &[&str],
+    name: &str,
+    phase: Option<Phase>,
+) -> Result<(Saved, PathBuf), Failed> {
+    let metrics = temp_path(&format!("{name}-1.json"));
+    let metrics_arg = metrics.display().to_string();
     let mut flags = extra.to_vec();
     flags.extend(["--metrics", &metrics_arg]);
     let first = PausedVm::start(&format!("{name}-1"), COUNT, &flags)?;
@@ -106,21 +146,35 @@ fn restore_finishes_the_timers(
     // 204 once the run ended and its report is written.
     first.expect("PUT", "vmm.shutdown", 204)?;
     drop(first);
-    let first_report =
-        std::fs::read(&first_metrics).map_err(|e| format!("the saving run's report: {e}"))?;
-    let report_kept = |by: &str| -> Result<(), Failed> {
-        match std::fs::read(&first_metrics) {
-            Ok(now) if now == first_report => Ok(()),
-            _ => Err(format!("{by} wrote over the saving run's --metrics file").into()),
-        }
+    let report = std::fs::read(&metrics).map_err(|e| format!("the saving run's report: {e}"))?;
+    let saved = Saved {
+        dir,
+        metrics,
+        report,
     };
-    let serial_field = format!(r#", "serial": "file={}""#, serial.display());
+    Ok((saved, serial))
+}
+
+/// `, "serial": "file=SERIAL"`: the field that gives a restored VM `serial` as its console.
+fn serial_field(serial: &Path) -> String {
+    format!(r#", "serial": "file={}""#, serial.display())
+}
+
+/// `vm.restore` of `dir` into a new lull: the VM is paused, a second `vm.restore` is refused,
+/// its vCPUs do not run while it is `held`, and once resumed the guest passes. Ends that lull
+/// and removes its console file `serial`: what the file holds next is the next run's.
+fn restored_by_api_passes(
+    name: &str,
+    dir: &Path,
+    serial: &Path,
+    held: Duration,
+) -> Result<(), Failed> {
     let (mut second, status, text) =
-        restore_into_new_lull_with(&format!("{name}-2"), &dir, &serial_field)?;
+        restore_into_new_lull_with(&format!("{name}-2"), dir, &serial_field(serial))?;
     if status != 204 {
         return Err(format!("vm.restore: status {status}: {text}").into());
     }
-    second.serial = serial;
+    second.serial = serial.to_path_buf();
     if second.info()?["state"] != "Paused" {
         return Err(format!("a restored VM is not paused: {}", second.info()?).into());
     }
@@ -141,54 +195,56 @@ fn restore_finishes_the_timers(
     }
     second.expect("PUT", "vm.resume", 204)?;
     second.guest_passes()?;
-    let serial = second.serial.clone();
-    // Ends that lull and removes its console file: what the file holds next is the next run's.
-    second.finish()?;
-    report_kept("the run restored by vm.restore")?;
+    second.finish()
+}
 
-    // The same snapshot with `lull run --restore DIR --resume` (no API): the guest passes
-    // again; without --resume lull refuses (a VM nobody could resume).
+/// The same snapshot with `lull run --restore DIR --resume` (no API): the guest passes
+/// again; without --resume lull refuses (a VM nobody could resume).
+fn restored_by_run_passes(dir: &Path, serial: &Path) -> Result<(), Failed> {
     let dir_arg = dir.display().to_string();
     run_lull(&["run", "--restore", &dir_arg], Duration::from_secs(60))?.expect_code(BAD_INPUT)?;
-    let run = run_restored(&dir, &serial, Duration::from_secs(120))?;
-    let serial_flag = format!("file={}", serial.display());
+    let run = run_restored(dir, serial, Duration::from_secs(120))?;
     run.expect_code(GUEST_PASS)?;
-    let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
+    let text = std::fs::read_to_string(serial).map_err(|e| e.to_string())?;
     if !text.contains("pause-timers: PASS") {
         return Err(format!("lull run --restore: the guest did not pass again:\n{text}").into());
     }
-    report_kept("lull run --restore")?;
-    let _ = std::fs::remove_file(&serial);
+    let _ = std::fs::remove_file(serial);
+    Ok(())
+}
 
-    // Once more through vm.restore with the body `ch-remote restore` sends, `resume` on: the
-    // VM runs at once, and the guest passes without a vm.resume.
+/// Once more through vm.restore with the body `ch-remote restore` sends, `resume` on: the
+/// VM runs at once, and the guest passes without a vm.resume.
+fn restored_by_ch_remote_passes(name: &str, dir: &Path, serial: &Path) -> Result<(), Failed> {
     let ch_remote = format!(
-        r#", "prefault": true, "memory_restore_mode": "Copy", "net_fds": null, "resume": true{serial_field}"#
+        r#", "prefault": true, "memory_restore_mode": "Copy", "net_fds": null, "resume": true{}"#,
+        serial_field(serial)
     );
     let (mut fourth, status, text) =
-        restore_into_new_lull_with(&format!("{name}-4"), &dir, &ch_remote)?;
+        restore_into_new_lull_with(&format!("{name}-4"), dir, &ch_remote)?;
     if status != 204 {
         return Err(format!("vm.restore with resume: status {status}: {text}").into());
     }
-    fourth.serial = serial.clone();
+    fourth.serial = serial.to_path_buf();
     fourth.guest_passes()?;
-    fourth.finish()?;
-    report_kept("the run restored by vm.restore with resume")?;
+    fourth.finish()
+}
 
-    // And through Cloud Hypervisor's command line, `resume=true` and no API socket.
+/// And through Cloud Hypervisor's command line, `resume=true` and no API socket.
+fn restored_by_ch_cli_passes(dir: &Path, serial: &Path) -> Result<(), Failed> {
     let source = format!(
-        "source_url=file://{},resume=true,serial={serial_flag}",
-        dir.display()
+        "source_url=file://{},resume=true,serial=file={}",
+        dir.display(),
+        serial.display()
     );
     let run = run_lull(&["ch", "--restore", &source], Duration::from_secs(120))?;
     run.expect_code(GUEST_PASS)?;
-    let text = std::fs::read_to_string(&serial).map_err(|e| e.to_string())?;
+    let text = std::fs::read_to_string(serial).map_err(|e| e.to_string())?;
     if !text.contains("pause-timers: PASS") {
         return Err(format!("lull ch --restore: the guest did not pass:\n{text}").into());
     }
-    let _ = std::fs::remove_file(&serial);
-    let _ = std::fs::remove_file(&first_metrics);
-    Ok(dir)
+    let _ = std::fs::remove_file(serial);
+    Ok(())
 }
 
 /// `--irqchip kernel` restore, then a damaged snapshot (the memory file one page short) is

@@ -116,7 +116,7 @@ impl Hierarchy {
         (h != cpu).then_some(h)
     }
 
-    /// The CPU holding the wake-up duty, if any (for snapshots and tests).
+    /// The CPU holding the wake-up duty, if any (for dumps and tests).
     pub(super) fn duty_holder(&self) -> Option<CpuId> {
         *lock(&self.duty)
     }

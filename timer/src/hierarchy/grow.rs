@@ -134,7 +134,7 @@ impl Hierarchy {
     }
 
     fn topo(&self) -> std::sync::MutexGuard<'_, Topology> {
-        self.topo.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.topo)
     }
 
     /// Adds a CPU on `node` at run time and returns its id. The CPU starts idle. Safe while

@@ -101,13 +101,13 @@
 //! lock-free. The owner of a CPU id calls activate/deactivate/new_timer for it; any active CPU
 //! may call `handle_remote` for itself.
 
+mod dump;
 mod duty;
 mod grow;
 mod ops;
 #[cfg(test)]
 #[cfg(not(loom))]
 mod retarget_tests;
-mod snapshot;
 pub(crate) mod state;
 #[cfg(test)]
 #[cfg(not(loom))]
@@ -118,8 +118,8 @@ mod tree;
 use crate::base::CpuId;
 use crate::clock::Nanos;
 
+pub use dump::{CpuDump, EventDump, GroupDump, HierarchyDump, MemberDump};
 pub use grow::{HierarchyConfig, HierarchyError};
-pub use snapshot::{CpuSnapshot, EventSnapshot, GroupSnapshot, MemberSnapshot, Snapshot};
 pub use state::{GroupState, MAX_GROUP_SIZE};
 pub use topology::NodeId;
 pub use tree::Hierarchy;

@@ -32,13 +32,13 @@ fn first_one_back_takes_the_duty_of_the_last_one_out() {
         100,
         "the new migrator covers the event"
     );
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
     // CPU 1 leaves again: it is the holder now, nobody to retarget.
     let out = h.deactivate(1, NEVER);
     assert_eq!((out.wakeup, out.retarget), (100, None));
     // The holder itself coming back names nobody.
     assert_eq!(h.activate(1), None);
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn an_idle_cpu_reporting_an_earlier_event_takes_the_duty() {
     let out = h.new_timer(1, 50);
     assert_eq!((out.wakeup, out.retarget), (50, Some(2)));
     assert_eq!(h.wakeup(2), NEVER);
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
     // A later event than the holder's changes nothing; re-reporting the same, neither.
     assert_eq!(h.new_timer(0, 400).retarget, None);
     assert_eq!(h.deactivate(1, 50).retarget, None);
@@ -69,11 +69,11 @@ fn a_cancelled_event_moves_the_duty_later() {
     let out = h.deactivate(0, NEVER);
     assert_eq!((out.wakeup, out.retarget), (200, Some(2)));
     assert_eq!(h.wakeup(2), NEVER);
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
     // The last event goes: nobody wakes at all.
     let out = h.deactivate(1, NEVER);
     assert_eq!((out.wakeup, out.retarget), (NEVER, Some(0)));
-    let s = h.snapshot();
+    let s = h.dump();
     s.check().unwrap();
     assert!(s.cpus.iter().all(|c| c.wakeup == NEVER));
 }
@@ -89,7 +89,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// Random activations, deactivations and exact re-reports (later or earlier): after
-    /// every step the duty invariant holds (checked by `Snapshot::check`), and the CPU a
+    /// every step the duty invariant holds (checked by `HierarchyDump::check`), and the CPU a
     /// step names for a retarget is exactly the one whose wake-up that step changed.
     #[test]
     fn the_duty_moves_and_names_whom_it_moved(
@@ -121,7 +121,7 @@ proptest! {
                     (c, h.deactivate(c, e).retarget)
                 }
             };
-            let s = h.snapshot();
+            let s = h.dump();
             s.check().map_err(TestCaseError::fail)?;
             for c in (0..n).filter(|&c| c != actor) {
                 let moved = h.wakeup(c) != before[c];

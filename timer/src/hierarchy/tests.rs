@@ -27,7 +27,7 @@ fn levels_grow_with_cpus() {
     ] {
         let h = one_node(n);
         assert_eq!(h.num_levels(), levels, "{n} CPUs");
-        let s = h.snapshot();
+        let s = h.dump();
         s.check().unwrap();
         assert!(s.groups.iter().all(|g| g.members.len() <= 8));
     }
@@ -51,11 +51,11 @@ fn numa_nodes_stay_apart_below_the_crossnode_level() {
     let nodes: Vec<usize> = (0..60).map(|i| i % 3).collect();
     let h = Hierarchy::new(HierarchyConfig::default(), &nodes).unwrap();
     assert_eq!(h.crossnode_level(), 2);
-    let s = h.snapshot();
+    let s = h.dump();
     s.check().unwrap();
     for g in s.groups.iter().filter(|g| g.level < 2) {
         for m in &g.members {
-            if let MemberSnapshot::Cpu(c) = m {
+            if let MemberDump::Cpu(c) = m {
                 assert_eq!(nodes[*c], g.node);
             }
         }
@@ -74,13 +74,13 @@ fn last_cpu_going_idle_gets_the_first_global_expiry() {
     for c in 0..15 {
         let d = h.deactivate(c, 1000 + c as u64);
         assert_eq!(d.wakeup, NEVER);
-        h.snapshot().check().unwrap();
+        h.dump().check().unwrap();
     }
     assert_eq!(h.quick_check(15, 5000), 1000);
     let d = h.deactivate(15, 5000);
     assert_eq!(d.wakeup, 1000);
     assert_eq!(h.wakeup(15), 1000);
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
     // CPU 15 wakes, becomes migrator of everything and pulls CPU 0's timer.
     h.activate(15);
     assert_eq!(h.remote_deadline(15), 1000);
@@ -100,7 +100,7 @@ fn last_cpu_going_idle_gets_the_first_global_expiry() {
     assert_eq!(out.cpus_expired, 2);
     assert_eq!(h.remote_deadline(15), 1002);
     assert!(!h.requires_handle_remote(15, 1001));
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
 }
 
 #[test]
@@ -116,7 +116,7 @@ fn new_timer_on_an_idle_cpu_reaches_the_migrator() {
     assert_eq!(h.remote_deadline(0), 500);
     // Later timers change nothing.
     assert_eq!(h.new_timer(9, 600).kick, None);
-    h.snapshot().check().unwrap();
+    h.dump().check().unwrap();
 }
 
 #[test]
@@ -177,7 +177,7 @@ proptest! {
                 }
                 HOp::NewTimer(c, e) => { let c = c % idle.len(); h.new_timer(c, e); }
             }
-            let s = h.snapshot();
+            let s = h.dump();
             s.check().map_err(TestCaseError::fail)?;
             prop_assert!(s.groups.iter().all(|g| g.members.len() <= 2));
             let root = &s.groups[s.root().unwrap()];
@@ -220,7 +220,7 @@ fn concurrent_flips_while_the_root_grows() {
     for t in threads {
         t.join().unwrap();
     }
-    let s = h.snapshot();
+    let s = h.dump();
     s.check().unwrap();
     assert_eq!(s.cpus.len(), 64);
     let root = &s.groups[s.root().unwrap()];

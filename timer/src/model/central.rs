@@ -7,7 +7,7 @@ use super::{CpuTimers, HostTick, ModelKind, OnFire, TimerModel, Waker};
 use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::host::HostTimer;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, TimerMetrics};
 use crate::queue::TimerQueue;
 
 struct Central<T> {
@@ -56,7 +56,7 @@ impl<T: Send + 'static> CentralModel<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Central<T>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock(&self.inner)
     }
 }
 
@@ -65,8 +65,8 @@ impl<T: Send + 'static> TimerModel<T> for CentralModel<T> {
         ModelKind::Central
     }
 
-    fn metrics(&self) -> MetricsSnapshot {
-        self.metrics.snapshot()
+    fn metrics(&self) -> TimerMetrics {
+        self.metrics.read()
     }
 
     fn arm_global(&self, cpu: CpuId, deadline: Nanos, payload: T) -> bool {

@@ -92,7 +92,7 @@ mod tests {
             .unwrap();
             assert_eq!(m.hierarchy().max_cpus(), n);
             assert_eq!(m.hierarchy().num_cpus(), n);
-            m.hierarchy().snapshot().check().unwrap();
+            m.hierarchy().dump().check().unwrap();
             // Every CPU's global timer is found by the last one to go idle.
             for (i, c) in cpus.iter_mut().enumerate() {
                 let at = 1_000 + u64::try_from(i).unwrap();

@@ -59,7 +59,7 @@ use crate::base::{AfterFire, CpuId, Fired, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::hierarchy::HierarchyError;
 use crate::host::HostTimer;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, TimerMetrics};
 
 /// The expiry callback: told which CPU's timer fired, returns whether to notify the owner.
 pub type OnFire<'a, T> = &'a mut dyn FnMut(Fired<T>) -> AfterFire;
@@ -76,15 +76,86 @@ impl<F: Fn(CpuId) + Send + Sync> Waker for F {
     }
 }
 
-/// Which model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which model: the one place its name (`--timer-model`, the report's `timer_model`, the
+/// bench's modes) is spelt, by [`ModelKind::as_str`]; parsing ([`FromStr`](std::str::FromStr)),
+/// serde and (feature `clap`) clap's value enum all go through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ModelKind {
     /// Hierarchical pull of idle CPUs' global timers (the default).
+    #[default]
     Pull,
     /// Every CPU programs a host timer for its own head, global timers included.
     Push,
     /// One timer thread expires everything and kicks the owners.
     Central,
+}
+
+impl ModelKind {
+    /// Every model, in the order the CLI lists them.
+    pub const ALL: [Self; 3] = [Self::Pull, Self::Push, Self::Central];
+    /// Their names, in that order.
+    pub const NAMES: [&'static str; 3] = [
+        Self::ALL[0].as_str(),
+        Self::ALL[1].as_str(),
+        Self::ALL[2].as_str(),
+    ];
+
+    /// The model's name (`pull`, `push`, `central`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pull => "pull",
+            Self::Push => "push",
+            Self::Central => "central",
+        }
+    }
+
+    /// What the model does, in a line (the help of its CLI value).
+    pub const fn summary(self) -> &'static str {
+        match self {
+            Self::Pull => {
+                "Timers queue on the arming vCPU; a halted vCPU's global timers are pulled by \
+                 running vCPUs through a hierarchy (Linux's timer-migration model). One host \
+                 timer per vCPU"
+            }
+            Self::Push => {
+                "Every vCPU arms a host timer for every timer on its base, global ones included"
+            }
+            Self::Central => {
+                "One VMM timer thread expires all timers and kicks the vCPUs (QEMU-style)"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ModelKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ModelKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse()
+            .map_err(|_| serde::de::Error::unknown_variant(&name, &Self::NAMES))
+    }
+}
+
+#[cfg(feature = "clap")]
+impl clap::ValueEnum for ModelKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(self.summary()))
+    }
 }
 
 /// Errors from building a model.
@@ -102,12 +173,10 @@ impl std::str::FromStr for ModelKind {
     type Err = ModelError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pull" => Ok(Self::Pull),
-            "push" => Ok(Self::Push),
-            "central" => Ok(Self::Central),
-            _ => Err(ModelError::UnknownModel(s.to_owned())),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == s)
+            .ok_or_else(|| ModelError::UnknownModel(s.to_owned()))
     }
 }
 
@@ -159,7 +228,7 @@ pub trait TimerModel<T>: Send + Sync {
     /// Which model this is.
     fn kind(&self) -> ModelKind;
     /// Counters.
-    fn metrics(&self) -> MetricsSnapshot;
+    fn metrics(&self) -> TimerMetrics;
     /// Work for a dedicated timer thread (`central` only): expires what is due, returns the
     /// next deadline. Other models return `NEVER` at once.
     fn service(&self, now: Nanos, f: OnFire<'_, T>) -> Nanos;

@@ -13,7 +13,7 @@ use crate::base::{AfterFire, CpuId, Fired, GlobalQueue, TimerBase, TimerHandle, 
 use crate::clock::{Nanos, NEVER};
 use crate::hierarchy::{Hierarchy, HierarchyConfig, HierarchyError, NodeId, RemoteExpiry};
 use crate::host::HostTimer;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, TimerMetrics};
 use crate::slack::tick_deadline;
 
 /// The shared part of the pull model: the hierarchy and every CPU's global queue.
@@ -158,8 +158,8 @@ impl<T: Send + 'static> TimerModel<T> for PullModel<T> {
         ModelKind::Pull
     }
 
-    fn metrics(&self) -> MetricsSnapshot {
-        self.metrics.snapshot()
+    fn metrics(&self) -> TimerMetrics {
+        self.metrics.read()
     }
 
     fn arm_global(&self, _cpu: CpuId, _deadline: Nanos, _payload: T) -> bool {

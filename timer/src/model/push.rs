@@ -7,7 +7,7 @@ use super::{CpuTimers, HostTick, ModelKind, OnFire, Sleeper, TimerModel, Waker};
 use crate::base::{CpuId, TimerBase, TimerHandle, TimerKind};
 use crate::clock::{Nanos, NEVER};
 use crate::host::HostTimer;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, TimerMetrics};
 
 /// The shared part of the push model (only counters).
 pub struct PushModel {
@@ -51,8 +51,8 @@ impl<T> TimerModel<T> for PushModel {
         ModelKind::Push
     }
 
-    fn metrics(&self) -> MetricsSnapshot {
-        self.metrics.snapshot()
+    fn metrics(&self) -> TimerMetrics {
+        self.metrics.read()
     }
 
     fn arm_global(&self, _cpu: CpuId, _deadline: Nanos, _payload: T) -> bool {

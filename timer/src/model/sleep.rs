@@ -207,7 +207,7 @@ mod tests {
         duty.set(10);
         s.retarget(&d, &m);
         assert_eq!((fake.deadline(), s.armed()), (100, NEVER));
-        let snap = m.snapshot();
+        let snap = m.read();
         assert_eq!((snap.wake_timer_arms, snap.wake_retargets), (5, 2));
         assert_eq!(snap.host_timer_arms, 5);
     }
@@ -220,6 +220,6 @@ mod tests {
         // The owner blocks with 50 and only re-reads when it wakes.
         s.retarget(&|| NEVER, &m);
         assert_eq!(s.armed(), 50);
-        assert_eq!(m.snapshot().wake_timer_arms, 0);
+        assert_eq!(m.read().wake_timer_arms, 0);
     }
 }

@@ -260,7 +260,7 @@ impl Sim {
     /// wake-up is armed for exactly its first pinned timer or its duty.
     fn check(&self) -> Result<(), TestCaseError> {
         let h = self.model.hierarchy();
-        h.snapshot().check().map_err(TestCaseError::fail)?;
+        h.dump().check().map_err(TestCaseError::fail)?;
         for c in 0..self.cpus.len() {
             if self.idle[c] {
                 let want = self.cpus[c].base().next_pinned().min(h.wakeup(c));

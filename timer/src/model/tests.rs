@@ -171,6 +171,27 @@ fn push_wakes_for_every_timer_and_central_expires_everything() {
 }
 
 #[test]
+fn a_model_reads_back_from_its_name_as_text_and_as_json() {
+    let names: Vec<&str> = ModelKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["pull", "push", "central"]);
+    assert_eq!(ModelKind::NAMES.to_vec(), names);
+    for kind in ModelKind::ALL {
+        assert_eq!(kind.as_str().parse::<ModelKind>().unwrap(), kind);
+        assert_eq!(kind.to_string(), kind.as_str());
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(json, format!("\"{}\"", kind.as_str()));
+        assert_eq!(serde_json::from_str::<ModelKind>(&json).unwrap(), kind);
+    }
+    let err = serde_json::from_str::<ModelKind>("\"pool\"").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("unknown variant `pool`, expected one of `pull`, `push`, `central`"),
+        "{err}"
+    );
+    assert_eq!(ModelKind::default(), ModelKind::Pull);
+}
+
+#[test]
 fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
     let cfg = crate::hierarchy::HierarchyConfig {
         group_size: 2,
@@ -197,7 +218,7 @@ fn pull_model_hot_adds_a_cpu_that_pulls_timers() {
     let mut new = m.add_cpu(1, Box::new(FakeHostTimer::new())).unwrap();
     assert_eq!(new.cpu(), 2);
     assert_eq!(m.hierarchy().num_levels(), 2);
-    m.hierarchy().snapshot().check().unwrap();
+    m.hierarchy().dump().check().unwrap();
     assert_eq!(new.run(0, &mut |_| AfterFire::Done), 100);
     let mut got = Vec::new();
     new.run(250, &mut |f| {

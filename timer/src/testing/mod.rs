@@ -27,7 +27,7 @@
 //!   of the CPU that armed it, with the handle and deadline it was (re-)armed with; a remote
 //!   fire is of a halted vCPU's timer, run by another vCPU.
 //! * After every step ([`Sim::check`]): the hierarchy's structural invariants
-//!   ([`Snapshot::check`](crate::hierarchy::Snapshot::check)); the hierarchy and the
+//!   ([`HierarchyDump::check`](crate::hierarchy::HierarchyDump::check)); the hierarchy and the
 //!   simulation agree on who is idle; a running vCPU's host tick covers its own first timer
 //!   and the remote events it is migrator for; a halted vCPU's first global timer is queued
 //!   under it and reachable up to an active migrator or a vCPU that wakes for the root's
@@ -415,7 +415,7 @@ impl Sim {
     /// Every invariant that must hold between steps (see the module docs).
     pub fn check(&self) -> Result<(), Violation> {
         let h = self.model.hierarchy();
-        let snap = h.snapshot();
+        let snap = h.dump();
         snap.check().map_err(Violation::Hierarchy)?;
         for &id in &self.ledger.pending {
             let t = self.armed_timer(id)?;

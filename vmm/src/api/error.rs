@@ -210,7 +210,7 @@ pub enum ApiError {
         /// `pause` or `resume`.
         action: &'static str,
         /// Why.
-        source: crate::vm::pause::PauseError,
+        source: crate::vm::pause_resume::PauseError,
     },
     /// The `vm.snapshot` or `vm.restore` body is not the object the endpoint takes.
     #[error("vm.snapshot takes {{\"destination_url\": \"file:///DIR\"}} and vm.restore {{\"source_url\": \"file:///DIR\"}}: {0}")]
@@ -260,7 +260,7 @@ impl ApiError {
             // Cloud Hypervisor's API description: "The VM instance could not resume because it
             // is not paused" is 405.
             Self::Pause {
-                source: crate::vm::pause::PauseError::NotPaused,
+                source: crate::vm::pause_resume::PauseError::NotPaused,
                 ..
             } => 405,
             Self::MethodNotAllowed { .. }
@@ -353,9 +353,12 @@ mod tests {
             action: "pause",
             source,
         };
-        assert_eq!(pause(crate::vm::pause::PauseError::NotPaused).status(), 405);
         assert_eq!(
-            pause(crate::vm::pause::PauseError::AlreadyPaused).status(),
+            pause(crate::vm::pause_resume::PauseError::NotPaused).status(),
+            405
+        );
+        assert_eq!(
+            pause(crate::vm::pause_resume::PauseError::AlreadyPaused).status(),
             500
         );
         assert_eq!(ApiError::NotFound("/x".into()).status(), 404);

@@ -156,7 +156,9 @@ mod tests {
     use super::*;
     use clap::{CommandFactory, Parser};
 
-    use crate::config::{IrqchipMode, SerialMode, Switch, TimerModelKind};
+    use timer::ModelKind;
+
+    use crate::config::{IrqchipMode, SerialMode, Switch};
     use crate::size::ByteSize;
 
     /// `lull run` with the VM's flags only (the `lull` binary adds the rest).
@@ -256,7 +258,7 @@ mod tests {
         let expected = VmConfig {
             cpus: 2,
             serial: SerialMode::Stdio,
-            timer_model: TimerModelKind::Pull,
+            timer_model: ModelKind::Pull,
             ..file
         };
         assert_eq!(flagged, expected);

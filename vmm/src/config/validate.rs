@@ -9,10 +9,12 @@
 //! effect with the kernel irqchip either.) A `--cpu-quota` whose quota is at least
 //! `cpus x period` can never park a vCPU, so it is refused too.
 
+use timer::ModelKind;
+
 use super::knobs::TimerSlack;
 use super::{
-    ConfigError, DeviceTimerMode, IrqchipMode, TimerModelKind, VmConfig, MAX_CPUS, MAX_DISKS,
-    MAX_MEMORY, MAX_VIRTIO_DEVICES, MIN_MEMORY,
+    ConfigError, DeviceTimerMode, IrqchipMode, VmConfig, MAX_CPUS, MAX_DISKS, MAX_MEMORY,
+    MAX_VIRTIO_DEVICES, MIN_MEMORY,
 };
 
 /// Guest memory is mapped in pages of this size.
@@ -65,12 +67,9 @@ impl VmConfig {
                 (self.idle_inject.is_some(), "--idle-inject"),
                 (self.cpu_quota.is_some(), "--cpu-quota"),
                 (self.global_timers.is_some(), "--global-timers"),
+                (self.timer_model == ModelKind::Push, "--timer-model push"),
                 (
-                    self.timer_model == TimerModelKind::Push,
-                    "--timer-model push",
-                ),
-                (
-                    self.timer_model == TimerModelKind::Central,
+                    self.timer_model == ModelKind::Central,
                     "--timer-model central",
                 ),
                 (
@@ -149,13 +148,13 @@ mod tests {
             cfg.validate()
         };
         assert!(kernel(|_| {}).is_ok());
-        assert!(kernel(|c| c.timer_model = TimerModelKind::Pull).is_ok());
+        assert!(kernel(|c| c.timer_model = ModelKind::Pull).is_ok());
         assert!(matches!(
-            kernel(|c| c.timer_model = TimerModelKind::Central),
+            kernel(|c| c.timer_model = ModelKind::Central),
             Err(ConfigError::NeedsUserIrqchip("--timer-model central"))
         ));
         assert!(matches!(
-            kernel(|c| c.timer_model = TimerModelKind::Push),
+            kernel(|c| c.timer_model = ModelKind::Push),
             Err(ConfigError::NeedsUserIrqchip("--timer-model push"))
         ));
         assert!(matches!(

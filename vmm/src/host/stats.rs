@@ -8,22 +8,43 @@ use procfs_core::FromRead;
 
 pub use lull_schema::ThreadStat;
 
+/// A thread's context switches, as its `/proc/.../status` counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextSwitches {
+    /// `voluntary_ctxt_switches`: the thread blocked and was woken later.
+    pub voluntary: u64,
+    /// `nonvoluntary_ctxt_switches`: it was preempted.
+    pub nonvoluntary: u64,
+}
+
+/// The context switches in the text of a thread's `status` file; `None` if it lacks either
+/// count. lull's one reader of them: `lull run`'s thread statistics and the bench's
+/// (`bench::power::threads`) both parse through it.
+pub fn context_switches(status: &str) -> Option<ContextSwitches> {
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some(ContextSwitches {
+        voluntary: field("voluntary_ctxt_switches")?,
+        nonvoluntary: field("nonvoluntary_ctxt_switches")?,
+    })
+}
+
 fn task_stat(path: &std::path::Path) -> ThreadStat {
-    // procfs-core parses; the files are opened here with plain read-only opens, the only kind
-    // the vCPU and timer threads' seccomp filters allow (the `procfs` crate opens O_PATH
-    // directory descriptors).
-    let status = Status::from_file(path.join("status")).ok();
+    // procfs-core parses the rest; the files are opened here with plain read-only opens, the
+    // only kind the vCPU and timer threads' seccomp filters allow (the `procfs` crate opens
+    // O_PATH directory descriptors).
+    let text = std::fs::read_to_string(path.join("status")).unwrap_or_default();
+    let name = Status::from_read(text.as_bytes()).map_or_else(|_| String::new(), |s| s.name);
+    let switches = context_switches(&text).unwrap_or_default();
     let cpu_ns = Schedstat::from_file(path.join("schedstat")).map_or(0, |s| s.sum_exec_runtime);
     ThreadStat {
-        name: status.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
-        voluntary_ctxt_switches: status
-            .as_ref()
-            .and_then(|s| s.voluntary_ctxt_switches)
-            .unwrap_or(0),
-        nonvoluntary_ctxt_switches: status
-            .as_ref()
-            .and_then(|s| s.nonvoluntary_ctxt_switches)
-            .unwrap_or(0),
+        name,
+        voluntary_ctxt_switches: switches.voluntary,
+        nonvoluntary_ctxt_switches: switches.nonvoluntary,
         cpu_ns,
     }
 }
@@ -106,6 +127,22 @@ pub fn read_kvm_stats(fd: &std::fs::File, into: &mut BTreeMap<String, u64>) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn context_switches_need_both_counts() {
+        let status = "Name:\tlull\nvoluntary_ctxt_switches:\t7\nnonvoluntary_ctxt_switches:\t2\n";
+        assert_eq!(
+            context_switches(status),
+            Some(ContextSwitches {
+                voluntary: 7,
+                nonvoluntary: 2
+            })
+        );
+        assert_eq!(
+            context_switches("Name:\tlull\nvoluntary_ctxt_switches:\t7\n"),
+            None
+        );
+    }
 
     #[test]
     fn this_thread_is_listed_once() {

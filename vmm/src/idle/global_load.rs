@@ -54,12 +54,12 @@ impl GlobalLoad {
 
     /// A slot fired: queue it for re-arming.
     pub fn fired(&self, slot: u32) {
-        crate::sync::lock(&self.pending).push(slot);
+        timer::lock(&self.pending).push(slot);
     }
 
     /// Takes the slots waiting to be re-armed.
     pub fn take_pending(&self) -> Vec<u32> {
-        let mut p = crate::sync::lock(&self.pending);
+        let mut p = timer::lock(&self.pending);
         if p.is_empty() {
             Vec::new()
         } else {

@@ -355,12 +355,13 @@ impl<C: VmTime> VcpuIdle<C> {
             c.wake_coalesced
                 .fetch_add(u64::from(fired.total() - 1), Ordering::Relaxed);
         }
+        let w = &c.wakeups;
         let counter = match count {
-            WakeCount::OwnTimer => &c.wake_timer,
-            WakeCount::Interrupt => &c.wake_interrupt,
-            WakeCount::Control => &c.wake_control,
-            WakeCount::GlobalTimer => &c.wake_global_timer,
-            WakeCount::Empty => &c.wake_other,
+            WakeCount::OwnTimer => &w.timer,
+            WakeCount::Interrupt => &w.interrupt,
+            WakeCount::Control => &w.control,
+            WakeCount::GlobalTimer => &w.global_timer,
+            WakeCount::Empty => &w.other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         count

@@ -268,9 +268,9 @@ fn a_pending_interrupt_the_guest_cannot_take_does_not_end_a_halt() {
     assert_eq!(r.halt(), HaltEnd::Stop);
     let ends: Vec<Nanos> = r.chip.waits.iter().map(|w| w.end).collect();
     assert_eq!(ends, vec![300_000, 700_000, 5_000_000]);
-    assert_eq!(r.count(|c| &c.wake_interrupt), 1);
-    assert_eq!(r.count(|c| &c.wake_timer), 1);
-    assert_eq!(r.count(|c| &c.wake_control), 1);
+    assert_eq!(r.count(|c| &c.wakeups.interrupt), 1);
+    assert_eq!(r.count(|c| &c.wakeups.timer), 1);
+    assert_eq!(r.count(|c| &c.wakeups.control), 1);
 }
 
 #[test]
@@ -290,8 +290,8 @@ fn a_halt_with_a_deadline_wakes_at_the_deadline() {
         }]
     );
     assert_eq!(r.count(|c| &c.blocks), 1);
-    assert_eq!(r.count(|c| &c.wake_timer), 1);
-    assert_eq!(r.count(|c| &c.wake_interrupt), 0);
+    assert_eq!(r.count(|c| &c.wakeups.timer), 1);
+    assert_eq!(r.count(|c| &c.wakeups.interrupt), 0);
     assert!(r.chip.pending);
 }
 
@@ -304,8 +304,8 @@ fn a_kick_ends_the_wait() {
     assert_eq!(r.now(), 300_000);
     assert_eq!(r.chip.waits.len(), 1);
     assert_eq!(r.chip.waits[0].end, 300_000);
-    assert_eq!(r.count(|c| &c.wake_interrupt), 1);
-    assert_eq!(r.count(|c| &c.wake_timer), 0);
+    assert_eq!(r.count(|c| &c.wakeups.interrupt), 1);
+    assert_eq!(r.count(|c| &c.wakeups.timer), 0);
     assert_eq!(r.chip.deadline, Some(2_000_000), "its timer did not fire");
 }
 
@@ -370,7 +370,7 @@ fn a_near_deadline_is_polled_to_not_blocked_for() {
         r.now()
     );
     assert!(r.chip.pending, "the timer's interrupt ended the halt");
-    assert_eq!(r.count(|c| &c.wake_timer), 0, "no block, no wake-up");
+    assert_eq!(r.count(|c| &c.wakeups.timer), 0, "no block, no wake-up");
 }
 
 /// ...a far one is blocked for, and an interrupt during a poll to a near one ends the poll.

@@ -54,7 +54,7 @@ impl IdleInjector {
     }
 
     fn update(&self, now: u64, change: impl FnOnce(&mut Together)) {
-        let mut t = crate::sync::lock(&self.together);
+        let mut t = timer::lock(&self.together);
         let was = t.since.is_some();
         change(&mut t);
         let is = t.forced > 0 && t.forced + t.blocked >= self.cpus;
@@ -91,7 +91,7 @@ impl IdleInjector {
 
     /// Time during which every vCPU was idle (forced or halted) with at least one forced.
     pub fn all_idle_together_ns(&self, now: u64) -> u64 {
-        let t = crate::sync::lock(&self.together);
+        let t = timer::lock(&self.together);
         t.total_ns + t.since.map_or(0, |s| now.saturating_sub(s))
     }
 }

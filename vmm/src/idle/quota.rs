@@ -64,7 +64,7 @@ impl CpuQuota {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QuotaState> {
-        crate::sync::lock(&self.state)
+        timer::lock(&self.state)
     }
 
     fn roll(&self, s: &mut QuotaState, now: u64) {

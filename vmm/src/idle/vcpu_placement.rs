@@ -61,7 +61,7 @@ impl VcpuPlacement {
         self.blocked_on = cpu;
         let placement = self.decision.before_block(now, wake_at, cpu);
         if matches!(placement, Placement::Bind(_)) {
-            counters.placement_binds.fetch_add(1, Ordering::Relaxed);
+            counters.placement.binds.fetch_add(1, Ordering::Relaxed);
         }
         self.apply(placement);
     }
@@ -77,7 +77,8 @@ impl VcpuPlacement {
             counters.wake_migrations.fetch_add(1, Ordering::Relaxed);
             if bound {
                 counters
-                    .placement_bound_migrations
+                    .placement
+                    .bound_migrations
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -86,23 +87,18 @@ impl VcpuPlacement {
             _ => WakeOutcome::Early,
         };
         if let WakeOutcome::OnTime { late_ns } = outcome {
+            let p = &counters.placement;
             let (wakes, late) = if bound {
-                (
-                    &counters.placement_bound_wakes,
-                    &counters.placement_bound_late_ns,
-                )
+                (&p.bound_wakes, &p.bound_late_ns)
             } else {
-                (
-                    &counters.placement_free_wakes,
-                    &counters.placement_free_late_ns,
-                )
+                (&p.free_wakes, &p.free_late_ns)
             };
             wakes.fetch_add(1, Ordering::Relaxed);
             late.fetch_add(late_ns, Ordering::Relaxed);
         }
         let (placement, gave_up) = self.decision.woke(now, outcome);
         if gave_up {
-            counters.placement_backoffs.fetch_add(1, Ordering::Relaxed);
+            counters.placement.backoffs.fetch_add(1, Ordering::Relaxed);
         }
         self.apply(placement);
     }

@@ -20,10 +20,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use timer::{Clock, Nanos, VmTime};
+use timer::{lock, Clock, Nanos, VmTime};
 
 use crate::host::sys::clock::monotonic_ns;
-use crate::state::lock;
 
 /// CLOCK_MONOTONIC for a deadline that cannot come while the VM is paused (about 146 years:
 /// still a valid `timespec`).

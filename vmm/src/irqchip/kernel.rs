@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex};
 
 use devices::testdev::IrqLines;
 use kvm_ioctls::{VcpuExit, VmFd};
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{ChipExit, CpuPort, EdgeIrq, Entry, HaltEnd, IrqChip, IrqChipError, VcpuIrq};
 use crate::metrics::RunReport;
 use crate::ratelimit::LogLimiter;
-use crate::state::{lock, VcpuShared};
+use crate::state::VcpuShared;
 
 /// KVM's in-kernel irqchip of one VM (created with the VM).
 pub struct KernelIrqChip {
@@ -85,7 +86,7 @@ impl IrqChip for KernelIrqChip {
         self.kick_all();
     }
 
-    // KVM's own clocks (its LAPIC timers, kvmclock) are the VM's business: `vm::pause`.
+    // KVM's own clocks (its LAPIC timers, kvmclock) are the VM's business: `vm::pause_resume`.
     fn paused(&self, _monotonic: u64) {}
 
     fn resuming(&self, _paused_ns: u64) {}

@@ -10,7 +10,7 @@
 //!                  │                               lull's IOAPIC)
 //!                  ├─ start(): helper threads (the `central` model's timer thread)
 //!                  ├─ kick_all(): wake every vCPU so that it sees the stop
-//!                  ├─ kick_to_pause(), paused(), resuming(): pause and resume (`vm::pause`)
+//!                  ├─ kick_to_pause(), paused(), resuming(): pause and resume (`vm::pause_resume`)
 //!                  └─ report(): the chip's part of the `--metrics` JSON
 //!
 //!  vCPU loop (vcpu::run):  before_entry ─► KVM_RUN ─► handle_exit (chip first, then generic)
@@ -196,7 +196,7 @@ pub trait IrqChip: Send + Sync {
     fn start(&self, shared: &Arc<VcpuShared>) -> Result<(), IrqChipError>;
     /// Wakes every vCPU (and helper thread) so that it sees the stop request.
     fn kick_all(&self);
-    /// Wakes every vCPU so that it sees the pause request (`state::pause`), leaving nothing
+    /// Wakes every vCPU so that it sees the pause request (`state::pause_gate`), leaving nothing
     /// behind that would wake it again after the pause.
     fn kick_to_pause(&self);
     /// Every vCPU is parked at CLOCK_MONOTONIC time `monotonic`: the chip's clock stops there.

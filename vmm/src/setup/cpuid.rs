@@ -36,11 +36,10 @@ pub const LULL_FEATURE_PV_DEADLINE: u32 = 1 << 0;
 /// KVM hint that makes Linux use haltpoll idle instead of HLT.
 const PV_HINT_REALTIME: u32 = 1;
 
-/// Frequencies and topology one vCPU's CPUID describes.
+/// Frequencies, topology and features every vCPU's CPUID describes (each vCPU's own APIC ID
+/// is given to [`adjust`] beside them).
 #[derive(Debug, Clone, Copy)]
 pub struct CpuidParams {
-    /// This vCPU's APIC ID.
-    pub apic_id: u32,
     /// vCPUs in the VM.
     pub cpus: u32,
     /// Guest TSC frequency in kHz.
@@ -71,10 +70,14 @@ fn upsert(entries: &mut Vec<kvm_cpuid_entry2>, function: u32, index: u32) -> &mu
     &mut entries[pos]
 }
 
-/// Adjusts KVM's supported CPUID entries for one vCPU.
-pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_entry2> {
+/// Adjusts KVM's supported CPUID entries for the vCPU whose APIC ID is `apic_id`.
+pub fn adjust(
+    supported: &[kvm_cpuid_entry2],
+    apic_id: u32,
+    p: CpuidParams,
+) -> Vec<kvm_cpuid_entry2> {
     let mut entries = supported.to_vec();
-    set_features(&mut entries, &p);
+    set_features(&mut entries, apic_id, &p);
     set_frequencies(&mut entries, &p);
     set_hypervisor_leaves(&mut entries, &p);
     if p.user_lapic && p.pv_deadline {
@@ -85,8 +88,8 @@ pub fn adjust(supported: &[kvm_cpuid_entry2], p: CpuidParams) -> Vec<kvm_cpuid_e
 
 /// Leaf 1 (APIC ID, logical CPUs, TSC deadline, hypervisor, x2APIC), ARAT, and the APIC ID
 /// in the topology leaves.
-fn set_features(entries: &mut Vec<kvm_cpuid_entry2>, p: &CpuidParams) {
-    let apic_id_byte = p.apic_id & 0xff;
+fn set_features(entries: &mut Vec<kvm_cpuid_entry2>, apic_id: u32, p: &CpuidParams) {
+    let apic_id_byte = apic_id & 0xff;
     let logical = p.cpus.clamp(1, 255);
     {
         let e = upsert(entries, LEAF_FEATURES, 0);
@@ -101,7 +104,7 @@ fn set_features(entries: &mut Vec<kvm_cpuid_entry2>, p: &CpuidParams) {
     upsert(entries, LEAF_THERMAL_POWER, 0).eax |= EAX_ARAT;
     for e in entries.iter_mut() {
         if e.function == LEAF_TOPOLOGY || e.function == LEAF_TOPOLOGY_V2 {
-            e.edx = p.apic_id;
+            e.edx = apic_id;
         }
     }
 }
@@ -214,8 +217,8 @@ mod tests {
         ];
         let v = adjust(
             &supported,
+            3,
             CpuidParams {
-                apic_id: 3,
                 cpus: 4,
                 tsc_khz: 2_100_000,
                 user_lapic: false,
@@ -245,10 +248,9 @@ mod tests {
         assert!(!v.iter().any(|e| e.function == LEAF_LULL_SIGNATURE));
     }
 
-    /// vCPU 0 of a one-vCPU VM at 1 GHz with lull's LAPIC, x2APIC on, PV EOI off.
+    /// A one-vCPU VM at 1 GHz with lull's LAPIC, x2APIC on, PV EOI off.
     fn user_lapic_params() -> CpuidParams {
         CpuidParams {
-            apic_id: 0,
             cpus: 1,
             tsc_khz: 1_000_000,
             user_lapic: true,
@@ -261,10 +263,11 @@ mod tests {
     #[test]
     fn lulls_leaves_offer_the_pv_deadline_behind_kvms() {
         let p = user_lapic_params();
-        let without = adjust(&[], p);
+        let without = adjust(&[], 0, p);
         assert!(!without.iter().any(|e| e.function == LEAF_LULL_SIGNATURE));
         let v = adjust(
             &[],
+            0,
             CpuidParams {
                 pv_deadline: true,
                 ..p
@@ -294,19 +297,22 @@ mod tests {
             ..Default::default()
         }];
         let p = user_lapic_params();
-        let f = find(&adjust(&supported, p), LEAF_HV_FEATURES);
+        let f = find(&adjust(&supported, 0, p), LEAF_HV_FEATURES);
         assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, 0);
         assert_ne!(f.eax & 1, 0); // kvmclock stays
         assert_eq!(f.edx, 0);
         // PV EOI is lull's own: advertised when asked for, alone of the LAPIC features.
         let with_pv_eoi = CpuidParams { pv_eoi: true, ..p };
-        let f = find(&adjust(&supported, with_pv_eoi), LEAF_HV_FEATURES);
+        let f = find(&adjust(&supported, 0, with_pv_eoi), LEAF_HV_FEATURES);
         assert_eq!(f.eax & PV_NEEDS_KERNEL_LAPIC, PV_EOI);
         let p = CpuidParams {
             user_lapic: false,
             ..p
         };
-        assert_eq!(find(&adjust(&supported, p), LEAF_HV_FEATURES).eax, 0xffff);
+        assert_eq!(
+            find(&adjust(&supported, 0, p), LEAF_HV_FEATURES).eax,
+            0xffff
+        );
     }
 
     #[test]
@@ -320,10 +326,10 @@ mod tests {
             x2apic: false,
             ..user_lapic_params()
         };
-        let l1 = find(&adjust(&supported, p), 1);
+        let l1 = find(&adjust(&supported, 0, p), 1);
         assert_eq!(l1.ecx & ECX_X2APIC, 0);
         assert_eq!(l1.ecx & 1, 1, "other feature bits stay");
         let on = CpuidParams { x2apic: true, ..p };
-        assert_ne!(find(&adjust(&supported, on), 1).ecx & ECX_X2APIC, 0);
+        assert_ne!(find(&adjust(&supported, 0, on), 1).ecx & ECX_X2APIC, 0);
     }
 }

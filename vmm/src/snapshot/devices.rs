@@ -14,10 +14,10 @@ use devices::mmio::MmioBus;
 use devices::serial::SerialSnapshot;
 use devices::virtio::mmio::{SharedTransport, TransportState};
 use serde::{Deserialize, Serialize};
+use timer::lock;
 
 use super::SnapshotError;
 use crate::config::VmConfig;
-use crate::state::lock;
 
 /// The file name of the devices' state.
 pub const FILE: &str = "devices.json";

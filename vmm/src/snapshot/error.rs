@@ -183,7 +183,7 @@ pub enum SnapshotError {
         /// The vCPU.
         id: u32,
         /// Why.
-        why: crate::state::pause::SaveError,
+        why: crate::state::pause_gate::SaveError,
     },
     /// The devices' state does not list the VM's devices.
     #[error("The snapshot holds the state of {found} virtio device(s); its VM has {want}: corrupt snapshot")]

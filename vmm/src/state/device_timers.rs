@@ -122,7 +122,7 @@ impl DeviceTimers {
         };
         c.requested.fetch_add(1, Ordering::Relaxed);
         match self.mode {
-            DeviceTimerMode::Hierarchy => crate::sync::lock(&self.pending).push((id, deadline)),
+            DeviceTimerMode::Hierarchy => timer::lock(&self.pending).push((id, deadline)),
             DeviceTimerMode::Timerfd => {
                 let i = usize::try_from(id).unwrap_or(usize::MAX);
                 if let (Some(fd), Some(armed)) = (self.timerfds.get(i), self.armed.get(i)) {
@@ -137,7 +137,7 @@ impl DeviceTimers {
 
     /// Takes the timers waiting to be armed (hierarchy mode): (device, monotonic deadline).
     pub fn take_pending(&self) -> Vec<(u32, u64)> {
-        let mut p = crate::sync::lock(&self.pending);
+        let mut p = timer::lock(&self.pending);
         if p.is_empty() {
             Vec::new()
         } else {
@@ -157,7 +157,7 @@ impl DeviceTimers {
             return;
         };
         c.fired.fetch_add(1, Ordering::Relaxed);
-        crate::sync::lock(device).timer_fired();
+        timer::lock(device).timer_fired();
     }
 
     /// Timerfd mode: the fds the VMM thread watches, with their device ids.

@@ -44,18 +44,18 @@
 pub mod counters;
 pub mod device_timers;
 pub mod net_port;
-pub mod pause;
+pub mod pause_gate;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::host::stats::{self, ThreadStat};
 use crate::state::counters::VcpuCounters;
 use crate::state::device_timers::DeviceTimers;
-use crate::state::pause::PauseGate;
-pub use crate::sync::lock;
+use crate::state::pause_gate::PauseGate;
 
 /// Why a VM stops.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,7 +167,7 @@ impl VcpuShared {
     /// Shared state for `cpus` vCPUs.
     pub fn new(cpus: u32, started: Instant) -> std::io::Result<Self> {
         Ok(Self {
-            vcpu_counters: (0..cpus).map(|_| Arc::default()).collect(),
+            vcpu_counters: (0..cpus).map(|i| Arc::new(VcpuCounters::of(i))).collect(),
             stop: StopSignal::new()?,
             started,
             booted: OnceLock::new(),

@@ -6,12 +6,12 @@
 //! - [`run`]: the vCPU state machine (runnable, halted, waiting for SIPI, stopped).
 //! - [`exit`]: the exits the irqchip does not take, as a free function.
 //! - [`kvm_port`]: the KVM adapter the irqchip acts through.
-//! - [`pause`]: a vCPU at the pause gate, and its TSC moved back by the pause.
+//! - [`park`]: a vCPU at the pause gate, and its TSC moved back by the pause.
 //! - [`state`]: a vCPU's KVM state, read for a snapshot.
 
 pub mod exit;
 pub mod kvm_port;
-pub mod pause;
+pub mod park;
 pub mod run;
 pub mod state;
 
@@ -56,23 +56,13 @@ pub enum VcpuError {
     },
 }
 
-/// What a vCPU's CPUID and boot state are made from.
+/// What every vCPU's CPUID is made from.
 #[derive(Debug, Clone, Copy)]
 pub struct VcpuSetup<'a> {
     /// KVM's supported CPUID entries.
     pub supported_cpuid: &'a [kvm_bindings::kvm_cpuid_entry2],
-    /// vCPUs in the VM.
-    pub cpus: u32,
-    /// The guest TSC frequency.
-    pub tsc_khz: u32,
-    /// lull emulates the LAPIC (`--irqchip user`).
-    pub user_lapic: bool,
-    /// With `user_lapic`: lull offers PV EOI.
-    pub pv_eoi: bool,
-    /// With `user_lapic`: lull offers its PV TSC deadline.
-    pub pv_deadline: bool,
-    /// x2APIC is advertised (`--x2apic`).
-    pub x2apic: bool,
+    /// What lull changes in them (the same for every vCPU but its APIC ID).
+    pub cpuid: cpuid::CpuidParams,
 }
 
 /// Gives vCPU `id` its CPUID and MSRs, and for the boot CPU, its entry state.
@@ -83,18 +73,7 @@ pub fn configure(
     entry: Option<EntryMode>,
 ) -> Result<(), VcpuError> {
     let kvm = |call: &'static str| move |source| VcpuError::Kvm { id, call, source };
-    let entries = cpuid::adjust(
-        setup.supported_cpuid,
-        cpuid::CpuidParams {
-            apic_id: id,
-            cpus: setup.cpus,
-            tsc_khz: setup.tsc_khz,
-            user_lapic: setup.user_lapic,
-            pv_eoi: setup.pv_eoi,
-            pv_deadline: setup.pv_deadline,
-            x2apic: setup.x2apic,
-        },
-    );
+    let entries = cpuid::adjust(setup.supported_cpuid, id, setup.cpuid);
     let kvm_cpuid = cpuid::to_kvm(&entries).map_err(|_| VcpuError::CpuidTooLarge(id))?;
     vcpu.set_cpuid2(&kvm_cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
     let misc_enable = kvm_msr_entry {

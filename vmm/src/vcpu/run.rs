@@ -11,7 +11,7 @@
 //!     (INIT state)                  Stopped ◄── stop requested anywhere
 //! ```
 //! A pause request parks the thread at the top of the loop, in whatever state it is
-//! ([`super::pause`]); it then carries on in that state.
+//! ([`super::park`]); it then carries on in that state.
 //!
 //! The irqchip ([`VcpuIrq`]) decides everything about interrupts, timers and idling; this loop
 //! only enters the guest, hands exits out (the chip first, then [`handle_exit`]) and turns
@@ -23,7 +23,7 @@ use kvm_ioctls::VcpuExit;
 
 use super::exit::{handle_exit, DeviceBuses, VcpuAction};
 use super::kvm_port::KvmPort;
-use super::pause;
+use super::park;
 use crate::host::sys;
 use crate::irqchip::{ChipExit, Entry, HaltEnd, VcpuIrq};
 use crate::state::{StopReason, VcpuShared};
@@ -117,7 +117,7 @@ pub fn run(mut port: KvmPort, mut irq: Box<dyn VcpuIrq>, shared: &VcpuShared, bu
             VcpuState::Stopped(reason) => break reason,
             _ if stopping() => VcpuEvent::StopRequested,
             _ if shared.pause.is_requested() => {
-                match pause::park(&mut port, irq.as_mut(), shared, state == VcpuState::Halted) {
+                match park::park(&mut port, irq.as_mut(), shared, state == VcpuState::Halted) {
                     Ok(()) => continue,
                     Err(reason) => VcpuEvent::Exited(VcpuAction::Stop(reason)),
                 }

@@ -84,7 +84,7 @@ pub struct VcpuStateError {
     pub source: kvm_ioctls::Error,
 }
 
-impl From<VcpuStateError> for crate::state::pause::SaveError {
+impl From<VcpuStateError> for crate::state::pause_gate::SaveError {
     fn from(e: VcpuStateError) -> Self {
         Self::Kvm {
             call: e.call,

@@ -12,6 +12,7 @@ use devices::serial::{SerialPort, SerialSnapshot, COM1_IRQ, COM1_PORT, COM_PORT_
 use devices::test_exit::{
     BootMarker, TestExit, BOOT_MARKER_PORT, TEST_EXIT_PORT, TEST_EXIT_PORT_COUNT,
 };
+use timer::lock;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::error::VmError;
@@ -21,7 +22,6 @@ use crate::host::console::ConsoleSink;
 use crate::host::pty::Pty;
 use crate::irqchip::{EdgeIrq, IrqChip};
 use crate::snapshot::SnapshotError;
-use crate::state::lock;
 
 /// The serial console device.
 pub type Console = SerialPort<EdgeIrq, ConsoleSink>;

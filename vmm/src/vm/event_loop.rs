@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use timer::lock;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -20,7 +21,7 @@ use crate::host::console::{self, EscapeFilter};
 use crate::host::sys::stop_signals;
 use crate::host::sys::terminal::RawTerminal;
 use crate::state::net_port::NetPort;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
 
 /// The VMM thread's loop, ready to run: signal handlers installed, terminal in raw mode.
 pub struct EventLoop {

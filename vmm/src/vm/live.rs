@@ -14,7 +14,7 @@ use crate::state::{StopReason, VcpuShared};
 use crate::vcpu::DeviceBuses;
 
 /// A running VM as another thread sees it: what it needs to read the VM's counters
-/// ([`super::report::live`]), to pause and resume it ([`super::pause`]) and to ask it to stop.
+/// ([`super::report::live`]), to pause and resume it ([`super::pause_resume`]) and to ask it to stop.
 #[derive(Clone)]
 pub struct LiveVm {
     pub(super) shared: Arc<VcpuShared>,

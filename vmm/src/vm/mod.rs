@@ -10,8 +10,8 @@
 //! interrupts or idling (that is the irqchip's and the idle core's).
 //!
 //! [`run_observed`] also hands a [`LiveVm`] to its caller once every thread runs: the
-//! management API reads live counters through it, pauses and resumes the VM ([`pause`]) and
-//! asks it to stop.
+//! management API reads live counters through it, pauses and resumes the VM
+//! ([`pause_resume`]) and asks it to stop.
 
 pub mod devices;
 pub mod disks;
@@ -24,7 +24,7 @@ pub mod kvm;
 mod live;
 pub mod nets;
 pub mod paths;
-pub mod pause;
+pub mod pause_resume;
 mod pause_state;
 pub mod report;
 mod restore;
@@ -38,6 +38,7 @@ use std::time::Instant;
 
 use ::devices::virtio::mmio::SharedTransport;
 use kvm_ioctls::{Kvm, VmFd};
+use timer::lock;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::{IrqchipMode, MemoryRestore, MemoryRestoreMode, VmConfig};
@@ -47,7 +48,7 @@ use crate::metrics::RunReport;
 use crate::setup::boot::{self, BootSpec};
 use crate::snapshot::{Snapshot, SnapshotError};
 use crate::state::device_timers::DeviceTimers;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
 use crate::vcpu::{self, DeviceBuses};
 pub use error::VmError;
 use guest::GuestImage;
@@ -227,17 +228,8 @@ fn run_from(
     let pio = devices::pio_bus(cfg, console.console.clone(), chip.as_ref(), restores)?;
     let (device_timers, mut disks, nets) =
         attach_timed_devices(cfg, open_disks, open_nets, &loaded.mem, chip.as_ref())?;
-    let kvm_stats = vcpus
-        .ports
-        .iter()
-        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
-        .collect();
-    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
-        what: "the stop eventfd",
-        source,
-    })?;
-    shared.device_timers = device_timers;
-    let shared = Arc::new(shared);
+    let kvm_stats = kvm_stats_fds(&vcpus.ports);
+    let shared = vcpu_shared(cfg, started, device_timers)?;
     // Every virtio device in window order: the disks, then the nets.
     let virtio: Arc<[SharedTransport]> =
         disks.transports.drain(..).chain(nets.transports).collect();
@@ -268,17 +260,11 @@ fn run_from(
         restore::freeze(chip.as_ref(), restored_at);
         restore::apply_user_ioapic(s, chip.as_ref())?;
     }
-    let started_all = start_vcpus(vcpus, chip.as_ref(), &shared, &buses, snapshot)
-        .and_then(|()| chip.start(&shared).map_err(VmError::from));
-    if let Err(e) = started_all {
-        stop_started(&shared, chip.as_ref(), &e);
-        return Err(e);
-    }
     let live = LiveVm {
-        shared: shared.clone(),
+        shared,
         buses,
         stats,
-        chip: chip.clone(),
+        chip,
         serial: serial_counters,
         vm: loaded.vm.clone(),
         pause: match snapshot {
@@ -291,13 +277,69 @@ fn run_from(
         restores,
         serial_pty: pty.as_ref().map(|p| p.path().to_path_buf()),
     };
+    let to_start = ToStart {
+        vcpus,
+        snapshot,
+        events,
+        disk_files: &disks.files,
+        console: &console,
+    };
+    start_and_run(live, to_start, on_running)
+}
+
+/// What [`start_and_run`] starts and runs besides the built VM: its vCPUs (restored from
+/// `snapshot` when there is one), the VMM thread's event loop, and what the end reports.
+struct ToStart<'a> {
+    vcpus: vcpus::CreatedVcpus,
+    snapshot: Option<&'a Snapshot>,
+    events: event_loop::EventLoop,
+    disk_files: &'a [Arc<std::fs::File>],
+    console: &'a devices::ConsoleParts,
+}
+
+/// Starts the vCPU threads and the irqchip of the built VM `live`, hands it to `on_running`,
+/// runs the VMM thread's event loop to the VM's end and reports.
+fn start_and_run(
+    live: LiveVm,
+    to_start: ToStart<'_>,
+    on_running: impl FnOnce(LiveVm),
+) -> Result<RunOutcome, VmError> {
+    let (shared, chip) = (&live.shared, live.chip.as_ref());
+    let started_all = start_vcpus(to_start.vcpus, chip, shared, &live.buses, to_start.snapshot)
+        .and_then(|()| chip.start(shared).map_err(VmError::from));
+    if let Err(e) = started_all {
+        stop_started(shared, chip, &e);
+        return Err(e);
+    }
     on_running(live.clone());
-    let reason = events.run().inspect_err(|e| {
-        stop_started(&shared, chip.as_ref(), e);
-        disks::sync(&disks.files);
+    let reason = to_start.events.run().inspect_err(|e| {
+        stop_started(shared, chip, e);
+        disks::sync(to_start.disk_files);
     })?;
-    let report = finish(&reason, &live, &disks.files, &console);
+    let report = finish(&reason, &live, to_start.disk_files, to_start.console);
     Ok(RunOutcome { reason, report })
+}
+
+/// What the vCPU threads share with the VM's other threads, with the device timers in it.
+fn vcpu_shared(
+    cfg: &VmConfig,
+    started: Instant,
+    device_timers: Arc<DeviceTimers>,
+) -> Result<Arc<VcpuShared>, VmError> {
+    let mut shared = VcpuShared::new(cfg.cpus, started).map_err(|source| VmError::Host {
+        what: "the stop eventfd",
+        source,
+    })?;
+    shared.device_timers = device_timers;
+    Ok(Arc::new(shared))
+}
+
+/// KVM's binary statistics of each vCPU that has them (the report's `kvm`).
+fn kvm_stats_fds(ports: &[vcpu::KvmPort]) -> Vec<std::fs::File> {
+    ports
+        .iter()
+        .filter_map(|p| crate::host::sys::kvm::stats_fd(&p.fd))
+        .collect()
 }
 
 /// The device timers and the devices they refill (disks, then nets, on one MMIO bus), wired

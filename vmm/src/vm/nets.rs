@@ -36,13 +36,13 @@ use devices::testdev::IrqLines;
 use devices::virtio::mmio::{SharedTransport, VirtioMmio, VirtioMmioDevice, WINDOW_SIZE};
 use devices::virtio::net::{Net, RX_QUEUE};
 use devices::virtio::throttle::DeviceClock;
+use timer::lock;
 use vm_memory::GuestMemoryMmap;
 
 use super::disks::placement;
 use crate::config::{MacAddr, NetConfig};
 use crate::host::sys::tap::{Tap, TapError};
 use crate::state::device_timers::DeviceTimers;
-use crate::state::lock;
 use crate::state::net_port::{NetPort, NetReport};
 
 /// A virtio-net device on a tap, behind its transport and bus adapter.

@@ -1,4 +1,4 @@
-//! Whether a VM is paused, shared by every clone of its `LiveVm` (`vm::pause` pauses and
+//! Whether a VM is paused, shared by every clone of its `LiveVm` (`vm::pause_resume` pauses and
 //! resumes it).
 
 use std::sync::{Arc, Mutex};

@@ -7,9 +7,11 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use timer::lock;
+
 use super::live::LiveVm;
 use crate::metrics::RunReport;
-use crate::state::{lock, StopReason};
+use crate::state::StopReason;
 
 /// The `stop_reason` of a report taken while the VM runs.
 pub const RUNNING: &str = "running";
@@ -56,10 +58,7 @@ fn assemble(stop_reason: String, vm: &LiveVm, host: HostFacts) -> RunReport {
         unknown_port_accesses: vm.buses.noise.unknown_port.count(),
         unknown_mmio_accesses: vm.buses.noise.unknown_mmio.count(),
         irqchip: chip.name().to_string(),
-        vcpus: (0u32..)
-            .zip(&shared.vcpu_counters)
-            .map(|(i, c)| c.snapshot(i))
-            .collect(),
+        vcpus: shared.vcpu_counters.iter().map(|c| c.read()).collect(),
         threads: host.threads,
         kvm: host.kvm,
         text_on_huge_pages_bytes: host.text_on_huge_pages,

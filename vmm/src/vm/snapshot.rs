@@ -7,16 +7,17 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use timer::lock;
+
 use super::live::LiveVm;
-use super::pause::PAUSE_TIMEOUT;
+use super::pause_resume::PAUSE_TIMEOUT;
 use crate::config::VmConfig;
 use crate::snapshot::commit::NewSnapshot;
 use crate::snapshot::devices::DevicesState;
 use crate::snapshot::kvm_vm::{self, KvmVmState};
 use crate::snapshot::manifest::{disk_records, recorded_config, CONTENTS};
 use crate::snapshot::{self, fnv64, Manifest, SnapshotError, VcpuFile, FORMAT_VERSION};
-use crate::state::lock;
-use crate::state::pause::PauseWaitError;
+use crate::state::pause_gate::PauseWaitError;
 
 /// Why a snapshot was not taken.
 #[derive(Debug, thiserror::Error)]

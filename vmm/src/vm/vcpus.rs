@@ -10,13 +10,14 @@ use vm_memory::GuestMemoryMmap;
 use super::error::VmError;
 use super::kvm::{ioctl_err, KvmError};
 use crate::config::knobs::HaltPollMode;
-use crate::config::{IrqchipMode, TimerModelKind, VmConfig};
+use crate::config::{IrqchipMode, VmConfig};
 use crate::host::sys;
 use crate::idle::shared::IdleKnobs;
 use crate::irqchip::kernel::KernelIrqChip;
 use crate::irqchip::user::{guest_tsc, UserChipConfig, UserIrqChip};
 use crate::irqchip::{IrqChip, IrqChipError};
 use crate::setup::boot::cpu_state::EntryMode;
+use crate::setup::cpuid::CpuidParams;
 use crate::vcpu::{self, InjectPath, KvmPort, VcpuSetup};
 
 const MSR_IA32_TSC: u32 = 0x10;
@@ -33,7 +34,7 @@ pub struct CreatedVcpus {
     pub tsc_khz: u32,
     /// The guest's MAXPHYADDR (CPUID 0x80000008 EAX[7:0], which lull passes through).
     pub max_phys_addr_bits: u8,
-    /// KVM can move the guest TSC back by a pause (`vcpu::pause::tsc_movable`).
+    /// KVM can move the guest TSC back by a pause (`vcpu::park::tsc_movable`).
     pub tsc_movable: bool,
 }
 
@@ -75,12 +76,14 @@ pub fn create(
     let tsc_khz = bsp.fd.get_tsc_khz().map_err(ioctl_err("KVM_GET_TSC_KHZ"))?;
     let setup = VcpuSetup {
         supported_cpuid: supported.as_slice(),
-        cpus: cfg.cpus,
-        tsc_khz,
-        user_lapic: cfg.irqchip == IrqchipMode::User,
-        pv_eoi: cfg.pv_eoi.is_on(),
-        pv_deadline: cfg.pv_deadline.is_on(),
-        x2apic: cfg.x2apic.is_on(),
+        cpuid: CpuidParams {
+            cpus: cfg.cpus,
+            tsc_khz,
+            user_lapic: cfg.irqchip == IrqchipMode::User,
+            pv_eoi: cfg.pv_eoi.is_on(),
+            pv_deadline: cfg.pv_deadline.is_on(),
+            x2apic: cfg.x2apic.is_on(),
+        },
     };
     for port in &ports {
         let boot_entry = entry.filter(|_| port.id == 0);
@@ -88,7 +91,7 @@ pub fn create(
     }
     let tsc_movable = ports
         .first()
-        .is_some_and(|bsp| vcpu::pause::tsc_movable(&bsp.fd));
+        .is_some_and(|bsp| vcpu::park::tsc_movable(&bsp.fd));
     tracing::debug!(tsc_movable, "guest TSC can move back by a pause");
     Ok(CreatedVcpus {
         ports,
@@ -110,11 +113,7 @@ pub fn irqchip(
     }
     let chip_cfg = UserChipConfig {
         cpus: cfg.cpus,
-        model: match cfg.timer_model {
-            TimerModelKind::Pull => timer::ModelKind::Pull,
-            TimerModelKind::Push => timer::ModelKind::Push,
-            TimerModelKind::Central => timer::ModelKind::Central,
-        },
+        model: cfg.timer_model,
         tsc_khz: vcpus.tsc_khz,
         idle: IdleKnobs {
             halt_poll: cfg.halt_poll.unwrap_or(HaltPollMode::Adaptive),
@@ -169,7 +168,7 @@ pub fn irqchip(
     };
     let mut chip = UserIrqChip::new(&chip_cfg, mem.clone(), read_tsc)?;
     // Re-anchoring reads the guest TSC with the offset of now: only where a pause cannot move
-    // it (`vcpu::pause`), else a map made after a resume would be early by the pause.
+    // it (`vcpu::park`), else a map made after a resume would be early by the pause.
     if let Some(offset) = offset.filter(|_| !vcpus.tsc_movable) {
         chip.reanchor_tsc_with(Arc::new(move || {
             sys::clock::host_tsc().wrapping_add(offset)

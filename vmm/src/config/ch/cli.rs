@@ -146,10 +146,12 @@ pub fn apply_lull_knobs(cfg: &mut VmConfig, text: &str) -> Result<(), ChError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use timer::ModelKind;
+
     use crate::config::ch::options::TapSource;
     use crate::config::ch::restore::ChRestore;
     use crate::config::knobs::SeccompMode;
-    use crate::config::{IrqchipMode, SerialMode, TimerModelKind};
+    use crate::config::{IrqchipMode, SerialMode};
     use crate::size::ByteSize;
 
     fn launch(args: &str) -> Result<ChLaunch, ChError> {
@@ -301,7 +303,7 @@ mod tests {
             "--lull timer-model=push,halt-poll=50us --lull idle-inject=percent=25,period=100",
         )
         .unwrap();
-        assert_eq!(l.config.timer_model, TimerModelKind::Push);
+        assert_eq!(l.config.timer_model, ModelKind::Push);
         assert_eq!(l.config.idle_inject.map(|c| c.percent), Some(25));
         assert_eq!(l.config.irqchip, IrqchipMode::User);
         let err = launch("--lull bogus=1").unwrap_err();

@@ -54,19 +54,7 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
                     cfg.disks.push(options::disk(&opts, &mut notes)?);
                 }
             }
-            "net" => {
-                for (i, net) in array(key, value)?.iter().enumerate() {
-                    let opts = opts(&format!("net[{i}]"), net)?;
-                    let net = options::net(&opts, &mut notes)?;
-                    if let TapSource::Fd(_) = net.source {
-                        return Err(ChError::Refused {
-                            option: format!("net[{i}].fds"),
-                            why: "vm.create takes taps by name: send the fds with vm.add-net",
-                        });
-                    }
-                    cfg.nets.push(net.to_config()?);
-                }
-            }
+            "net" => nets(array(key, value)?, &mut cfg, &mut notes)?,
             "rng" => options::rng(&opts(key, value)?, &mut notes)?,
             "serial" => {
                 let o = object(key, value)?;
@@ -79,17 +67,7 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
                 let mode = o.get("mode").and_then(Value::as_str).unwrap_or("Off");
                 console_pty = options::console("console.mode", mode)?;
             }
-            "debug_console" => {
-                let o = object(key, value)?;
-                let mode = o.get("mode").and_then(Value::as_str).unwrap_or("Off");
-                if options::console("debug_console.mode", mode)? {
-                    return Err(refused(
-                        key,
-                        value,
-                        "lull has no debug console: leave it off",
-                    ));
-                }
-            }
+            "debug_console" => debug_console(key, value)?,
             "platform" => {
                 notes.push("platform: lull has no PCI segments, UUID or OEM strings".into())
             }
@@ -117,6 +95,36 @@ pub fn to_config(body: &Map<String, Value>) -> Result<(VmConfig, Vec<String>), C
     }
     cfg.validate()?;
     Ok((cfg, notes))
+}
+
+/// `net`: each a tap by name (fds come with `vm.add-net`).
+fn nets(nets: &[Value], cfg: &mut VmConfig, notes: &mut Vec<String>) -> Result<(), ChError> {
+    for (i, net) in nets.iter().enumerate() {
+        let opts = opts(&format!("net[{i}]"), net)?;
+        let net = options::net(&opts, notes)?;
+        if let TapSource::Fd(_) = net.source {
+            return Err(ChError::Refused {
+                option: format!("net[{i}].fds"),
+                why: "vm.create takes taps by name: send the fds with vm.add-net",
+            });
+        }
+        cfg.nets.push(net.to_config()?);
+    }
+    Ok(())
+}
+
+/// `debug_console`: off, as lull has none.
+fn debug_console(key: &str, value: &Value) -> Result<(), ChError> {
+    let o = object(key, value)?;
+    let mode = o.get("mode").and_then(Value::as_str).unwrap_or("Off");
+    if options::console("debug_console.mode", mode)? {
+        return Err(refused(
+            key,
+            value,
+            "lull has no debug console: leave it off",
+        ));
+    }
+    Ok(())
 }
 
 /// What `vm.add-net`'s body (Cloud Hypervisor's `NetConfig`) asks for.

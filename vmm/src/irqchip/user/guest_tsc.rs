@@ -26,7 +26,7 @@
 //! TSC at the write, so its error stays a few ppm of the timer's length. Where the guest TSC
 //! is cheap to read (RDTSC plus KVM's offset) each vCPU re-anchors its map with a
 //! [`TscAnchor`] every [`REANCHOR_NS`], which bounds the drift the same way.
-//! Not where a pause may move the guest TSC (`vcpu::pause`, a KVM that can): the anchor's
+//! Not where a pause may move the guest TSC (`vcpu::park`, a KVM that can): the anchor's
 //! offset would then be stale after a resume; there the start-up map stays (left to do: an
 //! anchor that follows the moved offset).
 

@@ -10,19 +10,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use timer::{HostTimer, HostTimerError, Nanos};
+use timer::{lock, HostTimer, HostTimerError, Nanos};
 
 use super::ranged_wake::RangedWake;
 use crate::host::sys::posix_timer::PosixTimer;
 use crate::host::sys::timerfd::TimerFd;
 use crate::irqchip::clock::{Rearm, VmClock};
-use crate::state::lock;
-
-fn host_err(e: std::io::Error) -> HostTimerError {
-    HostTimerError::TimerFd(vmm_sys_util::errno::Error::new(
-        e.raw_os_error().unwrap_or(0),
-    ))
-}
 
 /// No deadline armed.
 const DISARMED: Nanos = Nanos::MAX;
@@ -74,17 +67,19 @@ impl HostTimer for ThreadTickTimer {
         let mut timer = lock(&self.tick.timer);
         let t = match &mut *timer {
             Some(t) => t,
-            slot @ None => slot.insert(PosixTimer::for_current_thread().map_err(host_err)?),
+            slot @ None => {
+                slot.insert(PosixTimer::for_current_thread().map_err(HostTimerError::TimerFd)?)
+            }
         };
         self.tick.deadline.store(deadline, Ordering::Release);
         t.arm_at(self.clock.to_monotonic(deadline))
-            .map_err(host_err)
+            .map_err(HostTimerError::TimerFd)
     }
 
     fn disarm(&mut self) -> Result<(), HostTimerError> {
         self.tick.deadline.store(DISARMED, Ordering::Release);
         match lock(&self.tick.timer).as_mut() {
-            Some(t) => t.disarm().map_err(host_err),
+            Some(t) => t.disarm().map_err(HostTimerError::TimerFd),
             None => Ok(()),
         }
     }
@@ -168,7 +163,7 @@ impl SharedTimerFd {
         }
         self.fd
             .arm_at(self.clock.to_monotonic(deadline))
-            .map_err(host_err)
+            .map_err(HostTimerError::TimerFd)
     }
 
     /// Disarms (ranged: no system call; a doorbell still armed is cleared by the sleeper).
@@ -179,7 +174,7 @@ impl SharedTimerFd {
             r.disarm();
             return Ok(());
         }
-        self.fd.disarm().map_err(host_err)
+        self.fd.disarm().map_err(HostTimerError::TimerFd)
     }
 
     /// Blocks until the timer expires.

@@ -78,7 +78,7 @@ impl Mailbox {
 
     /// Posts an interrupt message and wakes the owner.
     pub fn post(&self, ipi: Ipi) {
-        crate::state::lock(&self.inbox).push(ipi);
+        timer::lock(&self.inbox).push(ipi);
         self.has_mail.store(true, Ordering::SeqCst);
         self.kick();
     }
@@ -144,7 +144,7 @@ impl Mailbox {
         if !self.has_mail.swap(false, Ordering::SeqCst) {
             return Vec::new();
         }
-        std::mem::take(&mut *crate::state::lock(&self.inbox))
+        std::mem::take(&mut *timer::lock(&self.inbox))
     }
 
     /// Takes the "timer fired elsewhere" flag (owner only).

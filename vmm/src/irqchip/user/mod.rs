@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use devices::ioapic::IoApic;
 use devices::lapic::{Lapic, LapicConfig, TimerLimits};
 use devices::testdev::IrqLines;
-use timer::{CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
+use timer::{lock, CpuTimers, HostTimer, ModelKind, Nanos, TimerModel, VmTime, Waker};
 use vm_memory::GuestMemoryMmap;
 
 use super::clock::VmClock;
@@ -64,7 +64,7 @@ use crate::metrics::{GlobalTimersReport, IdleInjectReport, LapicNoise, RunReport
 use crate::ratelimit::LogLimiter;
 use crate::setup::cpuid::APIC_BUS_KHZ;
 use crate::state::device_timers::DeviceTimers;
-use crate::state::{lock, StopReason, VcpuShared};
+use crate::state::{StopReason, VcpuShared};
 use guest_tsc::{sample_guest_tsc, tsc_map, GuestTscRead, TscAnchor};
 use host_timer::{SharedHostTimer, SharedTimerFd, ThreadTickTimer};
 use mailbox::Mailbox;
@@ -473,7 +473,7 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
         report.lapic_timer_clamps = self.noise.timer_clamped.count();
         report.ipis = counters.ipis.load(Ordering::Relaxed);
         report.device_interrupts = counters.device_interrupts.load(Ordering::Relaxed);
-        report.timer_model = Some(model_name(self.model.kind()).to_string());
+        report.timer_model = Some(self.model.kind().to_string());
         report.timers = Some(self.model.metrics());
         report.halt_poll = Some(self.idle.halt_poll.to_string());
         report.timer_advance = Some(self.idle.timer_advance.to_string());
@@ -488,14 +488,5 @@ impl<C: VmTime + Send + Sync> IrqChip for UserIrqChip<C> {
             config: g.config().to_string(),
             timer_thread_fires: g.timer_thread_fires.load(Ordering::Relaxed),
         });
-    }
-}
-
-/// The `--timer-model` name of a model.
-fn model_name(kind: ModelKind) -> &'static str {
-    match kind {
-        ModelKind::Pull => "pull",
-        ModelKind::Push => "push",
-        ModelKind::Central => "central",
     }
 }

@@ -108,7 +108,7 @@ impl InterruptRouter {
     }
 
     fn ioapic(&self) -> std::sync::MutexGuard<'_, IoApic> {
-        crate::sync::lock(&self.ioapic)
+        timer::lock(&self.ioapic)
     }
 
     /// Guest read of the IOAPIC window.

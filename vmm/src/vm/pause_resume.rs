@@ -14,7 +14,7 @@
 //! So every guest timer resumes with the guest time it had left: lull's LAPIC timers (one-shot,
 //! periodic, TSC-deadline, PV deadline), the global timers and the device refills are
 //! VM-clock deadlines, the VM clock stood still, and the guest TSC and kvmclock lose the pause
-//! too. Where KVM cannot move the guest TSC (PVM hosts: `vcpu::pause::tsc_movable`), nothing
+//! too. Where KVM cannot move the guest TSC (PVM hosts: `vcpu::park::tsc_movable`), nothing
 //! moves back: the clocks only stand still while paused (no timer fires then), and on resume
 //! guest time has run on; what came due meanwhile fires at once, each timer once, none early.
 //! See `docs/API.md` ("Pause and resume") for what a guest sees.
@@ -22,12 +22,12 @@
 use std::time::Duration;
 
 use kvm_bindings::kvm_clock_data;
+use timer::lock;
 
 use super::live::LiveVm;
 use super::pause_state::Paused;
 use crate::host::sys::clock::monotonic_ns;
-use crate::state::lock;
-use crate::state::pause::PauseWaitError;
+use crate::state::pause_gate::PauseWaitError;
 
 /// How long the vCPUs have to reach the gate.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);

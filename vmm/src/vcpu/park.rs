@@ -1,4 +1,4 @@
-//! A vCPU thread at the pause gate ([`crate::state::pause`]): it parks outside `KVM_RUN`, and
+//! A vCPU thread at the pause gate ([`crate::state::pause_gate`]): it parks outside `KVM_RUN`, and
 //! when the VM resumes it moves its TSC back by the time the VM was paused, so that guest time
 //! does not advance while paused.
 //!
@@ -13,7 +13,7 @@
 //!
 //! Where KVM cannot move the TSC ([`tsc_movable`]: PVM hosts, where the guest TSC is the
 //! host's, or a KVM without the attribute), the VM is resumed with no shift at all
-//! (`vm::pause`): guest time then runs on through the pause, and timers that came due while
+//! (`vm::pause_resume`): guest time then runs on through the pause, and timers that came due while
 //! paused fire at the resume, each once and late, never early.
 
 use std::sync::atomic::Ordering;

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::lock;
+use timer::lock;
 
 /// Why the vCPUs could not all be parked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,5 +1,6 @@
-//! A read-out of the whole tree and the structural invariants it must satisfy when no
-//! operation is in flight. Used by the property tests, handy when debugging a VMM.
+//! A dump of the whole tree (for debugging and checks; not a VM snapshot) and the structural
+//! invariants it must satisfy when no operation is in flight. Used by the property tests,
+//! handy when debugging a VMM.
 
 use super::state::{self, GroupState};
 use super::tree::{Child, Hierarchy, NONE};
@@ -9,7 +10,7 @@ use crate::sync::{lock, Ordering};
 
 /// A child slot's live (queued, not ignored) event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventSnapshot {
+pub struct EventDump {
     /// The child's slot in the group.
     pub slot: usize,
     /// When it is due.
@@ -24,7 +25,7 @@ type Member = (bool, Option<(Nanos, Option<CpuId>)>);
 
 /// A child of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberSnapshot {
+pub enum MemberDump {
     /// A CPU.
     Cpu(CpuId),
     /// A group, by id.
@@ -33,8 +34,8 @@ pub enum MemberSnapshot {
 
 /// One group.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupSnapshot {
-    /// Index in `Snapshot::groups`.
+pub struct GroupDump {
+    /// Index in `HierarchyDump::groups`.
     pub id: usize,
     /// 0 for groups of CPUs.
     pub level: usize,
@@ -43,7 +44,7 @@ pub struct GroupSnapshot {
     /// Parent group and this group's slot in it.
     pub parent: Option<(usize, usize)>,
     /// Children, by slot.
-    pub members: Vec<MemberSnapshot>,
+    pub members: Vec<MemberDump>,
     /// Decoded state word.
     pub state: GroupState,
     /// The lock-free mirror of the first event.
@@ -51,12 +52,12 @@ pub struct GroupSnapshot {
     /// The CPU named by the first event.
     pub first_cpu: Option<CpuId>,
     /// Live events.
-    pub events: Vec<EventSnapshot>,
+    pub events: Vec<EventDump>,
 }
 
 /// One CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuSnapshot {
+pub struct CpuDump {
     /// Level-0 group and slot.
     pub group: usize,
     /// Slot in the group.
@@ -73,22 +74,22 @@ pub struct CpuSnapshot {
 
 /// The whole tree.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct HierarchyDump {
     /// Children per group.
     pub group_size: usize,
     /// First level whose groups may mix nodes.
     pub crossnode_level: usize,
     /// Groups by id.
-    pub groups: Vec<GroupSnapshot>,
+    pub groups: Vec<GroupDump>,
     /// CPUs by id.
-    pub cpus: Vec<CpuSnapshot>,
+    pub cpus: Vec<CpuDump>,
     /// The CPU holding the wake-up duty of the all-idle tree.
     pub duty_holder: Option<CpuId>,
 }
 
 impl Hierarchy {
     /// Reads the whole tree. Consistent only when no operation is in flight.
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn dump(&self) -> HierarchyDump {
         let ncpus = self.num_cpus();
         let mut groups = Vec::new();
         for slot in self.groups.iter() {
@@ -104,8 +105,8 @@ impl Hierarchy {
                 .iter()
                 .filter_map(|m| m.get())
                 .map(|m| match *m {
-                    Child::Cpu(c) => MemberSnapshot::Cpu(c),
-                    Child::Group(id) => MemberSnapshot::Group(id),
+                    Child::Cpu(c) => MemberDump::Cpu(c),
+                    Child::Group(id) => MemberDump::Group(id),
                 })
                 .collect();
             let events = q
@@ -113,13 +114,13 @@ impl Hierarchy {
                 .iter()
                 .enumerate()
                 .filter(|(i, e)| e.expiry != NEVER && !g.ignore[*i].load(Ordering::SeqCst))
-                .map(|(slot, e)| EventSnapshot {
+                .map(|(slot, e)| EventDump {
                     slot,
                     expiry: e.expiry,
                     cpu: e.cpu,
                 })
                 .collect();
-            groups.push(GroupSnapshot {
+            groups.push(GroupDump {
                 id: g.id,
                 level: g.level,
                 node: g.node,
@@ -135,7 +136,7 @@ impl Hierarchy {
             .map(|c| {
                 let n = self.cpu_node(c);
                 let st = lock(&n.state);
-                CpuSnapshot {
+                CpuDump {
                     group: n.group,
                     slot: usize::from(n.slot),
                     node: n.node,
@@ -145,7 +146,7 @@ impl Hierarchy {
                 }
             })
             .collect();
-        Snapshot {
+        HierarchyDump {
             group_size: self.group_size,
             crossnode_level: self.crossnode_level,
             groups,
@@ -155,7 +156,7 @@ impl Hierarchy {
     }
 }
 
-impl Snapshot {
+impl HierarchyDump {
     /// The root group's id.
     pub fn root(&self) -> Option<usize> {
         self.groups
@@ -213,7 +214,7 @@ impl Snapshot {
         Ok(())
     }
 
-    fn check_group(&self, g: &GroupSnapshot) -> Result<(), String> {
+    fn check_group(&self, g: &GroupDump) -> Result<(), String> {
         Self::check_group_state(g, self.group_size)?;
         for (slot, m) in g.members.iter().enumerate() {
             self.check_member(g, slot, m)?;
@@ -223,7 +224,7 @@ impl Snapshot {
 
     /// The group's own state: its size, migrator and active bits, and its next expiry
     /// against its events.
-    fn check_group_state(g: &GroupSnapshot, group_size: usize) -> Result<(), String> {
+    fn check_group_state(g: &GroupDump, group_size: usize) -> Result<(), String> {
         if g.members.len() > group_size {
             return Err(format!("{} children", g.members.len()));
         }
@@ -260,17 +261,12 @@ impl Snapshot {
 
     /// The member in `slot` of `g`: in its place, active as its bit says, and (idle) with
     /// the event it asks for queued in `g`.
-    fn check_member(
-        &self,
-        g: &GroupSnapshot,
-        slot: usize,
-        m: &MemberSnapshot,
-    ) -> Result<(), String> {
+    fn check_member(&self, g: &GroupDump, slot: usize, m: &MemberDump) -> Result<(), String> {
         let bit = g.state.active & (1 << slot) != 0;
         let evt = g.events.iter().find(|e| e.slot == slot);
         let (active, want) = match *m {
-            MemberSnapshot::Cpu(c) => self.cpu_member(g, slot, c)?,
-            MemberSnapshot::Group(id) => self.group_member(g, slot, id)?,
+            MemberDump::Cpu(c) => self.cpu_member(g, slot, c)?,
+            MemberDump::Group(id) => self.group_member(g, slot, id)?,
         };
         if bit != active {
             return Err(format!("slot {slot} bit {bit} but child active {active}"));
@@ -287,7 +283,7 @@ impl Snapshot {
     }
 
     /// CPU `c` in `slot` of `g`: whether it is active, and the event it wants queued.
-    fn cpu_member(&self, g: &GroupSnapshot, slot: usize, c: CpuId) -> Result<Member, String> {
+    fn cpu_member(&self, g: &GroupDump, slot: usize, c: CpuId) -> Result<Member, String> {
         let cpu = self.cpus.get(c).ok_or("unknown CPU")?;
         if (cpu.group, cpu.slot) != (g.id, slot) || g.level != 0 {
             return Err(format!("CPU {c} misplaced"));
@@ -299,7 +295,7 @@ impl Snapshot {
     }
 
     /// Group `id` in `slot` of `g`: whether it is active, and the event it wants queued.
-    fn group_member(&self, g: &GroupSnapshot, slot: usize, id: usize) -> Result<Member, String> {
+    fn group_member(&self, g: &GroupDump, slot: usize, id: usize) -> Result<Member, String> {
         let child = self.groups.get(id).ok_or("unknown group")?;
         if child.parent != Some((g.id, slot)) || child.level + 1 != g.level {
             return Err(format!("group {id} misplaced"));

@@ -24,8 +24,8 @@
 //! With `--clones` each (mode, slack, workload) boots one VM only, snapshotted once its
 //! workload started (linux_snapshot.rs, the workload as long as the largest row needs); every
 //! VM of its rows is a clone: `lull run --api-socket S`, then `vm.restore {resume, serial}`
-//! (the memory file mapped copy-on-write), one after the other, each once the one before said
-//! "lull-workload: restored count=N" (its window started again after its own restore). The
+//! (the memory file mapped copy-on-write), all started at once; each says "lull-workload:
+//! restored count=N" when its window starts again after its own restore. The
 //! rows add restore-to-running per clone and memory as the host sees it (PSS per VM, private
 //! and shared, and the host's `MemAvailable` used per VM).
 
@@ -59,7 +59,8 @@ const MARGIN: Duration = Duration::from_secs(3);
 /// The boot spread allowed for by default, per VM beyond the first: the VMs boot one after
 /// the other (a boot alone takes 20-40 s here at a host load of 2-4).
 const SPREAD_PER_VM: Duration = Duration::from_secs(60);
-/// ... and with `--clones`: a clone runs its workload again within a second of its restore.
+/// ... and with `--clones`: the clones, started together, run their workloads again within a
+/// second or so of each other (more on a loaded host: raise `--boot-spread`).
 const CLONE_SPREAD_PER_VM: Duration = Duration::from_secs(1);
 /// `--clones --max-vms`: the steps' workloads, in whole multiples of this many seconds.
 const SHARED_WORKLOAD: u64 = 30;
@@ -691,7 +692,11 @@ fn run_experiment(
         deadline: plan.args.boot_timeout + e.rule.workload + Duration::from_secs(30),
         settle: SETTLE,
         planned: Some(e.rule),
-        stagger: true,
+        // Boots one after the other (several kernels booting together on few host cores can
+        // starve each other for minutes); clones all at once: a restore takes milliseconds, and
+        // each clone waiting for the one before to run its workload again put 128 of them
+        // 441 s apart on a loaded host.
+        stagger: snapshot.is_none(),
         label,
         // The first boot, about a minute (a clone's restore: none), then the workload.
         expected: match snapshot {

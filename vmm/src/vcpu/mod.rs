@@ -123,9 +123,15 @@ pub fn spawn(
     // pause right after vm.boot could complete, and a snapshot be written, without it).
     shared.pause.thread_started();
     let gate = Arc::clone(&shared);
+    // Its name, `vcpuN` as Cloud Hypervisor names them (libvirt finds the vCPU threads by it
+    // in /proc to pin them), is set as the thread starts: wait until it has, so that whoever
+    // learns the VM booted finds every vCPU thread by its name.
+    let named = Arc::new(std::sync::Barrier::new(2));
+    let started = Arc::clone(&named);
     let thread = std::thread::Builder::new()
         .name(format!("vcpu{id}"))
         .spawn(move || {
+            started.wait();
             // Wake-ups at guest timer deadlines must not be batched (50 us by default); with
             // `--timer-slack` the user irqchip sets the slack asked for when it attaches.
             if let Err(e) = crate::host::sys::thread::set_timer_slack(1) {
@@ -142,5 +148,6 @@ pub fn spawn(
             gate.pause.thread_ended();
             VcpuError::Thread { id, source }
         })?;
+    named.wait();
     Ok(VcpuHandle { id, thread })
 }

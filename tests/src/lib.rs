@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use lull_schema::RunReport;
 
 pub mod libvirt;
+pub mod netns;
 
 pub use libtest_mimic::{Arguments, Completion, Failed, Trial};
 

@@ -25,13 +25,13 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use lull_tests::libvirt::{libvirt_build, Console, Virtchd};
+use lull_tests::netns::{Netns, GUEST_IP_CONFIG, TAP};
 use lull_tests::{
-    api_call, kit_file, kvm_unavailable, linux_cmdline, report_from, sh, Arguments, Completion,
-    Failed, Trial,
+    api_call, kit_file, kvm_unavailable, linux_cmdline, report_from, Arguments, Completion, Failed,
+    Trial,
 };
 
 /// idle-sim's run: long enough for every step up to the restore on a loaded host, short
@@ -39,11 +39,6 @@ use lull_tests::{
 const IDLE_SIM_MS: u64 = 45_000;
 /// The kit's Linux boots in 30-400 s here (docs/ENVIRONMENT.md).
 const LINUX_BOOT: Duration = Duration::from_secs(600);
-/// The tap inside each namespace, its address and the guest's.
-const TAP: &str = "lulltap0";
-const GUEST_ADDR: &str = "10.0.2.15";
-const GUEST_IP_CONFIG: &str = "ip=10.0.2.15::10.0.2.1:255.255.255.0::eth0:off";
-
 /// Why these tests cannot run here, if they cannot (the libvirt build is not a reason: a
 /// missing one fails).
 fn unavailable() -> Option<String> {
@@ -390,57 +385,6 @@ fn idle_sim(irqchip: &'static str) -> Result<(), Failed> {
     shutdown_destroy_undefine(&d)?;
     v.passed();
     Ok(())
-}
-
-/// A network namespace with the tap (10.0.2.1/24, up); deleted on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(test: &str) -> Result<Self, Failed> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("lull-{}-{n}-{test}", std::process::id());
-        sh("ip", &["netns", "add", &name])?;
-        let ns = Self { name };
-        ns.exec("ip", &["link", "set", "lo", "up"])?;
-        ns.exec("ip", &["tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        ns.exec("ip", &["addr", "add", "10.0.2.1/24", "dev", TAP])?;
-        ns.exec("ip", &["link", "set", TAP, "up"])?;
-        Ok(ns)
-    }
-
-    fn exec(&self, program: &str, args: &[&str]) -> Result<String, Failed> {
-        let mut all = vec!["netns", "exec", &self.name, program];
-        all.extend_from_slice(args);
-        sh("ip", &all)
-    }
-
-    /// Pings the guest until it answers, up to `within`.
-    fn ping_guest(&self, within: Duration) -> Result<(), Failed> {
-        let deadline = Instant::now() + within;
-        loop {
-            let last = self.exec("ping", &["-c", "1", "-W", "2", GUEST_ADDR]);
-            if last.as_ref().is_ok_and(|t| t.contains("1 received")) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let why = match last {
-                    Ok(text) => text,
-                    Err(e) => e.message().unwrap_or("").to_string(),
-                };
-                return Err(format!("the guest did not answer pings in {within:?}: {why}").into());
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = sh("ip", &["netns", "del", &self.name]);
-    }
 }
 
 /// The kit's Linux with an ethernet interface on the namespace's tap: it boots (its console

@@ -180,6 +180,43 @@ fn an_early_sigterm_is_not_lost() -> Result<(), Failed> {
 /// How long lull is held stopped: more than 2^32 TSC ticks at any TSC rate above 1.44 GHz.
 const HELD: Duration = Duration::from_secs(3);
 
+/// vCPU 0's thread blocked this many more times after idle-sim's first line: its timers run
+/// (it halts on each), so a stop from now on holds one of them. The timers are 50 ms apart:
+/// with 1 ms ones the guest was between a timer's fire and its next arm for a third of the
+/// time (its handler and bookkeeping are emulated here), and a stop that fell there held no
+/// timer, one run in three to five.
+const TIMERS_RUNNING: u64 = 2;
+
+/// The voluntary context switches of the thread of `pid` named `name`.
+fn thread_blocks(pid: u32, name: &str) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let line = status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?;
+            return line.trim().parse().ok();
+        }
+    }
+    None
+}
+
+/// Waits until `pid`'s `vcpu0` thread has blocked `more` more times than now (up to
+/// [`DEADLINE`]).
+fn wait_for_halts(pid: u32, more: u64) -> Result<(), Failed> {
+    let first = thread_blocks(pid, "vcpu0").ok_or("lull has no vcpu0 thread")?;
+    let end = std::time::Instant::now() + DEADLINE;
+    while thread_blocks(pid, "vcpu0").unwrap_or(0) < first + more {
+        if std::time::Instant::now() > end {
+            return Err(format!("vcpu0 did not block {more} times within {DEADLINE:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
 /// The `max` of idle-sim's `idle-sim: lateness_ns ... max D ...` line, in ns.
 fn lateness_max_ns(console: &str) -> Option<u64> {
     let line = console
@@ -190,7 +227,7 @@ fn lateness_max_ns(console: &str) -> Option<u64> {
     words.next()?.parse().ok()
 }
 
-/// idle-sim under a lull held stopped (SIGSTOP) for [`HELD`] while its 1 ms timers run: the
+/// idle-sim under a lull held stopped (SIGSTOP) for [`HELD`] while its 50 ms timers run: the
 /// timer due meanwhile fires about [`HELD`] late, and the reported max says so.
 fn a_lateness_over_2_pow_32_ticks_is_reported_exactly() -> Result<(), Failed> {
     let kernel = kit_file("guests/idle-sim.elf")?;
@@ -201,7 +238,7 @@ fn a_lateness_over_2_pow_32_ticks_is_reported_exactly() -> Result<(), Failed> {
         .arg(&kernel)
         .args([
             "--cmdline",
-            "duration_ms=5000 mix=100:1 ipi_pct=0",
+            "duration_ms=5000 mix=100:50 ipi_pct=0",
             "--cpus",
             "1",
         ])
@@ -215,7 +252,8 @@ fn a_lateness_over_2_pow_32_ticks_is_reported_exactly() -> Result<(), Failed> {
     let pid = Pid::from_raw(child.id().try_into().map_err(|_| "pid out of range")?);
     // idle-sim's first line comes just before its timers start: its end, printed character
     // by character through the serial port, marks the start.
-    let started = wait_for_console(&console, "eoi register", &[], DEADLINE);
+    let started = wait_for_console(&console, "eoi register", &[], DEADLINE)
+        .and_then(|_| wait_for_halts(child.id(), TIMERS_RUNNING));
     if let Err(e) = started {
         let _ = kill(pid, Signal::SIGKILL);
         return Err(e);

@@ -21,27 +21,20 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use lull_schema::RunReport;
 use lull_tests::exit_status::{API_STOP, BAD_INPUT, GUEST_PASS, USAGE};
+use lull_tests::netns::{Netns, GUEST_ADDR, GUEST_IP_CONFIG, TAP};
 use lull_tests::{
-    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, sh,
-    start_api_server_in, temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed,
-    RunResult, Trial,
+    kit_file, kvm_unavailable, linux_cmdline, lull_bin, run_lull, run_lull_in, start_api_server_in,
+    temp_path, wait_for_console, ApiLull, Arguments, Completion, Failed, RunResult, Trial,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
 /// The tiny Linux kernel needs ~0.5-3 minutes to boot on a PVM host; allow 10.
 const LINUX_DEADLINE: Duration = Duration::from_secs(600);
-/// The tap inside each namespace.
-const TAP: &str = "lulltap0";
-/// The kit's Linux's address, on the tap's /24.
-const GUEST_ADDR: &str = "10.0.2.15";
-/// The kernel's IP autoconfiguration (IP_PNP) for eth0: [`GUEST_ADDR`], the tap as gateway.
-const GUEST_IP_CONFIG: &str = "ip=10.0.2.15::10.0.2.1:255.255.255.0::eth0:off";
 /// The idle workload's length across a restore (guest seconds, which run on through the pause
 /// on PVM hosts): room for a ping, the snapshot, a new lull and a ping on a loaded host.
 const RESTORE_WORKLOAD_SECONDS: u32 = 30;
@@ -71,45 +64,6 @@ where
         Some(reason) => Ok(Completion::ignored_with(reason)),
         None => body().map(|()| Completion::Completed),
     })
-}
-
-/// A network namespace with `lulltap0` (10.0.2.1/24, up); deleted, tap and all, on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(test: &str) -> Result<Self, Failed> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("lull-{}-{n}-{test}", std::process::id());
-        sh("ip", &["netns", "add", &name])?;
-        // From here on, drop deletes it whatever fails next.
-        let ns = Self { name };
-        ns.exec("ip", &["link", "set", "lo", "up"])?;
-        ns.exec("ip", &["tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        ns.exec("ip", &["addr", "add", "10.0.2.1/24", "dev", TAP])?;
-        ns.exec("ip", &["link", "set", TAP, "up"])?;
-        Ok(ns)
-    }
-
-    /// `ip netns exec NS PROGRAM ARGS...`.
-    fn exec(&self, program: &str, args: &[&str]) -> Result<String, Failed> {
-        let mut all = vec!["netns", "exec", &self.name, program];
-        all.extend_from_slice(args);
-        sh("ip", &all)
-    }
-
-    /// The wrapper that runs a command inside the namespace.
-    fn wrapper(&self) -> [&str; 3] {
-        ["netns", "exec", &self.name]
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = sh("ip", &["netns", "del", &self.name]);
-    }
 }
 
 /// The kit's virtio-net guest ARPs for 10.0.2.1 and gets the host's answer; the run report

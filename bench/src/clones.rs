@@ -143,17 +143,13 @@ impl Bench<'_> {
 
     /// Boots the variant's VM to its workload, snapshots it: the snapshot's directory.
     fn snapshot(&self, v: &Variant) -> Result<PathBuf, String> {
-        let mut lull_args: Vec<String> = v.mode.lull_args().iter().map(|a| a.to_string()).collect();
-        if let Some(s) = &v.slack {
-            lull_args.extend(["--timer-slack".to_string(), s.clone()]);
-        }
         SnapshotSpec {
             lull: &self.lull,
             kernel: &self.kernel,
             cmdline: &self.cmdline,
             cpus: self.args.cpus,
             memory: &self.args.memory,
-            lull_args,
+            lull_args: v.mode.vm_flags(None, v.slack.as_deref()),
             stem: self.path(&v.name().replace(['+', '='], "-")),
             boot_timeout: self.args.boot_timeout,
         }

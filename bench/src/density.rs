@@ -67,6 +67,19 @@ impl Mode {
             Self::QemuOn | Self::QemuOff => Vec::new(),
         }
     }
+
+    /// The `lull run` flags of a VM of this mode: [`Self::lull_args`], then `--global-timers`
+    /// (the user irqchip's only) and `--timer-slack`, where given.
+    pub(crate) fn vm_flags(self, global_timers: Option<&str>, slack: Option<&str>) -> Vec<String> {
+        let mut flags: Vec<String> = self.lull_args().into_iter().map(String::from).collect();
+        if let (Some(g), false) = (global_timers, self == Mode::Kernel) {
+            flags.extend(["--global-timers".to_string(), g.to_string()]);
+        }
+        if let Some(s) = slack {
+            flags.extend(["--timer-slack".to_string(), s.to_string()]);
+        }
+        flags
+    }
 }
 
 impl clap::ValueEnum for Mode {
@@ -310,10 +323,7 @@ impl DensityArgs {
             .arg(format!("file={}", l.serial.display()))
             .arg("--metrics")
             .arg(l.metrics)
-            .args(mode.lull_args());
-        if let (Some(g), false) = (global_timers, mode == Mode::Kernel) {
-            c.args(["--global-timers", g]);
-        }
+            .args(mode.vm_flags(global_timers, None));
         c
     }
 }
@@ -706,4 +716,31 @@ fn guest_stem(guest: &Path) -> String {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vms_flags_give_global_timers_to_the_user_irqchip_only() {
+        let user = Mode::User(ModelKind::Pull);
+        assert_eq!(
+            user.vm_flags(Some("4"), Some("1ms")),
+            [
+                "--irqchip",
+                "user",
+                "--timer-model",
+                "pull",
+                "--global-timers",
+                "4",
+                "--timer-slack",
+                "1ms"
+            ]
+        );
+        assert_eq!(
+            Mode::Kernel.vm_flags(Some("4"), None),
+            ["--irqchip", "kernel"]
+        );
+    }
 }

@@ -186,13 +186,7 @@ impl Snapshots {
         }
         let args = plan.args;
         let cmdline = plan.cmdline(e.workload, seconds);
-        let mut lull_args: Vec<String> = e.mode.lull_args().iter().map(|a| a.to_string()).collect();
-        if let (Some(g), false) = (plan.global_timers, e.mode == Mode::Kernel) {
-            lull_args.extend(["--global-timers".to_string(), g.to_string()]);
-        }
-        if let Some(slack) = &e.slack {
-            lull_args.extend(["--timer-slack".to_string(), slack.clone()]);
-        }
+        let lull_args = e.mode.vm_flags(plan.global_timers, e.slack.as_deref());
         let slack = e
             .slack
             .as_deref()

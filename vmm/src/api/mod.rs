@@ -37,6 +37,7 @@
 //! See `docs/API.md`.
 
 pub mod ch_client;
+mod clients;
 pub mod conn;
 pub mod controller;
 mod error;
@@ -48,6 +49,7 @@ pub mod routes;
 pub mod runner;
 pub mod server;
 mod socket;
+mod watch;
 
 pub use error::ApiError;
 pub use events::EventMonitor;

@@ -2,9 +2,10 @@
 //! Unix socket (`lull run --api-socket PATH`), to create, boot, watch and stop one VM.
 //!
 //! ```text
-//!  clients ── HTTP/1.1 on the socket ──► server (lull's main thread: one epoll loop over the
-//!                                         listener, every connection, stop signals and
-//!                                         "the VM thread ended"; seccomp-filtered)
+//!  clients ── HTTP/1.1 on the socket ──► server (lull's main thread: one event-manager loop,
+//!                                         as the VMM thread's, over the listener, every
+//!                                         connection, stop signals and "the VM thread
+//!                                         ended"; seccomp-filtered)
 //!    conn::Conn           one connection: incremental framing, keep-alive, deadlines
 //!    http::parse_next     framing over `httparse`, size limits
 //!    routes::route        method + path + body ─► ApiRequest
@@ -16,9 +17,9 @@
 //!  client ◄── Response (JSON; an error is Cloud Hypervisor's array of messages) ─┘
 //! ```
 //!
-//! Connections are served concurrently on one thread (non-blocking sockets, epoll): a client
-//! that sends half a request or does not read its answer holds its own connection and nothing
-//! else, so a stalled client delays no other. Connections persist (HTTP/1.1 keep-alive) up to
+//! Connections are served concurrently on one thread (non-blocking sockets, `event-manager`
+//! over epoll): a client that sends half a request or does not read its answer holds its own
+//! connection and nothing else, so a stalled client delays no other. Connections persist (HTTP/1.1 keep-alive) up to
 //! [`http::MAX_REQUESTS`] requests, unless the client says `Connection: close`; each request
 //! must arrive whole within [`http::REQUEST_TIMEOUT`] of the connection being ready for it
 //! (accepted, or the previous answer written), which is also the idle timeout. At most
@@ -36,6 +37,7 @@
 //! See `docs/API.md`.
 
 pub mod ch_client;
+mod clients;
 pub mod conn;
 pub mod controller;
 mod error;
@@ -47,6 +49,7 @@ pub mod routes;
 pub mod runner;
 pub mod server;
 mod socket;
+mod watch;
 
 pub use error::ApiError;
 pub use events::EventMonitor;

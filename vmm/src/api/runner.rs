@@ -1,11 +1,12 @@
 //! The VM thread of the management API: `vm.boot` starts a thread (`vm`) that runs
 //! [`vm::run_observed`]; the thread hands back the [`LiveVm`] once every vCPU runs, and its
-//! result when the run ends, then wakes the server through an eventfd.
+//! result when the run ends, then wakes the server through an eventfd (the `ended` one,
+//! which the server's event manager watches).
 //!
 //! ```text
 //!  server: start ──spawn──► vm thread: vm::run_observed(cfg) ──on_running──► Running(LiveVm)
 //!          waits for the first event                 ...runs until a stop request...
-//!  server: epoll wakes ◄── eventfd ◄── Ended(result) ◄──┘
+//!  server: its event loop wakes ◄── eventfd ◄── Ended(result) ◄──┘
 //! ```
 //! The VM thread installs the VMM thread's seccomp filter and the SIGINT/SIGTERM handlers of
 //! its event loop, exactly as `lull run` does on its main thread.

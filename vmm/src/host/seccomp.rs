@@ -45,9 +45,11 @@
 //!   `/dev/pts/N`, `TIOCSPTLCK`, `TIOCGPTN`, `TCGETS`/`TCSETS` on its other side).
 //!   A tap given as an fd is checked with `TUNGETIFF` (with `IFF_VNET_HDR`, its header size
 //!   read with `TUNGETVNETHDRSZ` and its offloads turned off with `TUNSETOFFLOAD`).
-//!   Serving itself adds `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with
-//!   a request) and `shutdown` (an idle connection closed for room) on the connections,
-//!   `FIONBIO`, and `unlink` (the socket's file, at exit). `vm.restore` reads a snapshot
+//!   Serving itself runs an `event-manager` loop as the VMM thread does (its epoll set made
+//!   before the filter; then `epoll_ctl` and `epoll_wait`, in the VMM's list) and adds
+//!   `accept4` on the listener, `sendto`/`recvfrom`/`recvmsg` (fds with a request) and
+//!   `shutdown` (an idle connection closed for room) on the connections, `FIONBIO`, and
+//!   `unlink` (the socket's file, at exit). `vm.restore` reads a snapshot
 //!   (`files::INPUT`) and `vm.snapshot` writes one: new files (`files::CREATE_NEW`), the
 //!   manifest `rename`d into place, the old snapshot's files `unlink`ed.
 //!

@@ -31,7 +31,8 @@ enum Probe {
     /// fork(2) (clone without CLONE_THREAD): forbidden for every thread, the API server's too.
     Fork,
     /// What the API server does: accept4 on a listening socket (made before the fork), FIONBIO,
-    /// sendto/recvfrom on a connection, an epoll wait, clone3 answered ENOSYS, unlink of a
+    /// sendto/recvfrom on a connection, the connection added to and removed from an epoll set
+    /// (its event manager's epoll_ctl) and an epoll wait, clone3 answered ENOSYS, unlink of a
     /// missing file, an O_RDWR open of /dev/null (how /dev/kvm and disks are opened).
     ApiServes,
     /// An O_RDWR open: forbidden for every thread but the API server (and its descendants).
@@ -208,8 +209,8 @@ fn allowed_calls(kind: ThreadKind, prepared: &mut Prepared) {
 
 /// [`Probe::ApiServes`]'s calls in the child; exits 104-106 if one fails.
 fn api_calls(prepared: &Prepared) {
-    // SAFETY: as in `child`: descriptors made before the fork, buffers of the sizes passed,
-    // NUL-terminated paths.
+    // SAFETY: as in `child`: descriptors made before the fork (and the one accepted here),
+    // buffers of the sizes passed, NUL-terminated paths.
     unsafe {
         let conn = libc::accept4(
             prepared.listen_fd,
@@ -224,6 +225,8 @@ fn api_calls(prepared: &Prepared) {
             || libc::ioctl(conn, libc::FIONBIO, &on) != 0
             || libc::send(conn, byte.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) != 1
             || libc::recv(conn, byte.as_mut_ptr().cast(), 1, 0) >= 0
+            || libc::epoll_ctl(prepared.epoll_fd, libc::EPOLL_CTL_ADD, conn, &mut event) != 0
+            || libc::epoll_ctl(prepared.epoll_fd, libc::EPOLL_CTL_DEL, conn, &mut event) != 0
             || libc::epoll_wait(prepared.epoll_fd, &mut event, 1, 0) != 0
         {
             libc::_exit(104);

@@ -415,6 +415,26 @@ pub(crate) mod tests {
         r
     }
 
+    /// The pull / kernel line compares the host wake-ups of the power figures (here the
+    /// host's idle exits above the baseline), named as what they count, apart from the
+    /// wake-ups of lull's own threads.
+    #[test]
+    fn the_ratio_line_compares_host_wakeups_above_the_baseline() {
+        let base = window(3.0, None, 200.0);
+        let mut kernel = density_row("kernel", 4, 1.0);
+        kernel.power = Some(row_power(&kernel, window(2.0, None, 1000.0), &base));
+        let mut pull = row();
+        pull.power = Some(row_power(&pull, window(2.0, None, 600.0), &base));
+        let lines = crate::report::pull_kernel_ratios(&density_report(vec![kernel, pull]));
+        // (600 - 200) / (1000 - 200) idle exits per second above the baseline.
+        assert!(
+            lines[0].ends_with(
+                "VMM-thread wake-ups per timer interrupt 1.00, host wake-ups per vCPU-s above the baseline 0.50 (cpuidle idle exits)"
+            ),
+            "{lines:?}"
+        );
+    }
+
     #[test]
     fn figures_are_per_vm_and_per_vcpu_above_the_baseline() {
         let p = row_power(

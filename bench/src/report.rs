@@ -525,9 +525,20 @@ pub fn density_table(report: &DensityReport) -> Vec<String> {
     lines
 }
 
+/// A row's host wake-ups per vCPU-second above the no-VM baseline (its power figures: the
+/// host CPUs' idle exits, or the LOC + RES + CAL proxy) and what they count, if read.
+fn host_wakeups(r: &DensityRow) -> (Option<f64>, Option<&str>) {
+    let power = r.power.as_ref();
+    (
+        power.and_then(|p| p.host_wakeups_per_vcpu_s.value),
+        power.and_then(|p| p.host_wakeups_source.as_deref()),
+    )
+}
+
 /// `pull / kernel` per workload and VM count: host CPU per vCPU, wake-ups of halted vCPUs
-/// per guest timer event (Linux: per local timer interrupt) and host wake-ups (voluntary
-/// context switches) per guest timer event, where both rows have them.
+/// per guest timer event (Linux: per local timer interrupt), wake-ups of lull's threads
+/// (voluntary context switches) per guest timer event, and host wake-ups per vCPU-second
+/// above the baseline (the power figures' `hwk/v/s`), where both rows have them.
 pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
     let find = |mode: &str, like: &DensityRow| {
         report.results.iter().find(|r| {
@@ -550,7 +561,7 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
             let kernel = find("kernel", pull)?;
             let workload = pull.linux.as_ref().map_or("", |l| l.workload.as_str());
             Some(format!(
-                "{:<13} / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, host wake-ups per timer interrupt {}",
+                "{:<13} / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, VMM-thread wake-ups per timer interrupt {}, host wake-ups per vCPU-s above the baseline {}{}",
                 pull.label(),
                 pull.vms,
                 ratio(
@@ -565,6 +576,11 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
                     host(pull, pull.host_wakeups_per_timer_event),
                     host(kernel, kernel.host_wakeups_per_timer_event)
                 ),
+                ratio(host_wakeups(pull).0, host_wakeups(kernel).0),
+                host_wakeups(pull)
+                    .1
+                    .map(|source| format!(" ({source})"))
+                    .unwrap_or_default(),
             ))
         })
         .collect()
@@ -751,7 +767,7 @@ pub(crate) mod tests {
         // CPU 0.75 / 0.5; halted wake-ups 0.6 / 0.5; host wake-ups per event 0.75 / 0.5.
         assert!(
             lines[0].ends_with(
-                "host CPU per vCPU 1.50, halted-vCPU wake-ups per timer interrupt 1.20, host wake-ups per timer interrupt 1.50"
+                "host CPU per vCPU 1.50, halted-vCPU wake-ups per timer interrupt 1.20, VMM-thread wake-ups per timer interrupt 1.50, host wake-ups per vCPU-s above the baseline -"
             ),
             "{}",
             lines[0]

@@ -79,17 +79,19 @@ fn load(
     image: &GuestImage,
     snapshot: Option<(&Snapshot, MemoryRestore)>,
 ) -> Result<LoadedVm, VmError> {
-    let user = cfg.irqchip == IrqchipMode::User;
     let kvm = kvm::open_kvm(cfg.cpus)?;
     let mem = match snapshot {
         Some((s, how)) => restored_memory(cfg, s, how)?,
         None => kvm::create_guest_memory(cfg.memory.0)?,
     };
     let mem: Arc<GuestMemoryMmap> = Arc::new(mem);
-    let vm = Arc::new(kvm::create_vm(&kvm, &mem, !user)?);
-    if user {
-        kvm::enable_user_msr_exits(&kvm, &vm, cfg.pv_eoi.is_on())?;
-    }
+    let chip = match cfg.irqchip {
+        IrqchipMode::User => kvm::VmChip::User {
+            pv_eoi: cfg.pv_eoi.is_on(),
+        },
+        IrqchipMode::Kernel => kvm::VmChip::InKernel,
+    };
+    let vm = Arc::new(kvm::create_vm(&kvm, &mem, chip)?);
     let spec = BootSpec {
         kernel: &image.kernel,
         initramfs: image.initramfs.as_deref(),

@@ -131,8 +131,8 @@ pub fn create_guest_memory(memory: u64) -> Result<GuestMemoryMmap, KvmError> {
 pub enum VmChip {
     /// KVM's in-kernel LAPIC/IOAPIC/PIC (`--irqchip kernel`).
     InKernel,
-    /// None: lull's own, with the LAPIC's MSRs sent to user space (`--irqchip user`);
-    /// `pv_eoi`: MSR_KVM_PV_EOI_EN too.
+    /// None from KVM: lull's own LAPIC and IOAPIC (`--irqchip user`), the LAPIC's MSRs sent
+    /// to user space; with `pv_eoi`, MSR_KVM_PV_EOI_EN too.
     User {
         /// Whether lull implements PV EOI.
         pv_eoi: bool,

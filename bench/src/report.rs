@@ -560,6 +560,7 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
         .filter_map(|pull| {
             let kernel = find("kernel", pull)?;
             let workload = pull.linux.as_ref().map_or("", |l| l.workload.as_str());
+            let (pull_wakeups, counted) = host_wakeups(pull);
             Some(format!(
                 "{:<13} / kernel {workload:<7} N={:<3} host CPU per vCPU {}, halted-vCPU wake-ups per timer interrupt {}, VMM-thread wake-ups per timer interrupt {}, host wake-ups per vCPU-s above the baseline {}{}",
                 pull.label(),
@@ -576,9 +577,8 @@ pub fn pull_kernel_ratios(report: &DensityReport) -> Vec<String> {
                     host(pull, pull.host_wakeups_per_timer_event),
                     host(kernel, kernel.host_wakeups_per_timer_event)
                 ),
-                ratio(host_wakeups(pull).0, host_wakeups(kernel).0),
-                host_wakeups(pull)
-                    .1
+                ratio(pull_wakeups, host_wakeups(kernel).0),
+                counted
                     .map(|source| format!(" ({source})"))
                     .unwrap_or_default(),
             ))
